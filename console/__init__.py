@@ -1,0 +1,1 @@
+"""fsd operator console: fsctl and the Textual app."""

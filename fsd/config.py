@@ -1,0 +1,140 @@
+"""Frozen configuration slices, one per component.
+
+Each component takes only its own slice. `EngineConfig.from_kwargs` builds all of
+them from keyword arguments named after the fields, so `fsd.LLM(num_gpu_blocks=64)`
+and a TOML file or CLI flag use the same names.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from fsd.errors import ConfigError
+
+DTYPES = ("auto", "float32", "float16", "bfloat16")
+DEVICES = ("auto", "cpu", "cuda")
+ATTN_BACKENDS = ("auto", "torch", "triton")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Which model to run and how its weights are held."""
+
+    model: str = "tiny"
+    dtype: str = "auto"
+    device: str = "auto"
+    seed: int = 0
+    max_model_len: int | None = None
+    attn_backend: str = "auto"
+
+    def __post_init__(self) -> None:
+        _choice("dtype", self.dtype, DTYPES)
+        _choice("device", self.device, DEVICES)
+        _choice("attn_backend", self.attn_backend, ATTN_BACKENDS)
+        if self.max_model_len is not None and self.max_model_len < 1:
+            raise ConfigError(f"max_model_len must be >= 1, got {self.max_model_len}")
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    """Paged KV cache: block size and how many blocks each tier holds."""
+
+    block_size: int = 16
+    num_gpu_blocks: int | None = None
+    gpu_memory_utilization: float = 0.85
+    cpu_kv_bytes: int = 256 * 1024 * 1024
+    num_host_blocks: int = 0
+
+    def __post_init__(self) -> None:
+        if self.block_size < 1 or self.block_size & (self.block_size - 1):
+            raise ConfigError(f"block_size must be a power of two >= 1, got {self.block_size}")
+        if self.num_gpu_blocks is not None and self.num_gpu_blocks < 1:
+            raise ConfigError(f"num_gpu_blocks must be >= 1, got {self.num_gpu_blocks}")
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ConfigError(
+                f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}"
+            )
+        if self.cpu_kv_bytes < 1:
+            raise ConfigError(f"cpu_kv_bytes must be >= 1, got {self.cpu_kv_bytes}")
+        if self.num_host_blocks < 0:
+            raise ConfigError(f"num_host_blocks must be >= 0, got {self.num_host_blocks}")
+
+
+@dataclass(frozen=True)
+class SchedConfig:
+    """Scheduling policy and batch limits."""
+
+    policy: str = "fcfs"
+    max_batch_size: int = 32
+    max_batch_tokens: int = 4096
+
+    def __post_init__(self) -> None:
+        if self.max_batch_size < 1:
+            raise ConfigError(f"max_batch_size must be >= 1, got {self.max_batch_size}")
+        if self.max_batch_tokens < 1:
+            raise ConfigError(f"max_batch_tokens must be >= 1, got {self.max_batch_tokens}")
+
+
+@dataclass(frozen=True)
+class ParallelConfig:
+    """Tensor and pipeline parallel degrees (1 x 1 until the Ray executor lands)."""
+
+    tp: int = 1
+    pp: int = 1
+
+    def __post_init__(self) -> None:
+        if self.tp < 1 or self.pp < 1:
+            raise ConfigError(f"tp and pp must be >= 1, got tp={self.tp} pp={self.pp}")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """All slices of one engine."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    sched: SchedConfig = field(default_factory=SchedConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+
+    @classmethod
+    def from_kwargs(cls, **kwargs: Any) -> EngineConfig:
+        """Route each keyword to the slice that has a field of that name."""
+        slices: dict[str, dict[str, Any]] = {f.name: {} for f in dataclasses.fields(cls)}
+        owners = {
+            fld.name: slice_field.name
+            for slice_field in dataclasses.fields(cls)
+            for fld in dataclasses.fields(_slice_type(slice_field))
+        }
+        for key, value in kwargs.items():
+            if key not in owners:
+                raise ConfigError(
+                    f"unknown engine option {key!r}; valid options: {', '.join(sorted(owners))}"
+                )
+            slices[owners[key]][key] = value
+        built = {
+            slice_field.name: _slice_type(slice_field)(**slices[slice_field.name])
+            for slice_field in dataclasses.fields(cls)
+        }
+        return cls(**built)
+
+    def to_dict(self) -> dict[str, dict[str, Any]]:
+        return dataclasses.asdict(self)
+
+
+_SLICE_TYPES = {
+    "model": ModelConfig,
+    "cache": CacheConfig,
+    "sched": SchedConfig,
+    "parallel": ParallelConfig,
+}
+
+
+def _slice_type(f: dataclasses.Field) -> type:
+    return _SLICE_TYPES[f.name]
+
+
+def _choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ConfigError(f"{name} must be one of {', '.join(allowed)}; got {value!r}")

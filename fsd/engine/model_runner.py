@@ -1,0 +1,71 @@
+"""Turns a scheduled batch into one model step and one sampled token per job."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from fsd.engine.kv_cache import KVCachePool
+from fsd.engine.sampler import Sampler
+from fsd.jobs import Job
+from fsd.layers.attention import AttentionMetadata
+
+
+class ModelRunner:
+    """Builds the flat batch (decodes first), runs the model, samples."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        pool: KVCachePool,
+        sampler: Sampler,
+        device: torch.device,
+        eos_token_id: int | None,
+    ) -> None:
+        self.model = model
+        self.pool = pool
+        self.sampler = sampler
+        self.device = device
+        self.eos_token_id = eos_token_id
+
+    @torch.inference_mode()
+    def execute(self, batch: Sequence[Job]) -> list[int]:
+        """Run one iteration over `batch`; return the sampled token of each job, in order."""
+        order = sorted(range(len(batch)), key=lambda i: batch[i].num_new_tokens > 1)
+        jobs = [batch[i] for i in order]
+        input_ids: list[int] = []
+        positions: list[int] = []
+        for job in jobs:
+            start = job.num_computed_tokens
+            input_ids.extend(job.all_token_ids[start:])
+            positions.extend(range(start, job.num_tokens))
+        meta = AttentionMetadata.build(
+            query_lens=[j.num_new_tokens for j in jobs],
+            context_lens=[j.num_tokens for j in jobs],
+            block_tables=[j.block_table for j in jobs],
+            block_size=self.pool.block_size,
+            device=self.device,
+        )
+        ids = torch.tensor(input_ids, dtype=torch.long, device=self.device)
+        pos = torch.tensor(positions, dtype=torch.long, device=self.device)
+        hidden = self.model(ids, pos, self.pool.layers, meta)
+        last = (meta.query_start_loc[1:] - 1).long()
+        logits = self.model.compute_logits(hidden[last])
+        sampled = self.sampler.sample(
+            logits,
+            [j.params for j in jobs],
+            [j.job_id for j in jobs],
+            banned=[self._banned(j) for j in jobs],
+        )
+        tokens = [0] * len(batch)
+        for k, i in enumerate(order):
+            tokens[i] = sampled[k]
+        return tokens
+
+    def _banned(self, job: Job) -> tuple[int, ...]:
+        """Tokens that would end the job before its min_tokens."""
+        if len(job.output_token_ids) >= job.params.min_tokens:
+            return ()
+        eos = () if job.params.ignore_eos or self.eos_token_id is None else (self.eos_token_id,)
+        return eos + job.params.stop_token_ids

@@ -1,0 +1,86 @@
+"""Offline API: `LLM(model=...).generate(prompts, SamplingParams(...))`."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from fsd.config import EngineConfig
+from fsd.engine.core import Engine
+from fsd.engine.output import RequestOutput, StepDelta
+from fsd.jobs import SamplingParams
+
+Prompt = str | Sequence[int]
+
+# An iteration with nothing to run while jobs wait is legitimate only briefly (KV
+# copies in flight); this many in a row means the policy is stuck.
+_MAX_IDLE_STEPS = 10_000
+
+
+class LLM:
+    """Runs the engine in this process until every prompt is done.
+
+    `model` is a preset name ("tiny", "opt-125m", ...) or a local HuggingFace
+    directory; other keywords are engine options named after config fields
+    (num_gpu_blocks, block_size, max_batch_size, dtype, device, seed, policy, ...).
+    """
+
+    def __init__(self, model: str = "tiny", **engine_options: Any) -> None:
+        self.engine = Engine(EngineConfig.from_kwargs(model=model, **engine_options))
+
+    @property
+    def tokenizer(self):  # noqa: ANN201
+        return self.engine.tokenizer
+
+    def generate(
+        self,
+        prompts: Prompt | Sequence[Prompt],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+    ) -> list[RequestOutput]:
+        """Generate for each prompt; outputs come back in the prompts' order."""
+        batch = _as_prompt_list(prompts)
+        params = _as_params_list(sampling_params, len(batch))
+        jobs = [self.engine.add_request(p, sp) for p, sp in zip(batch, params, strict=True)]
+        results: dict[str, RequestOutput] = {}
+        for delta in self._run():
+            if delta.output is not None:
+                results[delta.job_id] = delta.output
+        return [results[j.job_id] for j in jobs]
+
+    def stream(self, prompt: Prompt, sampling_params: SamplingParams | None = None) -> Iterator[StepDelta]:
+        """Yield one delta per iteration for a single prompt, the last one with the output."""
+        job = self.engine.add_request(prompt, sampling_params)
+        for delta in self._run():
+            if delta.job_id == job.job_id:
+                yield delta
+
+    def _run(self) -> Iterator[StepDelta]:
+        idle = 0
+        while self.engine.has_unfinished():
+            deltas = self.engine.step()
+            idle = 0 if deltas else idle + 1
+            if idle > _MAX_IDLE_STEPS:
+                raise RuntimeError("the scheduler made no progress; jobs are stuck")
+            yield from deltas
+
+
+def _as_prompt_list(prompts: Prompt | Sequence[Prompt]) -> list[Prompt]:
+    if isinstance(prompts, str):
+        return [prompts]
+    items = list(prompts)
+    if items and all(isinstance(t, int) for t in items):
+        return [items]  # one prompt given as token ids
+    return items
+
+
+def _as_params_list(
+    params: SamplingParams | Sequence[SamplingParams] | None, n: int
+) -> list[SamplingParams]:
+    if params is None:
+        return [SamplingParams()] * n
+    if isinstance(params, SamplingParams):
+        return [params] * n
+    items = list(params)
+    if len(items) != n:
+        raise ValueError(f"got {len(items)} sampling params for {n} prompts")
+    return items
