@@ -89,7 +89,7 @@ def copy_bandwidth(device: torch.device, nbytes: int = 2 << 30) -> float:
 def roofline(llm: LLM, context: int, steps: int) -> dict:
     """Batch-1 decode step against the time to read every weight once."""
     eng = llm.engine
-    weight_bytes = sum(p.numel() * p.element_size() for p in eng.loaded.model.parameters())
+    weight_bytes = eng.loaded.weight_bytes
     bw = copy_bandwidth(eng.device)
     res = decode_rate(llm, 1, context, steps)
     bound_ms = 1e3 * weight_bytes / (bw * 1e9)
@@ -122,16 +122,30 @@ def main() -> None:
     llm = LLM(args.model, device=args.device, num_gpu_blocks=2048, max_batch_size=64)
     dev = llm.engine.device
     llm.generate([1, 2, 3], SamplingParams(max_tokens=4))  # warm up
-    decode = [decode_rate(llm, b, args.prompt_len, args.steps) for b in map(int, args.batches.split(","))]
+    decode = [
+        decode_rate(llm, b, args.prompt_len, args.steps) for b in map(int, args.batches.split(","))
+    ]
     prefill = [prefill_rate(llm, b, n, 3) for b, n in ((1, 512), (4, 256))]
 
     table = Table(title=f"fsd engine, {args.model} on {dev.type}")
     for col in ("phase", "batch", "tokens", "tokens/s", "step ms"):
         table.add_column(col, justify="right")
     for r in decode:
-        table.add_row("decode", str(r["batch"]), f"ctx {r['context']}", f"{r['tokens_per_s']:.0f}", f"{r['step_ms']:.2f}")
+        table.add_row(
+            "decode",
+            str(r["batch"]),
+            f"ctx {r['context']}",
+            f"{r['tokens_per_s']:.0f}",
+            f"{r['step_ms']:.2f}",
+        )
     for r in prefill:
-        table.add_row("prefill", str(r["batch"]), f"len {r['prompt_len']}", f"{r['tokens_per_s']:.0f}", f"{r['step_ms']:.2f}")
+        table.add_row(
+            "prefill",
+            str(r["batch"]),
+            f"len {r['prompt_len']}",
+            f"{r['tokens_per_s']:.0f}",
+            f"{r['step_ms']:.2f}",
+        )
     console.print(table)
 
     result = {

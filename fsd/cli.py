@@ -17,7 +17,9 @@ err = Console(stderr=True)
 @app.command()
 def generate(
     prompt: Annotated[str, typer.Argument(help="Prompt text.")],
-    model: Annotated[str, typer.Option(help="Preset name or local HuggingFace directory.")] = "tiny",
+    model: Annotated[
+        str, typer.Option(help="Preset name or local HuggingFace directory.")
+    ] = "tiny",
     max_tokens: Annotated[int, typer.Option(help="Most tokens to generate.")] = 64,
     temperature: Annotated[float, typer.Option(help="0 = greedy.")] = 0.0,
     top_k: Annotated[int, typer.Option(help="Keep the k most likely tokens (0 = all).")] = 0,
@@ -74,7 +76,8 @@ def presets() -> None:
     """List the built-in model presets (random weights, byte-level tokenizer)."""
     from fsd.models.presets import PRESETS
 
-    for name, arch in PRESETS.items():
+    for name, preset in PRESETS.items():
+        arch = preset.arch
         typer.echo(
             f"{name:12s} {arch.family:6s} layers={arch.num_layers} hidden={arch.hidden_size} "
             f"heads={arch.num_heads}/{arch.num_kv_heads}"

@@ -149,7 +149,9 @@ class Job:
     def is_prefill(self) -> bool:
         return self.num_new_tokens > 1
 
-    def finish(self, reason: FinishReason, now: float, stop_reason: str | int | None = None) -> None:
+    def finish(
+        self, reason: FinishReason, now: float, stop_reason: str | int | None = None
+    ) -> None:
         self.status = JobStatus.FINISHED
         self.finish_reason = reason
         self.stop_reason = stop_reason

@@ -47,7 +47,9 @@ class LLM:
                 results[delta.job_id] = delta.output
         return [results[j.job_id] for j in jobs]
 
-    def stream(self, prompt: Prompt, sampling_params: SamplingParams | None = None) -> Iterator[StepDelta]:
+    def stream(
+        self, prompt: Prompt, sampling_params: SamplingParams | None = None
+    ) -> Iterator[StepDelta]:
         """Yield one delta per iteration for a single prompt, the last one with the output."""
         job = self.engine.add_request(prompt, sampling_params)
         for delta in self._run():

@@ -43,6 +43,7 @@ class Engine:
         self.config = config
         self.loaded = load_model(config.model)
         self.tokenizer = self.loaded.tokenizer
+        self.eos_ids = frozenset(self.tokenizer.eos_token_ids)
         self.device = self.loaded.device
         self.max_model_len = self.loaded.max_model_len
         arch = self.loaded.arch
@@ -53,7 +54,7 @@ class Engine:
         self.scheduler = make_scheduler(config.sched, self.blocks)
         self.sampler = Sampler(config.model.seed, self.device)
         self.runner = ModelRunner(
-            self.loaded.model, self.pool, self.sampler, self.device, self.tokenizer.eos_token_id
+            self.loaded.model, self.pool, self.sampler, self.device, self.eos_ids
         )
         self._jobs: dict[str, Job] = {}
         self._text: dict[str, JobText] = {}
@@ -166,12 +167,14 @@ class Engine:
         if job.first_token_time is None:
             job.first_token_time = now
         text = self._text[job.job_id]
-        delta, stop_string = text.add(token)
-        reason, stop = self._stop_check(job, token, stop_string)
+        delta = text.add(token)
+        reason, stop = self._stop_check(job, token, text.stop)
         final = None
         if reason is not None:
+            delta += text.finish()
+            if text.stop is not None:  # found only in the text released at the end
+                reason, stop = FinishReason.STOP, text.stop
             job.finish(reason, now, stop)
-            delta += text.flush()
             final = self._release(job)
         return StepDelta(job.job_id, (token,), delta, final)
 
@@ -183,7 +186,7 @@ class Engine:
         if stop_string is not None:
             return FinishReason.STOP, stop_string
         if n >= p.min_tokens:
-            if not p.ignore_eos and token == self.tokenizer.eos_token_id:
+            if not p.ignore_eos and token in self.eos_ids:
                 return FinishReason.STOP, token
             if token in p.stop_token_ids:
                 return FinishReason.STOP, token

@@ -21,13 +21,13 @@ class ModelRunner:
         pool: KVCachePool,
         sampler: Sampler,
         device: torch.device,
-        eos_token_id: int | None,
+        eos_ids: frozenset[int],
     ) -> None:
         self.model = model
         self.pool = pool
         self.sampler = sampler
         self.device = device
-        self.eos_token_id = eos_token_id
+        self.eos_ids = tuple(sorted(eos_ids))
 
     @torch.inference_mode()
     def execute(self, batch: Sequence[Job]) -> list[int]:
@@ -67,5 +67,5 @@ class ModelRunner:
         """Tokens that would end the job before its min_tokens."""
         if len(job.output_token_ids) >= job.params.min_tokens:
             return ()
-        eos = () if job.params.ignore_eos or self.eos_token_id is None else (self.eos_token_id,)
+        eos = () if job.params.ignore_eos else self.eos_ids
         return eos + job.params.stop_token_ids

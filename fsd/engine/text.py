@@ -1,7 +1,8 @@
 """A job's output text as it grows: incremental detokenization plus stop strings.
 
 Text that could still turn out to be the start of a stop string is held back, so
-a client never sees a stop string it then has to take back.
+a client never sees a stop string it then has to take back. Every piece of text,
+including what the detokenizer releases only at the end, passes the same check.
 """
 
 from __future__ import annotations
@@ -20,26 +21,35 @@ class JobText:
         self._hold = max((len(s) for s in self._stops), default=1) - 1
         self.text = ""
         self._emitted = 0
+        self.stop: str | None = None  # the stop string found, if any
 
-    def add(self, token_id: int) -> tuple[str, str | None]:
-        """Take one token; return the text now safe to emit and the stop string hit, if any."""
-        self.text += self._detok.add(token_id)
-        if self._stops:
-            start = max(0, self._emitted - self._hold)
-            hits = [(i, s) for s in self._stops if (i := self.text.find(s, start)) >= 0]
-            if hits:
-                cut, stop = min(hits)
-                self.text = self.text[:cut]
-                return self.flush(), stop
-        safe = len(self.text) - self._hold
-        if safe <= self._emitted:
-            return "", None
-        delta = self.text[self._emitted : safe]
-        self._emitted = safe
-        return delta, None
+    def add(self, token_id: int) -> str:
+        """Take one token; return the text now safe to emit (check `stop` afterwards)."""
+        if self.stop is None:
+            self._absorb(self._detok.add(token_id))
+        if self.stop is not None:
+            return self._emit(len(self.text))
+        return self._emit(len(self.text) - self._hold)
 
-    def flush(self) -> str:
-        """Everything not yet emitted (the job has finished)."""
-        delta = self.text[self._emitted :]
-        self._emitted = len(self.text)
+    def finish(self) -> str:
+        """The job has ended: release the rest (never past a stop string)."""
+        if self.stop is None:
+            self._absorb(self._detok.flush())
+        return self._emit(len(self.text))
+
+    def _absorb(self, chunk: str) -> None:
+        if not chunk:
+            return
+        start = max(0, len(self.text) - self._hold)
+        self.text += chunk
+        hits = [(i, s) for s in self._stops if (i := self.text.find(s, start)) >= 0]
+        if hits:
+            cut, self.stop = min(hits)
+            self.text = self.text[:cut]
+
+    def _emit(self, upto: int) -> str:
+        if upto <= self._emitted:
+            return ""
+        delta = self.text[self._emitted : upto]
+        self._emitted = upto
         return delta

@@ -1,0 +1,54 @@
+"""Normalisation layers: LayerNorm (OPT) and RMSNorm (Llama), replicated on every rank."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from fsd.layers.linear import default_weight_loader, set_weight_attrs
+
+
+class LayerNorm(nn.Module):
+    """LayerNorm over the last dimension; affine parameters optional (OPT's flag)."""
+
+    def __init__(
+        self, hidden_size: int, eps: float = 1e-5, elementwise_affine: bool = True
+    ) -> None:
+        super().__init__()
+        self.hidden_size = hidden_size
+        self.eps = eps
+        if elementwise_affine:
+            self.weight = nn.Parameter(torch.empty(hidden_size), requires_grad=False)
+            self.bias = nn.Parameter(torch.empty(hidden_size), requires_grad=False)
+            set_weight_attrs(self.weight, default_weight_loader)
+            set_weight_attrs(self.bias, default_weight_loader)
+        else:
+            self.register_parameter("weight", None)
+            self.register_parameter("bias", None)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.layer_norm(x, (self.hidden_size,), self.weight, self.bias, self.eps)
+
+    def extra_repr(self) -> str:
+        return f"{self.hidden_size}, eps={self.eps}, affine={self.weight is not None}"
+
+
+class RMSNorm(nn.Module):
+    """Root-mean-square norm, computed in float32 and scaled in the input dtype (as HF Llama)."""
+
+    def __init__(self, hidden_size: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.hidden_size = hidden_size
+        self.eps = eps
+        self.weight = nn.Parameter(torch.empty(hidden_size), requires_grad=False)
+        set_weight_attrs(self.weight, default_weight_loader)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        h = x.to(torch.float32)
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(dtype)
+
+    def extra_repr(self) -> str:
+        return f"{self.hidden_size}, eps={self.eps}"

@@ -1,0 +1,157 @@
+"""What every model family shares: loading HF-named weights and seeded random init.
+
+A family module names its parameters after the HuggingFace checkpoint (without the
+leading `model.`), except where it merges several checkpoint tensors into one
+parameter: `stacked_params` lists those as (merged, checkpoint part, shard id), e.g.
+("qkv_proj", "q_proj", "q"). Each parameter's `weight_loader` slices the full
+checkpoint tensor for this tensor-parallel rank (see fsd.layers.linear).
+
+`init_random` generates the full, unsharded checkpoint tensors and feeds them
+through the same loaders, so a preset holds the same weights at any tensor-parallel
+size, on any device. Each tensor's generator is seeded from (seed, name), so the
+weights do not depend on the order of generation either.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+from torch import nn
+
+from fsd.errors import ModelLoadError
+from fsd.layers.linear import ShardId
+from fsd.models.arch import ModelArch
+
+INIT_STD = 0.02
+
+
+@dataclass(frozen=True)
+class WeightSpec:
+    """One full checkpoint tensor: its HF name, shape and how a random init fills it."""
+
+    name: str
+    shape: tuple[int, ...]
+    init: str  # "normal" (std 0.02) | "zeros" | "ones"
+
+
+class CausalLM(nn.Module):
+    """Base of the model families: HF weight loading, random init, logits."""
+
+    stacked_params: ClassVar[tuple[tuple[str, str, ShardId], ...]] = ()
+    # Checkpoint tensors that carry nothing we need (derived buffers of old exports).
+    ignored_suffixes: ClassVar[tuple[str, ...]] = ("rotary_emb.inv_freq",)
+
+    def __init__(self, arch: ModelArch) -> None:
+        super().__init__()
+        self.arch = arch
+
+    # -- to be provided by each family -------------------------------------------------
+
+    def weight_specs(self) -> list[WeightSpec]:
+        """Every tensor of a full HF checkpoint of this architecture."""
+        raise NotImplementedError
+
+    def logits_input(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Hidden states as the LM head takes them (OPT projects them out first)."""
+        return hidden
+
+    # -- shared ------------------------------------------------------------------------
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[N, hidden] final hidden states -> [N, vocab] float32 logits."""
+        return self.lm_head(self.logits_input(hidden)).float()
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copy HF-named tensors into the parameters; every parameter must be covered.
+
+        Raises ModelLoadError naming an unexpected, misshapen, duplicated or missing weight.
+        """
+        params = dict(self.named_parameters())
+        expected = {(n, sid) for n, p in params.items() for sid in getattr(p, "shard_ids", (None,))}
+        loaded: set[tuple[str, ShardId]] = set()
+        for hf_name, tensor in weights:
+            name = hf_name.removeprefix("model.")
+            if name.endswith(self.ignored_suffixes):
+                continue
+            if name == "lm_head.weight" and self.arch.tie_word_embeddings:
+                continue  # some exports store the tied head too; the embedding wins
+            target, shard_id = self._merged_name(name)
+            param = params.get(target)
+            if param is None:
+                raise ModelLoadError(
+                    f"unexpected weight {hf_name!r}: the {self.arch.family} model has no such parameter"
+                )
+            if (target, shard_id) in loaded:
+                raise ModelLoadError(f"weight {hf_name!r} appears twice in the checkpoint")
+            loader = getattr(param, "weight_loader", None)
+            if loader is None:
+                raise ModelLoadError(f"parameter {target!r} has no weight loader")
+            try:
+                loader(param, tensor, shard_id)
+            except (ValueError, RuntimeError) as exc:
+                raise ModelLoadError(f"weight {hf_name!r} does not fit: {exc}") from None
+            loaded.add((target, shard_id))
+        missing = sorted(expected - loaded, key=str)
+        if missing:
+            names = [self._hf_name(n, sid) for n, sid in missing]
+            more = f" (and {len(names) - 8} more)" if len(names) > 8 else ""
+            raise ModelLoadError(f"checkpoint is missing weights: {', '.join(names[:8])}{more}")
+
+    def init_random(self, seed: int) -> None:
+        """Seeded random weights: normal(0, 0.02) weights, zero biases, unit norms."""
+        self.load_weights(random_weights(self.weight_specs(), seed))
+
+    def _merged_name(self, name: str) -> tuple[str, ShardId]:
+        for merged, part, shard_id in self.stacked_params:
+            if f".{part}." in name:
+                return name.replace(f".{part}.", f".{merged}."), shard_id
+        return name, None
+
+    def _hf_name(self, name: str, shard_id: ShardId) -> str:
+        for merged, part, sid in self.stacked_params:
+            if sid == shard_id and f".{merged}." in name:
+                name = name.replace(f".{merged}.", f".{part}.")
+                break
+        return name if name.startswith("lm_head.") else f"model.{name}"
+
+
+def tensor_seed(seed: int, name: str) -> int:
+    """A 63-bit generator seed from (seed, tensor name), stable across runs and machines."""
+    digest = hashlib.sha256(f"{seed}:{name}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") & (2**63 - 1)
+
+
+def random_weights(specs: Iterable[WeightSpec], seed: int) -> Iterator[tuple[str, torch.Tensor]]:
+    """Full float32 CPU tensors for `specs`, each from its own seeded generator."""
+    for spec in specs:
+        if spec.init == "zeros":
+            tensor = torch.zeros(spec.shape)
+        elif spec.init == "ones":
+            tensor = torch.ones(spec.shape)
+        elif spec.init == "normal":
+            gen = torch.Generator(device="cpu").manual_seed(tensor_seed(seed, spec.name))
+            tensor = torch.randn(spec.shape, generator=gen, dtype=torch.float32, device="cpu")
+            tensor.mul_(INIT_STD)
+        else:
+            raise ValueError(f"unknown init {spec.init!r} for {spec.name}")
+        yield spec.name, tensor
+
+
+def linear_specs(name: str, out_features: int, in_features: int, bias: bool) -> list[WeightSpec]:
+    """Specs of an nn.Linear checkpoint entry: weight [out, in] and maybe bias [out]."""
+    specs = [WeightSpec(f"{name}.weight", (out_features, in_features), "normal")]
+    if bias:
+        specs.append(WeightSpec(f"{name}.bias", (out_features,), "zeros"))
+    return specs
+
+
+def norm_specs(name: str, size: int, bias: bool) -> list[WeightSpec]:
+    """Specs of a LayerNorm (weight + bias) or RMSNorm (weight only)."""
+    specs = [WeightSpec(f"{name}.weight", (size,), "ones")]
+    if bias:
+        specs.append(WeightSpec(f"{name}.bias", (size,), "zeros"))
+    return specs

@@ -1,0 +1,235 @@
+"""Build the model a `ModelConfig` names: a preset, or a local HuggingFace directory.
+
+Nothing is ever downloaded. Every failure is a ModelLoadError (or ConfigError for
+an impossible setting) whose message names the file or key at fault.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from fsd.config import ModelConfig
+from fsd.errors import ConfigError, ModelLoadError
+from fsd.models.arch import ModelArch, dtype_from_name
+from fsd.models.base import CausalLM
+from fsd.models.presets import PRESETS
+from fsd.models.registry import build_model
+from fsd.tokenizer import ByteTokenizer, HFTokenizer, Tokenizer
+
+_NO_DOWNLOAD = "fsd never downloads models: fetch it first (e.g. `huggingface-cli download`) and pass the directory"
+
+
+@dataclass
+class LoadedModel:
+    """A model ready to run, with everything the engine needs to drive it."""
+
+    model: CausalLM
+    arch: ModelArch
+    tokenizer: Tokenizer
+    dtype: torch.dtype
+    device: torch.device
+    max_model_len: int
+    source: str  # "preset:<name>" or the checkpoint directory
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of this rank's parameters (tied weights counted once)."""
+        return sum(p.numel() * p.element_size() for p in self.model.parameters())
+
+
+def load_model(cfg: ModelConfig) -> LoadedModel:
+    """Build and fill the model `cfg.model` names (preset name or checkpoint directory)."""
+    device = resolve_device(cfg.device)
+    if cfg.model in PRESETS:
+        arch = PRESETS[cfg.model].arch
+        dtype = resolve_dtype(cfg.dtype, device, None)
+        max_len = _max_model_len(cfg, arch)
+        model = _build(arch, cfg.attn_backend, dtype, device)
+        model.init_random(cfg.seed)
+        tokenizer: Tokenizer = ByteTokenizer()
+        source = f"preset:{cfg.model}"
+    else:
+        path = _checkpoint_dir(cfg.model)
+        arch = _read_arch(path)
+        max_len = _max_model_len(cfg, arch)
+        tokenizer = HFTokenizer.from_dir(path)
+        files = weight_files(path)
+        dtype = resolve_dtype(cfg.dtype, device, arch.checkpoint_dtype)
+        model = _build(arch, cfg.attn_backend, dtype, device)
+        try:
+            model.load_weights(iter_weights(files))
+        except ModelLoadError as exc:
+            raise ModelLoadError(f"{path}: {exc}") from None
+        source = str(path)
+    model.eval()
+    return LoadedModel(model, arch, tokenizer, dtype, device, max_len, source)
+
+
+def resolve_device(name: str) -> torch.device:
+    """Resolve "auto" to cuda when available, else cpu."""
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cuda":
+        if not torch.cuda.is_available():
+            raise ConfigError("device 'cuda' was requested but no CUDA device is available")
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device(name)
+
+
+def resolve_dtype(name: str, device: torch.device, checkpoint_dtype: str | None) -> torch.dtype:
+    """Resolve "auto": float32 on CPU; on CUDA the checkpoint's 16-bit dtype, else float16."""
+    if name != "auto":
+        return dtype_from_name(name)
+    if device.type != "cuda":
+        return torch.float32
+    if checkpoint_dtype == "bfloat16" and torch.cuda.is_bf16_supported():
+        return torch.bfloat16
+    return torch.float16
+
+
+def _max_model_len(cfg: ModelConfig, arch: ModelArch) -> int:
+    if cfg.max_model_len is None:
+        return arch.max_position
+    if cfg.max_model_len > arch.max_position:
+        raise ConfigError(
+            f"max_model_len {cfg.max_model_len} exceeds the model's {arch.max_position} positions"
+        )
+    return cfg.max_model_len
+
+
+@contextmanager
+def _defaults(dtype: torch.dtype, device: torch.device) -> Iterator[None]:
+    """Allocate parameters directly in their final dtype and device (no 2x peak)."""
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            yield
+    finally:
+        torch.set_default_dtype(previous)
+
+
+def _build(
+    arch: ModelArch, attn_backend: str, dtype: torch.dtype, device: torch.device
+) -> CausalLM:
+    with _defaults(dtype, device):
+        return build_model(arch, attn_backend)
+
+
+def _checkpoint_dir(name: str) -> Path:
+    path = Path(name).expanduser()
+    if path.is_dir():
+        return path
+    if path.exists():
+        raise ModelLoadError(f"model path {str(path)!r} is a file, not a checkpoint directory")
+    presets = ", ".join(PRESETS)
+    looks_like_path = name.startswith((".", "/", "~")) or "\\" in name
+    if looks_like_path:
+        raise ModelLoadError(f"checkpoint directory {name!r} does not exist")
+    if "/" in name:
+        raise ModelLoadError(
+            f"model {name!r} is neither a preset ({presets}) nor a local directory; {_NO_DOWNLOAD}"
+        )
+    raise ModelLoadError(f"unknown model {name!r}: not a preset ({presets}) and no such directory")
+
+
+def _read_arch(path: Path) -> ModelArch:
+    file = path / "config.json"
+    if not file.is_file():
+        raise ModelLoadError(f"no config.json in {path}: not a HuggingFace checkpoint directory")
+    config = _read_json(file)
+    try:
+        return ModelArch.from_hf_config(config)
+    except ModelLoadError as exc:
+        raise ModelLoadError(f"{file}: {exc}") from None
+
+
+def _read_json(file: Path) -> Any:
+    try:
+        return json.loads(file.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise ModelLoadError(f"{file} is not valid JSON: {exc}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ModelLoadError(f"cannot read {file}: {exc}") from None
+
+
+def weight_files(path: Path) -> list[Path]:
+    """The checkpoint's weight files: safetensors preferred, then pytorch_model*.bin."""
+    for index_name, pattern in (
+        ("model.safetensors.index.json", "*.safetensors"),
+        ("pytorch_model.bin.index.json", "pytorch_model*.bin"),
+    ):
+        index = path / index_name
+        if index.is_file():
+            return _indexed_files(index)
+        files = sorted(path.glob(pattern))
+        if files:
+            return files
+    raise ModelLoadError(
+        f"no weight files in {path}: expected model.safetensors, sharded *.safetensors with "
+        "model.safetensors.index.json, or pytorch_model.bin"
+    )
+
+
+def _indexed_files(index: Path) -> list[Path]:
+    data = _read_json(index)
+    weight_map = data.get("weight_map") if isinstance(data, dict) else None
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise ModelLoadError(f"{index} has no 'weight_map'")
+    files = [index.parent / str(name) for name in dict.fromkeys(weight_map.values())]
+    for file in files:
+        if not file.is_file():
+            raise ModelLoadError(f"{index} lists {file.name}, which is not in {index.parent}")
+    return files
+
+
+def iter_weights(files: list[Path]) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, CPU tensor) for every tensor in the files, one file at a time."""
+    for file in files:
+        if file.suffix == ".safetensors":
+            yield from _safetensors_weights(file)
+        else:
+            yield from _torch_weights(file)
+
+
+def _safetensors_weights(file: Path) -> Iterator[tuple[str, torch.Tensor]]:
+    from safetensors import safe_open
+
+    try:
+        handle = safe_open(str(file), framework="pt", device="cpu")
+    except Exception as exc:  # SafetensorError, OSError, ...
+        raise ModelLoadError(f"cannot load weight file {file}: {exc}") from None
+    with handle:
+        for key in handle.keys():  # noqa: SIM118 (a safe_open handle is not a dict)
+            try:
+                tensor = handle.get_tensor(key)
+            except Exception as exc:
+                raise ModelLoadError(
+                    f"cannot read {key!r} from weight file {file}: {exc}"
+                ) from None
+            yield key, tensor
+
+
+def _torch_weights(file: Path) -> Iterator[tuple[str, torch.Tensor]]:
+    try:
+        state = torch.load(file, map_location="cpu", weights_only=True, mmap=True)
+    except RuntimeError:
+        try:  # files from before torch's zip format cannot be memory-mapped
+            state = torch.load(file, map_location="cpu", weights_only=True)
+        except Exception as exc:
+            raise ModelLoadError(f"cannot load weight file {file}: {exc}") from None
+    except Exception as exc:
+        raise ModelLoadError(f"cannot load weight file {file}: {exc}") from None
+    if not isinstance(state, dict):
+        raise ModelLoadError(f"weight file {file} does not hold a state dict")
+    for key, tensor in state.items():
+        if not isinstance(tensor, torch.Tensor):
+            raise ModelLoadError(f"weight file {file}: entry {key!r} is not a tensor")
+        yield str(key), tensor
