@@ -14,6 +14,7 @@ from typing import Any
 from fsd.errors import ConfigError
 
 DTYPES = ("auto", "float32", "float16", "bfloat16")
+KV_POLICIES = ("defer", "recompute", "reactive", "proactive")
 DEVICES = ("auto", "cpu", "cuda")
 ATTN_BACKENDS = ("auto", "torch", "triton")
 
@@ -45,9 +46,21 @@ class CacheConfig:
     num_gpu_blocks: int | None = None
     gpu_memory_utilization: float = 0.85
     cpu_kv_bytes: int = 256 * 1024 * 1024
-    num_host_blocks: int = 0
+    num_host_blocks: int | None = None  # None: host_kv_bytes decides
+    host_kv_bytes: int = 1024 * 1024 * 1024
+    kv_policy: str = "proactive"
+    reserve_min_jobs: int = 1  # K: free room kept for at least this many new jobs
+    reserve_top_levels: int = 1  # K': ... or for every job in the top K' queues
 
     def __post_init__(self) -> None:
+        _choice("kv_policy", self.kv_policy, KV_POLICIES)
+        if self.host_kv_bytes < 0:
+            raise ConfigError(f"host_kv_bytes must be >= 0, got {self.host_kv_bytes}")
+        if self.reserve_min_jobs < 0 or self.reserve_top_levels < 0:
+            raise ConfigError(
+                "reserve_min_jobs (K) and reserve_top_levels (K') must be >= 0, got "
+                f"{self.reserve_min_jobs} and {self.reserve_top_levels}"
+            )
         if self.block_size < 1 or self.block_size & (self.block_size - 1):
             raise ConfigError(f"block_size must be a power of two >= 1, got {self.block_size}")
         if self.num_gpu_blocks is not None and self.num_gpu_blocks < 1:
@@ -58,7 +71,7 @@ class CacheConfig:
             )
         if self.cpu_kv_bytes < 1:
             raise ConfigError(f"cpu_kv_bytes must be >= 1, got {self.cpu_kv_bytes}")
-        if self.num_host_blocks < 0:
+        if self.num_host_blocks is not None and self.num_host_blocks < 0:
             raise ConfigError(f"num_host_blocks must be >= 0, got {self.num_host_blocks}")
 
 
@@ -66,11 +79,35 @@ class CacheConfig:
 class SchedConfig:
     """Scheduling policy and batch limits."""
 
-    policy: str = "fcfs"
+    policy: str = "default"
     max_batch_size: int = 32
     max_batch_tokens: int = 4096
+    num_levels: int = 8
+    q1: float | None = None  # seconds; None = the profile's minimum iteration time
+    quantum_ratio: float = 2.0
+    quanta: tuple[float, ...] | None = None  # explicit per-level quanta (strictly increasing)
+    starve_limit: float | None = None  # alpha, seconds; None = 10 x a decode step
+    starve_promote: str = "top"  # where a starved job goes: "top" (Q1, the paper) or "entry"
+    profile: str | None = None  # a profile JSON path or a shipped profile name
 
     def __post_init__(self) -> None:
+        if self.quanta is not None:
+            object.__setattr__(self, "quanta", tuple(float(q) for q in self.quanta))
+            if not self.quanta:
+                raise ConfigError("quanta must list at least one quantum")
+            if any(q <= 0 for q in self.quanta):
+                raise ConfigError(f"quanta must be > 0, got {list(self.quanta)}")
+            if any(b <= a for a, b in zip(self.quanta, self.quanta[1:], strict=False)):
+                raise ConfigError(f"quanta must be strictly increasing, got {list(self.quanta)}")
+        _choice("starve_promote", self.starve_promote, ("top", "entry"))
+        if self.num_levels < 1:
+            raise ConfigError(f"num_levels must be >= 1, got {self.num_levels}")
+        if self.q1 is not None and self.q1 <= 0:
+            raise ConfigError(f"q1 must be > 0 seconds, got {self.q1}")
+        if self.quantum_ratio <= 1.0:
+            raise ConfigError(f"quantum_ratio must be > 1, got {self.quantum_ratio}")
+        if self.starve_limit is not None and self.starve_limit <= 0:
+            raise ConfigError(f"starve_limit (alpha) must be > 0 seconds, got {self.starve_limit}")
         if self.max_batch_size < 1:
             raise ConfigError(f"max_batch_size must be >= 1, got {self.max_batch_size}")
         if self.max_batch_tokens < 1:

@@ -107,11 +107,13 @@ class Job:
     arrival_time: float = field(default_factory=time.time)
     max_output: int = 0  # max_tokens clipped to the model's context
     tags: tuple[str, ...] = ()
+    oracle_output_len: int | None = None  # known only to the simulator (srpt)
 
     output_token_ids: list[int] = field(default_factory=list)
     status: JobStatus = JobStatus.WAITING
     kv: KVLocation = KVLocation.NONE
-    block_table: list[int] = field(default_factory=list)
+    block_table: list[int] = field(default_factory=list)  # device blocks
+    host_block_table: list[int] = field(default_factory=list)  # host blocks
     num_computed_tokens: int = 0  # tokens whose KV is in the cache
     finish_reason: FinishReason | None = None
     stop_reason: str | int | None = None
@@ -123,6 +125,17 @@ class Job:
     recomputes: int = 0
     swaps_out: int = 0
     swaps_in: int = 0
+
+    # scheduling state, owned by the queue policy
+    level: int = 0
+    attained: float = 0.0  # profiled service at the current level (seconds)
+    queue_seq: int = 0  # FIFO position within its level / queue
+    last_run: float = 0.0  # when it last ran (or arrived)
+    starve_since: float = 0.0  # when its starvation clock started
+    enst: float | None = None  # estimated next scheduled time, seconds from now
+    last_cost: float = 0.0  # profiled time of the iteration it was last scheduled for
+    promotions: int = 0
+    demotions: int = 0
 
     def __post_init__(self) -> None:
         if not self.max_output:

@@ -12,16 +12,19 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from fsd.config import EngineConfig
-from fsd.engine.kv_cache import KVCachePool, KVShape, num_device_blocks
+from fsd.engine.kv_cache import KVCachePool, KVShape, num_device_blocks, num_host_blocks
 from fsd.engine.model_runner import ModelRunner
 from fsd.engine.output import RequestOutput, StepDelta
 from fsd.engine.sampler import Sampler
+from fsd.engine.swapper import HostKVPool, Swapper
 from fsd.engine.text import JobText
 from fsd.errors import ConfigError, PromptTooLongError, UnknownJobError
 from fsd.jobs import FinishReason, Job, SamplingParams
 from fsd.kv.block_manager import BlockManager
 from fsd.models.loader import load_model
+from fsd.sched.profile import CostModel
 from fsd.sched.registry import make_scheduler, resolve_policy
+from fsd.sched.scheduler import SchedulerOutput
 
 
 @dataclass(frozen=True)
@@ -48,17 +51,23 @@ class Engine:
         self.max_model_len = self.loaded.max_model_len
         arch = self.loaded.arch
         shape = KVShape(arch.num_layers, arch.num_kv_heads, arch.head_dim, self.loaded.dtype)
+        block_size = config.cache.block_size
         num_blocks = num_device_blocks(config.cache, shape, self.device)
-        self.pool = KVCachePool(shape, num_blocks, config.cache.block_size, self.device)
-        self.blocks = BlockManager(num_blocks, config.cache.block_size)
-        self.scheduler = make_scheduler(config.sched, self.blocks)
+        host_blocks = num_host_blocks(config.cache, shape)
+        self.pool = KVCachePool(shape, num_blocks, block_size, self.device)
+        self.host_pool = HostKVPool(shape, host_blocks, block_size, pin=self.device.type == "cuda")
+        self.swapper = Swapper(self.pool, self.host_pool)
+        self.blocks = BlockManager(num_blocks, block_size, host_blocks)
         self.sampler = Sampler(config.model.seed, self.device)
         self.runner = ModelRunner(
             self.loaded.model, self.pool, self.sampler, self.device, self.eos_ids
         )
+        self.cost = self._cost_model()
+        self.scheduler = make_scheduler(config.sched, config.cache, self.blocks, self.cost)
         self._jobs: dict[str, Job] = {}
         self._text: dict[str, JobText] = {}
         self.last_iteration: IterationStats | None = None
+        self.last_schedule: SchedulerOutput | None = None
         self.iterations = 0
 
     # ---- admission -------------------------------------------------------------
@@ -106,8 +115,16 @@ class Engine:
             job.job_id = request_id
         self._jobs[job.job_id] = job
         self._text[job.job_id] = JobText(self.tokenizer, ids, params.stop)
-        self.scheduler.add(job)
+        self.scheduler.add(job, job.arrival_time)
         return job
+
+    def _cost_model(self) -> CostModel:
+        """The profile that service is charged in: loaded, or measured quickly now."""
+        try:
+            from fsd.engine.profiler import calibrate
+        except ImportError:  # TEMP until the profiler lands
+            return CostModel(name="default")
+        return calibrate(self, self.config.sched.profile)
 
     def _prompt_ids(self, prompt: str | Sequence[int]) -> list[int]:
         if isinstance(prompt, str):
@@ -144,9 +161,17 @@ class Engine:
 
     def step(self) -> list[StepDelta]:
         """Run one iteration; return what each job in the batch produced."""
+        for op in self.swapper.poll():
+            self.scheduler.swap_done(op)
         start = time.time()
         out = self.scheduler.schedule(start)
+        self.last_schedule = out
+        self.swapper.run_sync(out.sync_ops)
+        self.swapper.start([op for op in out.swap_out + out.swap_in if not op.sync])
         if not out.batch:
+            if self.swapper.busy:  # only copies to wait for: block on them, not spin
+                for op in self.swapper.wait(timeout=0.05):
+                    self.scheduler.swap_done(op)
             return []
         prefills = [j for j in out.batch if j.is_prefill]
         prefill_tokens = sum(j.num_new_tokens for j in prefills)

@@ -48,6 +48,13 @@ def num_device_blocks(cfg: CacheConfig, shape: KVShape, device: torch.device) ->
     return int(blocks)
 
 
+def num_host_blocks(cfg: CacheConfig, shape: KVShape) -> int:
+    """Host-tier blocks: explicit, or as many as host_kv_bytes holds."""
+    if cfg.num_host_blocks is not None:
+        return cfg.num_host_blocks
+    return int(cfg.host_kv_bytes // shape.bytes_per_block(cfg.block_size))
+
+
 class KVCachePool:
     """The tensor behind one tier's blocks, with per-layer (K, V) views."""
 

@@ -1,15 +1,18 @@
-"""Policy names → classes. `default` names the policy fsd uses when none is given."""
+"""Policy names → queue classes. `default` names the policy fsd uses when none is given."""
 
 from __future__ import annotations
 
-from fsd.config import SchedConfig
+from fsd.config import CacheConfig, SchedConfig
 from fsd.errors import ConfigError
 from fsd.kv.block_manager import BlockManager
-from fsd.sched.base import Scheduler
-from fsd.sched.fcfs import FCFSScheduler
+from fsd.sched.mlfq import MLFQQueue, build_quanta
+from fsd.sched.profile import CostModel
+from fsd.sched.queues import FCFSQueue, JobQueue, PriorityQueue, SRPTQueue
+from fsd.sched.scheduler import Scheduler
 
-POLICIES: dict[str, type[Scheduler]] = {cls.name: cls for cls in (FCFSScheduler,)}
-DEFAULT_POLICY = "fcfs"
+POLICIES = ("fcfs", "priority", "mlfq", "sj-mlfq", "srpt")
+DEFAULT_POLICY = "sj-mlfq"
+SLO_DECODE_STEPS = 10  # the default starvation limit / SLO: 10 decode steps
 
 
 def resolve_policy(name: str) -> str:
@@ -19,5 +22,33 @@ def resolve_policy(name: str) -> str:
     return name
 
 
-def make_scheduler(config: SchedConfig, blocks: BlockManager) -> Scheduler:
-    return POLICIES[resolve_policy(config.policy)](config, blocks)
+def quanta_for(config: SchedConfig, cost: CostModel) -> list[float]:
+    if config.quanta is not None:
+        return list(config.quanta)
+    q1 = config.q1 if config.q1 is not None else cost.min_iteration_time
+    return build_quanta(q1, config.quantum_ratio, config.num_levels)
+
+
+def starve_limit_for(config: SchedConfig, cost: CostModel) -> float:
+    if config.starve_limit is not None:
+        return config.starve_limit
+    return SLO_DECODE_STEPS * cost.min_iteration_time
+
+
+def make_queue(config: SchedConfig, cost: CostModel) -> JobQueue:
+    name = resolve_policy(config.policy)
+    if name in ("mlfq", "sj-mlfq"):
+        return MLFQQueue(
+            cost,
+            quanta_for(config, cost),
+            starve_limit_for(config, cost),
+            skip_join=name == "sj-mlfq",
+            promote_to=config.starve_promote,
+        )
+    return {"fcfs": FCFSQueue, "priority": PriorityQueue, "srpt": SRPTQueue}[name](cost)
+
+
+def make_scheduler(
+    config: SchedConfig, cache: CacheConfig, blocks: BlockManager, cost: CostModel
+) -> Scheduler:
+    return Scheduler(config, cache, blocks, cost, make_queue(config, cost))

@@ -75,7 +75,7 @@ def test_recompute_preemption_in_a_small_pool_changes_no_token(tiny):
     params = SamplingParams(max_tokens=40, ignore_eos=True)
     prompts = MIXED[:6]
     expected = [o.token_ids for o in tiny.generate(prompts, params)]
-    small = LLM("tiny", max_batch_size=8, num_gpu_blocks=14, block_size=16)
+    small = LLM("tiny", policy="fcfs", kv_policy="recompute", max_batch_size=8, num_gpu_blocks=14)
     outs = small.generate(prompts, params)
     assert [o.token_ids for o in outs] == expected
     assert sum(o.recomputes for o in outs) > 0

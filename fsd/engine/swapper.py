@@ -1,0 +1,180 @@
+"""Moves jobs' KV blocks between the device pool and the host pool, for real.
+
+Why a side stream: proactive swapping only pays off if the copies overlap the model
+step (paper Fig. 9). On CUDA each batch of copies runs on its own stream after the
+compute stream's last writes, and an event marks its end; the engine polls events
+between iterations and never waits on them unless it has nothing else to run. On
+CPU a single background thread makes the same copies, so tests exercise the same
+asynchrony. Synchronous (reactive) copies run before the model step and block.
+
+The host pool is block-major ([num_blocks, layers, 2, block_size, heads, dim]) so a
+host block is one contiguous range, pinned on CUDA for asynchronous DMA.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from fsd.engine.kv_cache import KVCachePool, KVShape
+from fsd.kv.swap import SwapOp
+
+
+class HostKVPool:
+    """The host tier: block-major, pinned when a GPU is present."""
+
+    def __init__(self, shape: KVShape, num_blocks: int, block_size: int, pin: bool) -> None:
+        self.shape = shape
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.data = torch.zeros(
+            (num_blocks, shape.num_layers, 2, block_size, shape.num_kv_heads, shape.head_dim),
+            dtype=shape.dtype,
+            pin_memory=pin and num_blocks > 0,
+        )
+
+    @property
+    def nbytes(self) -> int:
+        return self.data.numel() * self.data.element_size()
+
+    @property
+    def bytes_per_block(self) -> int:
+        return self.nbytes // max(self.num_blocks, 1)
+
+
+@dataclass
+class _Batch:
+    ops: list[SwapOp]
+    nbytes: int
+    done: Any  # torch.cuda.Event or Future
+    keep: list[torch.Tensor] = field(default_factory=list)  # temporaries alive until done
+
+
+class Swapper:
+    """Executes swap plans: `run_sync` on the critical path, `start` + `poll` beside it."""
+
+    def __init__(self, device_pool: KVCachePool, host_pool: HostKVPool) -> None:
+        self.device_pool = device_pool
+        self.host_pool = host_pool
+        self.cuda = device_pool.data.is_cuda
+        self._pending: list[_Batch] = []
+        self._stream = torch.cuda.Stream(device_pool.data.device) if self.cuda else None
+        self._thread = None if self.cuda else ThreadPoolExecutor(1, thread_name_prefix="fsd-swap")
+        self.bytes_out = 0  # totals, for telemetry
+        self.bytes_in = 0
+
+    # ---- copies ----------------------------------------------------------------
+
+    def _copy(self, op: SwapOp, keep: list[torch.Tensor]) -> None:
+        dev = self.device_pool.data  # [L, 2, NB, BS, H, D]
+        host = self.host_pool.data  # [NB, L, 2, BS, H, D]
+        if op.direction == "out":
+            src = torch.tensor(op.src, device=dev.device)
+            blocks = dev.index_select(2, src).permute(2, 0, 1, 3, 4, 5).contiguous()
+            keep.append(blocks)
+            for k, d in enumerate(op.dst):
+                host[d].copy_(blocks[k], non_blocking=True)
+            self.bytes_out += blocks.numel() * blocks.element_size()
+        else:
+            staged = torch.empty(
+                (len(op.src), *host.shape[1:]), dtype=host.dtype, device=dev.device
+            )
+            for k, s in enumerate(op.src):
+                staged[k].copy_(host[s], non_blocking=True)
+            dst = torch.tensor(op.dst, device=dev.device)
+            dev.index_copy_(2, dst, staged.permute(1, 2, 0, 3, 4, 5))
+            keep.append(staged)
+            self.bytes_in += staged.numel() * staged.element_size()
+
+    def _nbytes(self, ops: Sequence[SwapOp]) -> int:
+        return sum(op.num_blocks for op in ops) * self.host_pool.bytes_per_block
+
+    def run_sync(self, ops: Sequence[SwapOp]) -> None:
+        """Copy now and wait: swap-outs first, since a swap-in may reuse their blocks."""
+        ordered = [op for op in ops if op.direction == "out"] + [
+            op for op in ops if op.direction == "in"
+        ]
+        keep: list[torch.Tensor] = []
+        for op in ordered:
+            self._copy(op, keep)
+        if self.cuda:
+            torch.cuda.current_stream(self.device_pool.data.device).synchronize()
+
+    def start(self, ops: Sequence[SwapOp]) -> None:
+        """Begin asynchronous copies; they end in `poll`."""
+        if not ops:
+            return
+        ops = list(ops)
+        keep: list[torch.Tensor] = []
+        if self.cuda:
+            assert self._stream is not None
+            self._stream.wait_stream(torch.cuda.current_stream(self.device_pool.data.device))
+            with torch.cuda.stream(self._stream):
+                for op in ops:
+                    self._copy(op, keep)
+                event = torch.cuda.Event()
+                event.record(self._stream)
+            self._pending.append(_Batch(ops, self._nbytes(ops), event, keep))
+        else:
+            assert self._thread is not None
+            future: Future = self._thread.submit(self._copy_all, ops)
+            self._pending.append(_Batch(ops, self._nbytes(ops), future))
+
+    def _copy_all(self, ops: list[SwapOp]) -> None:
+        keep: list[torch.Tensor] = []
+        for op in ops:
+            self._copy(op, keep)
+
+    def poll(self) -> list[SwapOp]:
+        """The asynchronous copies that have ended since the last poll."""
+        done: list[SwapOp] = []
+        still: list[_Batch] = []
+        for batch in self._pending:
+            if _finished(batch.done):
+                _raise_if_failed(batch.done)
+                done.extend(batch.ops)
+            else:
+                still.append(batch)
+        self._pending = still
+        return done
+
+    def wait(self, timeout: float | None = None) -> list[SwapOp]:
+        """Block until the oldest pending copy ends (nothing else to do), then poll."""
+        if self._pending:
+            first = self._pending[0].done
+            if isinstance(first, Future):
+                with contextlib.suppress(TimeoutError):
+                    first.exception(timeout=timeout)
+            else:
+                first.synchronize()
+        return self.poll()
+
+    @property
+    def busy(self) -> bool:
+        return bool(self._pending)
+
+    @property
+    def bytes_in_flight(self) -> int:
+        return sum(b.nbytes for b in self._pending)
+
+    def close(self) -> None:
+        while self._pending:
+            self.wait()
+        if self._thread is not None:
+            self._thread.shutdown(wait=True)
+
+
+def _finished(done: Any) -> bool:
+    return done.done() if isinstance(done, Future) else bool(done.query())
+
+
+def _raise_if_failed(done: Any) -> None:
+    if isinstance(done, Future):
+        exc = done.exception()
+        if exc is not None:
+            raise RuntimeError(f"a KV copy failed: {exc}") from exc

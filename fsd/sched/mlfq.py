@@ -1,0 +1,187 @@
+"""Multi-level feedback queues: naive MLFQ and FastServe's skip-join MLFQ (paper §4.1).
+
+Why skip-join: a job's first iteration (prefill) can be far longer than q1. Entering
+every job at Q1 lets one long prompt occupy the top level for a whole prefill (head of
+line blocking again); entering at the highest level whose quantum covers the predicted
+prefill puts it where its first iteration belongs, without knowing its output length.
+
+Service is charged in profiled iteration time, so placement and demotion are
+deterministic. Starvation: a job that has waited `starve_limit` since it last ran
+moves up; ENST combines that promotion clock with the work queued above the job.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterable, Iterator, Sequence
+
+from fsd.jobs import Job
+from fsd.sched.profile import CostModel
+from fsd.sched.queues import JobQueue, LevelView
+
+PROMOTE_RULES = ("top", "entry")
+
+
+def build_quanta(q1: float, ratio: float, levels: int) -> list[float]:
+    """q_{k+1} = ratio * q_k."""
+    return [q1 * ratio**k for k in range(levels)]
+
+
+class MLFQQueue(JobQueue):
+    """Levels Q1..Qn with quanta q1 < q2 < ..., FIFO inside a level.
+
+    skip_join=False is the naive MLFQ (every job enters Q1, demotion one level at a
+    time). promote_to="top" moves a starved job to Q1 as the paper does; "entry"
+    moves it to the level its next iteration would skip-join (never lower than now).
+    """
+
+    def __init__(
+        self,
+        cost: CostModel,
+        quanta: Sequence[float],
+        starve_limit: float,
+        skip_join: bool = True,
+        promote_to: str = "top",
+    ) -> None:
+        super().__init__(cost)
+        if promote_to not in PROMOTE_RULES:
+            raise ValueError(f"promote_to must be one of {PROMOTE_RULES}, got {promote_to!r}")
+        self.name = "sj-mlfq" if skip_join else "mlfq"
+        self.skip_join = skip_join
+        self.promote_to = promote_to
+        self.quanta = list(quanta)
+        self.starve_limit = starve_limit
+        self._levels: list[dict[str, Job]] = [{} for _ in self.quanta]
+        self._starve: list[tuple[float, int, Job]] = []  # (starve_since, seq, job), lazy
+
+    # ---- membership ------------------------------------------------------------
+
+    def entry_level(self, iteration_time: float) -> int:
+        """The highest level whose quantum covers `iteration_time` (the last if none)."""
+        for i, q in enumerate(self.quanta):
+            if q >= iteration_time:
+                return i
+        return len(self.quanta) - 1
+
+    def add(self, job: Job, now: float) -> None:
+        level = 0
+        if self.skip_join:
+            level = self.entry_level(
+                self.cost.job_iteration_time(job.num_new_tokens, job.num_tokens)
+            )
+        job.last_run = now
+        job.starve_since = now
+        self._place(job, level)
+
+    def remove(self, job: Job) -> None:
+        if 0 <= job.level < len(self._levels):
+            self._levels[job.level].pop(job.job_id, None)
+
+    def _place(self, job: Job, level: int) -> None:
+        """Put the job at the tail of `level` with a fresh quantum."""
+        self.remove(job)
+        job.level = level
+        job.attained = 0.0
+        job.queue_seq = next(self._seq)
+        self._levels[level][job.job_id] = job
+        self._watch(job)
+
+    def _watch(self, job: Job) -> None:
+        heapq.heappush(self._starve, (job.starve_since, job.queue_seq, job))
+
+    def __len__(self) -> int:
+        return sum(len(lvl) for lvl in self._levels)
+
+    def ordered(self) -> Iterator[Job]:
+        for lvl in self._levels:
+            yield from lvl.values()
+
+    def key(self, job: Job) -> tuple:
+        return (job.level, job.queue_seq)
+
+    def __contains__(self, job: Job) -> bool:
+        return 0 <= job.level < len(self._levels) and job.job_id in self._levels[job.level]
+
+    # ---- time-driven moves -----------------------------------------------------
+
+    def tick(self, now: float) -> list[Job]:
+        """Promote every job whose starvation clock has reached the limit."""
+        moved: list[Job] = []
+        while self._starve and self._starve[0][0] + self.starve_limit <= now:
+            since, seq, job = heapq.heappop(self._starve)
+            if since != job.starve_since or seq != job.queue_seq or job not in self:
+                continue  # stale entry: the job ran, moved or left since it was pushed
+            target = 0
+            if self.promote_to == "entry":
+                nxt = self.cost.job_iteration_time(job.num_new_tokens, job.num_tokens)
+                target = self.entry_level(nxt)
+            job.starve_since = now
+            if target >= job.level:  # nowhere higher to go: restart the clock only
+                self._watch(job)
+                continue
+            job.promotions += 1
+            self._place(job, target)
+            moved.append(job)
+        return moved
+
+    def account(self, ran: Iterable[tuple[Job, float]], now: float) -> list[Job]:
+        """Charge service; demote the jobs whose quantum at their level is spent."""
+        demoted: list[Job] = []
+        last = len(self.quanta) - 1
+        for job, service in ran:
+            job.last_run = now
+            job.starve_since = now
+            if job not in self:
+                continue
+            job.attained += service
+            if job.attained + 1e-12 < self.quanta[job.level]:
+                self._watch(job)
+                continue
+            target = min(job.level + 1, last)
+            if self.skip_join:
+                nxt = self.cost.job_iteration_time(job.num_new_tokens, job.num_tokens)
+                target = max(target, min(self.entry_level(nxt), last))
+            if target != job.level:
+                job.demotions += 1
+                demoted.append(job)
+            self._place(job, target)
+        return demoted
+
+    # ---- views -----------------------------------------------------------------
+
+    def levels(self) -> list[LevelView]:
+        return [
+            LevelView(i, q, tuple(lvl))
+            for i, (q, lvl) in enumerate(zip(self.quanta, self._levels, strict=True))
+        ]
+
+    def jobs_in_top_levels(self, k: int) -> int:
+        return sum(len(lvl) for lvl in self._levels[:k])
+
+    def enst(self, jobs: Iterable[Job], now: float, batch_size: int) -> dict[str, float]:
+        """ENST(i) = min(T_promote(i), T_execute(i)) (paper §4.2).
+
+        T_execute(i) = (1/B) Σ_{j above i} Σ_{k = level(j)}^{level(i)-1} q_k assumes each
+        job above i runs down to i's level before i runs. With c_l jobs at level l and
+        P[l] = Σ_{k<l} q_k it is (1/B) Σ_{l<L} c_l (P[L] - P[l]): O(levels) to prepare,
+        O(1) per job.
+        """
+        counts = [len(lvl) for lvl in self._levels]
+        prefix = [0.0]
+        for q in self.quanta:
+            prefix.append(prefix[-1] + q)
+        above_count = [0] * len(counts)
+        above_weighted = [0.0] * len(counts)
+        c = w = 0.0
+        for lvl, n in enumerate(counts):
+            above_count[lvl], above_weighted[lvl] = c, w
+            c += n
+            w += n * prefix[lvl]
+        b = max(batch_size, 1)
+        out: dict[str, float] = {}
+        for job in jobs:
+            lvl = job.level
+            t_exec = (prefix[lvl] * above_count[lvl] - above_weighted[lvl]) / b
+            t_promote = max(0.0, job.starve_since + self.starve_limit - now)
+            out[job.job_id] = min(t_promote, t_exec)
+        return out

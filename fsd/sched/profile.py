@@ -1,0 +1,129 @@
+"""The job profiler's cost model: predicted iteration time (pure Python, no torch).
+
+FastServe's skip-join rests on iteration time being predictable from the shapes
+alone. Prefill time grows with input length (linear for the MLPs, quadratic for
+attention); a decode step costs a fixed part (reading the weights) plus a part per
+sequence and a part per cached token (reading the KV). The engine fits these
+coefficients from measurements (`fsd profile`); the simulator loads them from JSON.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from fsd.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """Seconds per iteration as a function of the batch's shape.
+
+    prefill(n)          = prefill_base + prefill_per_token * n + prefill_per_token2 * n^2
+    decode(b, ctx_sum)  = decode_base + decode_per_seq * b + decode_per_ctx_token * ctx_sum
+    A mixed iteration costs the decode part plus each prefill's part beyond the base.
+    Swapping moves kv_bytes_per_token per token at swap_bytes_per_s (one direction at a time).
+    """
+
+    name: str = "unnamed"
+    prefill_base: float = 1e-3
+    prefill_per_token: float = 1e-5
+    prefill_per_token2: float = 0.0
+    decode_base: float = 1e-3
+    decode_per_seq: float = 1e-5
+    decode_per_ctx_token: float = 1e-8
+    kv_bytes_per_token: int = 0
+    swap_bytes_per_s: float = 16e9
+    notes: dict[str, object] = field(default_factory=dict, compare=False)
+
+    def __post_init__(self) -> None:
+        for key in (
+            "prefill_base",
+            "prefill_per_token",
+            "prefill_per_token2",
+            "decode_base",
+            "decode_per_seq",
+            "decode_per_ctx_token",
+        ):
+            if getattr(self, key) < 0:
+                raise ConfigError(f"profile {self.name!r}: {key} must be >= 0")
+        if self.swap_bytes_per_s <= 0:
+            raise ConfigError(f"profile {self.name!r}: swap_bytes_per_s must be > 0")
+
+    # ---- predictions -----------------------------------------------------------
+
+    def prefill_time(self, num_tokens: int) -> float:
+        n = num_tokens
+        return self.prefill_base + self.prefill_per_token * n + self.prefill_per_token2 * n * n
+
+    def decode_time(self, batch_size: int, context_tokens: int) -> float:
+        if batch_size <= 0:
+            return 0.0
+        return (
+            self.decode_base
+            + self.decode_per_seq * batch_size
+            + self.decode_per_ctx_token * context_tokens
+        )
+
+    @property
+    def min_iteration_time(self) -> float:
+        """A decode step at batch 1 with an empty context: the default q1."""
+        return self.decode_time(1, 1)
+
+    def job_iteration_time(self, new_tokens: int, context_tokens: int) -> float:
+        """One job's next iteration run alone: its prefill, or one decode step."""
+        if new_tokens > 1:
+            return self.prefill_time(new_tokens)
+        return self.decode_time(1, context_tokens)
+
+    def iteration_time(self, prefill_lens: Iterable[int], decode_contexts: Iterable[int]) -> float:
+        """A mixed batch: prefills of the given lengths plus decodes at the given contexts.
+
+        The fixed cost (reading the weights) is paid once per iteration.
+        """
+        ctx = list(decode_contexts)
+        lens = list(prefill_lens)
+        if not ctx and not lens:
+            return 0.0
+        t = self.decode_base if ctx else self.prefill_base
+        t += self.decode_per_seq * len(ctx) + self.decode_per_ctx_token * sum(ctx)
+        for n in lens:
+            t += self.prefill_per_token * n + self.prefill_per_token2 * n * n
+        return t
+
+    def swap_time(self, num_tokens: int) -> float:
+        return num_tokens * self.kv_bytes_per_token / self.swap_bytes_per_s
+
+    # ---- persistence -----------------------------------------------------------
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2) + "\n"
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(self.to_json())
+
+    @classmethod
+    def from_dict(cls, data: dict, source: str = "profile") -> CostModel:
+        known = {f for f in cls.__dataclass_fields__}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ConfigError(f"{source}: unknown profile field(s) {', '.join(unknown)}")
+        try:
+            return cls(**data)
+        except TypeError as exc:
+            raise ConfigError(f"{source}: {exc}") from None
+
+    @classmethod
+    def load(cls, path: str | Path) -> CostModel:
+        p = Path(path)
+        try:
+            data = json.loads(p.read_text())
+        except FileNotFoundError:
+            raise ConfigError(f"profile file {str(p)!r} does not exist") from None
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"profile file {str(p)!r} is not valid JSON: {exc}") from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"profile file {str(p)!r} must hold a JSON object")
+        return cls.from_dict(data, source=str(p))

@@ -1,0 +1,175 @@
+"""Job orderings: one class per policy behind one queue interface.
+
+A queue only orders jobs and accounts their service; batch formation and KV
+memory live in `Scheduler`. `key(job)` sorts like `ordered()` (smaller = runs
+sooner) so the scheduler can compare two jobs' priority without a full walk.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+from abc import ABC, abstractmethod
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from fsd.jobs import Job
+from fsd.sched.profile import CostModel
+
+
+@dataclass(frozen=True)
+class LevelView:
+    """One queue level as telemetry shows it."""
+
+    index: int
+    quantum: float | None
+    job_ids: tuple[str, ...]
+
+
+class JobQueue(ABC):
+    """Orders the unfinished jobs of one engine."""
+
+    name: str = "queue"
+
+    def __init__(self, cost: CostModel) -> None:
+        self.cost = cost
+        self._seq = itertools.count()
+
+    @abstractmethod
+    def add(self, job: Job, now: float) -> None:
+        """A new arrival."""
+
+    @abstractmethod
+    def remove(self, job: Job) -> None:
+        """Forget a finished or aborted job."""
+
+    @abstractmethod
+    def ordered(self) -> Iterable[Job]:
+        """Every job, highest priority first."""
+
+    @abstractmethod
+    def key(self, job: Job) -> tuple:
+        """A sort key consistent with `ordered()`."""
+
+    @abstractmethod
+    def __len__(self) -> int: ...
+
+    def tick(self, now: float) -> list[Job]:
+        """Time-driven moves (starvation promotion); returns the jobs moved."""
+        return []
+
+    def account(self, ran: Iterable[tuple[Job, float]], now: float) -> list[Job]:
+        """Charge each job the profiled time of the iteration it ran; returns demoted jobs."""
+        for job, _ in ran:
+            job.last_run = now
+        return []
+
+    def levels(self) -> list[LevelView]:
+        return [LevelView(0, None, tuple(j.job_id for j in self.ordered()))]
+
+    def jobs_in_top_levels(self, k: int) -> int:
+        """Jobs in the k highest levels (0 for policies without levels)."""
+        return 0
+
+    def enst(self, jobs: Iterable[Job], now: float, batch_size: int) -> dict[str, float]:
+        """Estimated next scheduled time (seconds from now) of each of `jobs`.
+
+        Without levels, a job waits for the jobs ahead of it to go through in
+        batches; each batch costs about one decode step.
+        """
+        wanted = {j.job_id for j in jobs}
+        step = self.cost.min_iteration_time
+        out: dict[str, float] = {}
+        for rank, job in enumerate(self.ordered()):
+            if job.job_id in wanted:
+                out[job.job_id] = (rank // max(batch_size, 1)) * step
+        return out
+
+    def _stamp(self, job: Job, now: float) -> None:
+        job.queue_seq = next(self._seq)
+        job.last_run = now
+
+
+class _SortedQueue(JobQueue):
+    """Jobs kept sorted by `key` (bisect insertion: O(log n) search, cheap memmove).
+
+    Policies whose keys change as jobs run (`_dynamic`) re-sort when walked.
+    """
+
+    _dynamic = False
+
+    def __init__(self, cost: CostModel) -> None:
+        super().__init__(cost)
+        self._keys: list[tuple] = []
+        self._order: list[Job] = []
+
+    def add(self, job: Job, now: float) -> None:
+        self._stamp(job, now)
+        k = self.key(job)
+        i = bisect.bisect_right(self._keys, k)
+        self._keys.insert(i, k)
+        self._order.insert(i, job)
+
+    def remove(self, job: Job) -> None:
+        if self._dynamic:
+            if job in self._order:
+                i = self._order.index(job)
+                del self._keys[i], self._order[i]
+            return
+        i = bisect.bisect_left(self._keys, self.key(job))
+        if i < len(self._order) and self._order[i] is job:
+            del self._keys[i], self._order[i]
+
+    def ordered(self) -> list[Job]:
+        if self._dynamic:
+            self._order.sort(key=self.key)
+            self._keys = [self.key(j) for j in self._order]
+        return self._order
+
+    def __len__(self) -> int:
+        return len(self._order)
+
+
+class FCFSQueue(_SortedQueue):
+    """Arrival order: running jobs keep running (vLLM-style iteration-level FCFS)."""
+
+    name = "fcfs"
+
+    def key(self, job: Job) -> tuple:
+        return (job.queue_seq,)
+
+
+class PriorityQueue(_SortedQueue):
+    """Fixed priority by input length: shorter prompts first (the paper's first strawman)."""
+
+    name = "priority"
+
+    def key(self, job: Job) -> tuple:
+        return (job.num_prompt_tokens, job.queue_seq)
+
+
+class SRPTQueue(_SortedQueue):
+    """Shortest remaining processing time, knowing each job's true output length.
+
+    An oracle for the simulator (jobs carry `oracle_output_len`); the engine never
+    knows output lengths, so this policy refuses jobs without one.
+    """
+
+    name = "srpt"
+    _dynamic = True
+
+    def add(self, job: Job, now: float) -> None:
+        if job.oracle_output_len is None:
+            raise ValueError(f"srpt needs the output length of {job.job_id} (simulator only)")
+        super().add(job, now)
+
+    def key(self, job: Job) -> tuple:
+        return (self.remaining_time(job), job.queue_seq)
+
+    def remaining_time(self, job: Job) -> float:
+        left = max(0, (job.oracle_output_len or 0) - len(job.output_token_ids))
+        t = 0.0
+        if job.num_computed_tokens == 0:
+            t += self.cost.prefill_time(job.num_new_tokens)
+            left -= 1
+        return t + max(left, 0) * self.cost.decode_time(1, job.num_tokens)

@@ -1,0 +1,264 @@
+"""The scheduler: a queue policy, a KV memory policy and the batch they produce.
+
+Each iteration: promote starved jobs, walk the queue in priority order taking ready
+jobs until the batch is full, make device room for them as the KV policy allows,
+then (proactive policy) plan asynchronous swaps by ENST so that the jobs likely to
+run next are already on the device and `reserve` blocks stay free for arrivals.
+
+KV policies when device blocks run short (paper §4.2):
+  defer      new jobs wait for free blocks (MLFQ degrades to FCFS under pressure);
+             a device-resident job that must grow drops a lower job's KV
+  recompute  drop lower-priority jobs' KV; they re-prefill later
+  reactive   swap lower-priority jobs out, and chosen host jobs in, on the critical path
+  proactive  keep a reserve free; swap out the largest ENST, swap in the smallest,
+             asynchronously beside the model step; forced (synchronous) eviction only
+             when the reserve did not suffice
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from fsd.config import CacheConfig, SchedConfig
+from fsd.jobs import Job, JobStatus, KVLocation
+from fsd.kv.block_manager import BlockManager
+from fsd.kv.planner import SwapPlanner
+from fsd.kv.swap import SwapOp
+from fsd.sched.profile import CostModel
+from fsd.sched.queues import JobQueue
+
+
+@dataclass
+class SchedulerOutput:
+    """One iteration's decision: the batch, the copies to make, what changed."""
+
+    batch: list[Job] = field(default_factory=list)
+    swap_out: list[SwapOp] = field(default_factory=list)
+    swap_in: list[SwapOp] = field(default_factory=list)
+    preempted: list[Job] = field(default_factory=list)  # ran last iteration, not this one
+    recomputed: list[Job] = field(default_factory=list)  # KV dropped this iteration
+    promoted: list[Job] = field(default_factory=list)
+    demoted: list[Job] = field(default_factory=list)  # filled by update()
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(j.num_new_tokens for j in self.batch)
+
+    @property
+    def sync_ops(self) -> list[SwapOp]:
+        """Copies that must end before the model step, outs before ins."""
+        return [op for op in self.swap_out + self.swap_in if op.sync]
+
+
+class Scheduler:
+    """Batch formation and KV placement over one queue policy."""
+
+    def __init__(
+        self,
+        config: SchedConfig,
+        cache: CacheConfig,
+        blocks: BlockManager,
+        cost: CostModel,
+        queue: JobQueue,
+    ) -> None:
+        self.config = config
+        self.cache = cache
+        self.blocks = blocks
+        self.cost = cost
+        self.queue = queue
+        self.planner = SwapPlanner(blocks, cache)
+        self.in_flight: dict[str, SwapOp] = {}
+        self._jobs: dict[str, Job] = {}
+        self._last_batch: set[str] = set()
+        self._zombies: dict[str, Job] = {}  # removed while a copy of their KV was in flight
+
+    @property
+    def name(self) -> str:
+        return self.queue.name
+
+    # ---- membership ------------------------------------------------------------
+
+    def add(self, job: Job, now: float) -> None:
+        self._jobs[job.job_id] = job
+        self.queue.add(job, now)
+        self.planner.observe_arrival(self.blocks.blocks_for(job.num_tokens + 1))
+
+    def remove(self, job: Job) -> None:
+        """Forget a finished or aborted job; its blocks return once no copy touches them."""
+        self._jobs.pop(job.job_id, None)
+        self.queue.remove(job)
+        if job.job_id in self.in_flight:
+            self._zombies[job.job_id] = job
+            return
+        self.blocks.free(job)
+        job.kv = KVLocation.NONE
+
+    def jobs(self) -> Iterator[Job]:
+        return iter(list(self._jobs.values()))
+
+    def get(self, job_id: str) -> Job | None:
+        return self._jobs.get(job_id)
+
+    def has_unfinished(self) -> bool:
+        return bool(self._jobs)
+
+    def __len__(self) -> int:
+        return len(self._jobs)
+
+    # ---- copies ------------------------------------------------------------------
+
+    def swap_done(self, op: SwapOp) -> None:
+        """The executor finished an asynchronous copy."""
+        job = op.job
+        self.in_flight.pop(job.job_id, None)
+        if op.direction == "out":
+            self.blocks.end_swap_out(op)
+            job.kv = KVLocation.HOST
+        else:
+            self.blocks.end_swap_in(op)
+            job.kv = KVLocation.DEVICE
+        if self._zombies.pop(job.job_id, None) is not None:
+            self.blocks.free(job)
+            job.kv = KVLocation.NONE
+
+    def _start(self, op: SwapOp, out: SchedulerOutput) -> None:
+        job = op.job
+        if op.direction == "out":
+            job.swaps_out += 1
+            out.swap_out.append(op)
+        else:
+            job.swaps_in += 1
+            out.swap_in.append(op)
+        if op.sync:  # the executor completes it before the step: account it now
+            (self.blocks.end_swap_out if op.direction == "out" else self.blocks.end_swap_in)(op)
+            job.kv = KVLocation.HOST if op.direction == "out" else KVLocation.DEVICE
+        else:
+            self.in_flight[job.job_id] = op
+            job.kv = KVLocation.SWAPPING_OUT if op.direction == "out" else KVLocation.SWAPPING_IN
+
+    # ---- the iteration -------------------------------------------------------------
+
+    def schedule(self, now: float) -> SchedulerOutput:
+        out = SchedulerOutput(promoted=self.queue.tick(now))
+        batch_ids: set[str] = set()
+        budget = self.config.max_batch_tokens
+        wanted: list[Job] = []  # host jobs the batch would have taken
+        evicted: set[str] = set()
+        for job in self.queue.ordered():
+            if len(out.batch) >= self.config.max_batch_size:
+                break
+            if job.job_id in self.in_flight or job.job_id in evicted:
+                if job.kv is KVLocation.SWAPPING_IN:
+                    wanted.append(job)
+                continue
+            if job.num_new_tokens > budget:
+                continue
+            if job.kv is KVLocation.HOST:
+                if self.cache.kv_policy != "reactive":
+                    wanted.append(job)
+                    continue
+                need = len(job.host_block_table)
+                if not self._make_room(job, need, batch_ids, evicted, out):
+                    continue
+                self._start(self.blocks.begin_swap_in(job, sync=True), out)
+            if not self._make_room(job, self.blocks.missing(job), batch_ids, evicted, out):
+                continue
+            self.blocks.append(job)
+            job.kv = KVLocation.DEVICE
+            job.last_cost = self.charge(job)
+            out.batch.append(job)
+            batch_ids.add(job.job_id)
+            budget -= job.num_new_tokens
+        if self.cache.kv_policy == "proactive":
+            self._plan_proactive(now, batch_ids, wanted, out)
+        for job in out.batch:
+            job.status = JobStatus.RUNNING
+        for job_id in self._last_batch - batch_ids:
+            job = self._jobs.get(job_id)
+            if job is not None and not job.status.finished:
+                job.preemptions += 1
+                if job.status is JobStatus.RUNNING:
+                    job.status = JobStatus.PREEMPTED
+                out.preempted.append(job)
+        self._last_batch = batch_ids
+        return out
+
+    def _make_room(
+        self,
+        job: Job,
+        need: int,
+        protected: set[str],
+        evicted: set[str],
+        out: SchedulerOutput,
+    ) -> bool:
+        """Free device blocks for `job` by evicting lower-priority jobs, as the policy allows."""
+        if need <= self.blocks.num_free:
+            return True
+        policy = self.cache.kv_policy
+        if policy == "defer" and job.kv is not KVLocation.DEVICE:
+            return False  # new jobs wait; only device-resident jobs may grow
+        key = self.queue.key(job)
+        victims = [
+            v
+            for v in self._jobs.values()
+            if v.kv is KVLocation.DEVICE
+            and v.block_table
+            and v is not job
+            and v.job_id not in protected
+            and v.job_id not in self.in_flight
+            and self.queue.key(v) > key
+        ]
+        victims.sort(key=self.queue.key, reverse=True)  # lowest priority first
+        for victim in victims:
+            if need <= self.blocks.num_free:
+                break
+            evicted.add(victim.job_id)
+            if policy in ("defer", "recompute") or not self.blocks.can_swap_out(victim):
+                self._drop(victim, out)
+            else:
+                self._start(self.blocks.begin_swap_out(victim, sync=True), out)
+        return need <= self.blocks.num_free
+
+    def _drop(self, job: Job, out: SchedulerOutput) -> None:
+        """Preempt by recomputation: the job's KV is gone; it re-prefills later."""
+        self.blocks.free(job)
+        job.num_computed_tokens = 0
+        job.kv = KVLocation.NONE
+        job.recomputes += 1
+        out.recomputed.append(job)
+
+    def _plan_proactive(
+        self, now: float, batch_ids: set[str], wanted: list[Job], out: SchedulerOutput
+    ) -> None:
+        started = [j for j in self._jobs.values() if j.kv is not KVLocation.NONE]
+        enst = self.queue.enst(started, now, self.config.max_batch_size)
+        for job in started:
+            job.enst = enst.get(job.job_id)
+        reserve = self.planner.reserve_blocks(self.top_level_jobs())
+        movable = [
+            j
+            for j in started
+            if j.kv is KVLocation.DEVICE
+            and j.job_id not in batch_ids
+            and j.job_id not in self.in_flight
+        ]
+        hosted = [j for j in started if j.kv is KVLocation.HOST]
+        for op in self.planner.plan(movable, hosted, wanted, enst, reserve, self.in_flight):
+            self._start(op, out)
+
+    def top_level_jobs(self) -> int:
+        """Jobs in the top K' queue levels (the burst predictor)."""
+        return self.queue.jobs_in_top_levels(self.cache.reserve_top_levels)
+
+    def update(self, out: SchedulerOutput, now: float) -> None:
+        """Charge the iteration's service, demote, and release finished jobs."""
+        ran = [(job, job.last_cost) for job in out.batch if not job.status.finished]
+        out.demoted = self.queue.account(ran, now)
+        for job in out.batch:
+            if job.status.finished:
+                self.remove(job)
+
+    def charge(self, job: Job) -> float:
+        """The profiled time of the job's next iteration (service it will attain)."""
+        return self.cost.job_iteration_time(job.num_new_tokens, job.num_tokens)

@@ -1,0 +1,88 @@
+"""Preemption and KV swapping in the real engine change no token (greedy)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fsd import LLM, SamplingParams
+
+PROMPTS = [
+    [(i * 13 + k) % 250 + 1 for k in range(n)] for i, n in enumerate([3, 40, 1, 17, 64, 9, 30])
+]
+PARAMS = SamplingParams(max_tokens=40, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def alone() -> list[list[int]]:
+    llm = LLM("tiny", policy="fcfs", num_gpu_blocks=512)
+    return [llm.generate(p, PARAMS)[0].token_ids for p in PROMPTS]
+
+
+@pytest.mark.parametrize("kv_policy", ["defer", "recompute", "reactive", "proactive"])
+def test_sj_mlfq_under_a_small_device_pool_matches_each_prompt_run_alone(alone, kv_policy):
+    llm = LLM(
+        "tiny",
+        policy="sj-mlfq",
+        kv_policy=kv_policy,
+        num_gpu_blocks=14,
+        num_host_blocks=64,
+        max_batch_size=4,
+    )
+    outs = llm.generate(PROMPTS, PARAMS)
+    assert [o.token_ids for o in outs] == alone
+    assert sum(o.preemptions for o in outs) > 0
+    swaps_out = sum(o.swaps_out for o in outs)
+    recomputes = sum(o.recomputes for o in outs)
+    if kv_policy in ("reactive", "proactive"):
+        assert swaps_out > 0 and recomputes == 0
+        assert sum(o.swaps_in for o in outs) == swaps_out  # every job came back
+    else:
+        assert swaps_out == 0 and recomputes > 0
+    blocks = llm.engine.blocks
+    blocks.check()
+    assert blocks.device.num_free == 14 and blocks.host.num_free == 64
+    assert not llm.engine.swapper.busy
+
+
+def test_a_swapped_out_job_really_leaves_the_device_and_comes_back_intact():
+    llm = LLM("tiny", policy="sj-mlfq", kv_policy="reactive", num_gpu_blocks=64, num_host_blocks=64)
+    eng = llm.engine
+    job = eng.add_request(PROMPTS[4], PARAMS)
+    for _ in range(3):
+        eng.step()
+    layer0_k = eng.pool.layers[0][0]
+    before = layer0_k[job.block_table].clone()
+    src = list(job.block_table)
+    op = eng.blocks.begin_swap_out(job, sync=True)
+    eng.swapper.run_sync([op])
+    eng.blocks.end_swap_out(op)
+    layer0_k[src] = 0.0  # the device copy is gone
+    host = eng.host_pool.data[op.dst]  # [n, L, 2, BS, H, D]
+    assert torch.equal(host[:, 0, 0], before)
+    back = eng.blocks.begin_swap_in(job, sync=True)
+    eng.swapper.run_sync([back])
+    eng.blocks.end_swap_in(back)
+    assert torch.equal(layer0_k[job.block_table], before)
+
+
+def test_proactive_copies_run_asynchronously_beside_the_step():
+    llm = LLM(
+        "tiny",
+        policy="sj-mlfq",
+        kv_policy="proactive",
+        num_gpu_blocks=14,
+        num_host_blocks=64,
+        max_batch_size=4,
+    )
+    eng = llm.engine
+    for p in PROMPTS:
+        eng.add_request(p, PARAMS)
+    async_ops = 0
+    while eng.has_unfinished():
+        eng.step()
+        out = eng.last_schedule
+        if out is not None:
+            async_ops += sum(1 for op in out.swap_out + out.swap_in if not op.sync)
+    assert async_ops > 0
+    assert eng.swapper.bytes_out > 0 and eng.swapper.bytes_in == eng.swapper.bytes_out

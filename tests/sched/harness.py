@@ -1,0 +1,96 @@
+"""Drives a Scheduler without a model: each iteration appends one token per batched
+job; asynchronous copies end `copy_delay` iterations after they start."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from fsd.config import CacheConfig, SchedConfig
+from fsd.jobs import FinishReason, Job, SamplingParams
+from fsd.kv.block_manager import BlockManager
+from fsd.sched import CostModel, make_scheduler
+from fsd.sched.scheduler import Scheduler
+
+COST = CostModel(
+    name="unit",
+    prefill_base=1.0,
+    prefill_per_token=0.01,
+    decode_base=1.0,
+    decode_per_seq=0.0,
+    decode_per_ctx_token=0.0,
+    kv_bytes_per_token=1,
+)
+
+
+def make_jobs(specs: list[tuple[int, int]], prefix: str = "j") -> list[Job]:
+    return [
+        Job(
+            prompt_token_ids=[5] * p,
+            params=SamplingParams(max_tokens=o),
+            job_id=f"{prefix}{i}",
+            oracle_output_len=o,
+        )
+        for i, (p, o) in enumerate(specs)
+    ]
+
+
+def scheduler(
+    policy: str = "sj-mlfq",
+    kv_policy: str = "proactive",
+    device: int = 64,
+    host: int = 256,
+    block_size: int = 4,
+    cost: CostModel = COST,
+    **sched_kw,
+) -> Scheduler:
+    blocks = BlockManager(device, block_size, host)
+    cache = CacheConfig(block_size=block_size, kv_policy=kv_policy)
+    return make_scheduler(SchedConfig(policy=policy, **sched_kw), cache, blocks, cost)
+
+
+@dataclass
+class Run:
+    finished: list[str] = field(default_factory=list)
+    iterations: int = 0
+    batches: list[list[str]] = field(default_factory=list)
+
+
+def drive(
+    sched: Scheduler,
+    jobs: list[Job],
+    arrivals: dict[str, int] | None = None,
+    copy_delay: int = 1,
+    max_iters: int = 20_000,
+) -> Run:
+    """Run to completion; arrivals maps job id -> iteration it arrives (default 0)."""
+    arrivals = arrivals or {}
+    pending = sorted(jobs, key=lambda j: arrivals.get(j.job_id, 0))
+    copies: list[tuple[int, object]] = []
+    run = Run()
+    now = 0.0
+    while pending or sched.has_unfinished() or copies:
+        it = run.iterations
+        assert it < max_iters, "no progress"
+        while pending and arrivals.get(pending[0].job_id, 0) <= it:
+            sched.add(pending.pop(0), now)
+        for due, op in list(copies):
+            if due <= it:
+                sched.swap_done(op)
+                copies.remove((due, op))
+        out = sched.schedule(now)
+        copies += [(it + copy_delay, op) for op in out.swap_out + out.swap_in if not op.sync]
+        for job in out.batch:
+            assert job.kv.value == "device"
+            assert len(job.block_table) * sched.blocks.block_size >= job.num_tokens
+            assert not job.host_block_table
+            job.num_computed_tokens = job.num_tokens
+            job.output_token_ids.append(1)
+            if len(job.output_token_ids) >= job.max_output:
+                job.finish(FinishReason.LENGTH, now)
+                run.finished.append(job.job_id)
+        run.batches.append([j.job_id for j in out.batch])
+        now += max(1.0, sum(j.last_cost for j in out.batch))
+        sched.update(out, now)
+        sched.blocks.check()
+        run.iterations += 1
+    return run

@@ -1,0 +1,89 @@
+"""Policies over the block manager, driven without a model."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fsd.config import SchedConfig
+from fsd.errors import ConfigError
+from fsd.sched import resolve_policy
+from tests.sched.harness import drive, make_jobs, scheduler
+
+POLICIES = ["fcfs", "priority", "mlfq", "sj-mlfq", "srpt"]
+KV = ["defer", "recompute", "reactive", "proactive"]
+
+
+def test_fcfs_batch_one_runs_jobs_to_completion_in_arrival_order():
+    s = scheduler("fcfs", max_batch_size=1)
+    assert drive(s, make_jobs([(3, 5), (30, 2), (2, 9)])).finished == ["j0", "j1", "j2"]
+
+
+def test_sj_mlfq_lets_a_short_job_pass_a_long_one():
+    s = scheduler("sj-mlfq", max_batch_size=1, quanta=(1.0, 2.0, 4.0, 8.0), starve_limit=1e9)
+    run = drive(s, make_jobs([(4, 40), (4, 3)]))
+    assert run.finished == ["j1", "j0"]
+
+
+def test_priority_runs_shorter_prompts_first():
+    s = scheduler("priority", max_batch_size=1)
+    assert drive(s, make_jobs([(40, 2), (4, 2)])).finished == ["j1", "j0"]
+
+
+def test_srpt_runs_the_least_remaining_work_first():
+    s = scheduler("srpt", max_batch_size=1)
+    assert drive(s, make_jobs([(4, 9), (4, 2), (4, 5)])).finished == ["j1", "j2", "j0"]
+
+
+def test_unknown_policy_is_refused_with_the_choices():
+    with pytest.raises(ConfigError, match="unknown policy 'lifo'.*sj-mlfq"):
+        resolve_policy("lifo")
+    assert resolve_policy("default") in POLICIES
+
+
+@pytest.mark.parametrize("kv", KV)
+@pytest.mark.parametrize("policy", POLICIES)
+def test_small_device_pool_every_policy_and_kv_policy_finishes_everything(policy, kv):
+    s = scheduler(policy, kv, device=12, host=64, max_batch_size=3)
+    jobs = make_jobs([(6, 9), (3, 14), (9, 4), (2, 11), (7, 7), (4, 3)])
+    arrivals = {j.job_id: 2 * i for i, j in enumerate(jobs)}
+    run = drive(s, jobs, arrivals, copy_delay=2)
+    assert sorted(run.finished) == sorted(j.job_id for j in jobs)
+    assert all(len(j.output_token_ids) == j.max_output for j in jobs)
+    assert s.blocks.device.num_free == 12 and s.blocks.host.num_free == 64
+    if kv in ("reactive", "proactive") and policy in ("mlfq", "sj-mlfq"):
+        assert sum(j.swaps_out for j in jobs) > 0
+        assert all(j.recomputes == 0 for j in jobs)
+    if kv == "recompute" and policy in ("mlfq", "sj-mlfq"):
+        assert sum(j.recomputes for j in jobs) > 0
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.integers(1, 24), st.integers(1, 24), st.integers(0, 30)),
+        min_size=1,
+        max_size=10,
+    ),
+    st.sampled_from(POLICIES),
+    st.sampled_from(KV),
+    st.integers(1, 4),
+    st.integers(8, 30),
+    st.integers(0, 3),
+)
+def test_property_blocks_conserved_all_finish_no_deadlock(specs, policy, kv, batch, device, delay):
+    s = scheduler(policy, kv, device=device, host=200, max_batch_size=batch, block_size=4)
+    specs = [(p, o, a) for p, o, a in specs if s.blocks.blocks_for(p + o) <= device] or [(1, 1, 0)]
+    jobs = make_jobs([(p, o) for p, o, _ in specs])
+    arrivals = {j.job_id: a for j, (_, _, a) in zip(jobs, specs, strict=True)}
+    run = drive(s, jobs, arrivals, copy_delay=delay)
+    assert sorted(run.finished) == sorted(j.job_id for j in jobs)
+    assert s.blocks.device.num_free == device and s.blocks.host.num_free == 200
+
+
+def test_config_errors_name_the_field():
+    with pytest.raises(ConfigError, match="strictly increasing"):
+        SchedConfig(quanta=(1.0, 1.0))
+    with pytest.raises(ConfigError, match="alpha"):
+        SchedConfig(starve_limit=0)
