@@ -7,11 +7,13 @@ account the iteration. Everything about *which* jobs run lives in the scheduler.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
-from fsd.config import EngineConfig
+from fsd.config import EngineConfig, SchedConfig
 from fsd.engine.kv_cache import KVCachePool, KVShape, num_device_blocks, num_host_blocks
 from fsd.engine.model_runner import ModelRunner
 from fsd.engine.output import RequestOutput, StepDelta
@@ -42,7 +44,7 @@ class Engine:
     """A model, its paged KV pool, a scheduling policy and the jobs in flight."""
 
     def __init__(self, config: EngineConfig) -> None:
-        resolve_policy(config.sched.policy)  # fail on a bad policy before loading weights
+        _engine_policy(config.sched.policy)  # fail on a bad policy before loading weights
         self.config = config
         self.loaded = load_model(config.model)
         self.tokenizer = self.loaded.tokenizer
@@ -148,6 +150,33 @@ class Engine:
         job.finish(FinishReason.ABORT, time.time())
         return self._release(job)
 
+    # ---- live settings ---------------------------------------------------------
+
+    RETUNABLE_CACHE = ("kv_policy", "reserve_min_jobs", "reserve_top_levels")
+
+    def retune(self, **changes: Any) -> EngineConfig:
+        """Change scheduling settings between iterations without losing a job.
+
+        Accepts SchedConfig fields (policy, quanta, q1, quantum_ratio, num_levels,
+        starve_limit, starve_promote, max_batch_size, max_batch_tokens) and the KV
+        policy settings (kv_policy, reserve_min_jobs, reserve_top_levels).
+        """
+        sched_fields = {f.name for f in dataclasses.fields(SchedConfig)} - {"profile"}
+        sched_kw = {k: v for k, v in changes.items() if k in sched_fields}
+        cache_kw = {k: v for k, v in changes.items() if k in self.RETUNABLE_CACHE}
+        unknown = sorted(set(changes) - set(sched_kw) - set(cache_kw))
+        if unknown:
+            raise ConfigError(
+                f"cannot retune {', '.join(unknown)} while running; retunable: "
+                f"{', '.join(sorted(sched_fields | set(self.RETUNABLE_CACHE)))}"
+            )
+        sched = dataclasses.replace(self.config.sched, **sched_kw)  # validates
+        cache = dataclasses.replace(self.config.cache, **cache_kw)
+        _engine_policy(sched.policy)
+        self.config = dataclasses.replace(self.config, sched=sched, cache=cache)
+        self.scheduler.retune(time.time(), sched if sched_kw else None, cache if cache_kw else None)
+        return self.config
+
     # ---- the iteration ---------------------------------------------------------
 
     def has_unfinished(self) -> bool:
@@ -229,3 +258,11 @@ class Engine:
         """The result so far of a job (finished or not)."""
         text = self._text.get(job.job_id)
         return RequestOutput.of(job, text.text if text else "")
+
+
+def _engine_policy(name: str) -> str:
+    """A policy the engine can run: any but the simulator's output-length oracle."""
+    resolved = resolve_policy(name)
+    if resolved == "srpt":
+        raise ConfigError("policy 'srpt' needs true output lengths; it runs in the simulator only")
+    return resolved

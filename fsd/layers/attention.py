@@ -111,7 +111,8 @@ class PagedAttention(torch.nn.Module):
         kv_cache: tuple[torch.Tensor, torch.Tensor],
         meta: AttentionMetadata,
     ) -> torch.Tensor:
-        ops = _ops(resolve_backend(self.backend, q.device))
+        backend = resolve_backend(self.backend, q.device)
+        ops = _ops(backend)
         num_tokens = q.shape[0]
         q = q.view(num_tokens, self.num_heads, self.head_dim)
         k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
@@ -135,6 +136,8 @@ class PagedAttention(torch.nn.Module):
                 meta.context_lens[nd:],
                 starts,
                 self.scale,
+                # the Triton kernel sizes its grid from this instead of syncing to read it
+                **({"max_query_len": meta.max_query_len} if backend == "triton" else {}),
             )
         return out.view(num_tokens, self.num_heads * self.head_dim)
 

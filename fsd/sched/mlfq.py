@@ -102,6 +102,22 @@ class MLFQQueue(JobQueue):
     def __contains__(self, job: Job) -> bool:
         return 0 <= job.level < len(self._levels) and job.job_id in self._levels[job.level]
 
+    def adopt(self, other: JobQueue) -> bool:
+        """New quanta / alpha / promotion rule; jobs below a removed level go to the last."""
+        if not isinstance(other, MLFQQueue) or other.skip_join != self.skip_join:
+            return False
+        jobs = list(self.ordered())
+        self.quanta = list(other.quanta)
+        self.starve_limit = other.starve_limit
+        self.promote_to = other.promote_to
+        if len(self._levels) != len(self.quanta):
+            self._levels = [{} for _ in self.quanta]
+            last = len(self.quanta) - 1
+            for job in jobs:
+                job.level = min(job.level, last)
+                self._levels[job.level][job.job_id] = job
+        return True
+
     # ---- time-driven moves -----------------------------------------------------
 
     def tick(self, now: float) -> list[Job]:

@@ -54,6 +54,10 @@ class JobQueue(ABC):
     @abstractmethod
     def __len__(self) -> int: ...
 
+    def adopt(self, other: JobQueue) -> bool:
+        """Take `other`'s settings keeping this queue's jobs; False if it cannot."""
+        return type(other) is type(self)
+
     def tick(self, now: float) -> list[Job]:
         """Time-driven moves (starvation promotion); returns the jobs moved."""
         return []

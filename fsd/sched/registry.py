@@ -51,4 +51,4 @@ def make_queue(config: SchedConfig, cost: CostModel) -> JobQueue:
 def make_scheduler(
     config: SchedConfig, cache: CacheConfig, blocks: BlockManager, cost: CostModel
 ) -> Scheduler:
-    return Scheduler(config, cache, blocks, cost, make_queue(config, cost))
+    return Scheduler(config, cache, blocks, cost, make_queue)

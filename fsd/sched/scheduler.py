@@ -17,7 +17,7 @@ KV policies when device blocks run short (paper §4.2):
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from fsd.config import CacheConfig, SchedConfig
@@ -60,14 +60,16 @@ class Scheduler:
         cache: CacheConfig,
         blocks: BlockManager,
         cost: CostModel,
-        queue: JobQueue,
+        make_queue: Callable[[SchedConfig, CostModel], JobQueue],
     ) -> None:
         self.config = config
         self.cache = cache
         self.blocks = blocks
         self.cost = cost
-        self.queue = queue
+        self._make_queue = make_queue
+        self.queue = make_queue(config, cost)
         self.planner = SwapPlanner(blocks, cache)
+        self.reserve = 0  # blocks the proactive planner last kept free
         self.in_flight: dict[str, SwapOp] = {}
         self._jobs: dict[str, Job] = {}
         self._last_batch: set[str] = set()
@@ -105,6 +107,27 @@ class Scheduler:
 
     def __len__(self) -> int:
         return len(self._jobs)
+
+    def retune(
+        self, now: float, config: SchedConfig | None = None, cache: CacheConfig | None = None
+    ) -> None:
+        """Change settings between iterations; no job is lost or restarted.
+
+        Same policy: quanta, alpha and limits change in place (jobs keep their levels).
+        Another policy: the jobs re-enter the new queue in their current order.
+        """
+        if cache is not None:
+            self.cache = cache
+            self.planner.cache = cache
+        if config is None:
+            return
+        old, self.config = self.queue, config
+        fresh = self._make_queue(config, self.cost)
+        if fresh.name == old.name and old.adopt(fresh):
+            return
+        for job in list(old.ordered()):
+            fresh.add(job, now)
+        self.queue = fresh
 
     # ---- copies ------------------------------------------------------------------
 
@@ -170,8 +193,12 @@ class Scheduler:
             out.batch.append(job)
             batch_ids.add(job.job_id)
             budget -= job.num_new_tokens
+        started = [j for j in self._jobs.values() if j.kv is not KVLocation.NONE]
+        enst = self.queue.enst(started, now, self.config.max_batch_size)
+        for job in started:
+            job.enst = enst[job.job_id]
         if self.cache.kv_policy == "proactive":
-            self._plan_proactive(now, batch_ids, wanted, out)
+            self._plan_proactive(started, enst, batch_ids, wanted, out)
         for job in out.batch:
             job.status = JobStatus.RUNNING
         for job_id in self._last_batch - batch_ids:
@@ -229,13 +256,14 @@ class Scheduler:
         out.recomputed.append(job)
 
     def _plan_proactive(
-        self, now: float, batch_ids: set[str], wanted: list[Job], out: SchedulerOutput
+        self,
+        started: list[Job],
+        enst: dict[str, float],
+        batch_ids: set[str],
+        wanted: list[Job],
+        out: SchedulerOutput,
     ) -> None:
-        started = [j for j in self._jobs.values() if j.kv is not KVLocation.NONE]
-        enst = self.queue.enst(started, now, self.config.max_batch_size)
-        for job in started:
-            job.enst = enst.get(job.job_id)
-        reserve = self.planner.reserve_blocks(self.top_level_jobs())
+        reserve = self.reserve = self.planner.reserve_blocks(self.top_level_jobs())
         movable = [
             j
             for j in started

@@ -1,0 +1,17 @@
+"""Paged KV-cache attention kernels: Triton versions beside pure-torch references.
+
+``store_kv``, ``paged_decode`` and ``paged_prefill`` are the Triton kernels;
+``reference`` holds ``store_kv_ref``, ``paged_decode_ref`` and ``paged_prefill_ref``
+with the same signatures, which the CPU engine runs.
+
+Importing this package never imports Triton: each kernel module imports it (and
+JIT-wraps its kernels) on first call, so the references work without Triton and
+``TRITON_INTERPRET=1`` only has to be set before the first kernel call.
+"""
+
+from fsd.kernels import reference
+from fsd.kernels.paged_decode import paged_decode
+from fsd.kernels.paged_prefill import paged_prefill
+from fsd.kernels.store_kv import store_kv
+
+__all__ = ["paged_decode", "paged_prefill", "reference", "store_kv"]

@@ -1,0 +1,361 @@
+"""Triton kernel: paged decode attention, split-K ("flash-decoding").
+
+Why split-K: a decode step has one query per sequence, so one program per (sequence,
+KV head) gives only B * Hkv programs, often fewer than the GPU has SMs, each walking
+thousands of keys alone. Decode is bound by reading K/V, so we cut every sequence's
+context into ``num_splits`` contiguous ranges and run (sequence, KV head, split)
+programs in parallel, enough of them to fill the machine.
+
+Stage 1 (one program per (sequence, KV head, split)) walks its range in tiles of
+``BLOCK_N`` tokens. Each token's cache block comes from the block table
+(``position // block_size``), so any block size 1..128 is read the same way and a
+tile may span several blocks. It keeps an online softmax (running max ``m``, running
+sum ``l`` in the log2 domain, fp32) and writes the split's normalised output with its
+log-sum-exp ``lse = m + log2(l)``. An empty split writes ``lse = -inf``.
+
+Stage 2 (one program per (sequence, query head)) merges the splits: with
+``M = max lse_i`` the result is ``sum_i 2**(lse_i - M) o_i / sum_i 2**(lse_i - M)``,
+exact and overflow-free. With a single split, stage 1 writes the output directly.
+
+Grouped heads: the ``Hq / Hkv`` query heads that share a KV head sit in one program as
+the rows of a [BLOCK_G, D] tile (padded to at least 16 rows, masked), so each K/V tile
+is read once for the whole group and the scores and the weighted sum are ``tl.dot``
+calls on tensor cores. ``head_dim`` is padded to a power of two with masking.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import torch
+
+tl: Any = None  # triton.language, bound on first use
+
+DEFAULT_NUM_SMS = 132  # H100 SXM; used when no CUDA device can be asked
+LOG2E = 1.4426950408889634
+
+
+def _decode_split_kernel(
+    Q,
+    K_CACHE,
+    V_CACHE,
+    BLOCK_TABLES,
+    CONTEXT_LENS,
+    O_PART,
+    LSE_PART,
+    OUT,
+    scale_log2,
+    num_splits,
+    stride_qb,
+    stride_qh,
+    stride_qd,
+    stride_kb,
+    stride_ks,
+    stride_kh,
+    stride_kd,
+    stride_vb,
+    stride_vs,
+    stride_vh,
+    stride_vd,
+    stride_btb,
+    stride_btn,
+    stride_pb,
+    stride_ph,
+    stride_ps,
+    stride_pd,
+    stride_lb,
+    stride_lh,
+    stride_ls,
+    stride_ob,
+    stride_oh,
+    stride_od,
+    HEAD_DIM: tl.constexpr,
+    GROUP: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    BLOCK_G: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    UPCAST: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    DIRECT: tl.constexpr,
+):
+    seq = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+
+    ctx = tl.load(CONTEXT_LENS + seq)
+    # Each sequence is cut evenly (in whole tiles) by its own length.
+    per_split = tl.cdiv(tl.cdiv(ctx, num_splits), BLOCK_N) * BLOCK_N
+    start = split * per_split
+    end = tl.minimum(start + per_split, ctx)
+
+    offs_g = tl.arange(0, BLOCK_G)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_n = tl.arange(0, BLOCK_N)
+    heads = kv_head * GROUP + offs_g
+    g_mask = offs_g < GROUP
+    d_mask = offs_d < HEAD_DIM
+
+    q = tl.load(
+        Q + seq * stride_qb + heads[:, None] * stride_qh + offs_d[None, :] * stride_qd,
+        mask=g_mask[:, None] & d_mask[None, :],
+        other=0.0,
+    )
+    if UPCAST:
+        q = q.to(tl.float32)
+
+    table = BLOCK_TABLES + seq.to(tl.int64) * stride_btb
+    k_base = K_CACHE + kv_head * stride_kh
+    v_base = V_CACHE + kv_head * stride_vh
+
+    m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_G], tl.float32)
+    acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+    for tile in range(start, end, BLOCK_N):
+        pos = tile + offs_n
+        n_mask = pos < end
+        block = tl.load(table + (pos // BLOCK_SIZE) * stride_btn, mask=n_mask, other=0)
+        row = block.to(tl.int64) * stride_kb + (pos % BLOCK_SIZE) * stride_ks
+        # No padded columns: a per-row mask lets loads vectorise. (A constexpr `if`, not a
+        # ternary, so only one branch is ever compiled.)
+        if HEAD_DIM == BLOCK_D:  # noqa: SIM108
+            kv_mask = n_mask[:, None]
+        else:
+            kv_mask = n_mask[:, None] & d_mask[None, :]
+        k = tl.load(k_base + row[:, None] + offs_d[None, :] * stride_kd, mask=kv_mask, other=0.0)
+        if UPCAST:
+            k = k.to(tl.float32)
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale_log2  # [G, N]
+        s = tl.where(n_mask[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+
+        vrow = block.to(tl.int64) * stride_vb + (pos % BLOCK_SIZE) * stride_vs
+        v = tl.load(v_base + vrow[:, None] + offs_d[None, :] * stride_vd, mask=kv_mask, other=0.0)
+        if UPCAST:
+            v = v.to(tl.float32)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        m_i = m_new
+
+    out_mask = g_mask[:, None] & d_mask[None, :]
+    l_safe = tl.where(l_i > 0.0, l_i, 1.0)
+    out = acc / l_safe[:, None]
+    if DIRECT:
+        tl.store(
+            OUT + seq * stride_ob + heads[:, None] * stride_oh + offs_d[None, :] * stride_od,
+            out.to(OUT.dtype.element_ty),
+            mask=out_mask,
+        )
+    else:
+        lse = tl.where(l_i > 0.0, m_i + tl.log2(l_safe), float("-inf"))
+        part = O_PART + seq * stride_pb + split * stride_ps
+        tl.store(
+            part + heads[:, None] * stride_ph + offs_d[None, :] * stride_pd, out, mask=out_mask
+        )
+        tl.store(
+            LSE_PART + seq * stride_lb + heads * stride_lh + split * stride_ls, lse, mask=g_mask
+        )
+
+
+def _decode_merge_kernel(
+    O_PART,
+    LSE_PART,
+    OUT,
+    num_splits,
+    stride_pb,
+    stride_ph,
+    stride_ps,
+    stride_pd,
+    stride_lb,
+    stride_lh,
+    stride_ls,
+    stride_ob,
+    stride_oh,
+    stride_od,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    seq = tl.program_id(0)
+    head = tl.program_id(1)
+    offs_s = tl.arange(0, BLOCK_S)
+    offs_d = tl.arange(0, BLOCK_D)
+    s_mask = offs_s < num_splits
+    d_mask = offs_d < HEAD_DIM
+
+    lse = tl.load(
+        LSE_PART + seq * stride_lb + head * stride_lh + offs_s * stride_ls,
+        mask=s_mask,
+        other=float("-inf"),
+    )
+    weight = tl.exp2(lse - tl.max(lse, axis=0))  # empty splits weigh 0; split 0 is never empty
+    part = tl.load(
+        O_PART
+        + seq * stride_pb
+        + head * stride_ph
+        + offs_s[:, None] * stride_ps
+        + offs_d[None, :] * stride_pd,
+        mask=s_mask[:, None] & d_mask[None, :],
+        other=0.0,
+    )
+    out = tl.sum(part * weight[:, None], axis=0) / tl.sum(weight, axis=0)
+    tl.store(
+        OUT + seq * stride_ob + head * stride_oh + offs_d * stride_od,
+        out.to(OUT.dtype.element_ty),
+        mask=d_mask,
+    )
+
+
+@functools.cache
+def _kernels() -> tuple[Any, Any]:
+    global tl
+    import triton
+    import triton.language as language
+
+    tl = language
+    return triton.jit(_decode_split_kernel), triton.jit(_decode_merge_kernel)
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(0, int(n) - 1).bit_length()
+
+
+@functools.cache
+def _num_sms(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def num_sms_of(device: torch.device) -> int:
+    """Streaming multiprocessors of a CUDA device (``DEFAULT_NUM_SMS`` elsewhere)."""
+    if device.type != "cuda":
+        return DEFAULT_NUM_SMS
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return _num_sms(index)
+
+
+def choose_num_splits(
+    batch: int,
+    num_kv_heads: int,
+    max_context: int,
+    num_sms: int = DEFAULT_NUM_SMS,
+    waves: int = 3,
+    min_tokens_per_split: int = 256,
+    max_splits: int = 64,
+) -> int:
+    """How many ranges to cut each context into so the GPU has enough programs.
+
+    Aims for about ``waves * num_sms`` stage-1 programs (B * Hkv * splits), but gives
+    no split fewer than ``min_tokens_per_split`` tokens, so each one reads a few tiles
+    to amortise its partial-result write and its share of the merge, and uses at most
+    ``max_splits``. A batch that already fills the GPU gets 1 (no merge pass at all).
+    """
+    programs = max(1, batch * num_kv_heads)
+    want = -(-waves * num_sms // programs)
+    by_length = max(1, -(-max_context // min_tokens_per_split))
+    return max(1, min(want, by_length, max_splits))
+
+
+def paged_decode(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    scale: float,
+    num_splits: int | None = None,
+    *,
+    block_n: int | None = None,
+    num_warps: int = 4,
+    num_stages: int = 2,
+) -> torch.Tensor:
+    """Attention of one new query per sequence over its paged K/V cache.
+
+    q [B, Hq, D] sits at position ``context_lens[b] - 1``; caches are
+    [num_blocks, block_size, Hkv, D]; block_tables [B, max_blocks] int32;
+    context_lens [B] int32 (>= 1). Returns [B, Hq, D] in q's dtype.
+
+    ``num_splits`` overrides the split-K heuristic (``choose_num_splits``, which
+    bounds the context by ``max_blocks * block_size`` so it never syncs with the
+    device); ``block_n`` (keys per tile), ``num_warps`` and ``num_stages`` are tuning
+    knobs.
+    """
+    batch, num_heads, head_dim = q.shape
+    _, block_size, num_kv_heads, cache_dim = k_cache.shape
+    if cache_dim != head_dim or v_cache.shape != k_cache.shape:
+        raise ValueError(f"caches {tuple(k_cache.shape)} do not match q {tuple(q.shape)}")
+    if num_heads % num_kv_heads:
+        raise ValueError(f"{num_heads} query heads do not group onto {num_kv_heads} KV heads")
+    if block_tables.shape[0] < batch or context_lens.shape[0] < batch:
+        raise ValueError("block_tables / context_lens have fewer rows than q")
+    out = torch.empty_like(q)
+    if batch == 0:
+        return out
+    group = num_heads // num_kv_heads
+    if num_splits is None:
+        max_context = block_tables.shape[1] * block_size
+        num_splits = choose_num_splits(batch, num_kv_heads, max_context, num_sms_of(q.device))
+    num_splits = max(1, int(num_splits))
+
+    block_d = max(16, _next_pow2(head_dim))
+    block_g = max(16, _next_pow2(group))
+    if block_n is None:
+        block_n = 64 if block_d <= 128 else 32
+    upcast = q.device.type != "cuda"  # the interpreter's tl.dot mis-multiplies bf16
+    precision = "ieee" if q.dtype == torch.float32 else "tf32"
+
+    split_kernel, merge_kernel = _kernels()
+    direct = num_splits == 1
+    if direct:
+        o_part = out.new_empty((1, 1, 1, 1), dtype=torch.float32)
+        lse_part = out.new_empty((1, 1, 1), dtype=torch.float32)
+    else:
+        o_part = out.new_empty((batch, num_heads, num_splits, head_dim), dtype=torch.float32)
+        lse_part = out.new_empty((batch, num_heads, num_splits), dtype=torch.float32)
+    split_kernel[(batch, num_kv_heads, num_splits)](
+        q,
+        k_cache,
+        v_cache,
+        block_tables,
+        context_lens,
+        o_part,
+        lse_part,
+        out,
+        float(scale) * LOG2E,
+        num_splits,
+        *q.stride(),
+        *k_cache.stride(),
+        *v_cache.stride(),
+        *block_tables.stride(),
+        *o_part.stride(),
+        *lse_part.stride(),
+        *out.stride(),
+        HEAD_DIM=head_dim,
+        GROUP=group,
+        BLOCK_SIZE=block_size,
+        BLOCK_G=block_g,
+        BLOCK_D=block_d,
+        BLOCK_N=block_n,
+        UPCAST=upcast,
+        DOT_PRECISION=precision,
+        DIRECT=direct,
+        num_warps=num_warps,
+        num_stages=num_stages,
+    )
+    if not direct:
+        merge_kernel[(batch, num_heads)](
+            o_part,
+            lse_part,
+            out,
+            num_splits,
+            *o_part.stride(),
+            *lse_part.stride(),
+            *out.stride(),
+            HEAD_DIM=head_dim,
+            BLOCK_S=max(2, _next_pow2(num_splits)),
+            BLOCK_D=block_d,
+            num_warps=4 if block_d >= 128 else 2,
+        )
+    return out

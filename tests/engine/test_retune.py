@@ -1,0 +1,75 @@
+"""Live retune between iterations: settings change, no job is lost or altered."""
+
+from __future__ import annotations
+
+import pytest
+
+from fsd import LLM, SamplingParams
+from fsd.errors import ConfigError
+
+PROMPTS = [[(i * 11 + k) % 250 + 1 for k in range(n)] for i, n in enumerate([5, 33, 2, 18, 50])]
+PARAMS = SamplingParams(max_tokens=24, ignore_eos=True)
+
+
+def run_with_retunes(llm: LLM, retunes: dict[int, dict]) -> list[list[int]]:
+    eng = llm.engine
+    jobs = [eng.add_request(p, PARAMS) for p in PROMPTS]
+    done: dict[str, list[int]] = {}
+    step = 0
+    while eng.has_unfinished():
+        if step in retunes:
+            eng.retune(**retunes[step])
+        for d in eng.step():
+            if d.output is not None:
+                done[d.job_id] = d.output.token_ids
+        step += 1
+    eng.blocks.check()
+    assert eng.blocks.device.num_free == eng.blocks.device.num_blocks
+    return [done[j.job_id] for j in jobs]
+
+
+def test_retuning_policy_quanta_alpha_and_kv_policy_mid_run_changes_no_token():
+    base = LLM("tiny", policy="fcfs", num_gpu_blocks=256).generate(PROMPTS, PARAMS)
+    llm = LLM("tiny", policy="sj-mlfq", num_gpu_blocks=12, num_host_blocks=64, max_batch_size=3)
+    retunes = {
+        2: {"quanta": (0.001, 0.002, 0.004), "starve_limit": 0.5},
+        5: {"policy": "fcfs", "kv_policy": "recompute"},
+        9: {"policy": "mlfq", "q1": 0.01, "quantum_ratio": 3.0, "kv_policy": "reactive"},
+        14: {"policy": "sj-mlfq", "max_batch_size": 2, "reserve_min_jobs": 2},
+    }
+    assert run_with_retunes(llm, retunes) == [o.token_ids for o in base]
+    cfg = llm.engine.config
+    assert cfg.sched.policy == "sj-mlfq" and cfg.sched.max_batch_size == 2
+    assert cfg.cache.kv_policy == "reactive" and cfg.cache.reserve_min_jobs == 2
+
+
+def test_same_policy_retune_keeps_levels_and_clips_removed_ones():
+    llm = LLM("tiny", policy="sj-mlfq", num_gpu_blocks=64, quanta=(1e-9, 2e-9, 4e-9, 8e-9))
+    eng = llm.engine
+    job = eng.add_request([1] * 40, PARAMS)
+    for _ in range(4):
+        eng.step()
+    assert job.level == 3
+    eng.retune(quanta=(1.0, 2.0))
+    assert job.level == 1 and eng.scheduler.queue.quanta == [1.0, 2.0]
+    assert eng.scheduler.get(job.job_id) is job
+
+
+@pytest.mark.parametrize(
+    ("changes", "match"),
+    [
+        ({"policy": "lottery"}, "unknown policy"),
+        ({"policy": "srpt"}, "simulator only"),
+        ({"quanta": (2.0, 1.0)}, "strictly increasing"),
+        ({"starve_limit": 0}, "alpha"),
+        ({"kv_policy": "magic"}, "kv_policy"),
+        ({"block_size": 8}, "cannot retune block_size"),
+    ],
+)
+def test_invalid_retunes_are_refused_and_change_nothing(changes, match):
+    llm = LLM("tiny", num_gpu_blocks=32)
+    before = llm.engine.config
+    with pytest.raises(ConfigError, match=match):
+        llm.engine.retune(**changes)
+    assert llm.engine.config == before
+    assert llm.generate([1, 2, 3], SamplingParams(max_tokens=2))[0].token_ids
