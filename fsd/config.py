@@ -8,7 +8,9 @@ and a TOML file or CLI flag use the same names.
 from __future__ import annotations
 
 import dataclasses
+import tomllib
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from fsd.errors import ConfigError
@@ -127,6 +129,37 @@ class ParallelConfig:
 
 
 @dataclass(frozen=True)
+class ServerConfig:
+    """The daemon's sockets, telemetry and process files."""
+
+    endpoint: str = "tcp://127.0.0.1:5557"
+    telemetry_endpoint: str = "tcp://127.0.0.1:5558"
+    telemetry_hz: float = 10.0
+    client_timeout: float = 10.0  # seconds without a message before a client's jobs are aborted
+    slo_window: float = 60.0  # seconds of finished jobs in the SLO statistics
+    max_frame_bytes: int = 8 * 1024 * 1024
+    curve_secret_key: str | None = None  # the daemon's key file (fsd keys generate)
+    curve_authorized_dir: str | None = None  # clients' public key files allowed in
+    state_dir: str = "~/.local/state/fsd"  # pidfile and log file
+
+    def __post_init__(self) -> None:
+        for name in ("endpoint", "telemetry_endpoint"):
+            value = getattr(self, name)
+            if "://" not in value:
+                raise ConfigError(f"{name} must look like tcp://HOST:PORT, got {value!r}")
+        if self.telemetry_hz < 0:
+            raise ConfigError(
+                f"telemetry_hz must be >= 0 (0 turns it off), got {self.telemetry_hz}"
+            )
+        if self.client_timeout <= 0:
+            raise ConfigError(f"client_timeout must be > 0 seconds, got {self.client_timeout}")
+        if self.slo_window <= 0:
+            raise ConfigError(f"slo_window must be > 0 seconds, got {self.slo_window}")
+        if self.max_frame_bytes < 1024:
+            raise ConfigError(f"max_frame_bytes must be >= 1024, got {self.max_frame_bytes}")
+
+
+@dataclass(frozen=True)
 class EngineConfig:
     """All slices of one engine."""
 
@@ -166,6 +199,60 @@ _SLICE_TYPES = {
     "sched": SchedConfig,
     "parallel": ParallelConfig,
 }
+
+
+def load_toml(path: str | Path) -> dict[str, dict[str, Any]]:
+    """Read fsd.toml: tables [model], [cache], [sched], [parallel], [server]."""
+    p = Path(path).expanduser()
+    try:
+        data = tomllib.loads(p.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"config file {str(p)!r} does not exist") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {str(p)!r} is not valid TOML: {exc}") from None
+    tables = {**_SLICE_TYPES, "server": ServerConfig}
+    for section, values in data.items():
+        if section not in tables:
+            raise ConfigError(f"{p}: unknown section [{section}]; known: {', '.join(tables)}")
+        if not isinstance(values, dict):
+            raise ConfigError(f"{p}: [{section}] must be a table")
+        known = {f.name for f in dataclasses.fields(tables[section])}
+        for key in values:
+            if key not in known:
+                raise ConfigError(
+                    f"{p}: unknown key {key!r} in [{section}]; known: {', '.join(sorted(known))}"
+                )
+    return data
+
+
+def build_configs(
+    path: str | Path | None = None, **overrides: Any
+) -> tuple[EngineConfig, ServerConfig]:
+    """Engine and server configs from an optional TOML file, then keyword overrides.
+
+    Overrides use the field names (e.g. policy="fcfs", endpoint="tcp://..."); None
+    values are ignored so unset CLI flags keep the file's value.
+    """
+    data = load_toml(path) if path else {}
+    flat: dict[str, Any] = {}
+    for section in _SLICE_TYPES:
+        flat.update(data.get(section, {}))
+    server_kw = dict(data.get("server", {}))
+    server_fields = {f.name for f in dataclasses.fields(ServerConfig)}
+    for key, value in overrides.items():
+        if value is None:
+            continue
+        if key in server_fields:
+            server_kw[key] = value
+        else:
+            flat[key] = value
+    if "quanta" in flat and isinstance(flat["quanta"], list):
+        flat["quanta"] = tuple(flat["quanta"])
+    try:
+        server = ServerConfig(**server_kw)
+    except TypeError as exc:
+        raise ConfigError(f"[server]: {exc}") from None
+    return EngineConfig.from_kwargs(**flat), server
 
 
 def _slice_type(f: dataclasses.Field) -> type:

@@ -43,7 +43,8 @@ class IterationStats:
 class Engine:
     """A model, its paged KV pool, a scheduling policy and the jobs in flight."""
 
-    def __init__(self, config: EngineConfig) -> None:
+    def __init__(self, config: EngineConfig, cost: CostModel | None = None) -> None:
+        """`cost`: a ready cost model; otherwise config.sched.profile or a quick calibration."""
         _engine_policy(config.sched.policy)  # fail on a bad policy before loading weights
         self.config = config
         self.loaded = load_model(config.model)
@@ -64,7 +65,7 @@ class Engine:
         self.runner = ModelRunner(
             self.loaded.model, self.pool, self.sampler, self.device, self.eos_ids
         )
-        self.cost = self._cost_model()
+        self.cost = cost or self._cost_model()
         self.scheduler = make_scheduler(config.sched, config.cache, self.blocks, self.cost)
         self._jobs: dict[str, Job] = {}
         self._text: dict[str, JobText] = {}
@@ -122,10 +123,8 @@ class Engine:
 
     def _cost_model(self) -> CostModel:
         """The profile that service is charged in: loaded, or measured quickly now."""
-        try:
-            from fsd.engine.profiler import calibrate
-        except ImportError:  # TEMP until the profiler lands
-            return CostModel(name="default")
+        from fsd.engine.profiler import calibrate
+
         return calibrate(self, self.config.sched.profile)
 
     def _prompt_ids(self, prompt: str | Sequence[int]) -> list[int]:

@@ -1,0 +1,472 @@
+"""Cost models from first principles, for the simulator (pure Python, no torch).
+
+`fsd profile` measures the engine it runs on; the simulator also wants the paper's
+testbeds (OPT-13B/66B/175B on A100s, and the same on H100s), which nobody here can
+measure. This module derives a `CostModel` for any model shape on any GPU and any
+TP x PP layout from the hardware's data-sheet numbers and a few efficiency factors.
+The derivation is written out in `fsd/sched/profiles/README.md`; in short:
+
+  decode(b, C) = [weight bytes / (HBM * e_mem)]           read every weight once
+               + b * [2 * params / (peak * e_flop)]         the GEMM work per sequence
+               + C * [KV bytes per token / (HBM * e_mem)]   read each cached token
+               + TP all-reduces, PP hops, launch gaps       (latency terms)
+  prefill(n)   = weight read + n * [2 * params / (peak * e_flop)] + n^2 * [causal attention]
+
+Every quantity is per GPU: with TP degree t a GPU holds 1/t of each layer, and a token
+passes the pp pipeline stages one after another, so an iteration's latency is the sum
+over stages of 1/(t*pp) of the model = 1/t of it. Terms are added rather than
+max()-ed: at serving batch sizes the weight-streaming GEMVs and the math do not
+overlap perfectly, and measured decode steps grow steadily with batch
+(the max() roofline is kept in the notes as a lower bound).
+
+Run `python -m fsd.sched.analytic [DIR]` to regenerate the shipped JSON profiles.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fsd.errors import ConfigError
+from fsd.sched.profile import CostModel
+
+GB = 1e9
+TB = 1e12
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """The numbers of a decoder-only transformer that set its cost."""
+
+    name: str
+    num_layers: int
+    hidden_size: int
+    num_heads: int
+    intermediate_size: int
+    vocab_size: int
+    num_kv_heads: int | None = None  # None: = num_heads (no GQA)
+    head_dim: int | None = None  # None: hidden_size // num_heads
+    gated_mlp: bool = False  # Llama's gate/up/down (3 matrices) vs OPT's fc1/fc2
+    bias: bool = True  # OPT has biases on every linear layer
+    max_position: int = 2048
+
+    @property
+    def kv_heads(self) -> int:
+        return self.num_kv_heads or self.num_heads
+
+    @property
+    def dim(self) -> int:
+        return self.head_dim or self.hidden_size // self.num_heads
+
+    @property
+    def layer_params(self) -> int:
+        """Parameters of one decoder layer (weights, biases, norms)."""
+        h, f = self.hidden_size, self.intermediate_size
+        q = self.num_heads * self.dim
+        kv = self.kv_heads * self.dim
+        attn = h * q + 2 * h * kv + q * h
+        mlp = (3 if self.gated_mlp else 2) * h * f
+        biases = (q + 2 * kv + h + f + h) if self.bias else 0
+        norms = 4 * h
+        return attn + mlp + biases + norms
+
+    @property
+    def layer_matmul_params(self) -> int:
+        """Weights a token multiplies in one layer (what costs 2 FLOPs per parameter)."""
+        h, f = self.hidden_size, self.intermediate_size
+        q = self.num_heads * self.dim
+        kv = self.kv_heads * self.dim
+        return h * q + 2 * h * kv + q * h + (3 if self.gated_mlp else 2) * h * f
+
+    @property
+    def embedding_params(self) -> int:
+        """Token table (tied with the LM head here) plus learned positions."""
+        return self.vocab_size * self.hidden_size + (self.max_position + 2) * self.hidden_size
+
+    @property
+    def num_params(self) -> int:
+        return self.num_layers * self.layer_params + self.embedding_params
+
+    def kv_bytes_per_token(self, dtype_bytes: int = 2) -> int:
+        """K and V of one token, all layers, whole model (the paper's 4*l*h for fp16)."""
+        return 2 * self.num_layers * self.kv_heads * self.dim * dtype_bytes
+
+
+def shape_from_arch(name: str, arch: Any) -> ModelShape:
+    """A ModelShape from an `fsd.models.arch.ModelArch` (read by attribute, no torch import)."""
+    return ModelShape(
+        name=name,
+        num_layers=arch.num_layers,
+        hidden_size=arch.hidden_size,
+        num_heads=arch.num_heads,
+        num_kv_heads=arch.num_kv_heads,
+        head_dim=arch.head_dim,
+        intermediate_size=arch.intermediate_size,
+        vocab_size=arch.vocab_size,
+        gated_mlp=arch.family == "llama",
+        bias=bool(arch.attention_bias or arch.mlp_bias),
+        max_position=arch.max_position,
+    )
+
+
+def _opt(name: str, hidden: int, layers: int, heads: int) -> ModelShape:
+    return ModelShape(name, layers, hidden, heads, 4 * hidden, vocab_size=50272)
+
+
+# OPT shapes from the published configs (vocab 50272, ffn = 4 * hidden, 2048 positions).
+MODELS: dict[str, ModelShape] = {
+    m.name: m
+    for m in (
+        _opt("opt-1.3b", 2048, 24, 32),
+        _opt("opt-2.7b", 2560, 32, 32),
+        _opt("opt-6.7b", 4096, 32, 32),
+        _opt("opt-13b", 5120, 40, 40),
+        _opt("opt-30b", 7168, 48, 56),
+        _opt("opt-66b", 9216, 64, 72),
+        _opt("opt-175b", 12288, 96, 96),
+    )
+}
+
+
+@dataclass(frozen=True)
+class GPU:
+    """Data-sheet numbers of one accelerator and its links, plus achievable fractions."""
+
+    name: str
+    peak_flops: float  # dense fp16/bf16 tensor-core FLOP/s
+    hbm_bytes_per_s: float
+    memory_bytes: float
+    nvlink_bytes_per_s: float  # per GPU, one direction
+    pcie_bytes_per_s: float  # effective host<->device copy rate per GPU, one direction
+    internode_bytes_per_s: float  # per node, for pipeline hops between nodes
+    collective_latency_s: float  # one small-message NCCL all-reduce inside a node
+    p2p_latency_s: float  # one pipeline hop (send/recv of activations)
+    internode_latency_s: float
+    compute_efficiency: float  # fraction of peak a transformer forward sustains
+    memory_efficiency: float = 0.8  # fraction of HBM peak that weight/KV streaming reaches
+    comm_efficiency: float = 0.75  # NCCL bus bandwidth / NVLink one-direction peak
+    layer_overhead_s: float = 10e-6  # launch gaps and tiny kernels per layer per GPU
+    step_overhead_s: float = 0.5e-3  # host work per iteration: inputs, sampling, sync
+    gpus_per_node: int = 8
+
+
+GPUS: dict[str, GPU] = {
+    g.name: g
+    for g in (
+        # A100 SXM4 80GB: 312 TFLOP/s fp16 dense, 2.0 TB/s HBM2e, NVLink3 600 GB/s
+        # (both directions), PCIe 4.0 x16 (32 GB/s raw, ~25 GB/s pinned memcpy).
+        GPU(
+            "a100",
+            peak_flops=312 * TB,
+            hbm_bytes_per_s=2.0 * TB,
+            memory_bytes=80 * GB,
+            nvlink_bytes_per_s=300 * GB,
+            pcie_bytes_per_s=25 * GB,
+            internode_bytes_per_s=50 * GB,  # p4d: 4 x 100 Gb/s EFA
+            collective_latency_s=15e-6,
+            p2p_latency_s=10e-6,
+            internode_latency_s=30e-6,
+            compute_efficiency=0.6,
+        ),
+        # The paper's testbed GPU (p4d.24xlarge): A100 SXM4 40GB, 1.555 TB/s HBM2.
+        GPU(
+            "a100-40gb",
+            peak_flops=312 * TB,
+            hbm_bytes_per_s=1.555 * TB,
+            memory_bytes=40 * GB,
+            nvlink_bytes_per_s=300 * GB,
+            pcie_bytes_per_s=25 * GB,
+            internode_bytes_per_s=50 * GB,
+            collective_latency_s=15e-6,
+            p2p_latency_s=10e-6,
+            internode_latency_s=30e-6,
+            compute_efficiency=0.6,
+        ),
+        # H100 SXM5 80GB: 989 TFLOP/s fp16 dense, 3.35 TB/s HBM3, NVLink4 900 GB/s
+        # (both directions), PCIe 5.0 x16 (64 GB/s raw, ~50 GB/s pinned memcpy).
+        GPU(
+            "h100",
+            peak_flops=989 * TB,
+            hbm_bytes_per_s=3.35 * TB,
+            memory_bytes=80 * GB,
+            nvlink_bytes_per_s=450 * GB,
+            pcie_bytes_per_s=50 * GB,
+            internode_bytes_per_s=400 * GB,  # p5: 32 x 100 Gb/s EFA
+            collective_latency_s=10e-6,
+            p2p_latency_s=8e-6,
+            internode_latency_s=20e-6,
+            compute_efficiency=0.5,
+        ),
+    )
+}
+
+# The shipped profiles: (model, gpu, tp, pp). The paper runs 66B on 4 GPUs and 175B on
+# 16; 8 x 80 GB already hold 175B's 350 GB of weights, so 8-way TP is the default here
+# and `analytic_profile("opt-175b", "a100-40gb", tp=8, pp=2)` is the paper's layout.
+SHIPPED: dict[str, tuple[str, str, int, int]] = {
+    "opt-13b-a100": ("opt-13b", "a100", 1, 1),
+    "opt-13b-h100": ("opt-13b", "h100", 1, 1),
+    "opt-66b-a100": ("opt-66b", "a100", 4, 1),
+    "opt-66b-h100": ("opt-66b", "h100", 4, 1),
+    "opt-175b-a100": ("opt-175b", "a100", 8, 1),
+    "opt-175b-h100": ("opt-175b", "h100", 8, 1),
+}
+
+GPU_MEMORY_UTILIZATION = 0.9  # what the engine gives to weights + KV by default
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where the model runs: tp GPUs per stage, pp stages."""
+
+    tp: int = 1
+    pp: int = 1
+
+    @property
+    def num_gpus(self) -> int:
+        return self.tp * self.pp
+
+
+def _resolve_model(model: str | ModelShape) -> ModelShape:
+    if isinstance(model, ModelShape):
+        return model
+    if model not in MODELS:
+        raise ConfigError(f"unknown model shape {model!r}; known: {', '.join(MODELS)}")
+    return MODELS[model]
+
+
+def _resolve_gpu(gpu: str | GPU) -> GPU:
+    if isinstance(gpu, GPU):
+        return gpu
+    if gpu not in GPUS:
+        raise ConfigError(f"unknown GPU {gpu!r}; known: {', '.join(GPUS)}")
+    return GPUS[gpu]
+
+
+def _check_layout(shape: ModelShape, gpu: GPU, tp: int, pp: int) -> None:
+    if tp < 1 or pp < 1:
+        raise ConfigError(f"tp and pp must be >= 1, got tp={tp} pp={pp}")
+    if tp > gpu.gpus_per_node:
+        raise ConfigError(
+            f"tp={tp} spans nodes of {gpu.gpus_per_node} GPUs; tensor parallelism across "
+            "nodes is not modelled (use pipeline stages for more GPUs)"
+        )
+    if shape.num_heads % tp or shape.intermediate_size % tp:
+        raise ConfigError(f"{shape.name}: {shape.num_heads} heads do not split {tp} ways")
+    if pp > shape.num_layers:
+        raise ConfigError(f"{shape.name}: pp={pp} exceeds its {shape.num_layers} layers")
+
+
+def _internode_hops(tp: int, pp: int, gpus_per_node: int) -> int:
+    """Stage boundaries that cross a node when stages fill nodes in order."""
+    return sum(
+        1 for s in range(1, pp) if (s * tp) // gpus_per_node != ((s - 1) * tp) // gpus_per_node
+    )
+
+
+@dataclass(frozen=True)
+class Terms:
+    """The derived per-iteration terms (seconds), before they become a CostModel."""
+
+    weight_read: float  # stream this GPU's share of every weight once, summed over stages
+    lm_head_flops: float  # the LM head's math for one sequence's last token
+    fixed_overhead: float  # launches, collective and hop latencies, host step
+    per_seq_flops: float  # the layers' GEMM work for one token
+    per_seq_comm: float  # all-reduce and hop bytes for one token
+    per_ctx_token: float  # read one cached token's K and V (+ its attention math)
+    per_token2: float  # causal attention math in prefill, per n^2
+    kv_write_per_token: float  # writing one new token's K and V
+
+    @property
+    def decode_base(self) -> float:
+        return self.weight_read + self.fixed_overhead
+
+    @property
+    def decode_per_seq(self) -> float:
+        return self.per_seq_flops + self.per_seq_comm + self.lm_head_flops + self.kv_write_per_token
+
+    @property
+    def prefill_base(self) -> float:
+        return self.weight_read + self.fixed_overhead + self.lm_head_flops
+
+    @property
+    def prefill_per_token(self) -> float:
+        return self.per_seq_flops + self.per_seq_comm + self.kv_write_per_token
+
+
+def derive_terms(
+    model: str | ModelShape, gpu: str | GPU, tp: int = 1, pp: int = 1, dtype_bytes: int = 2
+) -> Terms:
+    """Every term of the iteration time of `model` on tp x pp GPUs of kind `gpu`."""
+    shape, g = _resolve_model(model), _resolve_gpu(gpu)
+    _check_layout(shape, g, tp, pp)
+    L, h = shape.num_layers, shape.hidden_size
+    flops_rate = g.peak_flops * g.compute_efficiency
+    hbm = g.hbm_bytes_per_s * g.memory_efficiency
+    # A token's pass: each stage's GPU holds 1/(tp*pp) of the layers' weights and the
+    # pp stages run one after another, so the pass reads 1/tp of them per GPU.
+    weights_read = (L * shape.layer_params + shape.vocab_size * h) * dtype_bytes / tp
+    weight_read = weights_read / hbm
+    lm_head_flops = 2 * shape.vocab_size * h / tp / flops_rate
+    per_seq_flops = 2 * L * shape.layer_matmul_params / tp / flops_rate
+    # Megatron TP: two all-reduces of the hidden state per layer (attention out, MLP out).
+    allreduces = 2 * L if tp > 1 else 0
+    ring_bytes = 2 * (tp - 1) / tp * h * dtype_bytes  # per token, per all-reduce
+    nvlink = g.nvlink_bytes_per_s * g.comm_efficiency
+    hops_inter = _internode_hops(tp, pp, g.gpus_per_node)
+    hops_intra = pp - 1 - hops_inter
+    per_seq_comm = allreduces * ring_bytes / nvlink
+    per_seq_comm += hops_intra * h * dtype_bytes / nvlink
+    per_seq_comm += hops_inter * h * dtype_bytes / (g.internode_bytes_per_s * g.comm_efficiency)
+    fixed = (
+        L * g.layer_overhead_s  # every layer runs once per pass, stage after stage
+        + allreduces * g.collective_latency_s
+        + hops_intra * g.p2p_latency_s
+        + hops_inter * g.internode_latency_s
+        + g.step_overhead_s
+    )
+    kv_token = shape.kv_bytes_per_token(dtype_bytes) / tp
+    attn_flops_per_ctx = 4 * L * shape.num_heads * shape.dim / tp  # q.k and p.v per cached token
+    per_ctx = kv_token / hbm + attn_flops_per_ctx / flops_rate
+    # Prefill attention: causal, so half of the n x n scores: 2 * L * (heads*dim) * n^2 FLOPs.
+    per_token2 = 2 * L * shape.num_heads * shape.dim / tp / flops_rate
+    kv_write = kv_token / hbm
+    return Terms(
+        weight_read=weight_read,
+        lm_head_flops=lm_head_flops,
+        fixed_overhead=fixed,
+        per_seq_flops=per_seq_flops,
+        per_seq_comm=per_seq_comm,
+        per_ctx_token=per_ctx,
+        per_token2=per_token2,
+        kv_write_per_token=kv_write,
+    )
+
+
+def roofline_decode_time(
+    model: str | ModelShape,
+    gpu: str | GPU,
+    batch_size: int,
+    context_tokens: int,
+    tp: int = 1,
+    pp: int = 1,
+    dtype_bytes: int = 2,
+) -> float:
+    """The ideal max(bytes / bandwidth, FLOPs / peak) decode step at 100% of peak (a floor)."""
+    shape, g = _resolve_model(model), _resolve_gpu(gpu)
+    _check_layout(shape, g, tp, pp)
+    L, h = shape.num_layers, shape.hidden_size
+    nbytes = (L * shape.layer_params + shape.vocab_size * h) * dtype_bytes / tp
+    nbytes += context_tokens * shape.kv_bytes_per_token(dtype_bytes) / tp
+    flops = batch_size * 2 * (L * shape.layer_matmul_params + shape.vocab_size * h) / tp
+    flops += context_tokens * 4 * L * shape.num_heads * shape.dim / tp
+    return max(nbytes / g.hbm_bytes_per_s, flops / g.peak_flops)
+
+
+def analytic_profile(
+    model: str | ModelShape,
+    gpu: str | GPU,
+    tp: int = 1,
+    pp: int = 1,
+    dtype_bytes: int = 2,
+    name: str | None = None,
+) -> CostModel:
+    """The CostModel of `model` on tp x pp GPUs of kind `gpu` (any layout, e.g. 175B on 8x2).
+
+    Times are the latency of one iteration through all pp stages. kv_bytes_per_token is
+    the whole model's KV per token; swap_bytes_per_s is the host links of all tp*pp GPUs
+    together, since each GPU moves its own shard over its own PCIe link at once.
+    """
+    shape, g = _resolve_model(model), _resolve_gpu(gpu)
+    t = derive_terms(shape, g, tp, pp, dtype_bytes)
+    n_gpu = tp * pp
+    weights_per_gpu = shape.num_params * dtype_bytes / n_gpu
+    budget = g.memory_bytes * GPU_MEMORY_UTILIZATION
+    if weights_per_gpu >= budget:
+        raise ConfigError(
+            f"{shape.name} needs {weights_per_gpu / GB:.1f} GB of weights per GPU on "
+            f"tp={tp} x pp={pp}; a {g.name} offers {budget / GB:.1f} GB: use more GPUs"
+        )
+    kv_total = shape.kv_bytes_per_token(dtype_bytes)
+    kv_capacity = int((budget - weights_per_gpu) * n_gpu / kv_total)
+    layout = f"tp{tp}" + (f"xpp{pp}" if pp > 1 else "")
+    cost = CostModel(
+        name=name or f"{shape.name}-{g.name}-{layout}",
+        prefill_base=t.prefill_base,
+        prefill_per_token=t.prefill_per_token,
+        prefill_per_token2=t.per_token2,
+        decode_base=t.decode_base,
+        decode_per_seq=t.decode_per_seq,
+        decode_per_ctx_token=t.per_ctx_token,
+        kv_bytes_per_token=kv_total,
+        swap_bytes_per_s=g.pcie_bytes_per_s * n_gpu,
+    )
+    notes: dict[str, object] = {
+        "source": "analytic (fsd.sched.analytic); derivation in fsd/sched/profiles/README.md",
+        "model": dataclasses.asdict(shape) | {"num_params": shape.num_params},
+        "gpu": dataclasses.asdict(g),
+        "layout": {"tp": tp, "pp": pp, "num_gpus": n_gpu, "dtype_bytes": dtype_bytes},
+        "gpus": f"{n_gpu} x {g.name} (tp={tp}, pp={pp})",
+        "terms_s": dataclasses.asdict(t),
+        "weights_bytes_per_gpu": weights_per_gpu,
+        "kv_capacity_tokens": kv_capacity,
+        "pipeline": "iteration times are the latency through all stages; "
+        "each stage is busy for about 1/pp of it",
+        "reference_points_s": _reference_points(cost),
+        "roofline_floor_s": {
+            "decode_b1_ctx1": roofline_decode_time(shape, g, 1, 1, tp, pp, dtype_bytes),
+            "decode_b16_ctx1k": roofline_decode_time(shape, g, 16, 16 * 1024, tp, pp, dtype_bytes),
+        },
+    }
+    return dataclasses.replace(cost, notes=notes)
+
+
+def _reference_points(cost: CostModel) -> dict[str, float]:
+    """The numbers the README tabulates."""
+    return {
+        "q1_min_iteration": cost.min_iteration_time,
+        "prefill_512": cost.prefill_time(512),
+        "prefill_2048": cost.prefill_time(2048),
+        "decode_b1_ctx1k": cost.decode_time(1, 1024),
+        "decode_b16_ctx1k_each": cost.decode_time(16, 16 * 1024),
+        "swap_513_tokens": cost.swap_time(513),
+    }
+
+
+def shipped_profile(name: str) -> CostModel:
+    """Build one of the shipped profiles (the JSON files are these, saved)."""
+    if name not in SHIPPED:
+        raise ConfigError(f"unknown shipped profile {name!r}; shipped: {', '.join(SHIPPED)}")
+    model, gpu, tp, pp = SHIPPED[name]
+    return analytic_profile(model, gpu, tp=tp, pp=pp, name=name)
+
+
+def write_shipped_profiles(directory: str | Path) -> list[Path]:
+    """Write every shipped profile as `<name>.json` into `directory`."""
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for name in SHIPPED:
+        path = out / f"{name}.json"
+        shipped_profile(name).save(path)
+        paths.append(path)
+    return paths
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m fsd.sched.analytic [DIR]`: regenerate the shipped profiles and print them."""
+    args = sys.argv[1:] if argv is None else argv
+    directory = Path(args[0]) if args else Path(__file__).parent / "profiles"
+    for path in write_shipped_profiles(directory):
+        pts = CostModel.load(path).notes["reference_points_s"]
+        assert isinstance(pts, dict)
+        cells = "  ".join(f"{k}={v * 1e3:.2f}ms" for k, v in pts.items())
+        print(f"{path.name}: {cells}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
