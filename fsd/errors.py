@@ -21,3 +21,6 @@ class PromptTooLongError(FsdError, ValueError):
 
 class UnknownJobError(FsdError, KeyError):
     """A job id that the engine does not hold."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0]) if self.args else ""

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from fsd.config import EngineConfig, SchedConfig
+from fsd.engine.events import EventLog
 from fsd.engine.kv_cache import KVCachePool, KVShape, num_device_blocks, num_host_blocks
 from fsd.engine.model_runner import ModelRunner
 from fsd.engine.output import RequestOutput, StepDelta
@@ -23,6 +25,7 @@ from fsd.engine.text import JobText
 from fsd.errors import ConfigError, PromptTooLongError, UnknownJobError
 from fsd.jobs import FinishReason, Job, SamplingParams
 from fsd.kv.block_manager import BlockManager
+from fsd.kv.swap import SwapOp
 from fsd.models.loader import load_model
 from fsd.sched.profile import CostModel
 from fsd.sched.registry import make_scheduler, resolve_policy
@@ -70,6 +73,8 @@ class Engine:
         self._jobs: dict[str, Job] = {}
         self._text: dict[str, JobText] = {}
         self.last_iteration: IterationStats | None = None
+        self.recent_iterations: deque[IterationStats] = deque(maxlen=128)
+        self.events = EventLog()
         self.last_schedule: SchedulerOutput | None = None
         self.iterations = 0
 
@@ -119,6 +124,7 @@ class Engine:
         self._jobs[job.job_id] = job
         self._text[job.job_id] = JobText(self.tokenizer, ids, params.stop)
         self.scheduler.add(job, job.arrival_time)
+        self.events.add(job.arrival_time, "arrive", job, prompt_tokens=len(ids), level=job.level)
         return job
 
     def _cost_model(self) -> CostModel:
@@ -147,6 +153,7 @@ class Engine:
             raise UnknownJobError(f"no job with id {job_id!r}")
         self.scheduler.remove(job)
         job.finish(FinishReason.ABORT, time.time())
+        self.events.add(job.finish_time or 0.0, "abort", job, tokens=len(job.output_token_ids))
         return self._release(job)
 
     # ---- live settings ---------------------------------------------------------
@@ -173,7 +180,9 @@ class Engine:
         cache = dataclasses.replace(self.config.cache, **cache_kw)
         _engine_policy(sched.policy)
         self.config = dataclasses.replace(self.config, sched=sched, cache=cache)
-        self.scheduler.retune(time.time(), sched if sched_kw else None, cache if cache_kw else None)
+        now = time.time()
+        self.scheduler.retune(now, sched if sched_kw else None, cache if cache_kw else None)
+        self.events.add(now, "retune", None, **{k: _plain(v) for k, v in changes.items()})
         return self.config
 
     # ---- the iteration ---------------------------------------------------------
@@ -187,19 +196,24 @@ class Engine:
             raise UnknownJobError(f"no job with id {job_id!r}")
         return job
 
+    def _copies_done(self, ops: list[SwapOp]) -> None:
+        now = time.time()
+        for op in ops:
+            self.scheduler.swap_done(op)
+            self.events.swap(op, now, "end")
+
     def step(self) -> list[StepDelta]:
         """Run one iteration; return what each job in the batch produced."""
-        for op in self.swapper.poll():
-            self.scheduler.swap_done(op)
+        self._copies_done(self.swapper.poll())
         start = time.time()
         out = self.scheduler.schedule(start)
         self.last_schedule = out
+        self.events.schedule(out, start)
         self.swapper.run_sync(out.sync_ops)
         self.swapper.start([op for op in out.swap_out + out.swap_in if not op.sync])
         if not out.batch:
             if self.swapper.busy:  # only copies to wait for: block on them, not spin
-                for op in self.swapper.wait(timeout=0.05):
-                    self.scheduler.swap_done(op)
+                self._copies_done(self.swapper.wait(timeout=0.05))
             return []
         prefills = [j for j in out.batch if j.is_prefill]
         prefill_tokens = sum(j.num_new_tokens for j in prefills)
@@ -207,10 +221,12 @@ class Engine:
         now = time.time()
         deltas = [self._append(job, tok, now) for job, tok in zip(out.batch, tokens, strict=True)]
         self.scheduler.update(out, now)
+        self.events.demoted(out.demoted, now)
         self.iterations += 1
         self.last_iteration = IterationStats(
             start, now - start, len(out.batch), prefill_tokens, len(out.batch) - len(prefills)
         )
+        self.recent_iterations.append(self.last_iteration)
         return deltas
 
     def _append(self, job: Job, token: int, now: float) -> StepDelta:
@@ -228,6 +244,9 @@ class Engine:
             if text.stop is not None:  # found only in the text released at the end
                 reason, stop = FinishReason.STOP, text.stop
             job.finish(reason, now, stop)
+            self.events.add(
+                now, "finish", job, reason=reason.value, tokens=len(job.output_token_ids)
+            )
             final = self._release(job)
         return StepDelta(job.job_id, (token,), delta, final)
 
@@ -265,3 +284,8 @@ def _engine_policy(name: str) -> str:
     if resolved == "srpt":
         raise ConfigError("policy 'srpt' needs true output lengths; it runs in the simulator only")
     return resolved
+
+
+def _plain(value: Any) -> Any:
+    """A retune value as telemetry can carry it (tuples become lists)."""
+    return list(value) if isinstance(value, tuple) else value

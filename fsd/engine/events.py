@@ -1,0 +1,66 @@
+"""What happened to jobs, as it happened: the raw material of telemetry events.
+
+Recording is off by default (the offline API has no reader); the daemon turns it
+on and drains the log after every iteration, so it stays short.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from fsd.jobs import Job
+from fsd.kv.swap import SwapOp
+from fsd.sched.scheduler import SchedulerOutput
+
+
+@dataclass(frozen=True)
+class EngineEvent:
+    """arrive, start, preempt, demote, promote, recompute, swap-out-begin/-end,
+    swap-in-begin/-end, finish, abort, retune."""
+
+    time: float
+    kind: str
+    job_id: str | None = None
+    detail: dict[str, Any] = field(default_factory=dict)
+
+
+class EventLog:
+    """An append-only buffer the daemon drains."""
+
+    def __init__(self, enabled: bool = False) -> None:
+        self.enabled = enabled
+        self._items: list[EngineEvent] = []
+
+    def add(self, now: float, kind: str, job: Job | None = None, **detail: Any) -> None:
+        if self.enabled:
+            self._items.append(EngineEvent(now, kind, job.job_id if job else None, detail))
+
+    def drain(self) -> list[EngineEvent]:
+        items, self._items = self._items, []
+        return items
+
+    def schedule(self, out: SchedulerOutput, now: float) -> None:
+        """Events of one scheduling decision (before the step runs)."""
+        if not self.enabled:
+            return
+        for job in out.promoted:
+            self.add(now, "promote", job, level=job.level)
+        for job in out.preempted:
+            self.add(now, "preempt", job, level=job.level)
+        for job in out.recomputed:
+            self.add(now, "recompute", job)
+        for op in out.swap_out + out.swap_in:
+            self.swap(op, now, "begin")
+            if op.sync:
+                self.swap(op, now, "end")
+        for job in out.batch:
+            if not job.output_token_ids and job.num_computed_tokens == 0 and not job.recomputes:
+                self.add(now, "start", job, level=job.level)
+
+    def swap(self, op: SwapOp, now: float, phase: str) -> None:
+        self.add(now, f"swap-{op.direction}-{phase}", op.job, blocks=op.num_blocks, sync=op.sync)
+
+    def demoted(self, jobs: list[Job], now: float) -> None:
+        for job in jobs:
+            self.add(now, "demote", job, level=job.level)

@@ -1,0 +1,338 @@
+"""Every message on fsd's sockets: msgspec Structs, one tagged union, one version.
+
+Requests and control travel DEALER → ROUTER as one msgpack frame each; the daemon
+answers on the same connection. Telemetry is PUB/SUB with two frames: a topic
+(`snapshot` or `event`) and the msgpack payload. Nothing is ever pickled: a frame
+that does not decode to a known message of this version gets an `Error` back.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+PROTOCOL_VERSION = 1
+MAX_FRAME_BYTES = 8 * 1024 * 1024
+TOPIC_SNAPSHOT = b"snapshot"
+TOPIC_EVENT = b"event"
+
+
+class _Msg(msgspec.Struct, tag_field="type", kw_only=True, omit_defaults=True):
+    v: int = PROTOCOL_VERSION
+
+
+# ---- client → daemon ---------------------------------------------------------------
+
+
+class Sampling(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """Sampling parameters, as fsd.SamplingParams."""
+
+    max_tokens: int = 16
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: list[str] = []
+    stop_token_ids: list[int] = []
+    ignore_eos: bool = False
+    min_tokens: int = 0
+
+
+class Submit(_Msg, tag="submit"):
+    """A generation request; exactly one of `prompt` and `prompt_token_ids`."""
+
+    req_id: str
+    prompt: str | None = None
+    prompt_token_ids: list[int] | None = None
+    sampling: Sampling = msgspec.field(default_factory=Sampling)
+    tags: list[str] = []
+
+
+class Abort(_Msg, tag="abort"):
+    job_id: str
+
+
+class Retune(_Msg, tag="retune"):
+    """Scheduling settings to change (names as in fsd.toml's [sched] and KV policy keys)."""
+
+    changes: dict[str, Any]
+
+
+class Burst(msgspec.Struct, kw_only=True):
+    """An inline burst: `count` jobs of the given input and output lengths."""
+
+    count: int
+    input_len: int
+    output_len: int
+
+
+class Inject(_Msg, tag="inject"):
+    """Inject tagged jobs: a scenario (file path or TOML text) or an inline burst."""
+
+    burst: Burst | None = None
+    scenario: str | None = None
+    tag: str = "injected"
+
+
+class ListJobs(_Msg, tag="list_jobs"):
+    pass
+
+
+class GetJob(_Msg, tag="get_job"):
+    job_id: str
+
+
+class Status(_Msg, tag="status"):
+    pass
+
+
+class Drain(_Msg, tag="drain"):
+    """Stop accepting jobs; answer once in-flight jobs end or `timeout` passes."""
+
+    timeout: float = 30.0
+
+
+class Shutdown(_Msg, tag="shutdown"):
+    drain: bool = True
+    timeout: float = 30.0
+
+
+class Ping(_Msg, tag="ping"):
+    """Heartbeat: a client that stops sending loses its jobs after the daemon's timeout."""
+
+
+Request = Submit | Abort | Retune | Inject | ListJobs | GetJob | Status | Drain | Shutdown | Ping
+
+
+# ---- daemon → client ---------------------------------------------------------------
+
+
+class Accepted(_Msg, tag="accepted"):
+    req_id: str
+    job_id: str
+    prompt_tokens: int
+
+
+class Chunk(msgspec.Struct, kw_only=True, omit_defaults=True):
+    req_id: str
+    job_id: str
+    token_ids: list[int]
+    text: str = ""
+
+
+class Tokens(_Msg, tag="tokens"):
+    """What one iteration produced for this client's jobs."""
+
+    chunks: list[Chunk]
+
+
+class Timings(msgspec.Struct, kw_only=True, omit_defaults=True):
+    arrival: float
+    first_token: float | None = None
+    finish: float | None = None
+    ttft: float | None = None
+    latency: float | None = None
+    per_token_latency: float | None = None
+    token_times: list[float] = []
+
+
+class Finished(_Msg, tag="finished"):
+    req_id: str
+    job_id: str
+    reason: str
+    text: str
+    token_ids: list[int]
+    timings: Timings
+    preemptions: int = 0
+    swaps_out: int = 0
+    swaps_in: int = 0
+    recomputes: int = 0
+
+
+class Error(_Msg, tag="error"):
+    """Something was refused; `code` is stable, `message` says why in plain words."""
+
+    code: str
+    message: str
+    req_id: str | None = None
+
+
+class JobInfo(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """One live job as the scheduler sees it."""
+
+    job_id: str
+    state: str
+    level: int
+    kv: str
+    blocks: int
+    host_blocks: int
+    enst: float | None
+    prompt_tokens: int
+    output_tokens: int
+    waited: float
+    attained: float
+    arrival: float
+    preemptions: int = 0
+    swaps_out: int = 0
+    swaps_in: int = 0
+    recomputes: int = 0
+    promotions: int = 0
+    demotions: int = 0
+    tags: list[str] = []
+
+
+class JobList(_Msg, tag="job_list"):
+    jobs: list[JobInfo]
+
+
+class JobReply(_Msg, tag="job"):
+    job: JobInfo
+
+
+class StatusReply(_Msg, tag="status_reply"):
+    pid: int
+    version: str
+    model: str
+    policy: str
+    kv_policy: str
+    uptime: float
+    jobs: int
+    running: int
+    iterations: int
+    draining: bool
+    degraded: str | None = None
+
+
+class Ack(_Msg, tag="ack"):
+    """A control request succeeded; `detail` carries its result (new config, job ids...)."""
+
+    what: str
+    detail: dict[str, Any] = {}
+
+
+Reply = Accepted | Tokens | Finished | Error | JobList | JobReply | StatusReply | Ack
+
+
+# ---- telemetry ---------------------------------------------------------------------
+
+
+class LevelInfo(msgspec.Struct, kw_only=True):
+    index: int
+    quantum: float | None
+    job_ids: list[str]
+
+
+class KVInfo(msgspec.Struct, kw_only=True):
+    block_size: int
+    device_total: int
+    device_used: int
+    device_reserved: int
+    device_free: int
+    host_total: int
+    host_used: int
+    bytes_in_flight: int
+    swapped_out_bytes: int
+    swapped_in_bytes: int
+
+
+class IterationInfo(msgspec.Struct, kw_only=True):
+    start: float
+    duration: float
+    batch_size: int
+    prefill_tokens: int
+    decode_tokens: int
+
+
+class SLOInfo(msgspec.Struct, kw_only=True):
+    """Statistics over the jobs finished in the last `window` seconds."""
+
+    window: float
+    finished: int
+    avg_per_token_latency: float | None
+    p95_per_token_latency: float | None
+    avg_ttft: float | None
+    p95_ttft: float | None
+    tokens_per_s: float
+    requests_per_s: float
+    slo_per_token_latency: float
+
+
+class Snapshot(msgspec.Struct, kw_only=True):
+    v: int = PROTOCOL_VERSION
+    time: float
+    seq: int
+    policy: str
+    levels: list[LevelInfo]
+    jobs: list[JobInfo]
+    kv: KVInfo
+    iterations: list[IterationInfo]
+    slo: SLOInfo
+    config: dict[str, Any]
+
+
+class Event(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """arrive, start, preempt, demote, promote, swap-out-begin/end, swap-in-begin/end,
+    recompute, finish, abort, retune."""
+
+    v: int = PROTOCOL_VERSION
+    time: float
+    kind: str
+    job_id: str | None = None
+    detail: dict[str, Any] = {}
+
+
+# ---- codecs ------------------------------------------------------------------------
+
+_encoder = msgspec.msgpack.Encoder()
+_request_decoder = msgspec.msgpack.Decoder(Request)
+_reply_decoder = msgspec.msgpack.Decoder(Reply)
+_snapshot_decoder = msgspec.msgpack.Decoder(Snapshot)
+_event_decoder = msgspec.msgpack.Decoder(Event)
+
+
+class ProtocolError(ValueError):
+    """A frame that is not a valid message of this protocol version."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def encode(msg: msgspec.Struct) -> bytes:
+    return _encoder.encode(msg)
+
+
+def _check_version(msg: Any) -> Any:
+    if msg.v != PROTOCOL_VERSION:
+        raise ProtocolError(
+            "bad-version", f"protocol version {msg.v} is not supported (this is {PROTOCOL_VERSION})"
+        )
+    return msg
+
+
+def decode_request(frame: bytes) -> Request:
+    """Decode a client frame or raise ProtocolError with a stable code."""
+    if len(frame) > MAX_FRAME_BYTES:
+        raise ProtocolError(
+            "too-large", f"frame of {len(frame)} bytes exceeds the {MAX_FRAME_BYTES}-byte limit"
+        )
+    try:
+        return _check_version(_request_decoder.decode(frame))
+    except msgspec.ValidationError as exc:
+        code = "unknown-type" if "Invalid value" in str(exc) and "type" in str(exc) else "invalid"
+        raise ProtocolError(code, f"invalid request: {exc}") from None
+    except msgspec.DecodeError as exc:
+        raise ProtocolError("malformed", f"malformed frame: {exc}") from None
+
+
+def decode_reply(frame: bytes) -> Reply:
+    return _check_version(_reply_decoder.decode(frame))
+
+
+def decode_snapshot(frame: bytes) -> Snapshot:
+    return _check_version(_snapshot_decoder.decode(frame))
+
+
+def decode_event(frame: bytes) -> Event:
+    return _check_version(_event_decoder.decode(frame))

@@ -1,0 +1,1 @@
+"""The daemon's network side: request frontend, telemetry publisher, security."""

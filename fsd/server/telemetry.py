@@ -1,0 +1,133 @@
+"""Telemetry: snapshots of the scheduler's state and events, published on PUB.
+
+The snapshot is read on the engine thread between iterations (the state is only
+consistent there) into plain structs; encoding and sending happen on a publisher
+thread so the engine loop pays only for the read.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from typing import Any
+
+import msgspec
+import zmq
+
+from fsd import protocol as P
+from fsd.engine.core import Engine
+from fsd.engine.events import EngineEvent
+from fsd.jobs import Job
+from fsd.metrics import SLOWindow
+
+
+def job_info(job: Job, now: float) -> P.JobInfo:
+    return P.JobInfo(
+        job_id=job.job_id,
+        state=job.status.value,
+        level=job.level,
+        kv=job.kv.value,
+        blocks=len(job.block_table),
+        host_blocks=len(job.host_block_table),
+        enst=job.enst,
+        prompt_tokens=job.num_prompt_tokens,
+        output_tokens=len(job.output_token_ids),
+        waited=max(0.0, now - job.last_run),
+        attained=job.attained,
+        arrival=job.arrival_time,
+        preemptions=job.preemptions,
+        swaps_out=job.swaps_out,
+        swaps_in=job.swaps_in,
+        recomputes=job.recomputes,
+        promotions=job.promotions,
+        demotions=job.demotions,
+        tags=list(job.tags),
+    )
+
+
+def build_snapshot(engine: Engine, slo: SLOWindow, seq: int, now: float) -> P.Snapshot:
+    """The whole observable state of the engine at `now`."""
+    sched = engine.scheduler
+    blocks = engine.blocks
+    levels = [
+        P.LevelInfo(index=lv.index, quantum=lv.quantum, job_ids=list(lv.job_ids))
+        for lv in sched.queue.levels()
+    ]
+    kv = P.KVInfo(
+        block_size=blocks.block_size,
+        device_total=blocks.device.num_blocks,
+        device_used=blocks.device.num_used,
+        device_reserved=sched.reserve,
+        device_free=blocks.device.num_free,
+        host_total=blocks.host.num_blocks,
+        host_used=blocks.host.num_used,
+        bytes_in_flight=engine.swapper.bytes_in_flight,
+        swapped_out_bytes=engine.swapper.bytes_out,
+        swapped_in_bytes=engine.swapper.bytes_in,
+    )
+    iterations = [
+        P.IterationInfo(
+            start=it.start,
+            duration=it.duration,
+            batch_size=it.batch_size,
+            prefill_tokens=it.prefill_tokens,
+            decode_tokens=it.decode_tokens,
+        )
+        for it in list(engine.recent_iterations)[-64:]
+    ]
+    config = engine.config.to_dict()
+    config["effective"] = {
+        "policy": sched.name,
+        "quanta": list(getattr(sched.queue, "quanta", [])),
+        "starve_limit": getattr(sched.queue, "starve_limit", None),
+    }
+    return P.Snapshot(
+        time=now,
+        seq=seq,
+        policy=sched.name,
+        levels=levels,
+        jobs=[job_info(j, now) for j in sched.jobs()],
+        kv=kv,
+        iterations=iterations,
+        slo=P.SLOInfo(**slo.stats(now)),
+        config=config,
+    )
+
+
+def wire_event(e: EngineEvent) -> P.Event:
+    return P.Event(time=e.time, kind=e.kind, job_id=e.job_id, detail=e.detail)
+
+
+class Publisher:
+    """Owns the PUB socket on its own thread; `publish` never blocks the engine."""
+
+    def __init__(self, ctx: zmq.Context, endpoint: str, configure: Any = None) -> None:
+        self._queue: queue.Queue[tuple[bytes, msgspec.Struct] | None] = queue.Queue(maxsize=1024)
+        self.sock = ctx.socket(zmq.PUB)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.setsockopt(zmq.SNDHWM, 10_000)
+        if configure is not None:
+            configure(self.sock)
+        self.sock.bind(endpoint)
+        self.dropped = 0
+        self._thread = threading.Thread(target=self._run, name="fsd-telemetry", daemon=True)
+        self._thread.start()
+
+    def publish(self, topic: bytes, msg: msgspec.Struct) -> None:
+        try:
+            self._queue.put_nowait((topic, msg))
+        except queue.Full:  # a slow network must not slow the engine
+            self.dropped += 1
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                break
+            topic, msg = item
+            self.sock.send_multipart([topic, P.encode(msg)])
+        self.sock.close(linger=0)
+
+    def close(self, timeout: float = 1.0) -> None:
+        self._queue.put(None)
+        self._thread.join(timeout)
