@@ -109,9 +109,13 @@ Request = Submit | Abort | Retune | Inject | ListJobs | GetJob | Status | Drain 
 
 
 class Accepted(_Msg, tag="accepted"):
+    """The job is queued. A client must send something (a Ping will do) at least every
+    `client_timeout` seconds while it has jobs, or the daemon aborts them."""
+
     req_id: str
     job_id: str
     prompt_tokens: int
+    client_timeout: float = 0.0
 
 
 class Chunk(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -202,6 +206,7 @@ class StatusReply(_Msg, tag="status_reply"):
     iterations: int
     draining: bool
     degraded: str | None = None
+    client_timeout: float = 0.0
 
 
 class Ack(_Msg, tag="ack"):

@@ -53,7 +53,12 @@ class ControlHandler:
         svc.own(job.job_id, ident, msg.req_id)
         svc.send(
             ident,
-            P.Accepted(req_id=msg.req_id, job_id=job.job_id, prompt_tokens=job.num_prompt_tokens),
+            P.Accepted(
+                req_id=msg.req_id,
+                job_id=job.job_id,
+                prompt_tokens=job.num_prompt_tokens,
+                client_timeout=svc.cfg.client_timeout,
+            ),
         )
 
     def on_abort(self, ident: bytes, msg: P.Abort) -> None:
@@ -103,8 +108,9 @@ class ControlHandler:
             changes["quanta"] = tuple(changes["quanta"])
         try:
             config = self.engine.retune(**changes)
-        except TypeError as exc:
-            raise ConfigError(f"invalid setting: {exc}") from None
+        except (ConfigError, TypeError) as exc:
+            self.service.send(ident, P.Error(code="invalid-setting", message=str(exc)))
+            return
         self.service.send(ident, P.Ack(what="retune", detail={"config": config.to_dict()}))
 
     def on_status(self, ident: bytes, msg: P.Status) -> None:

@@ -224,10 +224,8 @@ class EngineService:
                 continue
             for job_id in list(client.jobs):
                 log.info("client %r went silent: aborting %s", ident, job_id)
-                self.owners.pop(job_id, None)
-                try:
-                    out = self.engine.abort(job_id)
-                    self.finished(out)
+                try:  # if the client is in fact alive, it hears of the abort
+                    self.finished(self.engine.abort(job_id))
                 except UnknownJobError:
                     pass
             del self.clients[ident]
@@ -302,6 +300,7 @@ class EngineService:
             iterations=self.engine.iterations,
             draining=self.draining,
             degraded=self.degraded,
+            client_timeout=self.cfg.client_timeout,
         )
 
     def close(self) -> None:

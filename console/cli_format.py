@@ -1,0 +1,164 @@
+"""How `fsctl` parses settings and prints the daemon's answers (no sockets here)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from rich.table import Table
+
+from fsd import protocol as P
+from fsd.errors import ConfigError
+
+_WORDS = {"true": True, "yes": True, "on": True, "false": False, "no": False, "off": False}
+
+
+def parse_scalar(text: str) -> Any:
+    """'3' → 3, '0.5' → 0.5, 'true' → True, 'none' → None, anything else → the string."""
+    word = text.strip()
+    low = word.lower()
+    if low in _WORDS:
+        return _WORDS[low]
+    if low in ("none", "null"):
+        return None
+    for kind in (int, float):
+        try:
+            return kind(word)
+        except ValueError:
+            pass
+    return word
+
+
+def parse_value(text: str) -> Any:
+    """A scalar, or a comma-separated list of scalars ('0.01,0.02' or '4,')."""
+    if "," in text:
+        return [parse_scalar(part) for part in text.split(",") if part.strip()]
+    return parse_scalar(text)
+
+
+def parse_assignments(items: list[str]) -> dict[str, Any]:
+    """['policy=fcfs', 'quanta=0.01,0.02'] → {'policy': 'fcfs', 'quanta': [0.01, 0.02]}."""
+    changes: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"expected KEY=VALUE, got {item!r}")
+        changes[key.strip()] = parse_value(value)
+    return changes
+
+
+def find_setting(config: dict[str, Any], key: str) -> tuple[bool, Any]:
+    """A key of a (possibly sectioned) config dict: its top level first, then sections."""
+    if key in config:
+        return True, config[key]
+    for value in config.values():
+        if isinstance(value, dict):
+            found, inner = find_setting(value, key)
+            if found:
+                return True, inner
+    return False, None
+
+
+def duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    if seconds < 1:
+        return f"{seconds * 1e3:.1f}ms"
+    if seconds < 120:
+        return f"{seconds:.2f}s"
+    minutes, sec = divmod(int(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{sec:02d}s"
+
+
+def status_lines(s: P.StatusReply) -> list[str]:
+    return [
+        f"fsd {s.version}  pid {s.pid}  up {duration(s.uptime)}",
+        f"model       {s.model}",
+        f"policy      {s.policy}  (kv: {s.kv_policy})",
+        f"jobs        {s.jobs}  ({s.running} running)",
+        f"iterations  {s.iterations}",
+        f"draining    {'yes' if s.draining else 'no'}",
+        f"degraded    {s.degraded or 'no'}",
+    ]
+
+
+def jobs_table(jobs: list[P.JobInfo]) -> Table:
+    table = Table(box=None, header_style="bold", pad_edge=False)
+    for name in ("JOB", "STATE", "LVL", "KV", "BLOCKS", "ENST", "PROMPT", "OUT", "WAITED"):
+        table.add_column(name, no_wrap=True, justify="left" if name in ("JOB", "STATE", "KV") else "right")  # fmt: skip
+    table.add_column("PREEMPT", justify="right", no_wrap=True)
+    table.add_column("TAGS", overflow="fold")
+    for j in jobs:
+        table.add_row(
+            j.job_id,
+            j.state,
+            str(j.level),
+            j.kv,
+            f"{j.blocks}/{j.host_blocks}",
+            duration(j.enst),
+            str(j.prompt_tokens),
+            str(j.output_tokens),
+            duration(j.waited),
+            str(j.preemptions),
+            ",".join(j.tags),
+        )
+    return table
+
+
+def job_lines(j: P.JobInfo) -> list[str]:
+    rows = [
+        ("job", j.job_id),
+        ("state", j.state),
+        ("level", j.level),
+        ("kv", f"{j.kv} ({j.blocks} device blocks, {j.host_blocks} host blocks)"),
+        ("enst", duration(j.enst)),
+        ("tokens", f"{j.prompt_tokens} prompt, {j.output_tokens} output"),
+        ("waited", duration(j.waited)),
+        ("attained", duration(j.attained)),
+        ("arrival", clock(j.arrival)),
+        ("preemptions", j.preemptions),
+        ("swaps", f"{j.swaps_out} out, {j.swaps_in} in, {j.recomputes} recomputes"),
+        ("moves", f"{j.promotions} promotions, {j.demotions} demotions"),
+        ("tags", ", ".join(j.tags) or "-"),
+    ]
+    return [f"{k:<12}{v}" for k, v in rows]
+
+
+def clock(t: float) -> str:
+    """Wall-clock time of day with milliseconds (local time)."""
+    return time.strftime("%H:%M:%S", time.localtime(t)) + f".{int(t % 1 * 1000):03d}"
+
+
+def snapshot_line(s: P.Snapshot) -> str:
+    queues = " ".join(str(len(lv.job_ids)) for lv in s.levels)
+    running = sum(1 for j in s.jobs if j.state == "running")
+    kv, slo = s.kv, s.slo
+    ptl = duration(slo.p95_per_token_latency)
+    return (
+        f"{clock(s.time)} snapshot #{s.seq} policy={s.policy} jobs={len(s.jobs)} "
+        f"running={running} queues=[{queues}] kv={kv.device_used}/{kv.device_total} "
+        f"reserved={kv.device_reserved} host={kv.host_used}/{kv.host_total} "
+        f"inflight={kv.bytes_in_flight}B tok/s={slo.tokens_per_s:.1f} p95-ptl={ptl}"
+    )
+
+
+def event_line(e: P.Event) -> str:
+    detail = " ".join(f"{k}={v}" for k, v in e.detail.items())
+    return " ".join(p for p in (clock(e.time), "event", e.kind, e.job_id or "", detail) if p)
+
+
+def telemetry_line(msg: P.Snapshot | P.Event) -> str:
+    return snapshot_line(msg) if isinstance(msg, P.Snapshot) else event_line(msg)
+
+
+def completion_stats(c: Any) -> str:
+    """One stderr line after `fsctl submit --stats` (c: fsd.client.Completion)."""
+    n = len(c.token_ids)
+    lat = c.latency
+    rate = f"{n / lat:.1f} tok/s" if lat else "-"
+    return (
+        f"{c.job_id}: {n} tokens, finish={c.finish_reason}, ttft={duration(c.ttft)}, "
+        f"latency={duration(lat)}, {rate}, preemptions={c.preemptions}, "
+        f"swaps={c.swaps_out}/{c.swaps_in}, recomputes={c.recomputes}"
+    )

@@ -1,0 +1,400 @@
+"""The fsd client SDK: talk to a running daemon over ZeroMQ (sync; asyncio beside it).
+
+    from fsd.client import Client
+
+    with Client() as c:                          # tcp://127.0.0.1:5557
+        for chunk in c.generate("Hello", max_tokens=32):
+            print(chunk.text, end="", flush=True)
+        out = c.complete("Hi", max_tokens=8)     # Completion: text, timings, counts
+        results = [h.result() for h in [c.submit(p) for p in prompts]]  # many at once
+        c.retune(policy="fcfs"); c.status(); c.jobs()
+
+Design: one I/O thread per `Client` owns the DEALER socket (a ZeroMQ socket must
+stay on one thread). Callers hand it requests through a queue and wait on futures
+(control calls) or on their job's queue (streams); routing, deadlines, heartbeats
+and the liveness probe live in `fsd.client_core.ClientCore`. Hence a `Client` is
+thread-safe: threads may share one. A `JobHandle` belongs to one consuming thread.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import queue
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import zmq
+
+from fsd import protocol as P
+from fsd.client_async import AsyncClient, AsyncJobHandle
+from fsd.client_base import (
+    DEFAULT_ENDPOINT,
+    DEFAULT_HEARTBEAT,
+    DEFAULT_TELEMETRY_ENDPOINT,
+    DEFAULT_TIMEOUT,
+    Completion,
+    CurveKeys,
+    DaemonUnavailable,
+    RequestError,
+    build_inject,
+    build_submit,
+    connect,
+    log,
+    unavailable,
+)
+from fsd.client_core import ClientCore, JobState
+from fsd.client_telemetry import (
+    AsyncTelemetryClient,
+    RecordingWriter,
+    TelemetryClient,
+    read_recording,
+    read_records,
+)
+from fsd.errors import ConfigError, FsdError
+from fsd.jobs import SamplingParams
+
+__all__ = [
+    "DEFAULT_ENDPOINT",
+    "DEFAULT_TELEMETRY_ENDPOINT",
+    "AsyncClient",
+    "AsyncJobHandle",
+    "AsyncTelemetryClient",
+    "Client",
+    "Completion",
+    "CurveKeys",
+    "DaemonUnavailable",
+    "JobHandle",
+    "RecordingWriter",
+    "RequestError",
+    "TelemetryClient",
+    "read_recording",
+    "read_records",
+]
+
+_GRACE = 2.0  # beyond a call's own deadline, in case the I/O thread itself is stuck
+
+
+@dataclass
+class _Out:
+    """One request for the I/O thread: a frame and where its answer goes."""
+
+    frame: bytes
+    req_id: str | None = None  # a Submit: its stream queue is `sink`
+    sink: Any = None
+    key: str | None = None  # a control call: its future is `sink`
+    extra: float = 0.0
+    deferred: bool = False
+
+
+_CLOSE = object()
+
+
+class JobHandle:
+    """A submitted job: iterate it for `Chunk`s (text, token_ids, job_id) or wait for
+    its `result()`. `job_id` blocks until the daemon accepts the job."""
+
+    def __init__(self, client: Client, req_id: str, sink: queue.Queue) -> None:
+        self._client = client
+        self._sink = sink
+        self._state = JobState(req_id)
+
+    @property
+    def req_id(self) -> str:
+        return self._state.req_id
+
+    @property
+    def job_id(self) -> str:
+        """The daemon's id for the job (waits for `Accepted`; raises its refusal)."""
+        return self.accepted()
+
+    @property
+    def prompt_tokens(self) -> int | None:
+        return self._state.prompt_tokens
+
+    @property
+    def done(self) -> bool:
+        return self._state.done
+
+    def accepted(self, timeout: float | None = None) -> str:
+        state = self._state
+        while state.job_id is None and not state.done:
+            state.feed(self._get(timeout))
+        if state.job_id is None:
+            raise state.error  # type: ignore[misc]
+        return state.job_id
+
+    def __iter__(self) -> Iterator[P.Chunk]:
+        state = self._state
+        while True:
+            while state.pending:
+                yield state.pending.popleft()
+            if state.done:
+                if state.error is not None:
+                    raise state.error
+                return
+            state.feed(self._get(None))
+
+    def result(self, timeout: float | None = None) -> Completion:
+        """The finished job (consumes the chunks not read yet)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        state = self._state
+        while not state.done:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            state.feed(self._get(left, timeout))
+        state.pending.clear()
+        if state.error is not None:
+            raise state.error
+        assert state.result is not None
+        return state.result
+
+    def abort(self) -> dict[str, Any]:
+        """Ask the daemon to stop this job; its result then ends with reason "abort"."""
+        return self._client.abort(self.job_id)
+
+    def _get(self, timeout: float | None, total: float | None = None) -> Any:
+        try:
+            return self._sink.get(timeout=timeout)
+        except queue.Empty:
+            waited = total if total is not None else timeout
+            raise TimeoutError(f"job {self.req_id} gave no answer within {waited:g} s") from None
+
+
+class Client:
+    """Synchronous client of one fsd daemon (thread-safe; see the module doc).
+
+    `timeout`: seconds to wait for any answer before `DaemonUnavailable`;
+    `heartbeat`: seconds between `Ping`s while jobs are outstanding (default: a
+    third of the daemon's default client_timeout); `curve`: `CurveKeys` when the
+    daemon requires CURVE.
+    """
+
+    def __init__(
+        self,
+        endpoint: str = DEFAULT_ENDPOINT,
+        timeout: float = DEFAULT_TIMEOUT,
+        curve: CurveKeys | None = None,
+        heartbeat: float | None = None,
+        context: zmq.Context | None = None,
+    ) -> None:
+        if timeout <= 0:
+            raise ConfigError(f"timeout must be > 0 seconds, got {timeout}")
+        self.endpoint = endpoint
+        self.timeout = timeout
+        self._keys = curve.resolve() if curve is not None else None
+        self._core = ClientCore(
+            endpoint, timeout, heartbeat or DEFAULT_HEARTBEAT, curve=curve is not None
+        )
+        self._ctx = context or zmq.Context.instance()
+        self._sock = connect(self._ctx, zmq.DEALER, endpoint, self._keys)
+        self._outbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        self._closed = False
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._run, name="fsd-client", daemon=True)
+        self._thread.start()
+
+    # ---- generation --------------------------------------------------------------
+
+    def submit(
+        self,
+        prompt: str | Sequence[int],
+        *,
+        tags: Sequence[str] = (),
+        params: SamplingParams | None = None,
+        **sampling: Any,
+    ) -> JobHandle:
+        """Send one job without waiting; sampling keywords as `fsd.SamplingParams`."""
+        req_id = self._core.next_req_id()
+        msg = build_submit(req_id, prompt, params, sampling, tags)
+        sink: queue.Queue[Any] = queue.Queue()
+        self._put(_Out(P.encode(msg), req_id=req_id, sink=sink))
+        return JobHandle(self, req_id, sink)
+
+    def generate(
+        self,
+        prompt: str | Sequence[int],
+        *,
+        tags: Sequence[str] = (),
+        params: SamplingParams | None = None,
+        **sampling: Any,
+    ) -> JobHandle:
+        """Stream a job: iterate the handle for chunks; `.result()` once it ends."""
+        return self.submit(prompt, tags=tags, params=params, **sampling)
+
+    def complete(
+        self,
+        prompt: str | Sequence[int],
+        *,
+        tags: Sequence[str] = (),
+        params: SamplingParams | None = None,
+        **sampling: Any,
+    ) -> Completion:
+        """Run one job to its end and return the whole result."""
+        return self.submit(prompt, tags=tags, params=params, **sampling).result()
+
+    # ---- control -----------------------------------------------------------------
+
+    def abort(self, job_id: str) -> dict[str, Any]:
+        return self._call(P.Abort(job_id=job_id), "ack:abort").detail
+
+    def retune(self, **changes: Any) -> dict[str, Any]:
+        """Change scheduling settings live; returns the daemon's resulting config."""
+        if not changes:
+            raise ConfigError("retune needs at least one setting, e.g. policy='fcfs'")
+        detail = self._call(P.Retune(changes=changes), "ack:retune").detail
+        return detail.get("config", detail)
+
+    def inject(
+        self,
+        burst: P.Burst | Sequence[int] | dict[str, int] | None = None,
+        scenario: str | Path | None = None,
+        tag: str = "injected",
+    ) -> list[str]:
+        """Inject tagged jobs: `burst=(count, input_len, output_len)` or a scenario
+        (a file path or TOML text, read by the daemon). Returns their job ids."""
+        msg = build_inject(burst, scenario, tag)
+        return list(self._call(msg, "ack:inject").detail.get("job_ids", []))
+
+    def jobs(self) -> list[P.JobInfo]:
+        return self._call(P.ListJobs(), "jobs").jobs
+
+    def job(self, job_id: str) -> P.JobInfo:
+        return self._call(P.GetJob(job_id=job_id), "job").job
+
+    def status(self) -> P.StatusReply:
+        return self._call(P.Status(), "status")
+
+    def drain(self, timeout: float = 30.0) -> dict[str, Any]:
+        """Stop new jobs; returns once the daemon says in-flight jobs ended (or `timeout`)."""
+        return self._call(P.Drain(timeout=timeout), "ack:drain", timeout, deferred=True).detail
+
+    def shutdown(self, drain: bool = True, timeout: float = 30.0) -> dict[str, Any]:
+        msg = P.Shutdown(drain=drain, timeout=timeout)
+        return self._call(msg, "ack:shutdown", timeout, deferred=True).detail
+
+    def _call(self, msg: P.Request, key: str, extra: float = 0.0, deferred: bool = False) -> Any:
+        fut: Future[Any] = Future()
+        self._put(_Out(P.encode(msg), sink=fut, key=key, extra=extra, deferred=deferred))
+        try:
+            reply = fut.result(timeout=self.timeout + extra + _GRACE)
+        except FsdError:  # DaemonUnavailable (also a TimeoutError) or the client closed
+            raise
+        except TimeoutError:
+            raise unavailable(self.endpoint, self.timeout) from None
+        if isinstance(reply, P.Error):
+            raise RequestError(reply.code, reply.message, reply.req_id)
+        return reply
+
+    # ---- life --------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Abort this client's streaming jobs and stop the I/O thread."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._outbox.put(_CLOSE)
+            os.write(self._wake_w, b"x")
+        self._thread.join(timeout=5.0)
+        os.close(self._wake_r)
+        os.close(self._wake_w)
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _put(self, item: _Out) -> None:
+        with self._lock:
+            if self._closed:
+                raise FsdError("this fsd Client is closed")
+            self._outbox.put(item)
+            os.write(self._wake_w, b"x")
+
+    # ---- the I/O thread ----------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            self._loop()
+        except Exception as exc:  # a bug here must not leave callers waiting forever
+            log.exception("the fsd client I/O thread failed")
+            self._core.fail_all(FsdError(f"the fsd client I/O thread failed: {exc}"))
+            self._sock.close(linger=0)
+
+    def _loop(self) -> None:
+        core, sock = self._core, self._sock
+        poller = zmq.Poller()
+        poller.register(sock, zmq.POLLIN)
+        poller.register(self._wake_r, zmq.POLLIN)
+        closing = False
+        while not closing:
+            wait = core.next_wakeup(time.monotonic())
+            events = dict(poller.poll(None if wait is None else wait * 1000 + 1))
+            now = time.monotonic()
+            if self._wake_r in events:
+                _drain_pipe(self._wake_r)
+            while True:
+                try:
+                    item = self._outbox.get_nowait()
+                except queue.Empty:
+                    break
+                if item is _CLOSE:
+                    closing = True
+                else:
+                    self._send_out(sock, item, now)
+            if sock in events:
+                _recv_all(sock, core, now)
+            if core.expired(now) and not _recv_all(sock, core, now) and core.expired(now):
+                core.reset(now)
+                poller.unregister(sock)
+                sock.close(linger=0)
+                sock = self._sock = connect(self._ctx, zmq.DEALER, self.endpoint, self._keys)
+                poller.register(sock, zmq.POLLIN)
+            for frame in core.tick(now):
+                _send(sock, frame, core, now)
+        aborts = core.abort_frames()
+        for frame in aborts:
+            _send(sock, frame, core, now)
+        core.fail_all(FsdError("the fsd Client was closed"))
+        sock.close(linger=200 if aborts else 0)
+
+    def _send_out(self, sock: zmq.Socket, item: _Out, now: float) -> None:
+        core = self._core
+        if item.req_id is not None:
+            core.add_stream(item.req_id, item.sink, now)
+        else:
+            core.add_call(item.key or "?", item.sink, now, item.extra, item.deferred)
+        _send(sock, item.frame, core, now)  # if it cannot go, its deadline expires
+
+
+def _send(sock: zmq.Socket, frame: bytes, core: ClientCore, now: float) -> None:
+    try:
+        sock.send(frame, zmq.NOBLOCK)
+    except zmq.Again:  # the send queue is full: the daemon has not read for a long time
+        return
+    core.sent(now)
+
+
+def _recv_all(sock: zmq.Socket, core: ClientCore, now: float) -> int:
+    """Route every frame waiting on the socket; how many there were."""
+    count = 0
+    while True:
+        try:
+            core.on_frame(sock.recv(zmq.NOBLOCK), now)
+        except zmq.Again:
+            return count
+        count += 1
+
+
+def _drain_pipe(fd: int) -> None:
+    with contextlib.suppress(BlockingIOError):
+        while os.read(fd, 4096):
+            pass

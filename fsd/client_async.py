@@ -1,0 +1,315 @@
+"""The asyncio flavour of the client SDK: `AsyncClient`, same surface as `Client`.
+
+    async with AsyncClient() as c:
+        async for chunk in c.generate("Hello", max_tokens=32):
+            print(chunk.text, end="")
+        out = await c.complete("Hi", max_tokens=8)
+        handles = [await c.submit(p) for p in prompts]
+        results = await asyncio.gather(*(h.result() for h in handles))
+
+Two tasks per client run on the event loop that first uses it: a reader that feeds
+every frame to the shared `ClientCore` (routing), and a watcher that sleeps until
+the core's next deadline or heartbeat and then expires, pings or probes. Everything
+runs on that one loop, so an `AsyncClient` must not be shared across loops/threads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import zmq
+import zmq.asyncio
+
+from fsd import protocol as P
+from fsd.client_base import (
+    DEFAULT_ENDPOINT,
+    DEFAULT_HEARTBEAT,
+    DEFAULT_TIMEOUT,
+    Completion,
+    CurveKeys,
+    RequestError,
+    build_inject,
+    build_submit,
+    connect,
+    log,
+)
+from fsd.client_core import ClientCore, JobState
+from fsd.errors import ConfigError, FsdError
+from fsd.jobs import SamplingParams
+
+
+class AsyncJobHandle:
+    """One job of an `AsyncClient`: `async for` its chunks or `await result()`.
+
+    A handle from `generate()` submits on first use; one from `submit()` already has.
+    `job_id` is None until the daemon accepts the job (`await accepted()`).
+    """
+
+    def __init__(self, client: AsyncClient, req_id: str, frame: bytes) -> None:
+        self._client = client
+        self._frame: bytes | None = frame
+        self._sink: asyncio.Queue[Any] = asyncio.Queue()
+        self._state = JobState(req_id)
+
+    @property
+    def req_id(self) -> str:
+        return self._state.req_id
+
+    @property
+    def job_id(self) -> str | None:
+        return self._state.job_id
+
+    @property
+    def prompt_tokens(self) -> int | None:
+        return self._state.prompt_tokens
+
+    @property
+    def done(self) -> bool:
+        return self._state.done
+
+    async def accepted(self) -> str:
+        """Wait for the daemon to accept the job; its job id (or its refusal raised)."""
+        await self._ensure_sent()
+        state = self._state
+        while state.job_id is None and not state.done:
+            state.feed(await self._sink.get())
+        if state.job_id is None:
+            raise state.error  # type: ignore[misc]
+        return state.job_id
+
+    def __aiter__(self) -> AsyncIterator[P.Chunk]:
+        return self._chunks()
+
+    async def _chunks(self) -> AsyncIterator[P.Chunk]:
+        await self._ensure_sent()
+        state = self._state
+        while True:
+            while state.pending:
+                yield state.pending.popleft()
+            if state.done:
+                if state.error is not None:
+                    raise state.error
+                return
+            state.feed(await self._sink.get())
+
+    async def result(self) -> Completion:
+        """The finished job (consumes the chunks not read yet)."""
+        await self._ensure_sent()
+        state = self._state
+        while not state.done:
+            state.feed(await self._sink.get())
+        state.pending.clear()
+        if state.error is not None:
+            raise state.error
+        assert state.result is not None
+        return state.result
+
+    async def abort(self) -> dict[str, Any]:
+        return await self._client.abort(await self.accepted())
+
+    async def _ensure_sent(self) -> None:
+        if self._frame is not None:
+            frame, self._frame = self._frame, None
+            await self._client._send_submit(self.req_id, frame, self._sink)
+
+
+class AsyncClient:
+    """Asyncio client of one fsd daemon; arguments as `fsd.client.Client`."""
+
+    def __init__(
+        self,
+        endpoint: str = DEFAULT_ENDPOINT,
+        timeout: float = DEFAULT_TIMEOUT,
+        curve: CurveKeys | None = None,
+        heartbeat: float | None = None,
+        context: zmq.asyncio.Context | None = None,
+    ) -> None:
+        if timeout <= 0:
+            raise ConfigError(f"timeout must be > 0 seconds, got {timeout}")
+        self.endpoint = endpoint
+        self.timeout = timeout
+        self._keys = curve.resolve() if curve is not None else None
+        self._core = ClientCore(
+            endpoint, timeout, heartbeat or DEFAULT_HEARTBEAT, curve=curve is not None
+        )
+        self._ctx = context or zmq.asyncio.Context.instance()
+        self._sock: zmq.asyncio.Socket | None = None
+        self._reader: asyncio.Task[None] | None = None
+        self._watcher: asyncio.Task[None] | None = None
+        self._kick = asyncio.Event()
+        self._closed = False
+
+    # ---- generation --------------------------------------------------------------
+
+    def generate(
+        self,
+        prompt: str | Sequence[int],
+        *,
+        tags: Sequence[str] = (),
+        params: SamplingParams | None = None,
+        **sampling: Any,
+    ) -> AsyncJobHandle:
+        """A job to stream with `async for`; sent on first use (validated now)."""
+        req_id = self._core.next_req_id()
+        msg = build_submit(req_id, prompt, params, sampling, tags)
+        return AsyncJobHandle(self, req_id, P.encode(msg))
+
+    async def submit(
+        self,
+        prompt: str | Sequence[int],
+        *,
+        tags: Sequence[str] = (),
+        params: SamplingParams | None = None,
+        **sampling: Any,
+    ) -> AsyncJobHandle:
+        """Send one job now, without waiting for it to be accepted."""
+        handle = self.generate(prompt, tags=tags, params=params, **sampling)
+        await handle._ensure_sent()
+        return handle
+
+    async def complete(
+        self,
+        prompt: str | Sequence[int],
+        *,
+        tags: Sequence[str] = (),
+        params: SamplingParams | None = None,
+        **sampling: Any,
+    ) -> Completion:
+        """Run one job to its end and return the whole result."""
+        return await self.generate(prompt, tags=tags, params=params, **sampling).result()
+
+    # ---- control -----------------------------------------------------------------
+
+    async def abort(self, job_id: str) -> dict[str, Any]:
+        return (await self._call(P.Abort(job_id=job_id), "ack:abort")).detail
+
+    async def retune(self, **changes: Any) -> dict[str, Any]:
+        if not changes:
+            raise ConfigError("retune needs at least one setting, e.g. policy='fcfs'")
+        detail = (await self._call(P.Retune(changes=changes), "ack:retune")).detail
+        return detail.get("config", detail)
+
+    async def inject(
+        self,
+        burst: P.Burst | Sequence[int] | dict[str, int] | None = None,
+        scenario: str | Path | None = None,
+        tag: str = "injected",
+    ) -> list[str]:
+        msg = build_inject(burst, scenario, tag)
+        return list((await self._call(msg, "ack:inject")).detail.get("job_ids", []))
+
+    async def jobs(self) -> list[P.JobInfo]:
+        return (await self._call(P.ListJobs(), "jobs")).jobs
+
+    async def job(self, job_id: str) -> P.JobInfo:
+        return (await self._call(P.GetJob(job_id=job_id), "job")).job
+
+    async def status(self) -> P.StatusReply:
+        return await self._call(P.Status(), "status")
+
+    async def drain(self, timeout: float = 30.0) -> dict[str, Any]:
+        msg = P.Drain(timeout=timeout)
+        return (await self._call(msg, "ack:drain", timeout, deferred=True)).detail
+
+    async def shutdown(self, drain: bool = True, timeout: float = 30.0) -> dict[str, Any]:
+        msg = P.Shutdown(drain=drain, timeout=timeout)
+        return (await self._call(msg, "ack:shutdown", timeout, deferred=True)).detail
+
+    async def _call(
+        self, msg: P.Request, key: str, extra: float = 0.0, deferred: bool = False
+    ) -> Any:
+        self._start()
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._core.add_call(key, fut, time.monotonic(), extra, deferred)
+        await self._send(P.encode(msg))  # if it cannot go, its deadline expires
+        self._kick.set()
+        reply = await fut
+        if isinstance(reply, P.Error):
+            raise RequestError(reply.code, reply.message, reply.req_id)
+        return reply
+
+    async def _send_submit(self, req_id: str, frame: bytes, sink: asyncio.Queue[Any]) -> None:
+        self._start()
+        self._core.add_stream(req_id, sink, time.monotonic())
+        await self._send(frame)
+        self._kick.set()
+
+    # ---- life --------------------------------------------------------------------
+
+    async def close(self) -> None:
+        """Abort this client's streaming jobs and close the socket."""
+        if self._closed:
+            return
+        self._closed = True
+        aborts = self._core.abort_frames()
+        if self._sock is not None:
+            for frame in aborts:
+                await self._send(frame)
+        self._core.fail_all(FsdError("the fsd AsyncClient was closed"))
+        for task in (self._reader, self._watcher):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        if self._sock is not None:
+            self._sock.close(linger=200 if aborts else 0)
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    def _start(self) -> None:
+        if self._closed:
+            raise FsdError("this fsd AsyncClient is closed")
+        if self._sock is None:
+            self._sock = connect(self._ctx, zmq.DEALER, self.endpoint, self._keys)
+            self._reader = asyncio.create_task(self._read(self._sock))
+            self._watcher = asyncio.create_task(self._watch())
+
+    async def _send(self, frame: bytes) -> None:
+        assert self._sock is not None
+        try:
+            await self._sock.send(frame, zmq.NOBLOCK)
+        except zmq.Again:  # the send queue is full: the daemon has not read for a long time
+            return
+        self._core.sent(time.monotonic())
+
+    async def _read(self, sock: zmq.asyncio.Socket) -> None:
+        try:
+            while True:
+                frame = await sock.recv()
+                self._core.on_frame(frame, time.monotonic())
+        except (asyncio.CancelledError, zmq.ZMQError):
+            return
+        except Exception as exc:  # a bug must not leave callers waiting forever
+            log.exception("the fsd AsyncClient reader failed")
+            self._core.fail_all(FsdError(f"the fsd client reader failed: {exc}"))
+
+    async def _watch(self) -> None:
+        core = self._core
+        while True:
+            wait = core.next_wakeup(time.monotonic())
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._kick.wait(), wait)
+            self._kick.clear()
+            now = time.monotonic()
+            if core.expired(now):
+                core.reset(now)
+                self._reconnect()
+            for frame in core.tick(now):
+                await self._send(frame)
+
+    def _reconnect(self) -> None:
+        """A fresh DEALER: late answers to the old one can never be mistaken for new."""
+        assert self._sock is not None and self._reader is not None
+        self._reader.cancel()
+        self._sock.close(linger=0)
+        self._sock = connect(self._ctx, zmq.DEALER, self.endpoint, self._keys)
+        self._reader = asyncio.create_task(self._read(self._sock))

@@ -1,0 +1,242 @@
+"""The socket-free brain of the client SDK: routing replies and keeping time.
+
+`ClientCore` is the brain shared by the sync `Client` (an I/O thread) and the
+`AsyncClient` (event-loop tasks). It never touches a socket: the I/O side feeds it
+frames and the clock, and sends what it asks for. Routing rules:
+
+- `Accepted`, `Tokens` chunks, `Finished` and an `Error` that names a `req_id` go to
+  that request's stream (a queue with `put_nowait`);
+- every other reply answers a control call. Control replies carry no id, so a reply
+  goes to the oldest pending call that expects its kind (`StatusReply` → status,
+  `Ack(what="abort")` → abort...), and an id-less `Error` to the oldest call whose
+  answer is not deferred (drain and shutdown may answer late).
+
+Liveness: a call or an unaccepted submit without an answer within `timeout` means
+the daemon is gone → every pending request fails with `DaemonUnavailable` and the
+I/O side recreates its socket. While jobs stream, a `Ping` goes out every
+`heartbeat` seconds, and after `timeout` seconds of silence a `Status` probe checks
+that the daemon still lives (jobs may legitimately wait long between tokens).
+"""
+
+from __future__ import annotations
+
+import itertools
+import uuid
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+
+from fsd import protocol as P
+from fsd.client_base import Completion, DaemonUnavailable, RequestError, log, unavailable
+
+# ---- a job's stream, as its handle consumes it ------------------------------------
+
+
+class JobState:
+    """What a handle knows about its job; fed the items its stream queue receives."""
+
+    def __init__(self, req_id: str) -> None:
+        self.req_id = req_id
+        self.job_id: str | None = None
+        self.prompt_tokens: int | None = None
+        self.pending: deque[P.Chunk] = deque()
+        self.result: Completion | None = None
+        self.error: BaseException | None = None
+        self._tokens = 0
+        self._text: list[str] = []
+
+    @property
+    def done(self) -> bool:
+        return self.result is not None or self.error is not None
+
+    def feed(self, item: Any) -> None:
+        if isinstance(item, P.Accepted):
+            self.job_id, self.prompt_tokens = item.job_id, item.prompt_tokens
+        elif isinstance(item, P.Chunk):
+            self.job_id = self.job_id or item.job_id
+            self._tokens += len(item.token_ids)
+            self._text.append(item.text)
+            self.pending.append(item)
+        elif isinstance(item, P.Finished):
+            self.job_id = self.job_id or item.job_id
+            self._tail(item)
+            self.result = Completion.of(item, self.prompt_tokens)
+        elif isinstance(item, P.Error):
+            self.error = RequestError(item.code, item.message, item.req_id)
+        elif isinstance(item, BaseException):
+            self.error = item
+
+    def _tail(self, fin: P.Finished) -> None:
+        # Tokens that reached only the Finished message still reach the stream.
+        if len(fin.token_ids) <= self._tokens:
+            return
+        streamed = "".join(self._text)
+        rest = fin.text[len(streamed) :] if fin.text.startswith(streamed) else ""
+        self.pending.append(
+            P.Chunk(
+                req_id=fin.req_id,
+                job_id=fin.job_id,
+                token_ids=list(fin.token_ids[self._tokens :]),
+                text=rest,
+            )
+        )
+        self._tokens = len(fin.token_ids)
+
+
+# ---- routing and liveness ----------------------------------------------------------
+
+
+@dataclass
+class _Stream:
+    sink: Any  # queue.Queue / asyncio.Queue: put_nowait(item)
+    deadline: float | None  # until Accepted; None once accepted
+    job_id: str | None = None
+
+
+@dataclass
+class _Call:
+    key: str
+    future: Any  # concurrent.futures.Future / asyncio.Future; None for the probe
+    deadline: float
+    deferred: bool = False
+
+
+def reply_key(msg: P.Reply) -> str:
+    """Which control call a reply answers: "status", "jobs", "job" or "ack:<what>"."""
+    if isinstance(msg, P.Ack):
+        return f"ack:{msg.what}"
+    return {P.StatusReply: "status", P.JobList: "jobs", P.JobReply: "job"}.get(type(msg), "?")
+
+
+@dataclass
+class ClientCore:
+    """Routing table and liveness clock of one client socket (see the module doc)."""
+
+    endpoint: str
+    timeout: float
+    heartbeat: float
+    curve: bool = False
+    streams: dict[str, _Stream] = field(default_factory=dict)
+    calls: list[_Call] = field(default_factory=list)
+    last_rx: float = 0.0
+    last_tx: float = 0.0
+
+    def __post_init__(self) -> None:
+        self._ids = itertools.count(1)
+        self._prefix = uuid.uuid4().hex[:8]
+        self._ping = P.encode(P.Ping())
+
+    def next_req_id(self) -> str:
+        return f"{self._prefix}-{next(self._ids)}"
+
+    def add_stream(self, req_id: str, sink: Any, now: float) -> None:
+        self.streams[req_id] = _Stream(sink, now + self.timeout)
+
+    def add_call(
+        self, key: str, future: Any, now: float, extra: float = 0.0, deferred: bool = False
+    ) -> None:
+        self.calls.append(_Call(key, future, now + self.timeout + extra, deferred))
+
+    def sent(self, now: float) -> None:
+        self.last_tx = now
+
+    def on_frame(self, frame: bytes, now: float) -> None:
+        self.last_rx = now
+        try:
+            msg = P.decode_reply(frame)
+        except P.ProtocolError as exc:  # a daemon of another protocol version
+            self.fail_all(RequestError(exc.code, str(exc)))
+            return
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            log.warning("dropping an undecodable frame from %s: %s", self.endpoint, exc)
+            return
+        self.route(msg)
+
+    def route(self, msg: P.Reply) -> None:
+        if isinstance(msg, P.Tokens):
+            for chunk in msg.chunks:
+                stream = self.streams.get(chunk.req_id)
+                if stream is not None:
+                    stream.sink.put_nowait(chunk)
+        elif isinstance(msg, P.Accepted):
+            if msg.client_timeout > 0:  # heartbeat well inside the daemon's patience
+                self.heartbeat = min(self.heartbeat, msg.client_timeout / 3)
+            stream = self.streams.get(msg.req_id)
+            if stream is not None:
+                stream.deadline, stream.job_id = None, msg.job_id
+                stream.sink.put_nowait(msg)
+        elif isinstance(msg, P.Finished | P.Error) and msg.req_id is not None:
+            stream = self.streams.pop(msg.req_id, None)
+            if stream is not None:
+                stream.sink.put_nowait(msg)
+        else:
+            self._answer(msg)
+
+    def _answer(self, msg: P.Reply) -> None:
+        if isinstance(msg, P.Error):
+            candidates = [c for c in self.calls if not c.deferred] or self.calls
+        else:
+            key = reply_key(msg)
+            candidates = [c for c in self.calls if c.key == key]
+        if not candidates:
+            log.debug("dropping an unexpected reply: %r", msg)
+            return
+        call = candidates[0]
+        self.calls.remove(call)
+        if call.future is not None and not call.future.done():
+            call.future.set_result(msg)
+
+    def expired(self, now: float) -> bool:
+        """Whether a call or an unaccepted submit has waited past its deadline."""
+        return any(c.deadline <= now for c in self.calls) or any(
+            s.deadline is not None and s.deadline <= now for s in self.streams.values()
+        )
+
+    def tick(self, now: float) -> list[bytes]:
+        """Frames due now: a heartbeat while jobs are out, a probe after long silence."""
+        out: list[bytes] = []
+        if not self.streams:
+            return out
+        if now - self.last_tx >= self.heartbeat:
+            out.append(self._ping)
+        if self._probe_due(now):
+            self.add_call("status", None, now)
+            out.append(P.encode(P.Status()))
+        return out
+
+    def _probe_due(self, now: float) -> bool:
+        accepted = any(s.deadline is None for s in self.streams.values())
+        return accepted and now - self.last_rx >= self.timeout and not self.calls
+
+    def next_wakeup(self, now: float) -> float | None:
+        """Seconds until `expired` or `tick` may have something to do (None: never)."""
+        times = [c.deadline for c in self.calls]
+        times += [s.deadline for s in self.streams.values() if s.deadline is not None]
+        if self.streams:
+            times.append(self.last_tx + self.heartbeat)
+            if not self.calls:
+                times.append(self.last_rx + self.timeout)
+        return max(0.0, min(times) - now) if times else None
+
+    def fail_all(self, exc: BaseException) -> None:
+        """Every pending call and stream ends with `exc` (socket lost or client closed)."""
+        streams, calls = self.streams, self.calls
+        self.streams, self.calls = {}, []
+        for stream in streams.values():
+            stream.sink.put_nowait(exc)
+        for call in calls:
+            if call.future is not None and not call.future.done():
+                call.future.set_exception(exc)
+
+    def reset(self, now: float) -> DaemonUnavailable:
+        """The daemon did not answer: fail everything; the caller makes a new socket."""
+        exc = unavailable(self.endpoint, self.timeout, self.curve)
+        self.fail_all(exc)
+        self.last_rx = self.last_tx = now
+        return exc
+
+    def abort_frames(self) -> list[bytes]:
+        """Aborts for the accepted jobs still streaming (sent when the client closes)."""
+        return [P.encode(P.Abort(job_id=s.job_id)) for s in self.streams.values() if s.job_id]

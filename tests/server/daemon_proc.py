@@ -1,0 +1,104 @@
+"""A real fsd daemon process on free loopback ports, for integration tests."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import zmq
+
+from fsd import protocol as P
+from fsd.client import Client, DaemonUnavailable
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Daemon:
+    proc: subprocess.Popen
+    endpoint: str
+    telemetry: str
+    state_dir: Path
+    log: Path
+
+    def client(self, timeout: float = 10.0) -> Client:
+        return Client(self.endpoint, timeout=timeout)
+
+    def snapshot(self, timeout: float = 10.0) -> P.Snapshot:
+        """The next telemetry snapshot."""
+        ctx = zmq.Context.instance()
+        sub = ctx.socket(zmq.SUB)
+        sub.setsockopt(zmq.LINGER, 0)
+        sub.setsockopt(zmq.SUBSCRIBE, P.TOPIC_SNAPSHOT)
+        sub.connect(self.telemetry)
+        try:
+            deadline = time.time() + timeout
+            while time.time() < deadline:
+                if sub.poll(200):
+                    _, payload = sub.recv_multipart()
+                    return P.decode_snapshot(payload)
+            raise TimeoutError("no snapshot")
+        finally:
+            sub.close()
+
+    def stop(self, timeout: float = 30.0) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
+
+
+def start_daemon(tmp: Path, config: str = "", *flags: str, wait: float = 120.0) -> Daemon:
+    """Start `fsd start --foreground` with an fsd.toml holding `config`; wait until it answers."""
+    port, tport = free_port(), free_port()
+    endpoint, telemetry = f"tcp://127.0.0.1:{port}", f"tcp://127.0.0.1:{tport}"
+    state = tmp / "state"
+    toml = tmp / "fsd.toml"
+    toml.write_text(config)
+    log = tmp / "daemon.log"
+    cmd = [
+        sys.executable,
+        "-m",
+        "fsd.cli",
+        "start",
+        "--foreground",
+        "--config",
+        str(toml),
+        "--endpoint",
+        endpoint,
+        "--telemetry-endpoint",
+        telemetry,
+        "--state-dir",
+        str(state),
+        *flags,
+    ]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
+    d = Daemon(proc, endpoint, telemetry, state, log)
+    deadline = time.time() + wait
+    with Client(endpoint, timeout=1.0) as c:
+        while time.time() < deadline:
+            if proc.poll() is not None:
+                raise RuntimeError(f"daemon exited {proc.returncode}:\n{log.read_text()}")
+            try:
+                c.status()
+                return d
+            except DaemonUnavailable:
+                continue
+    d.stop()
+    raise RuntimeError(f"daemon did not answer:\n{log.read_text()}")
