@@ -9,6 +9,7 @@ goes on.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
@@ -224,10 +225,8 @@ class EngineService:
                 continue
             for job_id in list(client.jobs):
                 log.info("client %r went silent: aborting %s", ident, job_id)
-                try:  # if the client is in fact alive, it hears of the abort
+                with contextlib.suppress(UnknownJobError):  # if alive after all, it hears
                     self.finished(self.engine.abort(job_id))
-                except UnknownJobError:
-                    pass
             del self.clients[ident]
 
     # ---- drain and shutdown --------------------------------------------------------
