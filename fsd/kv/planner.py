@@ -10,12 +10,16 @@ jobs lets them start at once.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING
 
 from fsd.config import CacheConfig
 from fsd.jobs import Job
 from fsd.kv.block_manager import BlockManager
 from fsd.kv.swap import SwapOp
+
+if TYPE_CHECKING:
+    from fsd.sched.profile import CostModel
 
 _EMA = 0.1  # weight of the newest arrival in the blocks-per-new-job estimate
 
@@ -36,48 +40,67 @@ class SwapPlanner:
         jobs = max(self.cache.reserve_min_jobs, top_level_jobs)
         return min(round(jobs * self.expected_new_blocks), self.blocks.device.num_blocks)
 
+    def block_budget(self, cost: CostModel, iteration_time: float) -> int | None:
+        """Blocks the host link moves in about two iterations (None: unknown, unbounded).
+
+        Planning more copies than the link can finish only makes jobs wait longer
+        for their KV; the bound also keeps the planner's work per iteration small.
+        """
+        if cost.kv_bytes_per_token <= 0:
+            return None
+        tokens = 2.0 * iteration_time * cost.swap_bytes_per_s / cost.kv_bytes_per_token
+        return max(1, int(tokens // self.blocks.block_size))
+
     def plan(
         self,
         movable: Sequence[Job],
-        hosted: Sequence[Job],
         wanted: Sequence[Job],
-        enst: Mapping[str, float],
+        upcoming: Sequence[Job],
+        enst: Callable[[Job], float],
         reserve: int,
         in_flight: Mapping[str, SwapOp],
+        max_blocks: int | None = None,
     ) -> list[SwapOp]:
-        """Start the copies that keep `reserve` free and bring back the soonest jobs.
+        """Start the copies that keep `reserve` free and bring the next jobs in.
 
-        `movable`: device-resident jobs outside the batch; `hosted`: jobs on the host;
-        `wanted`: host jobs the batch would have taken now (they come in first, even
-        into the reserve, and room is made for them).
+        `movable`: device-resident jobs outside the batch (swap-out candidates).
+        `wanted`: host jobs the batch would have taken now; they come in first, may use
+        the reserve, and room is made for them by evicting jobs expected later.
+        `upcoming`: the host jobs next in line after the batch; they come in only while
+        the reserve still holds.
         """
         blocks = self.blocks
         ops: list[SwapOp] = []
-        wanted_ids = {j.job_id for j in wanted}
-        urgent = sum(len(j.host_block_table) for j in wanted if j.job_id not in in_flight)
+        moving = sum(op.num_blocks for op in in_flight.values())
+        budget = float("inf") if max_blocks is None else max_blocks - moving
+        if budget <= 0:
+            return ops
+        urgent = sum(len(j.host_block_table) for j in wanted)
+        soonest = min((enst(j) for j in wanted), default=float("inf"))
         freeing = sum(op.num_blocks for op in in_flight.values() if op.direction == "out")
-        target = min(reserve + urgent, blocks.device.num_blocks)
-        out_enst = float("inf")
         free_soon = blocks.num_free + freeing
-        for job in sorted(movable, key=lambda j: enst[j.job_id], reverse=True):
-            if free_soon >= target:
+        target = min(reserve + urgent, blocks.device.num_blocks)
+        sent_out = float("inf")  # smallest ENST sent out this round
+        candidates = sorted(movable, key=enst, reverse=True) if free_soon < target else []
+        for job in candidates:
+            if free_soon >= target or budget <= 0:
                 break
+            e = enst(job)
+            if free_soon >= reserve and e <= soonest:
+                break  # past the reserve, evict only for jobs expected sooner than the victim
             if not blocks.can_swap_out(job):
                 continue  # host tier full: the job keeps its device blocks
-            free_soon += len(job.block_table)
-            out_enst = min(out_enst, enst[job.job_id])
+            n = len(job.block_table)
             ops.append(blocks.begin_swap_out(job))
-        order = sorted(hosted, key=lambda j: (j.job_id not in wanted_ids, enst[j.job_id]))
-        for job in order:
-            if job.job_id in in_flight:
-                continue
+            free_soon += n
+            budget -= n
+            sent_out = min(sent_out, e)
+        for job, floor in [(j, 0) for j in wanted] + [(j, reserve) for j in upcoming]:
             need = len(job.host_block_table)
-            urgent_job = job.job_id in wanted_ids
-            fits = blocks.num_free - need >= (0 if urgent_job else reserve)
-            # never bring back a job expected later than one just sent out (thrashing)
-            if not fits or (not urgent_job and enst[job.job_id] >= out_enst):
-                if urgent_job:
-                    continue
+            if need > budget:
                 break
-            ops.append(blocks.begin_swap_in(job))
+            # never bring back a job expected later than one just sent out (thrashing)
+            if blocks.num_free - need >= floor and enst(job) < sent_out:
+                ops.append(blocks.begin_swap_in(job))
+                budget -= need
         return ops

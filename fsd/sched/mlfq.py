@@ -13,9 +13,9 @@ moves up; ENST combines that promotion clock with the work queued above the job.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
-from fsd.jobs import Job
+from fsd.jobs import Job, KVLocation
 from fsd.sched.profile import CostModel
 from fsd.sched.queues import JobQueue, LevelView
 
@@ -87,7 +87,9 @@ class MLFQQueue(JobQueue):
         self._watch(job)
 
     def _watch(self, job: Job) -> None:
-        heapq.heappush(self._starve, (job.starve_since, job.queue_seq, job))
+        """Start the job's starvation clock; Q1 jobs have nowhere higher to go."""
+        if job.level > 0:
+            heapq.heappush(self._starve, (job.starve_since, job.queue_seq, job))
 
     def __len__(self) -> int:
         return sum(len(lvl) for lvl in self._levels)
@@ -171,33 +173,38 @@ class MLFQQueue(JobQueue):
             for i, (q, lvl) in enumerate(zip(self.quanta, self._levels, strict=True))
         ]
 
-    def jobs_in_top_levels(self, k: int) -> int:
-        return sum(len(lvl) for lvl in self._levels[:k])
+    def new_jobs_in_top_levels(self, k: int, cap: int) -> int:
+        count = 0
+        for lvl in self._levels[:k]:
+            for job in lvl.values():
+                if job.kv is KVLocation.NONE:
+                    count += 1
+                    if count >= cap:
+                        return count
+        return count
 
-    def enst(self, jobs: Iterable[Job], now: float, batch_size: int) -> dict[str, float]:
+    def enst_fn(self, now: float, batch_size: int) -> Callable[[Job], float]:
         """ENST(i) = min(T_promote(i), T_execute(i)) (paper §4.2).
 
         T_execute(i) = (1/B) Σ_{j above i} Σ_{k = level(j)}^{level(i)-1} q_k assumes each
         job above i runs down to i's level before i runs. With c_l jobs at level l and
         P[l] = Σ_{k<l} q_k it is (1/B) Σ_{l<L} c_l (P[L] - P[l]): O(levels) to prepare,
-        O(1) per job.
+        O(1) per job, so it is evaluated only for the jobs a decision needs.
         """
-        counts = [len(lvl) for lvl in self._levels]
         prefix = [0.0]
         for q in self.quanta:
             prefix.append(prefix[-1] + q)
-        above_count = [0] * len(counts)
-        above_weighted = [0.0] * len(counts)
-        c = w = 0.0
-        for lvl, n in enumerate(counts):
-            above_count[lvl], above_weighted[lvl] = c, w
-            c += n
-            w += n * prefix[lvl]
         b = max(batch_size, 1)
-        out: dict[str, float] = {}
-        for job in jobs:
-            lvl = job.level
-            t_exec = (prefix[lvl] * above_count[lvl] - above_weighted[lvl]) / b
-            t_promote = max(0.0, job.starve_since + self.starve_limit - now)
-            out[job.job_id] = min(t_promote, t_exec)
-        return out
+        t_exec: list[float] = []
+        count = weighted = 0.0
+        for lvl, jobs in enumerate(self._levels):
+            t_exec.append((prefix[lvl] * count - weighted) / b)
+            count += len(jobs)
+            weighted += len(jobs) * prefix[lvl]
+        alpha = self.starve_limit
+
+        def enst(job: Job) -> float:
+            level = min(max(job.level, 0), len(t_exec) - 1)
+            return min(max(0.0, job.starve_since + alpha - now), t_exec[level])
+
+        return enst

@@ -10,7 +10,7 @@ from __future__ import annotations
 import bisect
 import itertools
 from abc import ABC, abstractmethod
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from fsd.jobs import Job
@@ -71,23 +71,31 @@ class JobQueue(ABC):
     def levels(self) -> list[LevelView]:
         return [LevelView(0, None, tuple(j.job_id for j in self.ordered()))]
 
-    def jobs_in_top_levels(self, k: int) -> int:
-        """Jobs in the k highest levels (0 for policies without levels)."""
+    def new_jobs_in_top_levels(self, k: int, cap: int) -> int:
+        """Jobs without KV in the k highest levels, counted up to `cap` (0 without levels)."""
         return 0
 
-    def enst(self, jobs: Iterable[Job], now: float, batch_size: int) -> dict[str, float]:
-        """Estimated next scheduled time (seconds from now) of each of `jobs`.
+    def rank(self, job: Job) -> int:
+        """How many jobs come before `job` in `ordered()`."""
+        for i, other in enumerate(self.ordered()):
+            if other is job:
+                return i
+        return len(self)
+
+    def enst_fn(self, now: float, batch_size: int) -> Callable[[Job], float]:
+        """Estimated next scheduled time (seconds from now) as a function of the job.
 
         Without levels, a job waits for the jobs ahead of it to go through in
         batches; each batch costs about one decode step.
         """
-        wanted = {j.job_id for j in jobs}
         step = self.cost.min_iteration_time
-        out: dict[str, float] = {}
-        for rank, job in enumerate(self.ordered()):
-            if job.job_id in wanted:
-                out[job.job_id] = (rank // max(batch_size, 1)) * step
-        return out
+        b = max(batch_size, 1)
+        return lambda job: (self.rank(job) // b) * step
+
+    def enst(self, jobs: Iterable[Job], now: float, batch_size: int) -> dict[str, float]:
+        """ENST of each of `jobs`."""
+        fn = self.enst_fn(now, batch_size)
+        return {j.job_id: fn(j) for j in jobs}
 
     def _stamp(self, job: Job, now: float) -> None:
         job.queue_seq = next(self._seq)
@@ -129,6 +137,9 @@ class _SortedQueue(JobQueue):
             self._order.sort(key=self.key)
             self._keys = [self.key(j) for j in self._order]
         return self._order
+
+    def rank(self, job: Job) -> int:
+        return bisect.bisect_left(self._keys, self.key(job))
 
     def __len__(self) -> int:
         return len(self._order)

@@ -72,12 +72,26 @@ class Scheduler:
         self.reserve = 0  # blocks the proactive planner last kept free
         self.in_flight: dict[str, SwapOp] = {}
         self._jobs: dict[str, Job] = {}
+        # jobs whose KV is wholly on one tier (not moving): the candidates for moves
+        self._on_device: dict[str, Job] = {}
+        self._on_host: dict[str, Job] = {}
+        self._enst: Callable[[Job], float] = lambda job: 0.0
         self._last_batch: set[str] = set()
         self._zombies: dict[str, Job] = {}  # removed while a copy of their KV was in flight
 
     @property
     def name(self) -> str:
         return self.queue.name
+
+    def _locate(self, job: Job, where: KVLocation) -> None:
+        """Set a job's KV location and keep the per-tier indexes in step."""
+        job.kv = where
+        self._on_device.pop(job.job_id, None)
+        self._on_host.pop(job.job_id, None)
+        if where is KVLocation.DEVICE:
+            self._on_device[job.job_id] = job
+        elif where is KVLocation.HOST:
+            self._on_host[job.job_id] = job
 
     # ---- membership ------------------------------------------------------------
 
@@ -94,7 +108,7 @@ class Scheduler:
             self._zombies[job.job_id] = job
             return
         self.blocks.free(job)
-        job.kv = KVLocation.NONE
+        self._locate(job, KVLocation.NONE)
 
     def jobs(self) -> Iterator[Job]:
         return iter(list(self._jobs.values()))
@@ -137,13 +151,13 @@ class Scheduler:
         self.in_flight.pop(job.job_id, None)
         if op.direction == "out":
             self.blocks.end_swap_out(op)
-            job.kv = KVLocation.HOST
+            self._locate(job, KVLocation.HOST)
         else:
             self.blocks.end_swap_in(op)
-            job.kv = KVLocation.DEVICE
+            self._locate(job, KVLocation.DEVICE)
         if self._zombies.pop(job.job_id, None) is not None:
             self.blocks.free(job)
-            job.kv = KVLocation.NONE
+            self._locate(job, KVLocation.NONE)
 
     def _start(self, op: SwapOp, out: SchedulerOutput) -> None:
         job = op.job
@@ -155,10 +169,11 @@ class Scheduler:
             out.swap_in.append(op)
         if op.sync:  # the executor completes it before the step: account it now
             (self.blocks.end_swap_out if op.direction == "out" else self.blocks.end_swap_in)(op)
-            job.kv = KVLocation.HOST if op.direction == "out" else KVLocation.DEVICE
+            self._locate(job, KVLocation.HOST if op.direction == "out" else KVLocation.DEVICE)
         else:
             self.in_flight[job.job_id] = op
-            job.kv = KVLocation.SWAPPING_OUT if op.direction == "out" else KVLocation.SWAPPING_IN
+            moving = KVLocation.SWAPPING_OUT if op.direction == "out" else KVLocation.SWAPPING_IN
+            self._locate(job, moving)
 
     # ---- the iteration -------------------------------------------------------------
 
@@ -167,19 +182,31 @@ class Scheduler:
         batch_ids: set[str] = set()
         budget = self.config.max_batch_tokens
         wanted: list[Job] = []  # host jobs the batch would have taken
+        upcoming: list[Job] = []  # host jobs next in line after a full batch
         evicted: set[str] = set()
+        limit = self.config.max_batch_size
+        scanned_after_full = 0
+        too_big = 0  # prefills passed over for the token budget
         for job in self.queue.ordered():
-            if len(out.batch) >= self.config.max_batch_size:
-                break
+            if len(out.batch) >= limit:
+                # look a little further for the host jobs to bring in next (bounded)
+                scanned_after_full += 1
+                if scanned_after_full > 4 * limit or len(upcoming) >= limit:
+                    break
+                if job.kv is KVLocation.HOST:
+                    upcoming.append(job)
+                continue
             if job.job_id in self.in_flight or job.job_id in evicted:
-                if job.kv is KVLocation.SWAPPING_IN:
-                    wanted.append(job)
                 continue
             if job.num_new_tokens > budget:
+                too_big += 1
+                if too_big > 4 * limit:  # the budget is spent; do not walk the whole queue
+                    break
                 continue
             if job.kv is KVLocation.HOST:
                 if self.cache.kv_policy != "reactive":
-                    wanted.append(job)
+                    if len(wanted) < 2 * limit:
+                        wanted.append(job)
                     continue
                 need = len(job.host_block_table)
                 if not self._make_room(job, need, batch_ids, evicted, out):
@@ -188,17 +215,14 @@ class Scheduler:
             if not self._make_room(job, self.blocks.missing(job), batch_ids, evicted, out):
                 continue
             self.blocks.append(job)
-            job.kv = KVLocation.DEVICE
+            self._locate(job, KVLocation.DEVICE)
             job.last_cost = self.charge(job)
             out.batch.append(job)
             batch_ids.add(job.job_id)
             budget -= job.num_new_tokens
-        started = [j for j in self._jobs.values() if j.kv is not KVLocation.NONE]
-        enst = self.queue.enst(started, now, self.config.max_batch_size)
-        for job in started:
-            job.enst = enst[job.job_id]
+        self._enst = self.queue.enst_fn(now, self.config.max_batch_size)
         if self.cache.kv_policy == "proactive":
-            self._plan_proactive(started, enst, batch_ids, wanted, out)
+            self._plan_proactive(batch_ids, wanted, upcoming, out)
         for job in out.batch:
             job.status = JobStatus.RUNNING
         for job_id in self._last_batch - batch_ids:
@@ -228,12 +252,10 @@ class Scheduler:
         key = self.queue.key(job)
         victims = [
             v
-            for v in self._jobs.values()
-            if v.kv is KVLocation.DEVICE
-            and v.block_table
+            for v in self._on_device.values()
+            if v.block_table
             and v is not job
             and v.job_id not in protected
-            and v.job_id not in self.in_flight
             and self.queue.key(v) > key
         ]
         victims.sort(key=self.queue.key, reverse=True)  # lowest priority first
@@ -251,33 +273,44 @@ class Scheduler:
         """Preempt by recomputation: the job's KV is gone; it re-prefills later."""
         self.blocks.free(job)
         job.num_computed_tokens = 0
-        job.kv = KVLocation.NONE
+        self._locate(job, KVLocation.NONE)
         job.recomputes += 1
         out.recomputed.append(job)
 
     def _plan_proactive(
-        self,
-        started: list[Job],
-        enst: dict[str, float],
-        batch_ids: set[str],
-        wanted: list[Job],
-        out: SchedulerOutput,
+        self, batch_ids: set[str], wanted: list[Job], upcoming: list[Job], out: SchedulerOutput
     ) -> None:
-        reserve = self.reserve = self.planner.reserve_blocks(self.top_level_jobs())
-        movable = [
-            j
-            for j in started
-            if j.kv is KVLocation.DEVICE
-            and j.job_id not in batch_ids
-            and j.job_id not in self.in_flight
-        ]
-        hosted = [j for j in started if j.kv is KVLocation.HOST]
-        for op in self.planner.plan(movable, hosted, wanted, enst, reserve, self.in_flight):
+        reserve = self.reserve = self.planner.reserve_blocks(self.new_jobs_in_top_levels())
+        movable = [j for j in self._on_device.values() if j.job_id not in batch_ids]
+        budget = self.planner.block_budget(self.cost, self._last_iteration_time())
+        ops = self.planner.plan(
+            movable, wanted, upcoming, self._enst, reserve, self.in_flight, budget
+        )
+        for op in ops:
             self._start(op, out)
 
-    def top_level_jobs(self) -> int:
-        """Jobs in the top K' queue levels (the burst predictor)."""
-        return self.queue.jobs_in_top_levels(self.cache.reserve_top_levels)
+    def _last_iteration_time(self) -> float:
+        batch = [self._jobs[i] for i in self._last_batch if i in self._jobs]
+        return max(sum(j.last_cost for j in batch), self.cost.min_iteration_time)
+
+    def enst_of(self, job: Job) -> float:
+        """The job's ENST under the latest scheduling decision (O(1))."""
+        return self._enst(job)
+
+    def refresh_enst(self) -> None:
+        """Store every started job's ENST on it (for telemetry)."""
+        for job in self._jobs.values():
+            job.enst = self._enst(job) if job.kv is not KVLocation.NONE else None
+
+    def new_jobs_in_top_levels(self) -> int:
+        """Jobs without KV yet in the top K' queue levels (the burst predictor).
+
+        Only these will need fresh blocks; counting stops at one batch's worth, since
+        no more than that can start in the next iteration.
+        """
+        return self.queue.new_jobs_in_top_levels(
+            self.cache.reserve_top_levels, self.config.max_batch_size
+        )
 
     def update(self, out: SchedulerOutput, now: float) -> None:
         """Charge the iteration's service, demote, and release finished jobs."""

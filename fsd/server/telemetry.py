@@ -48,6 +48,7 @@ def job_info(job: Job, now: float) -> P.JobInfo:
 def build_snapshot(engine: Engine, slo: SLOWindow, seq: int, now: float) -> P.Snapshot:
     """The whole observable state of the engine at `now`."""
     sched = engine.scheduler
+    sched.refresh_enst()
     blocks = engine.blocks
     levels = [
         P.LevelInfo(index=lv.index, quantum=lv.quantum, job_ids=list(lv.job_ids))

@@ -130,30 +130,63 @@ def test_reserve_is_max_of_k_and_top_queue_jobs_times_blocks_per_new_job():
     assert planner.reserve_blocks(top_level_jobs=50) == 100  # never more than the pool
 
 
-def test_planner_swaps_out_largest_enst_first_and_in_smallest_first():
-    blocks = BlockManager(10, 4, 40)
-    jobs = {n: job(8, n) for n in "abcde"}  # 2 blocks each
-    for n in "abc":
+def _pools(device: int, on_device: str, on_host: str) -> tuple[BlockManager, dict[str, Job]]:
+    blocks = BlockManager(device, 4, 40)
+    jobs = {n: job(8, n) for n in on_device + on_host}  # 2 blocks each
+    for n in on_host:  # through the device to the host, before the device fills
+        blocks.allocate(jobs[n])
+        blocks.end_swap_out(blocks.begin_swap_out(jobs[n]))
+        jobs[n].kv = KVLocation.HOST
+    for n in on_device:
         blocks.allocate(jobs[n])
         jobs[n].kv = KVLocation.DEVICE
-    for n in "de":  # already on the host
-        blocks.allocate(jobs[n])
-        op = blocks.begin_swap_out(jobs[n])
-        blocks.end_swap_out(op)
-        jobs[n].kv = KVLocation.HOST
-    planner = SwapPlanner(blocks, CacheConfig())
-    enst = {"a": 5.0, "b": 9.0, "c": 1.0, "d": 0.5, "e": 7.0}
-    # 4 device blocks free; a reserve of 6 needs one job (2 blocks) out: b, the largest ENST
-    ops = planner.plan([jobs[n] for n in "abc"], [jobs["d"], jobs["e"]], [], enst, 6, {})
-    outs = [op.job.job_id for op in ops if op.direction == "out"]
-    assert outs == ["b"]
-    # nothing comes in: free (2) minus a job (2) would break the reserve
-    assert [op for op in ops if op.direction == "in"] == []
-    # with room, the smallest ENST host job comes in first, then the next
-    blocks2 = BlockManager(20, 4, 40)
-    for n in "de":
-        jobs[n].block_table, jobs[n].host_block_table = [], []
-        blocks2.allocate(jobs[n])
-        blocks2.end_swap_out(blocks2.begin_swap_out(jobs[n]))
-    ops = SwapPlanner(blocks2, CacheConfig()).plan([], [jobs["e"], jobs["d"]], [], enst, 2, {})
-    assert [op.job.job_id for op in ops] == ["d", "e"]
+    return blocks, jobs
+
+
+ENST = {"a": 5.0, "b": 9.0, "c": 1.0, "d": 0.5, "e": 7.0}
+
+
+def enst_of(job: Job) -> float:
+    return ENST[job.job_id]
+
+
+def test_planner_keeps_the_reserve_by_swapping_out_the_largest_enst():
+    blocks, jobs = _pools(10, "abc", "de")
+    # 4 of 10 blocks free; a reserve of 6 needs one job (2 blocks) out: b, the largest ENST
+    ops = SwapPlanner(blocks, CacheConfig()).plan(
+        [jobs[n] for n in "abc"], [], [jobs["d"], jobs["e"]], enst_of, 6, {}
+    )
+    assert [(op.direction, op.job.job_id) for op in ops] == [("out", "b")]
+
+
+def test_planner_brings_upcoming_jobs_in_while_the_reserve_holds():
+    blocks, jobs = _pools(20, "", "de")
+    ops = SwapPlanner(blocks, CacheConfig()).plan([], [], [jobs["d"], jobs["e"]], enst_of, 2, {})
+    assert [(op.direction, op.job.job_id) for op in ops] == [("in", "d"), ("in", "e")]
+    blocks2, jobs2 = _pools(6, "", "de")  # 6 free: d fits (4 left >= 2), e would break it
+    ops = SwapPlanner(blocks2, CacheConfig()).plan([], [], [jobs2["d"], jobs2["e"]], enst_of, 3, {})
+    assert [op.job.job_id for op in ops] == ["d"]
+
+
+def test_a_wanted_job_evicts_only_jobs_expected_later_than_itself():
+    blocks, jobs = _pools(6, "abc", "d")  # device full
+    # d (ENST 0.5) is wanted now and needs 2 blocks: b, the largest ENST, makes the room
+    ops = SwapPlanner(blocks, CacheConfig(reserve_min_jobs=0)).plan(
+        [jobs[n] for n in "abc"], [jobs["d"]], [], enst_of, 0, {}
+    )
+    assert [(op.direction, op.job.job_id) for op in ops] == [("out", "b")]
+    # a wanted job expected later than every resident job evicts nobody (no thrashing)
+    ENST_LATE = {**ENST, "d": 0.9, "a": 0.3, "b": 0.4, "c": 0.2}
+    blocks, jobs = _pools(6, "abc", "d")
+    ops = SwapPlanner(blocks, CacheConfig()).plan(
+        [jobs[n] for n in "abc"], [jobs["d"]], [], lambda j: ENST_LATE[j.job_id], 0, {}
+    )
+    assert ops == []
+
+
+def test_planner_respects_the_link_budget():
+    blocks, jobs = _pools(10, "abc", "")
+    ops = SwapPlanner(blocks, CacheConfig()).plan(
+        [jobs[n] for n in "abc"], [], [], enst_of, 10, {}, max_blocks=4
+    )
+    assert [op.job.job_id for op in ops] == ["b", "a"]  # 4 blocks, then the link is full
