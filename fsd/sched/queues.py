@@ -105,41 +105,42 @@ class JobQueue(ABC):
 class _SortedQueue(JobQueue):
     """Jobs kept sorted by `key` (bisect insertion: O(log n) search, cheap memmove).
 
-    Policies whose keys change as jobs run (`_dynamic`) re-sort when walked.
+    Each job's key is remembered, so a policy whose keys change as jobs run (SRPT)
+    re-places just the jobs that ran instead of re-sorting the queue.
     """
-
-    _dynamic = False
 
     def __init__(self, cost: CostModel) -> None:
         super().__init__(cost)
         self._keys: list[tuple] = []
         self._order: list[Job] = []
+        self._key_of: dict[str, tuple] = {}
 
     def add(self, job: Job, now: float) -> None:
         self._stamp(job, now)
+        self._insert(job)
+
+    def _insert(self, job: Job) -> None:
         k = self.key(job)
         i = bisect.bisect_right(self._keys, k)
         self._keys.insert(i, k)
         self._order.insert(i, job)
+        self._key_of[job.job_id] = k
 
     def remove(self, job: Job) -> None:
-        if self._dynamic:
-            if job in self._order:
-                i = self._order.index(job)
-                del self._keys[i], self._order[i]
+        k = self._key_of.pop(job.job_id, None)
+        if k is None:
             return
-        i = bisect.bisect_left(self._keys, self.key(job))
-        if i < len(self._order) and self._order[i] is job:
+        i = bisect.bisect_left(self._keys, k)
+        while i < len(self._order) and self._order[i] is not job:
+            i += 1
+        if i < len(self._order):
             del self._keys[i], self._order[i]
 
     def ordered(self) -> list[Job]:
-        if self._dynamic:
-            self._order.sort(key=self.key)
-            self._keys = [self.key(j) for j in self._order]
         return self._order
 
     def rank(self, job: Job) -> int:
-        return bisect.bisect_left(self._keys, self.key(job))
+        return bisect.bisect_left(self._keys, self._key_of.get(job.job_id, self.key(job)))
 
     def __len__(self) -> int:
         return len(self._order)
@@ -171,7 +172,6 @@ class SRPTQueue(_SortedQueue):
     """
 
     name = "srpt"
-    _dynamic = True
 
     def add(self, job: Job, now: float) -> None:
         if job.oracle_output_len is None:
@@ -180,6 +180,15 @@ class SRPTQueue(_SortedQueue):
 
     def key(self, job: Job) -> tuple:
         return (self.remaining_time(job), job.queue_seq)
+
+    def account(self, ran: Iterable[tuple[Job, float]], now: float) -> list[Job]:
+        """Jobs that ran have less left: move just them to their new places."""
+        for job, _ in ran:
+            job.last_run = now
+            if job.job_id in self._key_of:
+                self.remove(job)
+                self._insert(job)
+        return []
 
     def remaining_time(self, job: Job) -> float:
         left = max(0, (job.oracle_output_len or 0) - len(job.output_token_ids))
