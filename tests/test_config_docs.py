@@ -1,0 +1,50 @@
+"""fsd.example.toml documents every configuration key, and it loads as written."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from pathlib import Path
+
+from fsd.config import (
+    CacheConfig,
+    ModelConfig,
+    ParallelConfig,
+    SchedConfig,
+    ServerConfig,
+    build_configs,
+)
+
+EXAMPLE = Path(__file__).resolve().parent.parent / "fsd.example.toml"
+SECTIONS = {
+    "model": ModelConfig,
+    "cache": CacheConfig,
+    "sched": SchedConfig,
+    "parallel": ParallelConfig,
+    "server": ServerConfig,
+}
+
+
+def documented() -> dict[str, set[str]]:
+    keys: dict[str, set[str]] = {}
+    section = None
+    for line in EXAMPLE.read_text().splitlines():
+        if m := re.match(r"\[(\w+)\]", line):
+            section = m.group(1)
+            keys[section] = set()
+        elif section and (m := re.match(r"#?\s*(\w+)\s*=", line)):
+            keys[section].add(m.group(1))
+    return keys
+
+
+def test_every_config_field_is_in_the_example():
+    keys = documented()
+    for section, cls in SECTIONS.items():
+        fields = {f.name for f in dataclasses.fields(cls)}
+        assert fields == keys.get(section), section
+
+
+def test_the_example_loads_and_equals_the_defaults():
+    engine, server = build_configs(EXAMPLE)
+    assert engine.sched == SchedConfig() and engine.cache == CacheConfig()
+    assert engine.model == ModelConfig() and server == ServerConfig()
