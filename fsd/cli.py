@@ -9,6 +9,7 @@ import typer
 from rich.console import Console
 
 from fsd.errors import FsdError
+from fsd.sim.cli import simulate_command
 
 app = typer.Typer(help="fsd: a FastServe-style LLM serving daemon.", no_args_is_help=True)
 err = Console(stderr=True)
@@ -71,6 +72,119 @@ def generate(
         )
 
 
+_START_FLAGS = {
+    "config": "--config", "model": "--model", "endpoint": "--endpoint",
+    "telemetry_endpoint": "--telemetry-endpoint", "policy": "--policy",
+    "kv_policy": "--kv-policy", "num_gpu_blocks": "--num-gpu-blocks",
+    "num_host_blocks": "--num-host-blocks", "max_batch_size": "--max-batch-size",
+    "device": "--device", "dtype": "--dtype", "telemetry_hz": "--telemetry-hz",
+    "profile": "--profile", "state_dir": "--state-dir", "log_level": "--log-level",
+}
+
+
+@app.command()
+def start(
+    foreground: Annotated[bool, typer.Option(help="Serve in this process (systemd, containers).")] = False,
+    config: Annotated[Optional[str], typer.Option(help="fsd.toml to read first.")] = None,  # noqa: UP045
+    model: Annotated[Optional[str], typer.Option(help="Preset name or local HuggingFace directory.")] = None,  # noqa: UP045
+    endpoint: Annotated[Optional[str], typer.Option(help="Requests and control, e.g. tcp://127.0.0.1:5557.")] = None,  # noqa: UP045
+    telemetry_endpoint: Annotated[Optional[str], typer.Option(help="Telemetry PUB, e.g. tcp://127.0.0.1:5558.")] = None,  # noqa: UP045
+    policy: Annotated[Optional[str], typer.Option(help="default, fcfs, priority, mlfq or sj-mlfq.")] = None,  # noqa: UP045
+    kv_policy: Annotated[Optional[str], typer.Option(help="defer, recompute, reactive or proactive.")] = None,  # noqa: UP045
+    num_gpu_blocks: Annotated[Optional[int], typer.Option(help="KV blocks on the device.")] = None,  # noqa: UP045
+    num_host_blocks: Annotated[Optional[int], typer.Option(help="KV blocks in host memory.")] = None,  # noqa: UP045
+    max_batch_size: Annotated[Optional[int], typer.Option(help="Most jobs in one iteration.")] = None,  # noqa: UP045
+    device: Annotated[Optional[str], typer.Option(help="auto, cpu or cuda.")] = None,  # noqa: UP045
+    dtype: Annotated[Optional[str], typer.Option(help="auto, float32, float16 or bfloat16.")] = None,  # noqa: UP045
+    telemetry_hz: Annotated[Optional[float], typer.Option(help="Snapshots per second (0 = off).")] = None,  # noqa: UP045
+    profile: Annotated[Optional[str], typer.Option(help="Cost-model JSON (fsd profile) or shipped name.")] = None,  # noqa: UP045
+    state_dir: Annotated[Optional[str], typer.Option(help="Where the pidfile and log file go.")] = None,  # noqa: UP045
+    log_level: Annotated[str, typer.Option(help="debug, info, warning or error.")] = "info",
+) -> None:
+    """Start the daemon (in the background unless --foreground)."""
+    from fsd import daemon
+    from fsd.config import build_configs
+
+    values = {k: v for k, v in locals().items() if k in _START_FLAGS and k != "config"}
+    options = {k: v for k, v in values.items() if k != "log_level"}
+    try:
+        engine_cfg, server_cfg = build_configs(config, **options)
+        if foreground:
+            daemon.setup_logging(log_level)
+            daemon.serve_foreground(engine_cfg, server_cfg)
+            return
+        argv = [a for k, v in {**values, "config": config}.items() if v is not None
+                for a in (_START_FLAGS[k], str(v))]
+        pid = daemon.start_background(argv, server_cfg)
+    except FsdError as exc:
+        err.print(f"[bold red]error:[/] {exc}")
+        raise typer.Exit(2) from None
+    _, logfile = daemon.state_files(server_cfg)
+    typer.echo(f"fsd started: pid {pid}, {server_cfg.endpoint} (log {logfile})")
+
+
+@app.command()
+def stop(
+    endpoint: Annotated[str, typer.Option(help="The daemon's endpoint.")] = "tcp://127.0.0.1:5557",
+    timeout: Annotated[float, typer.Option(help="Seconds in-flight jobs get to finish.")] = 30.0,
+    state_dir: Annotated[Optional[str], typer.Option(help="Where its pidfile is.")] = None,  # noqa: UP045
+) -> None:
+    """Drain in-flight jobs (up to --timeout), then stop the daemon."""
+    from fsd import daemon
+    from fsd.config import build_configs
+
+    try:
+        _, cfg = build_configs(None, endpoint=endpoint, state_dir=state_dir)
+        pid = daemon.stop(cfg, timeout)
+    except FsdError as exc:
+        err.print(f"[bold red]error:[/] {exc}")
+        raise typer.Exit(2) from None
+    typer.echo(f"fsd stopped{f' (pid {pid})' if pid else ''}")
+
+
+@app.command()
+def status(
+    endpoint: Annotated[str, typer.Option(help="The daemon's endpoint.")] = "tcp://127.0.0.1:5557",
+    timeout: Annotated[float, typer.Option(help="Seconds to wait for an answer.")] = 5.0,
+) -> None:
+    """Print the daemon's pid, model, policy and load."""
+    from fsd.client import Client
+
+    try:
+        with Client(endpoint, timeout=timeout) as client:
+            st = client.status()
+    except FsdError as exc:
+        err.print(f"[bold red]error:[/] {exc}")
+        raise typer.Exit(2) from None
+    typer.echo(
+        f"pid {st.pid}  fsd {st.version}  model {st.model}  policy {st.policy}/{st.kv_policy}  "
+        f"jobs {st.jobs} (running {st.running})  iterations {st.iterations}  "
+        f"up {st.uptime:.0f}s{'  DRAINING' if st.draining else ''}"
+        f"{f'  DEGRADED: {st.degraded}' if st.degraded else ''}"
+    )
+
+
+keys_app = typer.Typer(help="CURVE keys for serving beyond loopback.", no_args_is_help=True)
+app.add_typer(keys_app, name="keys")
+
+
+@keys_app.command("generate")
+def keys_generate(
+    directory: Annotated[str, typer.Argument(help="Where to write the key files.")],
+    clients: Annotated[int, typer.Option(help="How many client key pairs to make.")] = 1,
+) -> None:
+    """Make a server key pair and client key pairs; the clients' public keys are authorized."""
+    from fsd.server.security import generate_keys
+
+    made = generate_keys(directory, clients)
+    for name, path in made.items():
+        typer.echo(f"{name:18s} {path}")
+    typer.echo(
+        f"daemon: curve_secret_key = \"{made['server_secret']}\", "
+        f"curve_authorized_dir = \"{made['authorized']}\""
+    )
+
+
 @app.command()
 def presets() -> None:
     """List the built-in model presets (random weights, byte-level tokenizer)."""
@@ -85,11 +199,47 @@ def presets() -> None:
 
 
 @app.command()
+def profile(
+    out: Annotated[
+        str, typer.Option("--out", "-o", help="Where to write the profile JSON.")
+    ] = "profile.json",
+    model: Annotated[
+        str, typer.Option(help="Preset name or local HuggingFace directory.")
+    ] = "tiny",
+    quick: Annotated[
+        bool, typer.Option(help="A few points only (the start-up calibration).")
+    ] = False,
+    device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = "auto",
+    dtype: Annotated[str, typer.Option(help="auto, float32, float16 or bfloat16.")] = "auto",
+    num_gpu_blocks: Annotated[Optional[int], typer.Option(help="KV blocks on the device.")] = None,  # noqa: UP045
+) -> None:
+    """Measure prefill and decode times on the running engine, fit the cost model, write JSON.
+
+    Start the daemon or the offline API with `profile=PATH` to charge service by it.
+    """
+    from pathlib import Path
+
+    from fsd.engine.profiler import run_profile_command
+
+    options = {"device": device, "dtype": dtype}
+    if num_gpu_blocks is not None:
+        options["num_gpu_blocks"] = num_gpu_blocks
+    try:
+        run_profile_command(model, Path(out), quick, options)
+    except FsdError as exc:
+        err.print(f"[bold red]error:[/] {exc}")
+        raise typer.Exit(2) from None
+
+
+@app.command()
 def version() -> None:
     """Print the fsd version."""
     from fsd import __version__
 
     typer.echo(__version__)
+
+
+app.command("simulate")(simulate_command)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,343 @@
+"""Policy evaluation: every scheduling policy on traces and synthetic workloads (item 8).
+
+    .venv/bin/python bench/policies.py              # the whole study, 2 processes (~15 min)
+    .venv/bin/python bench/policies.py --quick      # smaller slices, fewer sections
+    .venv/bin/python bench/policies.py --only main,kv --jobs 2
+
+Setting: the opt-13b-a100 analytic profile (1 x A100-80GB; 3531 device KV blocks of
+16 tokens, host 4x), max batch 32 jobs / 4096 tokens, kv policy proactive, SLO 10 x
+a decode step (171 ms/token), requests clipped to OPT's 2048-token context. Metrics
+are per-token latency (end-to-end / output tokens) in ms: avg and p95.
+
+Sections:
+  main    fcfs, priority, mlfq, sj-mlfq, srpt (`default` is sj-mlfq) on the Azure
+          conversation trace at several time scales and on synthetic ShareGPT /
+          Alpaca / prefill-heavy workloads, Poisson and bursty Gamma arrivals
+          (CV 4, 8, 16);
+  kv      sj-mlfq with each KV policy (defer, recompute, reactive, proactive) on a
+          bursty case;
+  tuning  sj-mlfq settings reachable by configuration (alpha, promotion rule, q1,
+          quantum ratio, levels, K, K') on the workloads where sj-mlfq struggles;
+  sweep   each policy's maximum time scale of the conversation trace under the SLO.
+
+Writes bench/results/policies.json and prints markdown tables.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from machine import describe_machine  # noqa: E402
+
+from fsd.config import CacheConfig, SchedConfig  # noqa: E402
+from fsd.sched.profiles import load_profile  # noqa: E402
+from fsd.sched.registry import DEFAULT_POLICY, POLICIES  # noqa: E402
+from fsd.sim.capacity import max_context_of  # noqa: E402
+from fsd.sim.engine import default_slo  # noqa: E402
+from fsd.sim.runner import RunSpec, run_many  # noqa: E402
+from fsd.sim.sweep import sweep_many  # noqa: E402
+from fsd.workload import Workload, gamma, length_model, poisson, read_trace, synthetic  # noqa: E402
+
+PROFILE = "opt-13b-a100"
+TRACE = Path("/work/shared/data/azure-llm-2023-conv.csv")
+KEEP = (
+    "avg",
+    "p50",
+    "p95",
+    "p99",
+    "ttft",
+    "ttft_p95",
+    "tpot",
+    "goodput",
+    "slo_attainment",
+    "preemptions",
+    "swaps",
+    "recomputes",
+    "promotions",
+    "peak_kv_blocks",
+    "peak_host_blocks",
+    "peak_jobs",
+    "mean_batch",
+    "sync_swap_s",
+    "sim_wall_s",
+)
+
+
+@dataclass(frozen=True)
+class Case:
+    """A named workload and how to build it (n = number of requests)."""
+
+    name: str
+    desc: str
+    build: Callable[[int], Workload]
+    n: int
+    quick_n: int
+
+
+def _trace(scale: float) -> Callable[[int], Workload]:
+    return lambda n: read_trace(TRACE, time_scale=scale, limit=n)
+
+
+def _syn(lengths: str, rate: float, cv: float = 1.0, seed: int = 0) -> Callable[[int], Workload]:
+    arrivals = poisson(rate) if cv == 1.0 else gamma(rate, cv)
+    return lambda n: synthetic(arrivals, length_model(lengths), n, seed)
+
+
+CASES = [
+    Case("conv-0.3", "Azure conv trace x0.3 (1.66 req/s)", _trace(0.3), 4000, 1500),
+    Case("conv-0.4", "Azure conv trace x0.4 (2.2 req/s)", _trace(0.4), 3000, 1200),
+    Case("conv-0.5", "Azure conv trace x0.5 (2.8 req/s, overload)", _trace(0.5), 3000, 1000),
+    Case("sharegpt", "ShareGPT lengths, Poisson 3 req/s", _syn("sharegpt", 3.0), 2000, 800),
+    Case("sharegpt-cv4", "ShareGPT, Gamma 2 req/s CV 4", _syn("sharegpt", 2.0, 4.0), 2000, 800),
+    Case("sharegpt-cv8", "ShareGPT, Gamma 2 req/s CV 8", _syn("sharegpt", 2.0, 8.0), 2000, 800),
+    Case("sharegpt-cv16", "ShareGPT, Gamma 2 req/s CV 16", _syn("sharegpt", 2.0, 16.0), 2000, 800),
+    Case("alpaca", "Alpaca lengths, Poisson 25 req/s", _syn("alpaca", 25.0), 3000, 1200),
+    Case(
+        "prefill-heavy",
+        "prompts ~1.5k / outputs ~16, Poisson 2.5 req/s",
+        _syn("prefill-heavy", 2.5),
+        2000,
+        800,
+    ),
+    Case(
+        "prefill-cv8",
+        "prompts ~1.5k / outputs ~16, Gamma 1 req/s CV 8",
+        _syn("prefill-heavy", 1.0, 8.0),
+        2000,
+        800,
+    ),
+]
+
+KV_CASE = "sharegpt-cv8"
+TUNING_CASES = ("conv-0.4", "conv-0.5", "sharegpt-cv8", "alpaca", "prefill-cv8")
+
+
+def tuning_variants(step: float) -> dict[str, dict]:
+    """sj-mlfq settings reachable by configuration: alpha, promotion target, quanta, K, K'."""
+    slo = 10 * step
+    return {
+        "paper (a=SLO, top)": {},
+        "promote=entry": {"starve_promote": "entry"},
+        "a=10xSLO": {"starve_limit": 10 * slo},
+        "a=10xSLO, entry": {"starve_limit": 10 * slo, "starve_promote": "entry"},
+        "a=100xSLO, entry": {"starve_limit": 100 * slo, "starve_promote": "entry"},
+        "no promotion": {"starve_limit": 1e9},
+        "q1=4 steps": {"q1": 4 * step},
+        "ratio=4": {"quantum_ratio": 4.0},
+        "levels=12": {"num_levels": 12},
+        "K=4, K'=2": {"reserve_min_jobs": 4, "reserve_top_levels": 2},
+    }
+
+
+@dataclass
+class Study:
+    """Everything one invocation measured, ready for JSON."""
+
+    quick: bool
+    jobs: int
+    results: dict = field(default_factory=dict)
+
+
+def base_spec(label: str, policy: str, kv: str = "proactive", **opts) -> RunSpec:
+    cache_keys = {"reserve_min_jobs", "reserve_top_levels"}
+    sched = SchedConfig(policy=policy, **{k: v for k, v in opts.items() if k not in cache_keys})
+    cache = CacheConfig(kv_policy=kv, **{k: v for k, v in opts.items() if k in cache_keys})
+    return RunSpec(label, sched, cache)
+
+
+def load(case: Case, quick: bool, ctx: int | None) -> Workload:
+    return case.build(case.quick_n if quick else case.n).clipped(ctx)
+
+
+def keep(row: dict) -> dict:
+    return {k: row[k] for k in KEEP if k in row}
+
+
+def run_main(study: Study, cost, ctx) -> None:
+    policies = list(POLICIES)
+    out = {}
+    for case in CASES:
+        w = load(case, study.quick, ctx)
+        t = time.perf_counter()
+        rows = run_many([base_spec(p, p) for p in policies], cost, w, study.jobs)
+        out[case.name] = {
+            "desc": case.desc,
+            "workload": w.summary(),
+            "policies": {k: keep(v) for k, v in rows.items()},
+        }
+        print(f"  main {case.name}: {time.perf_counter() - t:.0f} s", file=sys.stderr)
+    study.results["main"] = out
+
+
+def run_kv(study: Study, cost, ctx) -> None:
+    case = next(c for c in CASES if c.name == KV_CASE)
+    w = load(case, study.quick, ctx)
+    specs = [
+        base_spec(f"sj-mlfq/{kv}", "sj-mlfq", kv)
+        for kv in ("defer", "recompute", "reactive", "proactive")
+    ]
+    specs.append(base_spec("fcfs/proactive", "fcfs"))
+    rows = run_many(specs, cost, w, study.jobs)
+    study.results["kv"] = {
+        "case": KV_CASE,
+        "desc": case.desc,
+        "runs": {k: keep(v) for k, v in rows.items()},
+    }
+
+
+def run_tuning(study: Study, cost, ctx) -> None:
+    step = cost.min_iteration_time
+    out = {}
+    for name in TUNING_CASES:
+        case = next(c for c in CASES if c.name == name)
+        w = load(case, study.quick, ctx)
+        specs = [
+            base_spec(label, "sj-mlfq", **opts) for label, opts in tuning_variants(step).items()
+        ]
+        specs.append(base_spec("fcfs", "fcfs"))
+        specs.append(base_spec("srpt", "srpt"))
+        t = time.perf_counter()
+        rows = run_many(specs, cost, w, study.jobs)
+        out[name] = {k: keep(v) for k, v in rows.items()}
+        print(f"  tuning {name}: {time.perf_counter() - t:.0f} s", file=sys.stderr)
+    study.results["tuning"] = out
+
+
+def run_sweep(study: Study, cost, ctx) -> None:
+    n = 1000 if study.quick else 3000
+    w = read_trace(TRACE, time_scale=0.3, limit=n).clipped(ctx)
+    names = ["fcfs", "sj-mlfq", "srpt"] + (["default"] if DEFAULT_POLICY != "sj-mlfq" else [])
+    names += ["priority", "mlfq"]
+    specs = [base_spec(p, p) for p in names]
+    found = sweep_many(specs, cost, w, "avg", 1.0, 0.05, study.jobs)
+    rows = {}
+    for label, r in found.items():
+        rows[label] = {
+            "max_time_scale": 0.3 * r.max_scale,
+            "max_rate": r.max_rate,
+            "bracketed": r.bracketed,
+            "at_max": keep(r.metrics or {}),
+            "points": r.points,
+        }
+    study.results["sweep"] = {"trace": TRACE.name, "requests": n, "metric": "avg", "runs": rows}
+
+
+def markdown(study: Study, slo: float) -> str:
+    lines: list[str] = []
+    res = study.results
+    ms = lambda x: f"{1e3 * x:.1f}"  # noqa: E731
+    if "main" in res:
+        policies = list(next(iter(res["main"].values()))["policies"])
+        lines += [
+            "### Per-token latency, avg / p95 (ms), proactive KV",
+            "",
+            "| workload | " + " | ".join(policies) + " |",
+            "|---|" + "---|" * len(policies),
+        ]
+        for name, block in res["main"].items():
+            cells = [f"{ms(m['avg'])} / {ms(m['p95'])}" for m in block["policies"].values()]
+            lines.append(f"| {name} | " + " | ".join(cells) + " |")
+        lines.append("")
+    if "kv" in res:
+        lines += [
+            f"### KV policies on {res['kv']['case']} (avg / p95 ms, swaps, recomputes)",
+            "",
+            "| run | avg | p95 | swaps | recomputes | sync swap s |",
+            "|---|---|---|---|---|---|",
+        ]
+        for label, m in res["kv"]["runs"].items():
+            lines.append(
+                f"| {label} | {ms(m['avg'])} | {ms(m['p95'])} | {m['swaps']} | "
+                f"{m['recomputes']} | {m['sync_swap_s']:.1f} |"
+            )
+        lines.append("")
+    if "tuning" in res:
+        cases = list(res["tuning"])
+        labels = list(next(iter(res["tuning"].values())))
+        lines += [
+            "### sj-mlfq settings (avg / p95 ms)",
+            "",
+            "| setting | " + " | ".join(cases) + " |",
+            "|---|" + "---|" * len(cases),
+        ]
+        for label in labels:
+            cells = [
+                f"{ms(res['tuning'][c][label]['avg'])} / {ms(res['tuning'][c][label]['p95'])}"
+                for c in cases
+            ]
+            lines.append(f"| {label} | " + " | ".join(cells) + " |")
+        lines.append("")
+    if "sweep" in res:
+        lines += [
+            f"### Max conv-trace load with avg per-token latency <= {ms(slo)} ms "
+            f"({res['sweep']['requests']} requests)",
+            "",
+            "| policy | max time scale | max rate (req/s) | x fcfs |",
+            "|---|---|---|---|",
+        ]
+        runs = res["sweep"]["runs"]
+        base = runs["fcfs"]["max_rate"] or float("nan")
+        for label, r in runs.items():
+            bound = "" if r["bracketed"] else ">= "
+            lines.append(
+                f"| {label} | {bound}{r['max_time_scale']:.3f} | {r['max_rate']:.2f} | "
+                f"{r['max_rate'] / base:.2f} |"
+            )
+        lines.append("")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--quick", action="store_true", help="smaller workloads")
+    ap.add_argument("--only", default="main,kv,tuning,sweep", help="sections to run")
+    ap.add_argument("--jobs", type=int, default=2, help="worker processes")
+    ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "policies.json"))
+    args = ap.parse_args()
+    cost = load_profile(PROFILE)
+    ctx = max_context_of(cost)
+    study = Study(args.quick, args.jobs)
+    sections = {"main": run_main, "kv": run_kv, "tuning": run_tuning, "sweep": run_sweep}
+    t0 = time.perf_counter()
+    for name in args.only.split(","):
+        sections[name](study, cost, ctx)
+    slo = default_slo(cost)
+    text = markdown(study, slo)
+    print(text)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(
+        json.dumps(
+            {
+                "bench": "policies",
+                "machine": describe_machine(torch.device("cpu")),
+                "profile": PROFILE,
+                "slo": slo,
+                "max_context": ctx,
+                "default_policy": DEFAULT_POLICY,
+                "quick": args.quick,
+                "wall_s": time.perf_counter() - t0,
+                **study.results,
+                "markdown": text,
+            },
+            indent=2,
+        )
+        + "\n"
+    )
+    print(f"wrote {out} in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,345 @@
+"""`fsd simulate`: replay a trace or a synthetic workload through several policies.
+
+The command function lives here (registered on the `fsd` app by `fsd/cli.py`); heavy
+imports happen inside it so `fsd --help` stays fast. A workload comes from exactly one
+source, chosen in `load_workload`: `--trace FILE`, or the synthetic generator
+(`--arrival/--rate/--cv/--lengths`). A scenario file (P5) is a further source there.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from fsd.errors import FsdError
+
+err = Console(stderr=True)
+DEFAULT_POLICIES = "fcfs,priority,mlfq,sj-mlfq,srpt"
+DEFAULT_PROFILE = "opt-13b-a100"
+
+
+def load_workload(
+    trace: Path | None,
+    time_scale: float,
+    limit: int | None,
+    arrival: str | None,
+    rate: float | None,
+    cv: float | None,
+    lengths: str | None,
+    theta: float | None,
+    seed: int,
+    max_context: int | None,
+) -> Any:
+    """The workload of one `simulate` call, clipped to `max_context` (None: no clip)."""
+    from fsd.errors import ConfigError
+    from fsd.workload import length_model, make_arrivals, read_trace, synthetic
+
+    if trace is not None:
+        given = [
+            n
+            for n, v in (
+                ("--arrival", arrival),
+                ("--rate", rate),
+                ("--cv", cv),
+                ("--lengths", lengths),
+                ("--theta", theta),
+            )
+            if v is not None
+        ]
+        if given:
+            raise ConfigError(
+                f"{', '.join(given)} describe a synthetic workload; with --trace use --time-scale"
+            )
+        workload = read_trace(trace, time_scale=time_scale, limit=limit)
+    else:
+        if time_scale != 1.0:
+            raise ConfigError("--time-scale applies to --trace; a synthetic workload takes --rate")
+        process = make_arrivals(arrival or "poisson", 1.0 if rate is None else rate, cv)
+        model = length_model(lengths or "sharegpt", theta)
+        workload = synthetic(process, model, limit or 2000, seed)
+    return workload.clipped(max_context)
+
+
+def simulate_command(
+    trace: Annotated[
+        Path | None, typer.Option(help="Trace CSV (TIMESTAMP,ContextTokens,GeneratedTokens).")
+    ] = None,
+    time_scale: Annotated[
+        float, typer.Option(help="Trace rate multiplier: 0.5 = half the rate (gaps x2).")
+    ] = 1.0,
+    limit: Annotated[
+        int | None,
+        typer.Option(help="First N trace requests / N synthetic requests (default 2000)."),
+    ] = None,
+    arrival: Annotated[
+        str | None, typer.Option(help="Synthetic arrivals: poisson, gamma or uniform.")
+    ] = None,
+    rate: Annotated[
+        float | None, typer.Option(help="Synthetic arrival rate, requests/s (default 1).")
+    ] = None,
+    cv: Annotated[
+        float | None, typer.Option(help="Inter-arrival coefficient of variation (gamma).")
+    ] = None,
+    lengths: Annotated[
+        str | None, typer.Option(help="sharegpt, alpaca, azure-conv, prefill-heavy or zipf.")
+    ] = None,
+    theta: Annotated[float | None, typer.Option(help="Zipf skew for --lengths zipf.")] = None,
+    seed: Annotated[int, typer.Option(help="Seed of the synthetic workload.")] = 0,
+    max_context: Annotated[
+        int | None,
+        typer.Option(
+            help="Clip requests to this many tokens (default: the profile's context; 0 = no clip)."
+        ),
+    ] = None,
+    policies: Annotated[
+        str,
+        typer.Option(
+            help="Comma-separated policies (fcfs, priority, mlfq, sj-mlfq, srpt, default)."
+        ),
+    ] = DEFAULT_POLICIES,
+    profile: Annotated[
+        str, typer.Option(help="Shipped profile name or profile JSON path.")
+    ] = DEFAULT_PROFILE,
+    max_batch_size: Annotated[int, typer.Option(help="Most jobs per iteration.")] = 32,
+    max_batch_tokens: Annotated[
+        int | None,
+        typer.Option(help="Most new tokens per iteration (default: max(4096, longest request))."),
+    ] = None,
+    kv_policy: Annotated[
+        str, typer.Option(help="defer, recompute, reactive or proactive.")
+    ] = "proactive",
+    block_size: Annotated[int, typer.Option(help="Tokens per KV block.")] = 16,
+    num_gpu_blocks: Annotated[
+        int | None, typer.Option(help="Device KV blocks (default: from the profile).")
+    ] = None,
+    num_host_blocks: Annotated[
+        int | None, typer.Option(help="Host KV blocks (default: 4 x device).")
+    ] = None,
+    q1: Annotated[
+        float | None, typer.Option(help="Top-level quantum, s (default: a decode step).")
+    ] = None,
+    quantum_ratio: Annotated[float, typer.Option(help="q(k+1) / q(k).")] = 2.0,
+    num_levels: Annotated[int, typer.Option(help="MLFQ levels.")] = 8,
+    starve_limit: Annotated[float | None, typer.Option(help="Alpha, s (default: the SLO).")] = None,
+    starve_promote: Annotated[
+        str, typer.Option(help="Where starved jobs go: top or entry.")
+    ] = "top",
+    reserve_min_jobs: Annotated[
+        int, typer.Option(help="K: reserve room for at least K new jobs.")
+    ] = 1,
+    reserve_top_levels: Annotated[
+        int, typer.Option(help="K': or for the jobs in the top K' levels.")
+    ] = 1,
+    slo: Annotated[
+        float | None, typer.Option(help="Per-token latency SLO, s (default 10 x a decode step).")
+    ] = None,
+    sweep: Annotated[
+        bool, typer.Option(help="Find each policy's max rate under the SLO (bisection).")
+    ] = False,
+    sweep_metric: Annotated[
+        str, typer.Option(help="Latency statistic the SLO bounds: avg, p50, p95 or p99.")
+    ] = "avg",
+    sweep_tol: Annotated[float, typer.Option(help="Stop when hi / lo <= 1 + tol.")] = 0.05,
+    kv_sample: Annotated[
+        float | None, typer.Option(help="Record KV usage every S seconds into the JSON.")
+    ] = None,
+    jobs: Annotated[int, typer.Option(help="Worker processes (runs are independent).")] = 1,
+    json_out: Annotated[
+        Path | None, typer.Option("--json", help="Write the results as JSON here.")
+    ] = None,
+) -> None:
+    """Simulate serving a workload under several scheduling policies; print and save metrics."""
+    try:
+        report = _simulate(**locals())
+    except FsdError as exc:
+        err.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+        raise typer.Exit(2) from None
+    if json_out is not None:
+        try:
+            json_out.parent.mkdir(parents=True, exist_ok=True)
+            json_out.write_text(json.dumps(report, indent=2, default=float) + "\n")
+        except OSError as exc:
+            err.print(f"[bold red]error:[/] cannot write {json_out}: {exc.strerror}")
+            raise typer.Exit(2) from None
+
+
+def _simulate(**a: Any) -> dict[str, Any]:
+    from dataclasses import asdict
+
+    from fsd.config import CacheConfig, SchedConfig
+    from fsd.errors import ConfigError
+    from fsd.sched.profiles import load_profile
+    from fsd.sched.registry import resolve_policy
+    from fsd.sim.capacity import max_context_of
+    from fsd.sim.engine import default_slo
+    from fsd.sim.runner import RunSpec, run_many
+    from fsd.sim.sweep import sweep_many
+
+    names = [p.strip() for p in a["policies"].split(",") if p.strip()]
+    if not names:
+        raise ConfigError("--policies names no policy")
+    for name in names:
+        resolve_policy(name)
+    names = list(dict.fromkeys(names))
+    cost = load_profile(a["profile"])
+    ctx = a["max_context"]
+    ctx = max_context_of(cost) if ctx is None else (ctx or None)
+    workload = load_workload(
+        a["trace"],
+        a["time_scale"],
+        a["limit"],
+        a["arrival"],
+        a["rate"],
+        a["cv"],
+        a["lengths"],
+        a["theta"],
+        a["seed"],
+        ctx,
+    )
+    _, prompts, outputs = workload.arrays()
+    longest = int((prompts + outputs - 1).max())
+    batch_tokens = a["max_batch_tokens"] or max(SchedConfig().max_batch_tokens, longest)
+    sched = SchedConfig(
+        max_batch_size=a["max_batch_size"],
+        max_batch_tokens=batch_tokens,
+        num_levels=a["num_levels"],
+        q1=a["q1"],
+        quantum_ratio=a["quantum_ratio"],
+        starve_limit=a["starve_limit"],
+        starve_promote=a["starve_promote"],
+        profile=a["profile"],
+    )
+    cache = CacheConfig(
+        block_size=a["block_size"],
+        kv_policy=a["kv_policy"],
+        reserve_min_jobs=a["reserve_min_jobs"],
+        reserve_top_levels=a["reserve_top_levels"],
+    )
+    slo = a["slo"] if a["slo"] is not None else default_slo(cost)
+    base = RunSpec(
+        "base", sched, cache, a["num_gpu_blocks"], a["num_host_blocks"], slo, a["kv_sample"]
+    )
+    specs = [base.with_policy(name) for name in names]
+    pools = specs[0].simulator(cost).pools
+    summary = workload.summary()
+    _print_header(summary, cost.name, slo, pools, ctx, batch_tokens, a["kv_policy"])
+    report: dict[str, Any] = {
+        "workload": {**summary, **{k: v for k, v in workload.params.items() if k != "window"}},
+        "profile": cost.name,
+        "slo": slo,
+        "max_context": ctx,
+        "pools": asdict(pools),
+        "sched": asdict(sched),
+        "cache": asdict(cache),
+    }
+    if a["sweep"]:
+        found = sweep_many(specs, cost, workload, a["sweep_metric"], 1.0, a["sweep_tol"], a["jobs"])
+        report["sweep"] = {
+            "metric": a["sweep_metric"],
+            "tol": a["sweep_tol"],
+            "base_rate": workload.rate,
+        }
+        report["policies"] = {k: r.to_dict() for k, r in found.items()}
+        if a["trace"] is not None:
+            for row in report["policies"].values():
+                row["max_time_scale"] = row["max_scale"] * a["time_scale"]
+        _print_sweep(report["policies"], a["trace"] is not None, a["time_scale"], slo)
+    else:
+        report["policies"] = run_many(specs, cost, workload, a["jobs"])
+        _print_table(report["policies"], slo)
+    return report
+
+
+def _print_header(
+    summary: dict, profile: str, slo: float, pools: Any, ctx: Any, tokens: int, kv: str
+) -> None:
+    out = _console()
+    out.print(
+        f"[bold]{summary['source']}[/]: {summary['requests']} requests, "
+        f"{summary.get('rate', float('nan')):.3f} req/s (cv {summary.get('cv', float('nan')):.2f}), "
+        f"prompt mean {summary.get('prompt_mean', 0):.0f}, output mean {summary.get('output_mean', 0):.0f}"
+        + (f", clipped to {ctx} tokens" if ctx else ""),
+        highlight=False,
+    )
+    out.print(
+        f"profile {profile}; SLO {slo * 1e3:.1f} ms/token; KV {pools.device} device + "
+        f"{pools.host} host blocks ({pools.source}); kv policy {kv}; max batch tokens {tokens}",
+        highlight=False,
+    )
+
+
+def _console() -> Console:
+    """Stdout; wide enough for the table when it goes to a file or a pipe."""
+    out = Console()
+    return out if out.is_terminal else Console(width=160)
+
+
+def _ms(x: Any) -> str:
+    return f"{float(x) * 1e3:.1f}"
+
+
+def _print_table(rows: dict[str, dict[str, Any]], slo: float) -> None:
+    table = Table(title=f"per-token latency (ms/token), SLO {slo * 1e3:.1f} ms")
+    for col in (
+        "policy",
+        "avg",
+        "p50",
+        "p95",
+        "p99",
+        "ttft s",
+        "tpot ms",
+        "goodput r/s",
+        "SLO %",
+        "preempt",
+        "swaps",
+        "peak KV",
+    ):
+        table.add_column(col, justify="left" if col == "policy" else "right")
+    for name, m in rows.items():
+        table.add_row(
+            name,
+            _ms(m["avg"]),
+            _ms(m["p50"]),
+            _ms(m["p95"]),
+            _ms(m["p99"]),
+            f"{m['ttft']:.2f}",
+            _ms(m["tpot"]),
+            f"{m['goodput']:.3f}",
+            f"{100 * m['slo_attainment']:.1f}",
+            str(m["preemptions"]),
+            str(m["swaps"]),
+            str(m["peak_kv_blocks"]),
+        )
+    _console().print(table)
+
+
+def _print_sweep(
+    rows: dict[str, dict[str, Any]], trace: bool, time_scale: float, slo: float
+) -> None:
+    table = Table(title=f"max load with average per-token latency <= {slo * 1e3:.1f} ms")
+    for col in (
+        "policy",
+        "max rate r/s",
+        "time scale" if trace else "x base rate",
+        "avg ms",
+        "p95 ms",
+        "runs",
+    ):
+        table.add_column(col, justify="left" if col == "policy" else "right")
+    for name, r in rows.items():
+        scale = r["max_scale"] * (time_scale if trace else 1.0)
+        has = r["max_scale"] > 0
+        table.add_row(
+            name,
+            ("" if r["bracketed"] else ">=") + f"{r['max_rate']:.3f}",
+            f"{scale:.3f}",
+            _ms(r["avg"]) if has else "-",
+            _ms(r["p95"]) if has else "-",
+            str(len(r["points"])),
+        )
+    _console().print(table)

@@ -1,0 +1,143 @@
+"""Trace readers: request arrival times and token counts from recorded production traffic.
+
+The Azure LLM inference traces (2023: conversation and code; 2024 likewise) are CSV
+files with a header `TIMESTAMP,ContextTokens,GeneratedTokens`, one request per line.
+TIMESTAMP is a wall-clock time like `2023-11-16 18:15:46.6805900` (any number of
+fractional digits) or a plain number of seconds; ContextTokens is the prompt length
+and GeneratedTokens the output length.
+
+Time scale: `time_scale` multiplies the arrival *rate*. A request recorded `t`
+seconds after the first one arrives at `t / time_scale`: 0.5 = half the rate (every
+gap stretched by 1 / 0.5 = 2x), 2 = twice the rate. Token counts are untouched.
+
+A request that generated 0 tokens is given 1 (per-token latency needs an output
+token); the count is kept in the workload's params as `zero_outputs`. Anything else
+that does not parse stops the read with a `ConfigError` naming the file, the line
+number (1 = the header) and the field.
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime as dt
+import math
+from pathlib import Path
+
+from fsd.errors import ConfigError
+from fsd.workload.spec import Request, Workload, check_time_scale
+
+AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
+_EPOCH = dt.datetime(1970, 1, 1)
+
+
+def parse_timestamp(text: str) -> float:
+    """Seconds (since 1970 for wall-clock times) from `YYYY-MM-DD HH:MM:SS[.fff...]` or a number."""
+    s = text.strip()
+    try:
+        value = float(s)
+    except ValueError:
+        pass
+    else:
+        if not math.isfinite(value):
+            raise ValueError(f"timestamp {s!r} is not finite")
+        return value
+    head, _, frac = s.partition(".")
+    when = dt.datetime.strptime(head.replace("T", " "), "%Y-%m-%d %H:%M:%S")
+    seconds = (when - _EPOCH).total_seconds()
+    if frac:
+        if not frac.isdigit():
+            raise ValueError(f"bad fractional seconds {frac!r}")
+        seconds += int(frac) / 10 ** len(frac)
+    return seconds
+
+
+def read_trace(
+    path: str | Path,
+    time_scale: float = 1.0,
+    limit: int | None = None,
+    columns: tuple[str, str, str] = AZURE_COLUMNS,
+) -> Workload:
+    """Read a trace CSV into a `Workload` (arrivals from 0, scaled by `time_scale`).
+
+    `limit` keeps the first `limit` requests (a fast slice for tests and sweeps);
+    `columns` names the (time, prompt tokens, output tokens) columns.
+    """
+    check_time_scale(time_scale)
+    if limit is not None and limit < 1:
+        raise ConfigError(f"limit must be >= 1 request, got {limit}")
+    p = Path(path)
+    try:
+        handle = p.open(newline="")
+    except FileNotFoundError:
+        raise ConfigError(f"trace file {str(p)!r} does not exist") from None
+    except OSError as exc:
+        raise ConfigError(f"trace file {str(p)!r} cannot be read: {exc.strerror}") from None
+    rows: list[tuple[float, int, int]] = []
+    zero_outputs = 0
+    with handle:
+        reader = csv.reader(handle)
+        try:
+            header = next(reader)
+        except StopIteration:
+            raise ConfigError(f"{p}: the trace is empty (no header line)") from None
+        except (csv.Error, UnicodeDecodeError) as exc:
+            raise ConfigError(f"{p}:1: not a CSV header: {exc}") from None
+        names = [h.strip().lstrip("\ufeff") for h in header]
+        missing = [c for c in columns if c not in names]
+        if missing:
+            raise ConfigError(
+                f"{p}:1: header lacks column(s) {', '.join(missing)} "
+                f"(has {', '.join(names) or 'nothing'})"
+            )
+        ti, pi, oi = (names.index(c) for c in columns)
+        width = max(ti, pi, oi) + 1
+        lineno = 1
+        while limit is None or len(rows) < limit:
+            try:
+                row = next(reader)
+            except StopIteration:
+                break
+            except (csv.Error, UnicodeDecodeError) as exc:
+                raise ConfigError(f"{p}:{reader.line_num}: not valid CSV: {exc}") from None
+            lineno = reader.line_num
+            if not row or all(not c.strip() for c in row):
+                continue  # blank line
+            if len(row) < width:
+                raise ConfigError(
+                    f"{p}:{lineno}: expected {len(names)} fields, got {len(row)} ({','.join(row)!r})"
+                )
+            try:
+                t = parse_timestamp(row[ti])
+            except ValueError:
+                raise ConfigError(
+                    f"{p}:{lineno}: field {columns[0]}: {row[ti]!r} is not a timestamp"
+                ) from None
+            prompt = _count(p, lineno, columns[1], row[pi], minimum=1)
+            output = _count(p, lineno, columns[2], row[oi], minimum=0)
+            if output == 0:
+                zero_outputs += 1
+                output = 1
+            rows.append((t, prompt, output))
+    if not rows:
+        raise ConfigError(f"{p}: the trace has a header but no requests")
+    rows.sort(key=lambda r: r[0])  # stable: equal timestamps keep file order
+    t0 = rows[0][0]
+    reqs = tuple(Request((t - t0) / time_scale, n, m) for t, n, m in rows)
+    params: dict[str, object] = {"trace": str(p), "time_scale": time_scale}
+    if limit is not None:
+        params["limit"] = limit
+    if zero_outputs:
+        params["zero_outputs"] = zero_outputs
+    return Workload(reqs, source=p.name, params=params)
+
+
+def _count(path: Path, lineno: int, field: str, text: str, minimum: int) -> int:
+    try:
+        value = int(text.strip())
+    except ValueError:
+        raise ConfigError(
+            f"{path}:{lineno}: field {field}: {text!r} is not a whole number of tokens"
+        ) from None
+    if value < minimum:
+        raise ConfigError(f"{path}:{lineno}: field {field}: {value} must be >= {minimum}")
+    return value

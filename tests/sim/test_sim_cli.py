@@ -1,0 +1,178 @@
+"""`fsd simulate` as a user runs it: tables, JSON, sweeps, and one-line errors with exit 2."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from fsd.cli import app
+
+TRACE = Path("/work/shared/data/azure-llm-2023-conv.csv")
+HEADLINE = {
+    "avg",
+    "p50",
+    "p95",
+    "p99",
+    "ttft",
+    "tpot",
+    "goodput",
+    "preemptions",
+    "swaps",
+    "peak_kv_blocks",
+}
+
+
+@pytest.fixture
+def small_trace(tmp_path: Path) -> Path:
+    """The first 120 requests of the conversation trace (or a stand-in if it is absent)."""
+    path = tmp_path / "conv.csv"
+    if TRACE.exists():
+        lines = TRACE.read_text().splitlines()[:121]
+    else:
+        lines = ["TIMESTAMP,ContextTokens,GeneratedTokens"] + [
+            f"{i * 0.3:.3f},{200 + 37 * i % 900},{10 + 13 * i % 200}" for i in range(120)
+        ]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def run(*args: str):
+    return CliRunner().invoke(app, ["simulate", *args])
+
+
+def test_trace_run_prints_a_table_and_writes_every_key(small_trace, tmp_path):
+    out = tmp_path / "res" / "sim.json"
+    r = run(
+        "--trace",
+        str(small_trace),
+        "--time-scale",
+        "0.5",
+        "--policies",
+        "fcfs,sj-mlfq,srpt,default",
+        "--json",
+        str(out),
+    )
+    assert r.exit_code == 0, r.output
+    assert "fcfs" in r.stdout and "srpt" in r.stdout and "SLO" in r.stdout
+    data = json.loads(out.read_text())
+    assert list(data["policies"]) == ["fcfs", "sj-mlfq", "srpt", "default"]
+    for row in data["policies"].values():
+        assert set(row) >= HEADLINE
+        assert row["requests"] == 120
+    assert data["workload"]["time_scale"] == 0.5
+    assert data["max_context"] == 2048 and data["profile"] == "opt-13b-a100"
+    assert data["policies"]["default"]["avg"] == data["policies"]["sj-mlfq"]["avg"]
+
+
+def test_synthetic_bursty_workload_with_settings(tmp_path):
+    out = tmp_path / "syn.json"
+    r = run(
+        "--arrival",
+        "gamma",
+        "--rate",
+        "2",
+        "--cv",
+        "4",
+        "--lengths",
+        "alpaca",
+        "--limit",
+        "150",
+        "--policies",
+        "sj-mlfq",
+        "--kv-policy",
+        "reactive",
+        "--starve-promote",
+        "entry",
+        "--num-gpu-blocks",
+        "64",
+        "--max-batch-size",
+        "8",
+        "--seed",
+        "3",
+        "--kv-sample",
+        "1.0",
+        "--json",
+        str(out),
+    )
+    assert r.exit_code == 0, r.output
+    data = json.loads(out.read_text())
+    row = data["policies"]["sj-mlfq"]
+    assert row["num_gpu_blocks"] == 64 and row["kv_policy"] == "reactive"
+    assert data["sched"]["starve_promote"] == "entry" and data["workload"]["cv"] == 4.0
+    assert row["kv_series"] and len(row["kv_series"][0]) == 4
+
+
+def test_sweep_reports_each_policys_max_rate(small_trace, tmp_path):
+    out = tmp_path / "sweep.json"
+    r = run(
+        "--trace",
+        str(small_trace),
+        "--policies",
+        "fcfs,srpt",
+        "--sweep",
+        "--sweep-tol",
+        "0.3",
+        "--slo",
+        "0.06",
+        "--jobs",
+        "2",
+        "--json",
+        str(out),
+    )
+    assert r.exit_code == 0, r.output
+    data = json.loads(out.read_text())
+    for row in data["policies"].values():
+        assert row["max_rate"] > 0 and row["avg"] <= data["slo"]
+        assert row["max_time_scale"] == pytest.approx(row["max_scale"])
+        infeasible = [p["scale"] for p in row["points"] if not p["feasible"]]
+        assert row["bracketed"] == bool(infeasible)
+    fcfs = data["policies"]["fcfs"]
+    infeasible = [p["scale"] for p in fcfs["points"] if not p["feasible"]]
+    assert fcfs["bracketed"] and min(infeasible) <= fcfs["max_scale"] * 1.3 + 1e-9
+    assert data["policies"]["srpt"]["max_rate"] >= fcfs["max_rate"]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--policies", "fcfs,lifo"], "unknown policy 'lifo'"),
+        (["--profile", "gpt-9-tpu"], "unknown profile 'gpt-9-tpu'"),
+        (["--profile", "/nonexistent/p.json"], "does not exist"),
+        (["--kv-policy", "lru"], "kv_policy must be one of"),
+        (["--lengths", "books"], "unknown length model 'books'"),
+        (["--arrival", "gamma", "--cv", "-2"], "cv must be >= 0"),
+        (["--time-scale", "2"], "--time-scale applies to --trace"),
+        (["--sweep", "--sweep-metric", "max"], "sweep metric must be one of"),
+    ],
+)
+def test_bad_input_is_one_clear_line_and_exit_2(args, message):
+    r = run("--limit", "20", *args)
+    assert r.exit_code == 2
+    assert message in " ".join(r.stderr.split())
+    assert "Traceback" not in r.stderr
+
+
+def test_malformed_trace_names_file_line_and_field(tmp_path):
+    bad = tmp_path / "bad.csv"
+    bad.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n1.0,12,4\n2.0,twelve,4\n")
+    r = run("--trace", str(bad))
+    assert r.exit_code == 2
+    assert "bad.csv:3: field ContextTokens: 'twelve'" in " ".join(r.stderr.split())
+    r = run("--trace", str(bad), "--rate", "3")
+    assert r.exit_code == 2 and "--rate" in r.stderr
+
+
+def test_real_process_exit_code(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "fsd.cli", "simulate", "--trace", str(tmp_path / "none.csv")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2
+    assert "does not exist" in proc.stderr and "Traceback" not in proc.stderr

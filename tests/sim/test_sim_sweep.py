@@ -1,0 +1,62 @@
+"""Bisection for the largest load under the SLO."""
+
+from __future__ import annotations
+
+import pytest
+
+from fsd.config import CacheConfig, SchedConfig
+from fsd.errors import ConfigError
+from fsd.sched.profile import CostModel
+from fsd.sim.runner import RunSpec, run_many
+from fsd.sim.sweep import sweep
+from fsd.workload import length_model, poisson, synthetic
+
+COST = CostModel(
+    name="s",
+    prefill_base=0.02,
+    prefill_per_token=1e-4,
+    decode_base=0.02,
+    decode_per_seq=5e-4,
+    decode_per_ctx_token=1e-7,
+)
+WORK = synthetic(poisson(2.0), length_model("alpaca"), 400, seed=4)
+
+
+def spec(policy: str, slo: float = 0.05) -> RunSpec:
+    return RunSpec(
+        policy,
+        SchedConfig(policy=policy, max_batch_size=8),
+        CacheConfig(),
+        num_gpu_blocks=2000,
+        slo=slo,
+    )
+
+
+def test_sweep_brackets_the_boundary_within_tolerance():
+    r = sweep(spec("fcfs"), COST, WORK, tol=0.1)
+    assert r.bracketed and r.max_scale > 0
+    assert r.metrics is not None and r.metrics["avg"] <= 0.05
+    assert r.max_rate == pytest.approx(WORK.rate * r.max_scale)
+    bad = min(p["scale"] for p in r.points if not p["feasible"])
+    assert r.max_scale < bad <= r.max_scale * 1.1 + 1e-12
+
+
+def test_nothing_feasible_gives_zero():
+    r = sweep(spec("fcfs", slo=1e-6), COST, WORK, max_runs=4)
+    assert r.max_scale == 0.0 and r.metrics is None
+
+
+def test_bad_sweep_arguments():
+    with pytest.raises(ConfigError, match="sweep metric"):
+        sweep(spec("fcfs"), COST, WORK, metric="mean")
+    with pytest.raises(ConfigError, match="tol > 0"):
+        sweep(spec("fcfs"), COST, WORK, tol=0)
+
+
+def test_parallel_runs_equal_serial_runs():
+    specs = [spec("fcfs"), spec("srpt")]
+    a = run_many(specs, COST, WORK.head(150), jobs=1)
+    b = run_many(specs, COST, WORK.head(150), jobs=2)
+    for label in ("fcfs", "srpt"):
+        a[label].pop("sim_wall_s"), b[label].pop("sim_wall_s")
+        assert a[label] == b[label]
