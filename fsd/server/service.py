@@ -286,7 +286,6 @@ class EngineService:
 
     def status(self) -> P.StatusReply:
         sched = self.engine.scheduler
-        last = self.engine.last_schedule
         return P.StatusReply(
             pid=os.getpid(),
             version=__version__,
@@ -295,7 +294,7 @@ class EngineService:
             kv_policy=self.engine.config.cache.kv_policy,
             uptime=time.time() - self.started,
             jobs=len(sched),
-            running=len(last.batch) if last else 0,
+            running=sum(1 for j in sched.jobs() if j.status is JobStatus.RUNNING),
             iterations=self.engine.iterations,
             draining=self.draining,
             degraded=self.degraded,
