@@ -185,17 +185,7 @@ def build_submit(
                 f"unknown sampling option {unknown[0]!r}; valid: {', '.join(_SAMPLING_FIELDS)}"
             )
         params = SamplingParams(**sampling)
-    wire = P.Sampling(
-        max_tokens=params.max_tokens,
-        temperature=params.temperature,
-        top_k=params.top_k,
-        top_p=params.top_p,
-        seed=params.seed,
-        stop=list(params.stop),
-        stop_token_ids=list(params.stop_token_ids),
-        ignore_eos=params.ignore_eos,
-        min_tokens=params.min_tokens,
-    )
+    wire = P.Sampling.of(params)
     if isinstance(prompt, str):
         return P.Submit(req_id=req_id, prompt=prompt, sampling=wire, tags=list(tags))
     ids = list(prompt)

@@ -8,9 +8,12 @@ that does not decode to a known message of this version gets an `Error` back.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import msgspec
+
+from fsd.jobs import SamplingParams
 
 PROTOCOL_VERSION = 1
 MAX_FRAME_BYTES = 8 * 1024 * 1024
@@ -37,6 +40,16 @@ class Sampling(msgspec.Struct, kw_only=True, omit_defaults=True):
     stop_token_ids: list[int] = []
     ignore_eos: bool = False
     min_tokens: int = 0
+
+    @classmethod
+    def of(cls, params: SamplingParams) -> Sampling:
+        """The wire form of validated sampling parameters (same field names)."""
+        fields = dataclasses.asdict(params)
+        return cls(**{k: list(v) if isinstance(v, tuple) else v for k, v in fields.items()})
+
+    def params(self) -> SamplingParams:
+        """Validate into SamplingParams (raises ConfigError naming a bad field)."""
+        return SamplingParams(**msgspec.structs.asdict(self))
 
 
 class Submit(_Msg, tag="submit"):

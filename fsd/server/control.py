@@ -47,7 +47,7 @@ class ControlHandler:
             raise ConfigError("give exactly one of prompt and prompt_token_ids")
         if msg.req_id in svc.clients[ident].jobs.values():
             raise ConfigError(f"req_id {msg.req_id!r} is already in flight on this connection")
-        params = sampling_params(msg.sampling)
+        params = msg.sampling.params()
         prompt = msg.prompt if msg.prompt is not None else msg.prompt_token_ids
         job = self.engine.add_request(prompt, params, tags=msg.tags)
         svc.own(job.job_id, ident, msg.req_id)
@@ -125,17 +125,3 @@ class ControlHandler:
 
     def on_ping(self, ident: bytes, msg: P.Ping) -> None:
         """Heartbeat: receiving it already refreshed the client's clock."""
-
-
-def sampling_params(s: P.Sampling) -> SamplingParams:
-    return SamplingParams(
-        max_tokens=s.max_tokens,
-        temperature=s.temperature,
-        top_k=s.top_k,
-        top_p=s.top_p,
-        seed=s.seed,
-        stop=tuple(s.stop),
-        stop_token_ids=tuple(s.stop_token_ids),
-        ignore_eos=s.ignore_eos,
-        min_tokens=s.min_tokens,
-    )

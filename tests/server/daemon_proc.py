@@ -14,7 +14,7 @@ from pathlib import Path
 import zmq
 
 from fsd import protocol as P
-from fsd.client import Client, DaemonUnavailable
+from fsd.client import Client, CurveKeys, DaemonUnavailable
 
 
 def free_port() -> int:
@@ -31,8 +31,10 @@ class Daemon:
     state_dir: Path
     log: Path
 
+    curve: CurveKeys | None = None
+
     def client(self, timeout: float = 10.0) -> Client:
-        return Client(self.endpoint, timeout=timeout)
+        return Client(self.endpoint, timeout=timeout, curve=self.curve)
 
     def snapshot(self, timeout: float = 10.0) -> P.Snapshot:
         """The next telemetry snapshot."""
@@ -62,8 +64,11 @@ class Daemon:
         return self.proc.returncode
 
 
-def start_daemon(tmp: Path, config: str = "", *flags: str, wait: float = 120.0) -> Daemon:
-    """Start `fsd start --foreground` with an fsd.toml holding `config`; wait until it answers."""
+def start_daemon(
+    tmp: Path, config: str = "", *flags: str, wait: float = 120.0, curve: CurveKeys | None = None
+) -> Daemon:
+    """Start `fsd start --foreground` with an fsd.toml holding `config`; wait until it answers
+    (to a client holding `curve` keys, when the daemon requires them)."""
     port, tport = free_port(), free_port()
     endpoint, telemetry = f"tcp://127.0.0.1:{port}", f"tcp://127.0.0.1:{tport}"
     state = tmp / "state"
@@ -89,9 +94,9 @@ def start_daemon(tmp: Path, config: str = "", *flags: str, wait: float = 120.0) 
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     with open(log, "wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
-    d = Daemon(proc, endpoint, telemetry, state, log)
+    d = Daemon(proc, endpoint, telemetry, state, log, curve)
     deadline = time.time() + wait
-    with Client(endpoint, timeout=1.0) as c:
+    with Client(endpoint, timeout=1.0, curve=curve) as c:
         while time.time() < deadline:
             if proc.poll() is not None:
                 raise RuntimeError(f"daemon exited {proc.returncode}:\n{log.read_text()}")

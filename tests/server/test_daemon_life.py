@@ -5,7 +5,6 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -66,42 +65,12 @@ def test_with_curve_keys_only_clients_holding_keys_are_served(tmp_path):
         client_public=str(keys["client-1_secret"]),
         client_secret=str(keys["client-1_secret"]),
     )
-    port, tport = free_port(), free_port()
-    ep = f"tcp://127.0.0.1:{port}"
-    toml = tmp_path / "fsd.toml"
-    toml.write_text(config)
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "fsd.cli",
-            "start",
-            "--foreground",
-            "--config",
-            str(toml),
-            "--endpoint",
-            ep,
-            "--telemetry-endpoint",
-            f"tcp://127.0.0.1:{tport}",
-            "--state-dir",
-            str(tmp_path / "state"),
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    d = start_daemon(tmp_path, config, curve=creds)
     try:
-        deadline = time.time() + 120
-        with Client(ep, timeout=1.0, curve=creds) as c:
-            while True:
-                try:
-                    st = c.status()
-                    break
-                except DaemonUnavailable:
-                    assert time.time() < deadline and proc.poll() is None
-            assert st.model == "preset:tiny"
+        with d.client() as c:
+            assert c.status().model == "preset:tiny"
             assert len(c.complete([1, 2], max_tokens=2, ignore_eos=True).token_ids) == 2
-        with Client(ep, timeout=2.0) as plain, pytest.raises(DaemonUnavailable):
+        with Client(d.endpoint, timeout=2.0) as plain, pytest.raises(DaemonUnavailable):
             plain.status()
     finally:
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(60) == 0
+        assert d.stop() == 0
