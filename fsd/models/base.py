@@ -14,6 +14,7 @@ weights do not depend on the order of generation either.
 
 from __future__ import annotations
 
+import abc
 import hashlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -38,7 +39,7 @@ class WeightSpec:
     init: str  # "normal" (std 0.02) | "zeros" | "ones"
 
 
-class CausalLM(nn.Module):
+class CausalLM(nn.Module, abc.ABC):
     """Base of the model families: HF weight loading, random init, logits."""
 
     stacked_params: ClassVar[tuple[tuple[str, str, ShardId], ...]] = ()
@@ -51,9 +52,9 @@ class CausalLM(nn.Module):
 
     # -- to be provided by each family -------------------------------------------------
 
+    @abc.abstractmethod
     def weight_specs(self) -> list[WeightSpec]:
         """Every tensor of a full HF checkpoint of this architecture."""
-        raise NotImplementedError
 
     def logits_input(self, hidden: torch.Tensor) -> torch.Tensor:
         """Hidden states as the LM head takes them (OPT projects them out first)."""
