@@ -49,7 +49,7 @@ from fsd.sim.sweep import sweep_many  # noqa: E402
 from fsd.workload import Workload, gamma, length_model, poisson, read_trace, synthetic  # noqa: E402
 
 PROFILE = "opt-13b-a100"
-TRACE = Path("/work/shared/data/azure-llm-2023-conv.csv")
+TRACE = Path(__file__).resolve().parents[2] / "shared" / "data" / "azure-llm-2023-conv.csv"
 KEEP = (
     "avg",
     "p50",

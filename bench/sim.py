@@ -34,12 +34,13 @@ from fsd.sim.capacity import max_context_of  # noqa: E402
 from fsd.sim.runner import RunSpec, run_many  # noqa: E402
 from fsd.workload.trace import read_trace  # noqa: E402
 
-TRACE = Path(__file__).resolve().parents[1] / "shared" / "data" / "azure-llm-2023-conv.csv"
+_TRACE_NAME = Path("shared") / "data" / "azure-llm-2023-conv.csv"
+TRACE = Path(__file__).resolve().parents[2] / _TRACE_NAME  # shared/ beside the checkout
 GOAL_S = 30.0
 
 
 def default_trace() -> Path:
-    for p in (TRACE, Path("/work/shared/data/azure-llm-2023-conv.csv")):
+    for p in (TRACE, Path(__file__).resolve().parents[1] / _TRACE_NAME):
         if p.exists():
             return p
     return TRACE

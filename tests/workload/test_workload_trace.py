@@ -9,7 +9,7 @@ import pytest
 from fsd.errors import ConfigError
 from fsd.workload.trace import parse_timestamp, read_trace
 
-SHIPPED = Path("/work/shared/data/azure-llm-2023-conv.csv")
+SHIPPED = Path(__file__).resolve().parents[3] / "shared" / "data" / "azure-llm-2023-conv.csv"
 HEADER = "TIMESTAMP,ContextTokens,GeneratedTokens\n"
 GOOD = (
     HEADER
