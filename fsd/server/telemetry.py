@@ -7,6 +7,7 @@ thread so the engine loop pays only for the read.
 
 from __future__ import annotations
 
+import functools
 import queue
 import threading
 from typing import Any
@@ -76,7 +77,7 @@ def build_snapshot(engine: Engine, slo: SLOWindow, seq: int, now: float) -> P.Sn
         )
         for it in list(engine.recent_iterations)[-64:]
     ]
-    config = engine.config.to_dict()
+    config = _config_dict(engine.config)
     config["effective"] = {
         "policy": sched.name,
         "quanta": list(getattr(sched.queue, "quanta", [])),
@@ -93,6 +94,16 @@ def build_snapshot(engine: Engine, slo: SLOWindow, seq: int, now: float) -> P.Sn
         slo=P.SLOInfo(**slo.stats(now)),
         config=config,
     )
+
+
+@functools.lru_cache(maxsize=8)
+def _config_dict_cached(config: Any) -> dict[str, Any]:
+    return config.to_dict()
+
+
+def _config_dict(config: Any) -> dict[str, Any]:
+    """The live config as a dict; it changes only on retune, so it is built once per value."""
+    return dict(_config_dict_cached(config))
 
 
 def wire_event(e: EngineEvent) -> P.Event:
