@@ -259,14 +259,31 @@ class Scheduler:
             and self.queue.key(v) > key
         ]
         victims.sort(key=self.queue.key, reverse=True)  # lowest priority first
+        # Plan before acting, so nothing is evicted for a job that still would not fit.
+        # Dropping a started job's KV to admit a job that has none loops under load (the
+        # dropped job is promoted later and drops another), so with swapping policies a
+        # new job only ever displaces KV that can move to the host.
+        may_drop = policy in ("defer", "recompute") or job.kv is KVLocation.DEVICE
+        plan: list[tuple[Job, bool]] = []  # (victim, swap it rather than drop it)
+        free, host_free = self.blocks.num_free, self.blocks.host.num_free
         for victim in victims:
-            if need <= self.blocks.num_free:
+            if free >= need:
                 break
+            n = len(victim.block_table)
+            swap = policy in ("reactive", "proactive") and n <= host_free
+            if not swap and not may_drop:
+                continue
+            plan.append((victim, swap))
+            host_free -= n if swap else 0
+            free += n
+        if free < need:
+            return False
+        for victim, swap in plan:
             evicted.add(victim.job_id)
-            if policy in ("defer", "recompute") or not self.blocks.can_swap_out(victim):
-                self._drop(victim, out)
-            else:
+            if swap:
                 self._start(self.blocks.begin_swap_out(victim, sync=True), out)
+            else:
+                self._drop(victim, out)
         return need <= self.blocks.num_free
 
     def _drop(self, job: Job, out: SchedulerOutput) -> None:
