@@ -61,12 +61,10 @@ class ProfiledEngine(Protocol):
 # ---- samples and the fit ---------------------------------------------------------
 
 
-@dataclass
-class PrefillSample:
-    """Timed prefills of one job of `num_tokens` tokens."""
+class _Timed:
+    """Repeated timings of one measurement point."""
 
-    num_tokens: int
-    times: list[float] = field(default_factory=list)
+    times: list[float]
 
     @property
     def seconds(self) -> float:
@@ -83,7 +81,15 @@ class PrefillSample:
 
 
 @dataclass
-class DecodeSample:
+class PrefillSample(_Timed):
+    """Timed prefills of one job of `num_tokens` tokens."""
+
+    num_tokens: int
+    times: list[float] = field(default_factory=list)
+
+
+@dataclass
+class DecodeSample(_Timed):
     """Timed decode steps of `batch_size` jobs, each with `context_len` cached tokens."""
 
     batch_size: int
@@ -93,19 +99,6 @@ class DecodeSample:
     @property
     def context_tokens(self) -> int:
         return self.batch_size * self.context_len
-
-    @property
-    def seconds(self) -> float:
-        """The fastest repeat: the step's own cost (see `_NOISE` below)."""
-        return min(self.times)
-
-    @property
-    def median(self) -> float:
-        return statistics.median(self.times)
-
-    @property
-    def noisy(self) -> bool:
-        return len(self.times) < 2 or statistics.median(self.times) > _NOISE * min(self.times)
 
 
 def nnls(a: np.ndarray, y: np.ndarray) -> np.ndarray:
