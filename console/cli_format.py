@@ -132,11 +132,12 @@ def clock(t: float) -> str:
 
 def snapshot_line(s: P.Snapshot) -> str:
     queues = " ".join(str(len(lv.job_ids)) for lv in s.levels)
-    running = sum(1 for j in s.jobs if j.state == "running")
+    jobs = sum(len(lv.job_ids) for lv in s.levels)
+    running = "-" if s.jobs is None else sum(1 for j in s.jobs if j.state == "running")
     kv, slo = s.kv, s.slo
     ptl = duration(slo.p95_per_token_latency)
     return (
-        f"{clock(s.time)} snapshot #{s.seq} policy={s.policy} jobs={len(s.jobs)} "
+        f"{clock(s.time)} snapshot #{s.seq} policy={s.policy} jobs={jobs} "
         f"running={running} queues=[{queues}] kv={kv.device_used}/{kv.device_total} "
         f"reserved={kv.device_reserved} host={kv.host_used}/{kv.host_total} "
         f"inflight={kv.bytes_in_flight}B tok/s={slo.tokens_per_s:.1f} p95-ptl={ptl}"

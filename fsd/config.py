@@ -135,6 +135,9 @@ class ServerConfig:
     endpoint: str = "tcp://127.0.0.1:5557"
     telemetry_endpoint: str = "tcp://127.0.0.1:5558"
     telemetry_hz: float = 10.0
+    # share of wall time the job table may cost the engine thread (it is sent less often
+    # than the rest of a snapshot when it would cost more)
+    telemetry_job_budget: float = 0.02
     client_timeout: float = 10.0  # seconds without a message before a client's jobs are aborted
     slo_window: float = 60.0  # seconds of finished jobs in the SLO statistics
     max_frame_bytes: int = 8 * 1024 * 1024
@@ -150,6 +153,10 @@ class ServerConfig:
         if self.telemetry_hz < 0:
             raise ConfigError(
                 f"telemetry_hz must be >= 0 (0 turns it off), got {self.telemetry_hz}"
+            )
+        if not 0.0 < self.telemetry_job_budget <= 1.0:
+            raise ConfigError(
+                f"telemetry_job_budget must be in (0, 1], got {self.telemetry_job_budget}"
             )
         if self.client_timeout <= 0:
             raise ConfigError(f"client_timeout must be > 0 seconds, got {self.client_timeout}")

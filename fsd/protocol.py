@@ -277,12 +277,19 @@ class SLOInfo(msgspec.Struct, kw_only=True):
 
 
 class Snapshot(msgspec.Struct, kw_only=True):
+    """The engine's observable state. The job table costs a few microseconds per job to
+    read, so with many jobs the daemon sends it in only some snapshots (see
+    `ServerConfig.telemetry_job_budget`): `jobs` is None when this snapshot carries no
+    table, and `jobs_time` is when the latest table was read. Everything else is
+    in every snapshot."""
+
     v: int = PROTOCOL_VERSION
     time: float
     seq: int
     policy: str
     levels: list[LevelInfo]
-    jobs: list[JobInfo]
+    jobs: list[JobInfo] | None
+    jobs_time: float | None = None
     kv: KVInfo
     iterations: list[IterationInfo]
     slo: SLOInfo

@@ -29,7 +29,7 @@ from fsd.metrics import Finish, SLOWindow
 from fsd.sched.registry import SLO_DECODE_STEPS
 from fsd.server.control import ControlHandler
 from fsd.server.security import Security
-from fsd.server.telemetry import Publisher, build_snapshot, wire_event
+from fsd.server.telemetry import JobTablePacer, Publisher, build_snapshot, wire_event
 
 log = logging.getLogger("fsd.server")
 
@@ -78,6 +78,7 @@ class EngineService:
         self._snap_seq = 0
         self._next_snapshot = 0.0
         self.telemetry_enabled = cfg.telemetry_hz > 0
+        self._job_pacer = JobTablePacer(cfg.telemetry_job_budget)
 
     # ---- the loop ------------------------------------------------------------------
 
@@ -279,9 +280,11 @@ class EngineService:
         now = time.time()
         if self.telemetry_enabled and now >= self._next_snapshot:
             self._snap_seq += 1
-            self.publisher.publish(
-                P.TOPIC_SNAPSHOT, build_snapshot(self.engine, self.slo, self._snap_seq, now)
-            )
+            with_jobs = self._job_pacer.due(now)
+            snap = build_snapshot(self.engine, self.slo, self._snap_seq, now, with_jobs)
+            if with_jobs:
+                self._job_pacer.sent(now, time.time() - now)
+            self.publisher.publish(P.TOPIC_SNAPSHOT, snap)
             self._next_snapshot = now + 1.0 / self.cfg.telemetry_hz
 
     def status(self) -> P.StatusReply:

@@ -37,7 +37,7 @@ def wait_idle(d: Daemon, timeout: float = 60.0) -> P.Snapshot:
     deadline = time.time() + timeout
     while time.time() < deadline:
         snap = d.snapshot()
-        if not snap.jobs and snap.kv.bytes_in_flight == 0:
+        if not any(lv.job_ids for lv in snap.levels) and snap.kv.bytes_in_flight == 0:
             return snap
     raise AssertionError("the daemon did not become idle")
 
