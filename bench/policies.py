@@ -10,14 +10,15 @@ a decode step (171 ms/token), requests clipped to OPT's 2048-token context. Metr
 are per-token latency (end-to-end / output tokens) in ms: avg and p95.
 
 Sections:
-  main    fcfs, priority, mlfq, sj-mlfq, srpt (`default` is sj-mlfq) on the Azure
-          conversation trace at several time scales and on synthetic ShareGPT /
-          Alpaca / prefill-heavy workloads, Poisson and bursty Gamma arrivals
-          (CV 4, 8, 16);
+  main    fcfs, priority, mlfq, sj-mlfq (`default`), the paper's sj-mlfq rules and
+          srpt on the Azure conversation trace at several time scales and on
+          synthetic ShareGPT / Alpaca / prefill-heavy workloads, Poisson and bursty
+          Gamma arrivals (CV 4, 8, 16);
   kv      sj-mlfq with each KV policy (defer, recompute, reactive, proactive) on a
           bursty case;
-  tuning  sj-mlfq settings reachable by configuration (alpha, promotion rule, q1,
-          quantum ratio, levels, K, K') on the workloads where sj-mlfq struggles;
+  tuning  fsd's rule changes one at a time (promotion target, alpha, prefill
+          charge, admission) and other settings (q1, ratio, levels, K, K') on the
+          workloads where the paper's rules struggle;
   sweep   each policy's maximum time scale of the conversation trace under the SLO.
 
 Writes bench/results/policies.json and prints markdown tables.
@@ -122,15 +123,29 @@ KV_CASE = "sharegpt-cv8"
 TUNING_CASES = ("conv-0.4", "conv-0.5", "sharegpt-cv8", "alpaca", "prefill-cv8")
 
 
+def paper_rules(step: float) -> dict:
+    """sj-mlfq as the paper specifies it: alpha = the SLO, starved jobs to Q1, prefill
+    charged as service, no admission control."""
+    return {
+        "starve_limit": 10 * step,
+        "starve_promote": "top",
+        "charge_prefill": True,
+        "admit_fraction": 1.0,
+    }
+
+
 def tuning_variants(step: float) -> dict[str, dict]:
-    """sj-mlfq settings reachable by configuration: alpha, promotion target, quanta, K, K'."""
+    """fsd's rule changes one at a time, then settings reachable by configuration."""
     slo = 10 * step
     return {
-        "paper (a=SLO, top)": {},
-        "promote=entry": {"starve_promote": "entry"},
+        "fsd default": {},
+        "paper rules": paper_rules(step),
+        "promote to Q1 (top)": {"starve_promote": "top"},
+        "a=SLO": {"starve_limit": slo},
         "a=10xSLO": {"starve_limit": 10 * slo},
-        "a=10xSLO, entry": {"starve_limit": 10 * slo, "starve_promote": "entry"},
-        "a=100xSLO, entry": {"starve_limit": 100 * slo, "starve_promote": "entry"},
+        "prefill charged": {"charge_prefill": True},
+        "no admission control": {"admit_fraction": 1.0},
+        "promote=entry": {"starve_promote": "entry"},
         "no promotion": {"starve_limit": 1e9},
         "q1=4 steps": {"q1": 4 * step},
         "ratio=4": {"quantum_ratio": 4.0},
@@ -149,7 +164,7 @@ class Study:
 
 
 def base_spec(label: str, policy: str, kv: str = "proactive", **opts) -> RunSpec:
-    cache_keys = {"reserve_min_jobs", "reserve_top_levels"}
+    cache_keys = {"reserve_min_jobs", "reserve_top_levels", "admit_fraction"}
     sched = SchedConfig(policy=policy, **{k: v for k, v in opts.items() if k not in cache_keys})
     cache = CacheConfig(kv_policy=kv, **{k: v for k, v in opts.items() if k in cache_keys})
     return RunSpec(label, sched, cache)
@@ -164,12 +179,14 @@ def keep(row: dict) -> dict:
 
 
 def run_main(study: Study, cost, ctx) -> None:
-    policies = list(POLICIES)
+    specs = [base_spec(p, p) for p in POLICIES]
+    # the paper's own rules beside fsd's default, to show what the rule changes buy
+    specs.insert(4, base_spec("sj-mlfq (paper)", "sj-mlfq", **paper_rules(cost.min_iteration_time)))
     out = {}
     for case in CASES:
         w = load(case, study.quick, ctx)
         t = time.perf_counter()
-        rows = run_many([base_spec(p, p) for p in policies], cost, w, study.jobs)
+        rows = run_many(specs, cost, w, study.jobs)
         out[case.name] = {
             "desc": case.desc,
             "workload": w.summary(),

@@ -8,6 +8,7 @@ from typing import Annotated, Optional
 import typer
 from rich.console import Console
 
+from fsd.bench.cli import bench_app
 from fsd.errors import FsdError
 from fsd.sim.cli import simulate_command
 
@@ -240,6 +241,7 @@ def version() -> None:
 
 
 app.command("simulate")(simulate_command)
+app.add_typer(bench_app, name="bench")
 
 
 if __name__ == "__main__":

@@ -53,6 +53,9 @@ class CacheConfig:
     kv_policy: str = "proactive"
     reserve_min_jobs: int = 1  # K: free room kept for at least this many new jobs
     reserve_top_levels: int = 1  # K': ... or for every job in the top K' queues
+    # a job without KV starts only while device + host use, with its blocks, stays within
+    # this share of both pools (admission control: a started job always has room to go)
+    admit_fraction: float = 0.9
 
     def __post_init__(self) -> None:
         _choice("kv_policy", self.kv_policy, KV_POLICIES)
@@ -63,6 +66,8 @@ class CacheConfig:
                 "reserve_min_jobs (K) and reserve_top_levels (K') must be >= 0, got "
                 f"{self.reserve_min_jobs} and {self.reserve_top_levels}"
             )
+        if not 0.0 < self.admit_fraction <= 1.0:
+            raise ConfigError(f"admit_fraction must be in (0, 1], got {self.admit_fraction}")
         if self.block_size < 1 or self.block_size & (self.block_size - 1):
             raise ConfigError(f"block_size must be a power of two >= 1, got {self.block_size}")
         if self.num_gpu_blocks is not None and self.num_gpu_blocks < 1:
@@ -88,8 +93,13 @@ class SchedConfig:
     q1: float | None = None  # seconds; None = the profile's minimum iteration time
     quantum_ratio: float = 2.0
     quanta: tuple[float, ...] | None = None  # explicit per-level quanta (strictly increasing)
-    starve_limit: float | None = None  # alpha, seconds; None = 10 x a decode step
-    starve_promote: str = "top"  # where a starved job goes: "top" (Q1, the paper) or "entry"
+    starve_limit: float | None = None  # alpha, seconds; None = 100 x the SLO (1000 decode steps)
+    # where a starved job goes: "up1" (one level up, fsd's default), "top" (Q1, the
+    # paper) or "entry" (the level its next iteration would skip-join)
+    starve_promote: str = "up1"
+    # charge a prefill iteration as attained service (the paper); fsd does not: skip-join
+    # already placed the job by its prefill time, so the quantum at that level is for decoding
+    charge_prefill: bool = False
     profile: str | None = None  # a profile JSON path or a shipped profile name
 
     def __post_init__(self) -> None:
@@ -101,7 +111,7 @@ class SchedConfig:
                 raise ConfigError(f"quanta must be > 0, got {list(self.quanta)}")
             if any(b <= a for a, b in zip(self.quanta, self.quanta[1:], strict=False)):
                 raise ConfigError(f"quanta must be strictly increasing, got {list(self.quanta)}")
-        _choice("starve_promote", self.starve_promote, ("top", "entry"))
+        _choice("starve_promote", self.starve_promote, ("up1", "top", "entry"))
         if self.num_levels < 1:
             raise ConfigError(f"num_levels must be >= 1, got {self.num_levels}")
         if self.q1 is not None and self.q1 <= 0:

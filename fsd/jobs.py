@@ -134,6 +134,7 @@ class Job:
     starve_since: float = 0.0  # when its starvation clock started
     enst: float | None = None  # estimated next scheduled time, seconds from now
     last_cost: float = 0.0  # profiled time of the iteration it was last scheduled for
+    last_prefill: bool = False  # that iteration was a (re)prefill
     promotions: int = 0
     demotions: int = 0
 

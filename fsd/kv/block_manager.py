@@ -91,8 +91,10 @@ class BlockManager:
         """Whether the job's device table can grow to hold its current tokens."""
         return self.missing(job) <= self.device.num_free
 
-    def append(self, job: HasBlocks) -> None:
-        missing = self.missing(job)
+    def append(self, job: HasBlocks, missing: int | None = None) -> None:
+        """Grow the job's device table to hold its tokens (`missing`: if already known)."""
+        if missing is None:
+            missing = self.missing(job)
         if missing:
             job.block_table.extend(self.device.take(missing))
         self._owners[job.job_id] = job

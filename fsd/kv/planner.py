@@ -10,7 +10,8 @@ jobs lets them start at once.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+import heapq
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from fsd.config import CacheConfig
@@ -53,7 +54,7 @@ class SwapPlanner:
 
     def plan(
         self,
-        movable: Sequence[Job],
+        movable: Iterable[Job],
         wanted: Sequence[Job],
         upcoming: Sequence[Job],
         enst: Callable[[Job], float],
@@ -71,6 +72,8 @@ class SwapPlanner:
         """
         blocks = self.blocks
         ops: list[SwapOp] = []
+        if not wanted and not upcoming and not in_flight and blocks.num_free >= reserve:
+            return ops  # the common case: nothing to bring in, the reserve holds
         moving = sum(op.num_blocks for op in in_flight.values())
         budget = float("inf") if max_blocks is None else max_blocks - moving
         if budget <= 0:
@@ -81,11 +84,14 @@ class SwapPlanner:
         free_soon = blocks.num_free + freeing
         target = min(reserve + urgent, blocks.device.num_blocks)
         sent_out = float("inf")  # smallest ENST sent out this round
-        candidates = sorted(movable, key=enst, reverse=True) if free_soon < target else []
-        for job in candidates:
+        # a max-heap by ENST: usually only a few of the candidates are popped
+        candidates = [(-enst(j), i, j) for i, j in enumerate(movable)] if free_soon < target else []
+        heapq.heapify(candidates)
+        while candidates:
             if free_soon >= target or budget <= 0:
                 break
-            e = enst(job)
+            neg, _, job = heapq.heappop(candidates)
+            e = -neg
             if free_soon >= reserve and e <= soonest:
                 break  # past the reserve, evict only for jobs expected sooner than the victim
             if not blocks.can_swap_out(job):

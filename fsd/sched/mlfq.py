@@ -8,6 +8,15 @@ prefill puts it where its first iteration belongs, without knowing its output le
 Service is charged in profiled iteration time, so placement and demotion are
 deterministic. Starvation: a job that has waited `starve_limit` since it last ran
 moves up; ENST combines that promotion clock with the work queued above the job.
+
+Where fsd departs from the paper (measured in bench/policies.py, README):
+- promotion moves a starved job one level up ("up1"), with alpha = 100 x the SLO.
+  The paper's move to Q1 with alpha = the SLO turns an overloaded MLFQ into round
+  robin over every waiting job: each is promoted, evicts KV to start, and starves
+  again, so nobody finishes. One level at a time still bounds starvation.
+- a prefill is not charged as service at the job's skip-join level: skip-join put
+  the job where its prefill fits, so charging it demotes every long prompt right
+  after its first token, behind the stream of short jobs (bursts of long prompts).
 """
 
 from __future__ import annotations
@@ -19,7 +28,7 @@ from fsd.jobs import Job, KVLocation
 from fsd.sched.profile import CostModel
 from fsd.sched.queues import JobQueue, LevelView
 
-PROMOTE_RULES = ("top", "entry")
+PROMOTE_RULES = ("up1", "top", "entry")
 
 
 def build_quanta(q1: float, ratio: float, levels: int) -> list[float]:
@@ -31,8 +40,10 @@ class MLFQQueue(JobQueue):
     """Levels Q1..Qn with quanta q1 < q2 < ..., FIFO inside a level.
 
     skip_join=False is the naive MLFQ (every job enters Q1, demotion one level at a
-    time). promote_to="top" moves a starved job to Q1 as the paper does; "entry"
-    moves it to the level its next iteration would skip-join (never lower than now).
+    time, prefill charged). promote_to="up1" moves a starved job one level up; "top"
+    moves it to Q1 as the paper does; "entry" to the level its next iteration would
+    skip-join (never lower than now). charge_prefill=False (skip-join only) charges
+    no service for a prefill iteration.
     """
 
     def __init__(
@@ -41,7 +52,8 @@ class MLFQQueue(JobQueue):
         quanta: Sequence[float],
         starve_limit: float,
         skip_join: bool = True,
-        promote_to: str = "top",
+        promote_to: str = "up1",
+        charge_prefill: bool = False,
     ) -> None:
         super().__init__(cost)
         if promote_to not in PROMOTE_RULES:
@@ -49,6 +61,7 @@ class MLFQQueue(JobQueue):
         self.name = "sj-mlfq" if skip_join else "mlfq"
         self.skip_join = skip_join
         self.promote_to = promote_to
+        self.charge_prefill = charge_prefill or not skip_join
         self.quanta = list(quanta)
         self.starve_limit = starve_limit
         self._levels: list[dict[str, Job]] = [{} for _ in self.quanta]
@@ -87,7 +100,12 @@ class MLFQQueue(JobQueue):
         self._watch(job)
 
     def _watch(self, job: Job) -> None:
-        """Start the job's starvation clock; Q1 jobs have nowhere higher to go."""
+        """Start the job's starvation clock; Q1 jobs have nowhere higher to go.
+
+        A job has one heap entry per placement. Running only moves `starve_since`
+        forward; `tick` re-pushes an entry it finds outdated, so each job costs a heap
+        operation per alpha rather than per iteration.
+        """
         if job.level > 0:
             heapq.heappush(self._starve, (job.starve_since, job.queue_seq, job))
 
@@ -112,6 +130,7 @@ class MLFQQueue(JobQueue):
         self.quanta = list(other.quanta)
         self.starve_limit = other.starve_limit
         self.promote_to = other.promote_to
+        self.charge_prefill = other.charge_prefill
         if len(self._levels) != len(self.quanta):
             self._levels = [{} for _ in self.quanta]
             last = len(self.quanta) - 1
@@ -127,10 +146,15 @@ class MLFQQueue(JobQueue):
         moved: list[Job] = []
         while self._starve and self._starve[0][0] + self.starve_limit <= now:
             since, seq, job = heapq.heappop(self._starve)
-            if since != job.starve_since or seq != job.queue_seq or job not in self:
-                continue  # stale entry: the job ran, moved or left since it was pushed
+            if seq != job.queue_seq or job not in self:
+                continue  # stale entry: the job moved or left since it was pushed
+            if since != job.starve_since:  # it ran since: one entry per job, re-armed lazily
+                heapq.heappush(self._starve, (job.starve_since, seq, job))
+                continue
             target = 0
-            if self.promote_to == "entry":
+            if self.promote_to == "up1":
+                target = job.level - 1
+            elif self.promote_to == "entry":
                 nxt = self.cost.job_iteration_time(job.num_new_tokens, job.num_tokens)
                 target = self.entry_level(nxt)
             job.starve_since = now
@@ -151,10 +175,11 @@ class MLFQQueue(JobQueue):
             job.starve_since = now
             if job not in self:
                 continue
+            if job.last_prefill and not self.charge_prefill:
+                continue
             job.attained += service
             if job.attained + 1e-12 < self.quanta[job.level]:
-                self._watch(job)
-                continue
+                continue  # its starvation entry stays; tick re-arms it from starve_since
             target = min(job.level + 1, last)
             if self.skip_join:
                 nxt = self.cost.job_iteration_time(job.num_new_tokens, job.num_tokens)

@@ -12,7 +12,8 @@ from fsd.sched.scheduler import Scheduler
 
 POLICIES = ("fcfs", "priority", "mlfq", "sj-mlfq", "srpt")
 DEFAULT_POLICY = "sj-mlfq"
-SLO_DECODE_STEPS = 10  # the default starvation limit / SLO: 10 decode steps
+SLO_DECODE_STEPS = 10  # the per-token latency SLO: 10 decode steps
+STARVE_LIMIT_SLOS = 100  # the default starvation limit alpha, in SLOs
 
 
 def resolve_policy(name: str) -> str:
@@ -32,7 +33,7 @@ def quanta_for(config: SchedConfig, cost: CostModel) -> list[float]:
 def starve_limit_for(config: SchedConfig, cost: CostModel) -> float:
     if config.starve_limit is not None:
         return config.starve_limit
-    return SLO_DECODE_STEPS * cost.min_iteration_time
+    return STARVE_LIMIT_SLOS * SLO_DECODE_STEPS * cost.min_iteration_time
 
 
 def make_queue(config: SchedConfig, cost: CostModel) -> JobQueue:
@@ -44,6 +45,7 @@ def make_queue(config: SchedConfig, cost: CostModel) -> JobQueue:
             starve_limit_for(config, cost),
             skip_join=name == "sj-mlfq",
             promote_to=config.starve_promote,
+            charge_prefill=config.charge_prefill,
         )
     return {"fcfs": FCFSQueue, "priority": PriorityQueue, "srpt": SRPTQueue}[name](cost)
 

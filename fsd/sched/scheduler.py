@@ -77,7 +77,10 @@ class Scheduler:
         self._on_host: dict[str, Job] = {}
         self._enst: Callable[[Job], float] = lambda job: 0.0
         self._last_batch: set[str] = set()
+        self._last_batch_cost = cost.min_iteration_time
         self._zombies: dict[str, Job] = {}  # removed while a copy of their KV was in flight
+        self._victims: list[tuple[tuple, Job]] = []
+        self._victims_for: SchedulerOutput | None = None
 
     @property
     def name(self) -> str:
@@ -179,6 +182,7 @@ class Scheduler:
 
     def schedule(self, now: float) -> SchedulerOutput:
         out = SchedulerOutput(promoted=self.queue.tick(now))
+        batch = out.batch
         batch_ids: set[str] = set()
         budget = self.config.max_batch_tokens
         wanted: list[Job] = []  # host jobs the batch would have taken
@@ -187,53 +191,93 @@ class Scheduler:
         limit = self.config.max_batch_size
         scanned_after_full = 0
         too_big = 0  # prefills passed over for the token budget
+        admit_room = self._admission_room()
+        # the loop runs for every queued job each iteration: names are bound locally
+        blocks, device, in_flight = self.blocks, self.blocks.device, self.in_flight
+        bs = blocks.block_size
+        job_time = self.cost.job_iteration_time
+        reactive = self.cache.kv_policy == "reactive"
+        host, none, on_device = KVLocation.HOST, KVLocation.NONE, KVLocation.DEVICE
+        running = JobStatus.RUNNING
         for job in self.queue.ordered():
-            if len(out.batch) >= limit:
+            kv = job.kv
+            if len(batch) >= limit:
                 # look a little further for the host jobs to bring in next (bounded)
                 scanned_after_full += 1
                 if scanned_after_full > 4 * limit or len(upcoming) >= limit:
                     break
-                if job.kv is KVLocation.HOST:
+                if kv is host:
                     upcoming.append(job)
                 continue
-            if job.job_id in self.in_flight or job.job_id in evicted:
+            if kv is none:
+                # the room is claimed in priority order even by a job that then cannot
+                # start (device full, token budget spent): lower jobs must not take its share
+                need = -(-(job.num_tokens + 1) // bs)
+                if need > admit_room:
+                    continue
+                admit_room -= need
+            job_id = job.job_id
+            if job_id in in_flight or job_id in evicted:
                 continue
-            if job.num_new_tokens > budget:
+            new_tokens = job.num_new_tokens
+            if new_tokens > budget:
                 too_big += 1
                 if too_big > 4 * limit:  # the budget is spent; do not walk the whole queue
                     break
                 continue
-            if job.kv is KVLocation.HOST:
-                if self.cache.kv_policy != "reactive":
+            if kv is host:
+                if not reactive:
                     if len(wanted) < 2 * limit:
                         wanted.append(job)
                     continue
-                need = len(job.host_block_table)
-                if not self._make_room(job, need, batch_ids, evicted, out):
+                if not self._make_room(job, len(job.host_block_table), batch_ids, evicted, out):
                     continue
-                self._start(self.blocks.begin_swap_in(job, sync=True), out)
-            if not self._make_room(job, self.blocks.missing(job), batch_ids, evicted, out):
+                self._start(blocks.begin_swap_in(job, sync=True), out)
+            num_tokens = job.num_tokens
+            missing = max(0, -(-num_tokens // bs) - len(job.block_table))
+            if missing > device.num_free and not self._make_room(
+                job, missing, batch_ids, evicted, out
+            ):
                 continue
-            self.blocks.append(job)
-            self._locate(job, KVLocation.DEVICE)
-            job.last_cost = self.charge(job)
-            out.batch.append(job)
-            batch_ids.add(job.job_id)
-            budget -= job.num_new_tokens
-        self._enst = self.queue.enst_fn(now, self.config.max_batch_size)
+            blocks.append(job, missing)
+            if job.kv is not on_device:
+                self._locate(job, on_device)
+            job.last_cost = job_time(new_tokens, num_tokens)
+            job.last_prefill = job.num_computed_tokens == 0
+            job.status = running
+            batch.append(job)
+            batch_ids.add(job_id)
+            budget -= new_tokens
+        self._enst = self.queue.enst_fn(now, limit)
         if self.cache.kv_policy == "proactive":
             self._plan_proactive(batch_ids, wanted, upcoming, out)
-        for job in out.batch:
-            job.status = JobStatus.RUNNING
         for job_id in self._last_batch - batch_ids:
             job = self._jobs.get(job_id)
             if job is not None and not job.status.finished:
                 job.preemptions += 1
-                if job.status is JobStatus.RUNNING:
+                if job.status is running:
                     job.status = JobStatus.PREEMPTED
                 out.preempted.append(job)
         self._last_batch = batch_ids
+        self._last_batch_cost = max(
+            sum(j.last_cost for j in batch), self.cost.min_iteration_time
+        )
         return out
+
+    def _admission_room(self) -> float:
+        """Blocks that jobs without KV may still take this iteration.
+
+        Why: under overload, starting more jobs than device + host can hold means
+        some started job must later drop its KV (recompute) with nowhere to go;
+        capping what new jobs may take keeps the started ones whole. With nothing
+        started, anything that fits is admitted (no job is ever refused forever).
+        """
+        blocks = self.blocks
+        used = blocks.device.num_used + blocks.host.num_used
+        if used == 0:
+            return float("inf")
+        total = blocks.device.num_blocks + blocks.host.num_blocks
+        return self.cache.admit_fraction * total - used
 
     def _make_room(
         self,
@@ -252,13 +296,9 @@ class Scheduler:
         key = self.queue.key(job)
         victims = [
             v
-            for v in self._on_device.values()
-            if v.block_table
-            and v is not job
-            and v.job_id not in protected
-            and self.queue.key(v) > key
+            for k, v in self._victim_order(out)
+            if k > key and v.block_table and v is not job and v.job_id not in protected
         ]
-        victims.sort(key=self.queue.key, reverse=True)  # lowest priority first
         # Plan before acting, so nothing is evicted for a job that still would not fit.
         # Dropping a started job's KV to admit a job that has none loops under load (the
         # dropped job is promoted later and drops another), so with swapping policies a
@@ -286,6 +326,22 @@ class Scheduler:
                 self._drop(victim, out)
         return need <= self.blocks.num_free
 
+    def _victim_order(self, out: SchedulerOutput) -> list[tuple[tuple, Job]]:
+        """Device-resident jobs, lowest priority first, sorted once per schedule().
+
+        Keys do not change within an iteration; jobs that leave the device since are
+        skipped by `_make_room` (empty block table or no longer DEVICE).
+        """
+        if self._victims_for is not out:
+            key = self.queue.key
+            self._victims = sorted(
+                ((key(v), v) for v in self._on_device.values()),
+                key=lambda kv: kv[0],
+                reverse=True,
+            )
+            self._victims_for = out
+        return [(k, v) for k, v in self._victims if v.kv is KVLocation.DEVICE]
+
     def _drop(self, job: Job, out: SchedulerOutput) -> None:
         """Preempt by recomputation: the job's KV is gone; it re-prefills later."""
         self.blocks.free(job)
@@ -298,7 +354,8 @@ class Scheduler:
         self, batch_ids: set[str], wanted: list[Job], upcoming: list[Job], out: SchedulerOutput
     ) -> None:
         reserve = self.reserve = self.planner.reserve_blocks(self.new_jobs_in_top_levels())
-        movable = [j for j in self._on_device.values() if j.job_id not in batch_ids]
+        # consumed only when the reserve is short (most iterations it is not)
+        movable = (j for j in self._on_device.values() if j.job_id not in batch_ids)
         budget = self.planner.block_budget(self.cost, self._last_iteration_time())
         ops = self.planner.plan(
             movable, wanted, upcoming, self._enst, reserve, self.in_flight, budget
@@ -307,8 +364,8 @@ class Scheduler:
             self._start(op, out)
 
     def _last_iteration_time(self) -> float:
-        batch = [self._jobs[i] for i in self._last_batch if i in self._jobs]
-        return max(sum(j.last_cost for j in batch), self.cost.min_iteration_time)
+        """The profiled time of the previous batch (the copies that fit beside a step)."""
+        return self._last_batch_cost
 
     def enst_of(self, job: Job) -> float:
         """The job's ENST under the latest scheduling decision (O(1))."""
@@ -331,12 +388,13 @@ class Scheduler:
 
     def update(self, out: SchedulerOutput, now: float) -> None:
         """Charge the iteration's service, demote, and release finished jobs."""
-        ran = [(job, job.last_cost) for job in out.batch if not job.status.finished]
-        out.demoted = self.queue.account(ran, now)
+        ran: list[tuple[Job, float]] = []
+        done: list[Job] = []
         for job in out.batch:
             if job.status.finished:
-                self.remove(job)
-
-    def charge(self, job: Job) -> float:
-        """The profiled time of the job's next iteration (service it will attain)."""
-        return self.cost.job_iteration_time(job.num_new_tokens, job.num_tokens)
+                done.append(job)
+            else:
+                ran.append((job, job.last_cost))
+        out.demoted = self.queue.account(ran, now)
+        for job in done:
+            self.remove(job)

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 from fsd import protocol as P
 from fsd.errors import ConfigError, UnknownJobError
 from fsd.jobs import SamplingParams
+from fsd.server.injector import ScenarioInjector
 from fsd.server.telemetry import job_info
 
 if TYPE_CHECKING:
@@ -24,6 +25,7 @@ class ControlHandler:
         self.service = service
         self.engine = service.engine
         self._rng = random.Random(0)
+        self.scenarios = ScenarioInjector(service)
 
     def dispatch(self, ident: bytes, msg: P.Request) -> None:
         handler = getattr(self, f"on_{type(msg).__name__.lower()}")
@@ -70,10 +72,13 @@ class ControlHandler:
 
     def on_inject(self, ident: bytes, msg: P.Inject) -> None:
         if msg.scenario is not None:
-            raise ConfigError(
-                "scenario injection needs a scenario file format, which the "
-                "daemon does not read yet; inject an inline burst instead"
-            )
+            if msg.burst is not None:
+                raise ConfigError("inject takes a burst or a scenario, not both")
+            if self.service.draining:
+                raise ConfigError("the daemon is draining; it accepts no new jobs")
+            detail = self.scenarios.inject(msg.scenario, msg.tag, time.time())
+            self.service.send(ident, P.Ack(what="inject", detail=detail))
+            return
         if msg.burst is None:
             raise ConfigError("inject needs a burst (count, input_len, output_len) or a scenario")
         b = msg.burst

@@ -92,6 +92,7 @@ class EngineService:
         )
         try:
             while not self._finished_stopping():
+                self.control.scenarios.pump(time.time())  # injected scenarios' due jobs
                 busy = self.engine.has_unfinished()
                 self._receive(block=not busy)
                 self._reap_silent_clients()
@@ -108,6 +109,9 @@ class EngineService:
             timeout = 200
             if self.telemetry_enabled:
                 timeout = int(max(0.0, min(0.2, self._next_snapshot - time.time())) * 1000)
+            due = self.control.scenarios.next_due()
+            if due is not None:  # wake for a scenario's next arrival, not 200 ms late
+                timeout = min(timeout, int(max(0.0, due - time.time()) * 1000))
         if not self.router.poll(timeout):
             return
         for _ in range(_MAX_MESSAGES_PER_TURN):

@@ -3,7 +3,8 @@
 The command function lives here (registered on the `fsd` app by `fsd/cli.py`); heavy
 imports happen inside it so `fsd --help` stays fast. A workload comes from exactly one
 source, chosen in `load_workload`: `--trace FILE`, or the synthetic generator
-(`--arrival/--rate/--cv/--lengths`). A scenario file (P5) is a further source there.
+(`--arrival/--rate/--cv/--lengths`), or a scenario file (positional SCENARIO, see
+man/fsd-scenario.5), expanded into the very jobs `fsctl play` submits.
 """
 
 from __future__ import annotations
@@ -65,7 +66,44 @@ def load_workload(
     return workload.clipped(max_context)
 
 
+def load_scenario_workload(
+    path: Path,
+    time_scale: float,
+    length_scale: float,
+    limit: int | None,
+    given: dict[str, Any],
+    max_context: int | None,
+) -> Any:
+    """The jobs of a scenario file as a workload; its timed retune / abort-all actions
+    are returned beside it (the simulator runs one configuration, so they are reported,
+    not applied)."""
+    from fsd.errors import ConfigError
+    from fsd.workload.scenario import load_scenario
+    from fsd.workload.timeline import expand
+
+    clash = [name for name, value in given.items() if value is not None]
+    if clash:
+        raise ConfigError(
+            f"{', '.join(clash)} describe another workload; a scenario brings its own "
+            "(use --time-scale, --length-scale and --limit with it)"
+        )
+    timeline = expand(load_scenario(path).scaled(time_scale, length_scale))
+    if not timeline.arrivals:
+        raise ConfigError(f"{path}: the scenario makes no jobs")
+    workload = timeline.workload()
+    if limit is not None:
+        workload = workload.head(limit)
+    return workload.clipped(max_context), timeline.actions
+
+
 def simulate_command(
+    scenario: Annotated[
+        Path | None,
+        typer.Argument(help="A scenario TOML file (man fsd-scenario) to simulate."),
+    ] = None,
+    length_scale: Annotated[
+        float, typer.Option(help="Scenario only: multiply every job's token counts.")
+    ] = 1.0,
     trace: Annotated[
         Path | None, typer.Option(help="Trace CSV (TIMESTAMP,ContextTokens,GeneratedTokens).")
     ] = None,
@@ -125,10 +163,18 @@ def simulate_command(
     ] = None,
     quantum_ratio: Annotated[float, typer.Option(help="q(k+1) / q(k).")] = 2.0,
     num_levels: Annotated[int, typer.Option(help="MLFQ levels.")] = 8,
-    starve_limit: Annotated[float | None, typer.Option(help="Alpha, s (default: the SLO).")] = None,
+    starve_limit: Annotated[
+        float | None, typer.Option(help="Alpha, s (default: 100 x the SLO).")
+    ] = None,
     starve_promote: Annotated[
-        str, typer.Option(help="Where starved jobs go: top or entry.")
-    ] = "top",
+        str, typer.Option(help="Where starved jobs go: up1 (one level), top (Q1) or entry.")
+    ] = "up1",
+    charge_prefill: Annotated[
+        bool, typer.Option(help="Charge a prefill as attained service (the paper's rule).")
+    ] = False,
+    admit_fraction: Annotated[
+        float, typer.Option(help="New jobs start while device+host KV use stays under this.")
+    ] = 0.9,
     reserve_min_jobs: Annotated[
         int, typer.Option(help="K: reserve room for at least K new jobs.")
     ] = 1,
@@ -189,18 +235,28 @@ def _simulate(**a: Any) -> dict[str, Any]:
     cost = load_profile(a["profile"])
     ctx = a["max_context"]
     ctx = max_context_of(cost) if ctx is None else (ctx or None)
-    workload = load_workload(
-        a["trace"],
-        a["time_scale"],
-        a["limit"],
-        a["arrival"],
-        a["rate"],
-        a["cv"],
-        a["lengths"],
-        a["theta"],
-        a["seed"],
-        ctx,
-    )
+    actions: tuple = ()
+    if a["scenario"] is not None:
+        given = {"--trace": a["trace"], "--arrival": a["arrival"], "--rate": a["rate"]}
+        given |= {"--cv": a["cv"], "--lengths": a["lengths"], "--theta": a["theta"]}
+        workload, actions = load_scenario_workload(
+            a["scenario"], a["time_scale"], a["length_scale"], a["limit"], given, ctx
+        )
+    elif a["length_scale"] != 1.0:
+        raise ConfigError("--length-scale applies to a scenario")
+    else:
+        workload = load_workload(
+            a["trace"],
+            a["time_scale"],
+            a["limit"],
+            a["arrival"],
+            a["rate"],
+            a["cv"],
+            a["lengths"],
+            a["theta"],
+            a["seed"],
+            ctx,
+        )
     _, prompts, outputs = workload.arrays()
     longest = int((prompts + outputs - 1).max())
     batch_tokens = a["max_batch_tokens"] or max(SchedConfig().max_batch_tokens, longest)
@@ -212,6 +268,7 @@ def _simulate(**a: Any) -> dict[str, Any]:
         quantum_ratio=a["quantum_ratio"],
         starve_limit=a["starve_limit"],
         starve_promote=a["starve_promote"],
+        charge_prefill=a["charge_prefill"],
         profile=a["profile"],
     )
     cache = CacheConfig(
@@ -219,6 +276,7 @@ def _simulate(**a: Any) -> dict[str, Any]:
         kv_policy=a["kv_policy"],
         reserve_min_jobs=a["reserve_min_jobs"],
         reserve_top_levels=a["reserve_top_levels"],
+        admit_fraction=a["admit_fraction"],
     )
     slo = a["slo"] if a["slo"] is not None else default_slo(cost)
     base = RunSpec(
@@ -228,8 +286,17 @@ def _simulate(**a: Any) -> dict[str, Any]:
     pools = specs[0].simulator(cost).pools
     summary = workload.summary()
     _print_header(summary, cost.name, slo, pools, ctx, batch_tokens, a["kv_policy"])
+    for act in actions:
+        err.print(
+            f"note: {act.kind} at {act.time:g} s {act.changes or ''} is not simulated "
+            "(the simulator runs one configuration; fsctl play applies it)",
+            highlight=False,
+        )
     report: dict[str, Any] = {
         "workload": {**summary, **{k: v for k, v in workload.params.items() if k != "window"}},
+        "unsimulated_actions": [
+            {"time": x.time, "kind": x.kind, "changes": x.changes} for x in actions
+        ],
         "profile": cost.name,
         "slo": slo,
         "max_context": ctx,

@@ -41,10 +41,11 @@ def scheduler(
     host: int = 256,
     block_size: int = 4,
     cost: CostModel = COST,
+    admit_fraction: float = 0.9,
     **sched_kw,
 ) -> Scheduler:
     blocks = BlockManager(device, block_size, host)
-    cache = CacheConfig(block_size=block_size, kv_policy=kv_policy)
+    cache = CacheConfig(block_size=block_size, kv_policy=kv_policy, admit_fraction=admit_fraction)
     return make_scheduler(SchedConfig(policy=policy, **sched_kw), cache, blocks, cost)
 
 

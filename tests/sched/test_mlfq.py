@@ -32,6 +32,7 @@ def job(prompt: int, name: str = "j") -> Job:
 def run_once(q: MLFQQueue, j: Job, now: float) -> list[Job]:
     """Charge one iteration as the scheduler does, then append its token."""
     service = q.cost.job_iteration_time(j.num_new_tokens, j.num_tokens)
+    j.last_prefill = j.num_computed_tokens == 0
     j.num_computed_tokens = j.num_tokens
     j.output_token_ids.append(0)
     return q.account([(j, service)], now)
@@ -59,7 +60,7 @@ def test_naive_mlfq_enters_q1_and_demotes_one_level_at_a_time():
 
 
 def test_demotion_goes_to_the_level_that_covers_the_next_iteration():
-    q = MLFQQueue(cost(decode=5.0), QUANTA, starve_limit=100.0, skip_join=True)
+    q = MLFQQueue(cost(decode=5.0), QUANTA, starve_limit=100.0, charge_prefill=True)
     j = job(50)  # prefill 1.5 -> Q2 (q=2)
     q.add(j, 0.0)
     assert j.level == 1
@@ -70,21 +71,45 @@ def test_demotion_goes_to_the_level_that_covers_the_next_iteration():
     assert j.level == 3 and j.attained == 0.0 and j.demotions == 1
 
 
+def test_a_prefill_is_not_charged_so_the_entry_quantum_is_for_decoding():
+    q = MLFQQueue(cost(decode=0.5), QUANTA, starve_limit=100.0)
+    j = job(150)  # prefill 2.5 -> Q3 (q=4); charged, 2.5 + 3 decodes would demote it
+    q.add(j, 0.0)
+    assert j.level == 2
+    assert run_once(q, j, 1.0) == [] and j.attained == 0.0
+    for t in range(2, 9):  # 7 decodes of 0.5 = 3.5 < 4
+        assert run_once(q, j, float(t)) == []
+    assert j.level == 2 and j.attained == pytest.approx(3.5)
+    assert run_once(q, j, 9.0) == [j] and j.level == 3  # the 8th spends the quantum
+
+
 def test_demotion_is_at_least_one_level():
     q = MLFQQueue(cost(decode=0.1), QUANTA, starve_limit=100.0, skip_join=True)
     j = job(4)  # Q2
     q.add(j, 0.0)
-    run_once(q, j, 1.0)  # 1.04
-    run_once(q, j, 2.0)  # 1.14 -> still < 2
-    for t in range(3, 12):
+    run_once(q, j, 1.0)  # the prefill: free
+    run_once(q, j, 2.0)  # 0.1 -> still < 2
+    for t in range(3, 40):
         run_once(q, j, float(t))
         if j.level != 1:
             break
     assert j.level == 2  # the decode of 0.1 would fit Q1, but demotion only goes down
 
 
+def test_starved_job_moves_up_one_level_per_alpha():
+    q = MLFQQueue(cost(), QUANTA, starve_limit=10.0)  # promote_to="up1", fsd's default
+    j = job(1000)
+    q.add(j, 0.0)
+    assert j.level == 3
+    assert q.tick(9.99) == []
+    assert q.tick(10.0) == [j] and j.level == 2 and j.promotions == 1
+    assert q.tick(19.99) == [] and q.tick(20.0) == [j] and j.level == 1
+    assert q.tick(30.0) == [j] and j.level == 0
+    assert q.tick(40.0) == [] and j.level == 0 and j.promotions == 3  # nowhere higher
+
+
 def test_starved_job_is_promoted_to_q1_after_alpha_and_the_clock_restarts():
-    q = MLFQQueue(cost(), QUANTA, starve_limit=10.0, skip_join=True)
+    q = MLFQQueue(cost(), QUANTA, starve_limit=10.0, skip_join=True, promote_to="top")
     j = job(1000)
     q.add(j, 0.0)
     assert j.level == 3

@@ -87,3 +87,21 @@ def test_config_errors_name_the_field():
         SchedConfig(quanta=(1.0, 1.0))
     with pytest.raises(ConfigError, match="alpha"):
         SchedConfig(starve_limit=0)
+
+
+@pytest.mark.parametrize(("fraction", "e_starts"), [(1.0, 1), (0.5, 10)])
+def test_admission_holds_new_jobs_while_started_ones_fill_the_share(fraction, e_starts):
+    # 4 jobs of 7 blocks (28 tokens) start first; e (8 blocks) arrives at iteration 1.
+    # Under admit_fraction 0.5 of 64 blocks, 28 + 8 > 32: e waits for the four to
+    # finish (their 10th token is at iteration 9), though the device has room.
+    s = scheduler("sj-mlfq", device=64, host=0, admit_fraction=fraction, starve_limit=1e9)
+    jobs = make_jobs([(28, 10)] * 4 + [(28, 2)])
+    run = drive(s, jobs, arrivals={"j4": 1})
+    first = next(i for i, b in enumerate(run.batches) if "j4" in b)
+    assert first == e_starts
+    assert sorted(run.finished) == [f"j{i}" for i in range(5)]
+
+
+def test_admission_never_refuses_a_job_when_nothing_else_holds_kv():
+    s = scheduler("sj-mlfq", device=32, host=0, admit_fraction=0.1)
+    assert drive(s, make_jobs([(100, 3)])).finished == ["j0"]

@@ -1,0 +1,168 @@
+"""`fsd bench slo`: latency against arrival rate per policy, on the real engine.
+
+For each policy a fresh daemon starts; the scenario is played at each rate (every
+phase's rate scaled so the scenario's own arrivals average that rate, the same seed,
+so both policies see the same jobs at a rate); the daemon is idle again before the
+next rate. One SLO judges every run: `--slo`, or the first daemon's (10 decode steps
+of its cost model). A policy's max rate under the SLO is where its average per-token
+latency crosses the SLO, interpolated linearly between the tested rates.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import platform
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+from rich.console import Console
+
+from fsd.bench.daemon import BenchDaemon, DaemonSpec
+from fsd.console.play import PlayOptions, play, prepare, summary_table
+from fsd.console.play_stats import summarize
+from fsd.errors import ConfigError
+from fsd.workload.scenario import Scenario
+
+
+@dataclass(frozen=True)
+class SloBench:
+    """One benchmark: the scenario, the rates, the daemons' settings, the player's."""
+
+    scenario: Scenario
+    policies: tuple[str, ...]
+    rates: tuple[float, ...]
+    daemon: DaemonSpec
+    play: PlayOptions
+    slo: float | None = None
+    metric: str = "avg"
+
+
+def base_rate(scenario: Scenario, opts: PlayOptions) -> float:
+    """The mean rate (jobs/s) of the scenario's phases as `opts` plays them (no bursts)."""
+    timeline = prepare(scenario, replace(opts, rate_factor=1.0))
+    phase_names = {p.name for p in scenario.phases}
+    n = sum(1 for a in timeline.arrivals if a.origin in phase_names)
+    if n == 0:
+        raise ConfigError(f"{scenario.source}: the scenario's phases make no jobs to scale")
+    return n / timeline.duration
+
+
+def run(bench: SloBench, console: Console) -> dict[str, Any]:
+    """Every policy at every rate; the report that `write_report` saves."""
+    if bench.metric not in ("avg", "p95"):
+        raise ConfigError(f"metric must be avg or p95, got {bench.metric!r}")
+    base = base_rate(bench.scenario, bench.play)
+    slo = bench.slo
+    policies: dict[str, dict[str, Any]] = {}
+    for policy in bench.policies:
+        runs = []
+        console.print(f"[bold]{policy}[/]: starting a fresh daemon", highlight=False)
+        with BenchDaemon(replace(bench.daemon, policy=policy)) as d:
+            for rate in bench.rates:
+                opts = replace(bench.play, rate_factor=rate / base, tag=f"bench-{policy}")
+                timeline = prepare(bench.scenario, opts)
+                result = play(timeline, d.endpoint, d.telemetry, opts, timeout=30.0)
+                if slo is None:
+                    slo = result.telemetry.slo
+                d.wait_idle()
+                row = {
+                    "rate": rate,
+                    "offered_rate": len(timeline.arrivals) / timeline.duration,
+                    "wall_s": result.wall_s,
+                    "records": result.records,
+                    "kv_series": result.telemetry.kv_series(result.started),
+                }
+                runs.append(row)
+                done = sum(1 for r in result.records if r.completed)
+                console.print(
+                    f"  {policy} @ {rate:g}/s: {done}/{len(result.records)} jobs, "
+                    f"avg {result.summary['avg'] * 1e3:.1f} ms/token, wall {result.wall_s:.0f} s",
+                    highlight=False,
+                )
+        policies[policy] = {"runs": runs}
+    if slo is None:
+        raise ConfigError("no SLO: the daemon sent no telemetry; give --slo")
+    for row in policies.values():
+        for r in row["runs"]:
+            r.update(summarize(r.pop("records"), slo))
+        row.update(max_rate_under(row["runs"], slo, bench.metric))
+    report = {
+        "machine": describe_machine(bench.daemon.device),
+        "scenario": bench.scenario.name,
+        "scenario_source": bench.scenario.source,
+        "base_rate": base,
+        "slo": slo,
+        "metric": bench.metric,
+        "daemon": asdict(bench.daemon) | {"policy": None},
+        "play": asdict(bench.play),
+        "policies": policies,
+    }
+    names = list(policies)
+    if len(names) >= 2:
+        a, b = policies[names[0]]["max_rate"], policies[names[-1]]["max_rate"]
+        report["ratio"] = {
+            "of": f"{names[-1]} / {names[0]}",
+            "value": b / a if a and a > 0 and not math.isnan(b) else None,
+        }
+    table_rows = {f"{p} @ {r['rate']:g}/s": r for p, row in policies.items() for r in row["runs"]}
+    console.print(summary_table(table_rows, f"{bench.scenario.name}: SLO {slo * 1e3:.1f} ms/token"))
+    for p, row in policies.items():
+        sign = "" if row["bracketed"] else ">= " if row["max_rate"] else "< "
+        shown = row["max_rate"] or (min(bench.rates) if bench.rates else 0.0)
+        console.print(f"{p}: max rate under the SLO {sign}{shown:.2f} jobs/s", highlight=False)
+    if report.get("ratio", {}).get("value"):
+        console.print(f"ratio {report['ratio']['of']}: {report['ratio']['value']:.2f}x")
+    return report
+
+
+def max_rate_under(runs: list[dict[str, Any]], slo: float, metric: str) -> dict[str, Any]:
+    """The rate where `metric` latency first exceeds `slo`, interpolated between the last
+    rate that met it and the first that did not.
+
+    `bracketed` is False when every rate met the SLO (the max is at least the highest
+    rate) or the lowest already failed (max_rate 0).
+    """
+    pts = sorted((r["rate"], r[metric]) for r in runs)
+    fail = next((i for i, (_, lat) in enumerate(pts) if not lat <= slo), None)  # NaN fails
+    if fail is None:
+        return {"max_rate": pts[-1][0] if pts else 0.0, "bracketed": False}
+    if fail == 0:
+        return {"max_rate": 0.0, "bracketed": False}
+    (r0, l0), (r1, l1) = pts[fail - 1], pts[fail]
+    if math.isnan(l1):
+        return {"max_rate": r0, "bracketed": True}
+    return {"max_rate": r0 + (slo - l0) * (r1 - r0) / (l1 - l0), "bracketed": True}
+
+
+def describe_machine(device: str | None) -> dict[str, Any]:
+    """CPU model and cores, GPU name when the daemon ran on one, library versions."""
+    info: dict[str, Any] = {
+        "cpu": _cpu_model(),
+        "cores": os.cpu_count(),
+        "python": platform.python_version(),
+    }
+    try:
+        import torch
+
+        info["torch"] = torch.__version__
+        cuda = torch.cuda.is_available() and device in (None, "auto", "cuda")
+        info["device"] = "cuda" if cuda else "cpu"
+        if cuda:
+            props = torch.cuda.get_device_properties(0)
+            info["gpu"] = props.name
+            info["gpu_memory_gb"] = round(props.total_memory / 2**30, 1)
+    except ImportError:
+        info["device"] = "cpu"
+    return info
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()

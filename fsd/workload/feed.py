@@ -1,0 +1,70 @@
+"""A timeline laid on the wall clock: which of its steps are due now.
+
+The daemon keeps one `Feed` per injected scenario and drains the due steps once per
+turn of its loop, so a scenario never blocks the engine; `fsctl play` uses the same
+clock arithmetic on the client side. Pure Python: no sockets, no engine.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from fsd.workload.timeline import Action, Arrival, Timeline
+
+
+@dataclass
+class Feed:
+    """The steps of `timeline` not yet taken, started at wall time `start`.
+
+    Arrival k gets job id `f"{prefix}{k}"` (in arrival order), known up front so an
+    `Inject` can answer with every id at once.
+    """
+
+    timeline: Timeline
+    start: float
+    prefix: str
+    tag: str = "injected"
+    _steps: list[tuple[float, Arrival | Action]] = field(init=False, repr=False)
+    _next: int = field(init=False, default=0)
+    _arrived: int = field(init=False, default=0)
+
+    def __post_init__(self) -> None:
+        self._steps = self.timeline.steps()
+
+    @property
+    def job_ids(self) -> list[str]:
+        return [f"{self.prefix}{k}" for k in range(len(self.timeline.arrivals))]
+
+    @property
+    def done(self) -> bool:
+        return self._next >= len(self._steps)
+
+    @property
+    def pending(self) -> int:
+        return len(self._steps) - self._next
+
+    def next_time(self) -> float | None:
+        """Wall time of the next step, None when none is left."""
+        if self.done:
+            return None
+        return self.start + self._steps[self._next][0]
+
+    def due(self, now: float) -> list[tuple[float, str | None, Arrival | Action]]:
+        """Steps due by `now`: (wall time it was due, job id for an arrival, the step)."""
+        out: list[tuple[float, str | None, Arrival | Action]] = []
+        while self._next < len(self._steps):
+            t, step = self._steps[self._next]
+            when = self.start + t
+            if when > now:
+                break
+            self._next += 1
+            job_id = None
+            if isinstance(step, Arrival):
+                job_id = f"{self.prefix}{self._arrived}"
+                self._arrived += 1
+            out.append((when, job_id, step))
+        return out
+
+    def started_ids(self) -> list[str]:
+        """Ids of the arrivals taken so far."""
+        return [f"{self.prefix}{k}" for k in range(self._arrived)]

@@ -1,0 +1,241 @@
+"""`fsctl top` driven by Textual's Pilot: against a real daemon, a replay, and no daemon."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import time
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+import pytest
+import zmq
+from rich.text import Text
+from textual.pilot import Pilot
+from textual.widget import Widget
+from textual.widgets import Input
+
+from fsd import protocol as P
+from fsd.client import RequestError
+from fsd.console.top.app import ControlTarget, TopApp
+from fsd.console.top.data import fold
+from fsd.console.top.dialogs import InjectScreen, RetuneScreen
+from fsd.console.top.jobtable import JobTable
+from fsd.console.top.panels import TitleBar
+from fsd.console.top.screens import ConfirmScreen, HelpScreen, JobDetailScreen
+from fsd.console.top.source import LiveSource, ReplaySource
+from tests.console.conftest import RECORDING
+from tests.server.daemon_proc import Daemon, free_port, start_daemon
+
+CONFIG = """
+[cache]
+num_gpu_blocks = 64
+num_host_blocks = 256
+[sched]
+max_batch_size = 8
+[server]
+telemetry_hz = 20
+"""
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory) -> Daemon:
+    d = start_daemon(tmp_path_factory.mktemp("top-daemon"), CONFIG)
+    yield d
+    assert d.stop() == 0
+
+
+def live_app(d: Daemon, scenario_dir=None) -> TopApp:
+    kw = {} if scenario_dir is None else {"scenario_dir": scenario_dir}
+    return TopApp(LiveSource(d.telemetry), ControlTarget(d.endpoint, timeout=5.0), hz=20, **kw)
+
+
+async def wait_for(pilot: Pilot, cond: Callable[[], object], timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError("the console did not get there in time")
+        await pilot.pause(0.05)
+
+
+def sync(test: Callable[..., Coroutine[Any, Any, None]]) -> Callable[..., None]:
+    """Run an async test on a fresh event loop (no pytest asyncio plugin needed)."""
+
+    @functools.wraps(test)
+    def run(*args: Any, **kwargs: Any) -> None:
+        asyncio.run(test(*args, **kwargs))
+
+    return run
+
+
+def text_of(widget: Widget) -> str:
+    content = widget.content  # type: ignore[attr-defined]
+    return content.plain if isinstance(content, Text) else str(content)
+
+
+def message(app: TopApp) -> str:
+    return text_of(app.query_one("#message"))
+
+
+@sync
+async def test_retune_validates_then_changes_the_daemons_config(daemon):
+    app = live_app(daemon)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_for(pilot, lambda: app.view.snapshot is not None)
+        await pilot.press("t")
+        await wait_for(pilot, lambda: isinstance(app.screen, RetuneScreen))
+        dialog = app.screen
+        # a bad value is caught in the dialog: named, focused, nothing sent
+        dialog.query_one("#ratio", Input).value = "0.5"
+        await pilot.press("ctrl+s")
+        assert "ratio: must be > 1" in text_of(dialog.query_one("#error"))
+        assert app.focused is dialog.query_one("#ratio")
+        # a value only the daemon refuses: its Error is shown, the dialog stays
+        dialog.query_one("#ratio", Input).value = "2"
+        dialog.query_one("#policy").value = "srpt"
+        await pilot.press("ctrl+s")
+        await wait_for(pilot, lambda: "daemon:" in text_of(dialog.query_one("#error")))
+        assert app.screen is dialog
+        # a good change reaches the daemon and its answer is shown
+        dialog.query_one("#policy").value = "sj-mlfq"
+        dialog.query_one("#k_prime", Input).value = "3"
+        dialog.query_one("#alpha", Input).value = "750ms"
+        await pilot.press("ctrl+s")
+        await wait_for(pilot, lambda: not isinstance(app.screen, RetuneScreen))
+        assert "reserve_top_levels=3" in message(app) and "starve_limit=750ms" in message(app)
+    status = daemon.snapshot().config
+    assert status["cache"]["reserve_top_levels"] == 3
+    assert status["sched"]["starve_limit"] == pytest.approx(0.75)
+
+
+@sync
+async def test_inject_creates_marked_jobs_and_a_scenario_gets_an_answer(daemon, tmp_path):
+    (tmp_path / "tiny.toml").write_text("# not a valid scenario for this daemon, maybe\n")
+    app = live_app(daemon, scenario_dir=tmp_path)
+    async with app.run_test(size=(160, 48)) as pilot:
+        await wait_for(pilot, lambda: app.view.snapshot is not None)
+        await pilot.press("i")
+        await wait_for(pilot, lambda: isinstance(app.screen, InjectScreen))
+        dialog = app.screen
+        dialog.query_one("#count", Input).value = "0"
+        await pilot.click("#inject-burst")
+        assert "count: must be in [1, 10000]" in text_of(dialog.query_one("#error"))
+        dialog.query_one("#count", Input).value = "3"
+        dialog.query_one("#output_len", Input).value = "400"
+        dialog.query_one("#tag", Input).value = "pilot"
+        await pilot.click("#inject-burst")
+        await wait_for(pilot, lambda: not isinstance(app.screen, InjectScreen))
+        assert message(app).startswith("injected 3 jobs (tag pilot)")
+        table = app.query_one(JobTable)
+        await wait_for(pilot, lambda: sum(r.injected and "pilot" in r.tags for r in table.rows) == 3)  # fmt: skip
+        # the scenario file is listed and sent; whatever the daemon says is shown
+        await pilot.press("i")
+        await wait_for(pilot, lambda: isinstance(app.screen, InjectScreen))
+        dialog = app.screen
+        await pilot.click("#inject-scenario")
+        await wait_for(
+            pilot,
+            lambda: (
+                not isinstance(app.screen, InjectScreen)
+                or text_of(dialog.query_one("#error")).startswith("daemon:")
+            ),
+        )
+
+
+@sync
+async def test_abort_ends_the_selected_job(daemon):
+    with daemon.client() as c:
+        ids = c.inject(burst=(2, 8, 900), tag="victim")
+    app = live_app(daemon)
+    async with app.run_test(size=(160, 48)) as pilot:
+        table = app.query_one(JobTable)
+        await wait_for(pilot, lambda: ids[0] in {r.job_id for r in table.rows})
+        table.sort_by("id")
+        table.action_jump(next(i for i, r in enumerate(table.rows) if r.job_id == ids[0]))
+        assert table.selected_job == ids[0]
+        await pilot.press("a")
+        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen))
+        await pilot.press("y")
+        await wait_for(pilot, lambda: message(app).startswith(f"aborted {ids[0]}"))
+        await wait_for(pilot, lambda: ids[0] not in {r.job_id for r in table.rows})
+        assert app.state.job_history(ids[0]).ended == "aborted"
+        await pilot.press("a", "y")  # the cursor is now on another job (or none)
+        await wait_for(pilot, lambda: "abort" in message(app))
+    with daemon.client() as c, pytest.raises(RequestError):
+        c.job(ids[0])
+
+
+@sync
+async def test_an_absent_daemon_is_reported_and_the_console_keeps_trying(recording):
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    app = TopApp(LiveSource(endpoint), ControlTarget(endpoint, timeout=1.0), silence=0.3, hz=20)
+    async with app.run_test(size=(120, 30)) as pilot:
+        title = app.query_one(TitleBar)
+        await wait_for(pilot, lambda: "no telemetry from" in title.status)
+        assert endpoint in title.status and "retrying" in title.status
+        # a daemon appears on that port: the console picks it up by itself
+        pub = zmq.Context.instance().socket(zmq.PUB)
+        pub.setsockopt(zmq.LINGER, 0)
+        pub.bind(endpoint)
+        last = [m for m in recording if isinstance(m, P.Snapshot)][-1]
+        try:
+            for _ in range(200):
+                pub.send_multipart([P.TOPIC_SNAPSHOT, P.encode(last)])
+                await pilot.pause(0.05)
+                if app.view.snapshot is not None:
+                    break
+        finally:
+            pub.close()
+        assert app.view.snapshot == last
+        await wait_for(pilot, lambda: title.status == "")
+
+
+@sync
+async def test_replay_detail_help_sort_pause_and_no_control(recording):
+    app = TopApp(ReplaySource(RECORDING, speed=0), None, hz=50)
+    async with app.run_test(size=(160, 48)) as pilot:
+        title = app.query_one(TitleBar)
+        await wait_for(pilot, lambda: title.status.startswith("replay finished"))
+        assert app.view.frames == len(recording)
+        table = app.query_one(JobTable)
+        assert table.sort_key == "enst" and table.rows
+        await pilot.press("s")  # the next column: output tokens
+        assert table.sort_key == "tokens"
+        ordered = [r.output_tokens for r in table.rows]
+        assert ordered == sorted(ordered)
+        await pilot.click(JobTable, offset=(2 + 13, 1))  # the LVL header (after a border)
+        assert table.sort_key == "level"
+        await pilot.click(JobTable, offset=(2 + 13, 1))
+        assert table.reverse
+        job_id = table.selected_job
+        await pilot.press("enter")
+        assert isinstance(app.screen, JobDetailScreen) and app.screen.job_id == job_id
+        history = text_of(app.screen.query_one("#detail-info"))
+        assert "tokens" in history and "tags" in history
+        await pilot.press("escape", "question_mark")
+        assert isinstance(app.screen, HelpScreen)
+        await pilot.press("escape", "p")
+        assert "PAUSED" in title.render().plain  # type: ignore[union-attr]
+        await pilot.press("p", "t")
+        assert "not connected to a daemon" in message(app)
+
+
+@sync
+async def test_views_coalesce_and_only_the_latest_is_rendered(recording):
+    from fsd.console.top.app import TelemetryUpdated
+
+    state = fold(recording[: len(recording) // 2])
+    app = TopApp(None, None, state=state)
+    rendered: list[int] = []
+    async with app.run_test(size=(120, 40)) as pilot:
+        app.render_view = lambda v, _orig=app.render_view: (rendered.append(v.frames), _orig(v))  # type: ignore[method-assign]
+        views = []
+        for m in recording[len(recording) // 2 :]:
+            state.apply(m)
+            views.append(state.view())
+        for v in views:  # all queued before the app gets to run
+            app.post_message(TelemetryUpdated(v))
+        await pilot.pause()
+        await asyncio.sleep(0)
+        await pilot.pause()
+    assert rendered[-1] == len(recording) and len(rendered) < len(views)
