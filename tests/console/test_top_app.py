@@ -239,3 +239,15 @@ async def test_views_coalesce_and_only_the_latest_is_rendered(recording):
         await asyncio.sleep(0)
         await pilot.pause()
     assert rendered[-1] == len(recording) and len(rendered) < len(views)
+
+
+def test_once_prints_the_live_daemon(daemon):
+    from typer.testing import CliRunner
+
+    from fsd.console.cli import app as fsctl
+
+    args = ["--endpoint", daemon.endpoint, "--telemetry-endpoint", daemon.telemetry]
+    out = CliRunner().invoke(fsctl, [*args, "top", "--once"])
+    assert out.exit_code == 0, out.output
+    assert "MLFQ levels" in out.output and daemon.telemetry in out.output
+    assert "[effective]" in out.output

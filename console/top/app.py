@@ -1,0 +1,303 @@
+"""`fsctl top`: the Textual operator console.
+
+A thread worker runs the telemetry `Feed` (receive, decode, fold into `TopState`)
+and posts `TelemetryUpdated` views; consecutive ones coalesce in the message queue,
+so a busy UI only ever renders the latest. Control actions (abort, retune, inject)
+go through one `AsyncClient` on the UI's event loop and show the daemon's answer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from textual import work
+from textual.app import App, ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal
+from textual.message import Message
+from textual.widgets import Footer, Static
+from textual.worker import get_current_worker
+
+from fsd import protocol as P
+from fsd.config import KV_POLICIES
+from fsd.console.cli_format import find_setting
+from fsd.console.top import forms, panels
+from fsd.console.top.data import TopState, TopView
+from fsd.console.top.dialogs import InjectScreen, RetuneScreen
+from fsd.console.top.jobtable import JobTable
+from fsd.console.top.screens import ConfirmScreen, HelpScreen, JobDetailScreen
+from fsd.console.top.source import Feed, Source
+from fsd.errors import FsdError
+from fsd.sched.registry import POLICIES
+
+NARROW = 120  # terminals narrower than this show the compact layout
+
+
+class TelemetryUpdated(Message):
+    """A new view to render; a newer one queued behind it replaces it."""
+
+    def __init__(self, view: TopView) -> None:
+        super().__init__()
+        self.view = view
+
+    def can_replace(self, message: Message) -> bool:
+        return isinstance(message, TelemetryUpdated)
+
+
+class FeedStatus(Message):
+    """The telemetry connection's state in words ('' when all is well)."""
+
+    def __init__(self, text: str, ok: bool) -> None:
+        super().__init__()
+        self.text = text
+        self.ok = ok
+
+
+@dataclass(frozen=True)
+class ControlTarget:
+    """Where control requests go (the daemon's request socket)."""
+
+    endpoint: str
+    timeout: float = 10.0
+    curve: Any = None  # fsd.client.CurveKeys | None
+
+
+class TopApp(App[None]):
+    """The operator console: panels, the job table, and levers on the daemon."""
+
+    CSS_PATH = "top.tcss"
+    TITLE = "fsd top"
+    ENABLE_COMMAND_PALETTE = False
+    BINDINGS = [
+        Binding("q", "quit", "quit"),
+        Binding("question_mark,f1", "help", "help"),
+        Binding("t", "retune", "retune"),
+        Binding("i", "inject", "inject"),
+        Binding("a,delete", "abort", "abort"),
+        Binding("p", "pause", "pause"),
+        Binding("c", "toggle_config", "config"),
+    ]
+
+    def __init__(
+        self,
+        source: Source | None = None,
+        control: ControlTarget | None = None,
+        *,
+        state: TopState | None = None,
+        label: str | None = None,
+        hz: float = 4.0,
+        silence: float = 3.0,
+        scenario_dir: Path = Path("scenarios"),
+    ) -> None:
+        super().__init__()
+        self.source = source
+        self.control = control
+        self.state = state or TopState()
+        self.hz = hz
+        self.silence = silence
+        self.scenario_dir = scenario_dir
+        self.label = label or (source.label if source else "offline")
+        self.view = self.state.view()
+        self.paused = False
+        self.feed: Feed | None = None
+        self._client: Any = None  # fsd.client.AsyncClient, made on first use
+
+    # ---- layout --------------------------------------------------------------------
+
+    def compose(self) -> ComposeResult:
+        yield panels.TitleBar(self.label, id="title")
+        with Horizontal(id="panels"):
+            yield panels.levels()
+            yield panels.kv()
+            yield panels.iterations()
+            yield panels.slo()
+        yield panels.Summary(id="summary")
+        with Horizontal(id="middle"):
+            yield JobTable(id="jobs")
+            yield panels.config()
+        yield Static(id="message")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.query_one(JobTable).focus()
+        self._layout(self.size.width)
+        self.render_view(self.view)
+        if self.source is not None:
+            self.feed = Feed(
+                self.source,
+                self.state,
+                lambda v: self.post_message(TelemetryUpdated(v)),
+                lambda text, ok: self.post_message(FeedStatus(text, ok)),
+                hz=self.hz,
+                silence=self.silence,
+            )
+            self._run_feed()
+
+    def on_resize(self, event: Any) -> None:
+        self._layout(event.size.width)
+        self.render_view(self.view)
+
+    def _layout(self, width: int) -> None:
+        self.screen.set_class(width < NARROW, "-narrow")
+
+    @work(thread=True, exclusive=True, name="telemetry")
+    def _run_feed(self) -> None:
+        worker = get_current_worker()
+        assert self.feed is not None
+        try:
+            self.feed.run(lambda: worker.is_cancelled)
+        finally:
+            self.feed.source.close()
+
+    # ---- rendering -----------------------------------------------------------------
+
+    def render_view(self, view: TopView) -> None:
+        """Show `view` in every panel (the frame the bench times)."""
+        self.view = view
+        s = view.snapshot
+        if s is not None:  # the panel row fits the levels, whatever their number
+            self.query_one("#panels").styles.height = max(len(s.levels), 6) + 2
+        self.query_one(panels.TitleBar).show(view)
+        for panel in self.query(panels.Panel):
+            panel.show(view)
+        self.query_one(panels.Summary).show(view)
+        self.query_one(JobTable).show(view)
+        if isinstance(self.screen, JobDetailScreen):
+            self.screen.update_data()
+
+    def on_telemetry_updated(self, message: TelemetryUpdated) -> None:
+        if not self.paused:
+            self.render_view(message.view)
+
+    def on_feed_status(self, message: FeedStatus) -> None:
+        title = self.query_one(panels.TitleBar)
+        title.status = message.text
+        title.show()
+
+    def say(self, text: str, error: bool = False) -> None:
+        """The message line under the table: the last action's outcome."""
+        line = self.query_one("#message", Static)
+        line.set_class(error, "error")
+        line.update(text)
+
+    # ---- actions -------------------------------------------------------------------
+
+    def action_help(self) -> None:
+        sections = [
+            ("console", self.BINDINGS),
+            ("job table", JobTable.BINDINGS),
+            ("job detail", JobDetailScreen.BINDINGS),
+            ("dialogs", [*RetuneScreen.BINDINGS, Binding("enter", "", "apply / inject burst")]),
+        ]
+        self.push_screen(HelpScreen(sections))
+
+    def action_pause(self) -> None:
+        self.paused = not self.paused
+        if self.feed is not None:
+            self.feed.paused = self.paused
+        title = self.query_one(panels.TitleBar)
+        title.paused = self.paused
+        title.show()
+        if not self.paused:
+            self.render_view(self.state.view())
+
+    def action_toggle_config(self) -> None:
+        config = self.query_one("#config")
+        config.display = not config.display
+        self.render_view(self.view)
+
+    def on_job_table_opened(self, message: JobTable.Opened) -> None:
+        self.push_screen(JobDetailScreen(message.job_id, self.state.job_history))
+
+    def action_abort(self, job_id: str | None = None) -> None:
+        job_id = job_id or self.query_one(JobTable).selected_job
+        if job_id is None:
+            self.say("no job selected", error=True)
+            return
+        if self._no_control():
+            return
+
+        def answered(yes: bool | None) -> None:
+            if yes:
+                self.run_worker(self._abort(job_id), group="control")
+
+        self.push_screen(ConfirmScreen(f"Abort {job_id}?"), answered)
+
+    async def _abort(self, job_id: str) -> None:
+        try:
+            detail = await self._daemon().abort(job_id)
+        except FsdError as exc:
+            self.say(f"abort {job_id}: {exc}", error=True)
+            return
+        self.say(f"aborted {job_id} after {detail.get('tokens', '?')} tokens")
+
+    def action_retune(self) -> None:
+        if self._no_control():
+            return
+        config = self.view.snapshot.config if self.view.snapshot is not None else {}
+        dialog = RetuneScreen(forms.RetuneForm.from_config(config), self._retune, POLICIES, KV_POLICIES)  # fmt: skip
+        self.push_screen(dialog, self._answered)
+
+    async def _retune(self, changes: dict[str, Any]) -> str:
+        config = await self._daemon().retune(**changes)
+        shown = []
+        for key, requested in changes.items():
+            found, value = find_setting(config, key)
+            value = value if found else requested
+            if isinstance(value, list | tuple):
+                value = ",".join(forms.fmt_seconds(v) for v in value)
+            elif isinstance(value, float):
+                value = forms.fmt_seconds(value) if key != "quantum_ratio" else f"{value:g}"
+            shown.append(f"{key}={value}")
+        return "retuned: " + " ".join(shown)
+
+    def action_inject(self) -> None:
+        if self._no_control():
+            return
+        files = sorted(self.scenario_dir.glob("*.toml")) if self.scenario_dir.is_dir() else []
+        self.push_screen(InjectScreen(files, self.scenario_dir, self._inject), self._answered)
+
+    async def _inject(self, burst: P.Burst | None, scenario: Path | None, tag: str) -> str:
+        self.state.add_inject_tag(tag)
+        client = self._daemon()
+        if scenario is not None:
+            ids = await client.inject(scenario=self._scenario_spec(scenario), tag=tag)
+        else:
+            ids = await client.inject(burst=burst, tag=tag)
+        span = f": {ids[0]} .. {ids[-1]}" if ids else ""
+        return f"injected {len(ids)} jobs (tag {tag}){span}"
+
+    def _scenario_spec(self, path: Path) -> str:
+        """A loopback daemon reads the file itself; a remote one gets its text."""
+        from fsd.server.security import is_loopback
+
+        assert self.control is not None
+        return str(path.resolve()) if is_loopback(self.control.endpoint) else path.read_text()
+
+    def _answered(self, answer: str | None) -> None:
+        if answer:
+            self.say(answer)
+            self.notify(answer, timeout=4)
+
+    # ---- the daemon ----------------------------------------------------------------
+
+    def _no_control(self) -> bool:
+        if self.control is None:
+            self.say("not connected to a daemon (replay): nothing to control", error=True)
+            return True
+        return False
+
+    def _daemon(self) -> Any:
+        if self._client is None:
+            from fsd.client import AsyncClient
+
+            c = self.control
+            assert c is not None
+            self._client = AsyncClient(c.endpoint, timeout=c.timeout, curve=c.curve)
+        return self._client
+
+    async def on_unmount(self) -> None:
+        if self._client is not None:
+            await self._client.close()

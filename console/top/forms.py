@@ -1,0 +1,166 @@
+"""The retune and inject dialogs' validation: form text in, wire values out (no widgets).
+
+Every error names the field and says what is wrong, so the dialog can show it
+beside the field and the operator can fix it without guessing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from fsd import protocol as P
+
+_PER_SECOND = {"": 1.0, "s": 1.0, "ms": 1e3, "us": 1e6, "µs": 1e6}  # divide: 9/1e3 == 0.009
+_SECONDS = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[-+]?[0-9]+)?)\s*(s|ms|us|µs)?\s*$", re.I)
+
+
+class FormError(ValueError):
+    """A field the operator must fix; `field` names the form field."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.message = message
+
+
+def parse_seconds(field: str, text: str) -> float:
+    """'0.01', '10ms', '250us', '1.5s' → seconds (> 0)."""
+    m = _SECONDS.match(text)
+    if m is None:
+        raise FormError(field, f"{text.strip()!r} is not a duration (e.g. 0.01, 10ms, 250us)")
+    value = float(m.group(1)) / _PER_SECOND[(m.group(2) or "").lower()]
+    if not value > 0 or not math.isfinite(value):
+        raise FormError(field, "must be > 0")
+    return value
+
+
+def parse_quanta(field: str, text: str) -> list[float]:
+    parts = [p for p in re.split(r"[,\s]+", text.strip()) if p]
+    if not parts:
+        raise FormError(field, "list at least one quantum, e.g. 2ms,4ms,8ms")
+    quanta = [parse_seconds(field, p) for p in parts]
+    for a, b in zip(quanta, quanta[1:], strict=False):
+        if b <= a:
+            raise FormError(field, f"must be strictly increasing ({fmt_seconds(b)} after {fmt_seconds(a)})")  # fmt: skip
+    return quanta
+
+
+def parse_int(field: str, text: str, low: int, high: int | None = None) -> int:
+    try:
+        value = int(text.strip())
+    except ValueError:
+        raise FormError(field, f"{text.strip()!r} is not a whole number") from None
+    if value < low or (high is not None and value > high):
+        span = f">= {low}" if high is None else f"in [{low}, {high}]"
+        raise FormError(field, f"must be {span}, got {value}")
+    return value
+
+
+def parse_ratio(field: str, text: str) -> float:
+    try:
+        value = float(text.strip())
+    except ValueError:
+        raise FormError(field, f"{text.strip()!r} is not a number") from None
+    if not value > 1 or not math.isfinite(value):
+        raise FormError(field, f"must be > 1, got {text.strip()}")
+    return value
+
+
+def fmt_seconds(x: float) -> str:
+    """Seconds as the form shows them: '2.464ms', '1.5s'."""
+    return f"{x * 1e3:.4g}ms" if x < 1 else f"{x:.4g}s"
+
+
+@dataclass(frozen=True)
+class RetuneForm:
+    """The retune dialog's fields, as text. `mode` picks explicit quanta or q1 × ratio."""
+
+    mode: str = "ratio"  # "quanta" | "ratio"
+    quanta: str = ""
+    q1: str = ""
+    ratio: str = "2"
+    alpha: str = ""
+    k: str = "1"
+    k_prime: str = "1"
+    policy: str = ""
+    kv_policy: str = ""
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> RetuneForm:
+        """The form filled with the daemon's live settings (a snapshot's `config`)."""
+        sched = config.get("sched", {})
+        cache = config.get("cache", {})
+        eff = config.get("effective", {})
+        quanta = eff.get("quanta") or sched.get("quanta") or []
+        q1 = sched.get("q1") or (quanta[0] if quanta else None)
+        alpha = sched.get("starve_limit") or eff.get("starve_limit")
+        policy = sched.get("policy", "")
+        return cls(
+            mode="quanta" if sched.get("quanta") else "ratio",
+            quanta=",".join(fmt_seconds(q) for q in quanta),
+            q1=fmt_seconds(q1) if q1 else "",
+            ratio=f"{sched.get('quantum_ratio', 2.0):g}",
+            alpha=fmt_seconds(alpha) if alpha else "",
+            k=str(cache.get("reserve_min_jobs", 1)),
+            k_prime=str(cache.get("reserve_top_levels", 1)),
+            policy=eff.get("policy") if policy == "default" and eff.get("policy") else policy,
+            kv_policy=cache.get("kv_policy", ""),
+        )
+
+    def values(self) -> dict[str, Any]:
+        """Parsed fields (FormError on the first bad one); blank optional fields are None."""
+        out: dict[str, Any] = {"policy": self.policy or None, "kv_policy": self.kv_policy or None}
+        if self.mode == "quanta":
+            out["quanta"] = parse_quanta("quanta", self.quanta)
+        elif self.mode == "ratio":
+            out["q1"] = parse_seconds("q1", self.q1) if self.q1.strip() else None
+            out["quantum_ratio"] = parse_ratio("ratio", self.ratio)
+        else:
+            raise FormError("mode", f"unknown mode {self.mode!r}")
+        out["starve_limit"] = parse_seconds("alpha", self.alpha) if self.alpha.strip() else None
+        out["reserve_min_jobs"] = parse_int("K", self.k, 0)
+        out["reserve_top_levels"] = parse_int("K'", self.k_prime, 0)
+        return out
+
+
+def retune_changes(form: RetuneForm, current: RetuneForm) -> dict[str, Any]:
+    """The settings `form` changes relative to `current` (both as the dialog holds them).
+
+    Switching from explicit quanta to q1 × ratio clears the quanta, or they would
+    keep overriding q1. Raises FormError for a bad field or when nothing changed.
+    """
+    new = form.values()
+    # Compare with the current form read the same way, so untouched fields never count.
+    try:
+        old = dataclasses.replace(current, mode=form.mode).values()
+    except FormError:
+        old = {}
+    changes = {k: v for k, v in new.items() if v is not None and old.get(k) != v}
+    if form.mode == "ratio" and current.mode == "quanta":
+        changes["quanta"] = None
+        changes.setdefault("quantum_ratio", new["quantum_ratio"])
+        if new.get("q1") is not None:
+            changes["q1"] = new["q1"]
+    if not changes:
+        raise FormError("form", "nothing changed")
+    return changes
+
+
+def burst(count: str, input_len: str, output_len: str) -> P.Burst:
+    """An inline burst from the inject dialog's fields."""
+    return P.Burst(
+        count=parse_int("count", count, 1, 10_000),
+        input_len=parse_int("input tokens", input_len, 1),
+        output_len=parse_int("output tokens", output_len, 1),
+    )
+
+
+def tag(text: str) -> str:
+    value = text.strip()
+    if not value or not re.fullmatch(r"[\w.:-]+", value):
+        raise FormError("tag", "use letters, digits and . _ : - (e.g. injected)")
+    return value
