@@ -17,6 +17,7 @@ from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal
 from textual.message import Message
+from textual.screen import Screen
 from textual.widgets import Footer, Static
 from textual.worker import get_current_worker
 
@@ -121,7 +122,7 @@ class TopApp(App[None]):
         yield Footer()
 
     def on_mount(self) -> None:
-        self.query_one(JobTable).focus()
+        self._main.query_one(JobTable).focus()
         self._layout(self.size.width)
         self.render_view(self.view)
         if self.source is not None:
@@ -140,7 +141,7 @@ class TopApp(App[None]):
         self.render_view(self.view)
 
     def _layout(self, width: int) -> None:
-        self.screen.set_class(width < NARROW, "-narrow")
+        self._main.set_class(width < NARROW, "-narrow")
 
     @work(thread=True, exclusive=True, name="telemetry")
     def _run_feed(self) -> None:
@@ -153,17 +154,23 @@ class TopApp(App[None]):
 
     # ---- rendering -----------------------------------------------------------------
 
+    @property
+    def _main(self) -> Screen:
+        """The console's own screen. `App.query_one` searches the active screen, which
+        is a dialog while one is open; telemetry keeps updating the panels under it."""
+        return self.screen_stack[0]
+
     def render_view(self, view: TopView) -> None:
         """Show `view` in every panel (the frame the bench times)."""
         self.view = view
         s = view.snapshot
         if s is not None:  # the panel row fits the levels, whatever their number
-            self.query_one("#panels").styles.height = max(len(s.levels), 6) + 2
-        self.query_one(panels.TitleBar).show(view)
-        for panel in self.query(panels.Panel):
+            self._main.query_one("#panels").styles.height = max(len(s.levels), 6) + 2
+        self._main.query_one(panels.TitleBar).show(view)
+        for panel in self._main.query(panels.Panel):
             panel.show(view)
-        self.query_one(panels.Summary).show(view)
-        self.query_one(JobTable).show(view)
+        self._main.query_one(panels.Summary).show(view)
+        self._main.query_one(JobTable).show(view)
         if isinstance(self.screen, JobDetailScreen):
             self.screen.update_data()
 
@@ -172,13 +179,13 @@ class TopApp(App[None]):
             self.render_view(message.view)
 
     def on_feed_status(self, message: FeedStatus) -> None:
-        title = self.query_one(panels.TitleBar)
+        title = self._main.query_one(panels.TitleBar)
         title.status = message.text
         title.show()
 
     def say(self, text: str, error: bool = False) -> None:
         """The message line under the table: the last action's outcome."""
-        line = self.query_one("#message", Static)
+        line = self._main.query_one("#message", Static)
         line.set_class(error, "error")
         line.update(text)
 
@@ -197,14 +204,14 @@ class TopApp(App[None]):
         self.paused = not self.paused
         if self.feed is not None:
             self.feed.paused = self.paused
-        title = self.query_one(panels.TitleBar)
+        title = self._main.query_one(panels.TitleBar)
         title.paused = self.paused
         title.show()
         if not self.paused:
             self.render_view(self.state.view())
 
     def action_toggle_config(self) -> None:
-        config = self.query_one("#config")
+        config = self._main.query_one("#config")
         config.display = not config.display
         self.render_view(self.view)
 
@@ -212,7 +219,7 @@ class TopApp(App[None]):
         self.push_screen(JobDetailScreen(message.job_id, self.state.job_history))
 
     def action_abort(self, job_id: str | None = None) -> None:
-        job_id = job_id or self.query_one(JobTable).selected_job
+        job_id = job_id or self._main.query_one(JobTable).selected_job
         if job_id is None:
             self.say("no job selected", error=True)
             return
