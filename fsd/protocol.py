@@ -220,6 +220,8 @@ class StatusReply(_Msg, tag="status_reply"):
     draining: bool
     degraded: str | None = None
     client_timeout: float = 0.0
+    step_seconds: float = 0.0  # engine-thread time in iterations (step + routing tokens)
+    telemetry_seconds: float = 0.0  # engine-thread time reading and queueing telemetry
 
 
 class Ack(_Msg, tag="ack"):

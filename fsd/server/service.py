@@ -79,6 +79,15 @@ class EngineService:
         self._next_snapshot = 0.0
         self.telemetry_enabled = cfg.telemetry_hz > 0
         self._job_pacer = JobTablePacer(cfg.telemetry_job_budget)
+        # engine-thread seconds in model steps and in telemetry (what telemetry costs)
+        self.step_seconds = 0.0
+        self.telemetry_seconds = 0.0
+        self.http = None  # the OpenAI-compatible API and /metrics (fsd.server.http_server)
+        if cfg.http is not None:
+            from fsd.server.http_server import HttpFrontend
+
+            self.http = HttpFrontend(self)
+            self.http.start()
 
     # ---- the loop ------------------------------------------------------------------
 
@@ -97,8 +106,12 @@ class EngineService:
                 self._receive(block=not busy)
                 self._reap_silent_clients()
                 if self.engine.has_unfinished():
+                    t0 = time.perf_counter()
                     self._route(self.engine.step())
+                    self.step_seconds += time.perf_counter() - t0
+                t0 = time.perf_counter()
                 self._telemetry()
+                self.telemetry_seconds += time.perf_counter() - t0
                 self._answer_drain_waiters()
         finally:
             self.close()
@@ -194,6 +207,8 @@ class EngineService:
                     len(out.token_ids),
                 )
             )
+        if self.http is not None:
+            self.http.job_finished(out)  # a queue put: /metrics histograms
         owner = self.owners.pop(out.request_id, None)
         if owner is None:
             return
@@ -306,9 +321,13 @@ class EngineService:
             draining=self.draining,
             degraded=self.degraded,
             client_timeout=self.cfg.client_timeout,
+            step_seconds=self.step_seconds,
+            telemetry_seconds=self.telemetry_seconds,
         )
 
     def close(self) -> None:
+        if self.http is not None:  # its socket must close before the context terminates
+            self.http.stop()
         self.publisher.close()
         self.router.close(linger=0)
         self.security.close()

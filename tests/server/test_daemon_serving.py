@@ -53,6 +53,10 @@ def test_generate_streams_chunks_that_add_up_to_the_completion(daemon):
         again = c.complete("stream me", max_tokens=12, ignore_eos=True)
         assert again.token_ids == done.token_ids
         assert again.ttft is not None and again.per_token_latency is not None
+        status = c.status()
+        # the engine thread's time is accounted: iterations ran, telemetry (20 Hz) read
+        assert status.iterations >= 24 and status.step_seconds > 0
+        assert 0 < status.telemetry_seconds < status.uptime
 
 
 def raw(d: Daemon) -> zmq.Socket:
