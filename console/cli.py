@@ -119,6 +119,18 @@ def version() -> None:
     typer.echo(__version__)
 
 
+@app.command("man")
+def man_page(
+    page: Annotated[str, typer.Argument(help="fsctl, fsd, fsd.toml or fsd-scenario.")] = "fsctl",
+    raw: Annotated[bool, typer.Option(help="Print the roff source.")] = False,
+) -> None:
+    """Show a manual page (with man(1) when there is one, else as plain text)."""
+    from fsd import manual
+
+    with friendly():
+        manual.show(page, raw)
+
+
 @app.command()
 def status(
     ctx: typer.Context,
@@ -285,6 +297,59 @@ def _scenario_spec(path: Path, endpoint: str) -> str:
 
 
 @app.command()
+def play(
+    ctx: typer.Context,
+    scenario: Annotated[Path, typer.Argument(help="A scenario TOML file (man fsd-scenario).")],
+    time_scale: Annotated[
+        float, typer.Option(help="Play S times faster: every time divided by S, same jobs.")
+    ] = 1.0,
+    length_scale: Annotated[
+        float, typer.Option(help="Multiply every job's token counts (small models, CPU).")
+    ] = 1.0,
+    duration: Annotated[
+        Optional[float],  # noqa: UP045
+        typer.Option(help="Cut (or extend) the scenario to this many seconds."),
+    ] = None,
+    records: Annotated[
+        Optional[Path],  # noqa: UP045
+        typer.Option(help="Per-job records, JSON Lines (default play-NAME.jsonl)."),
+    ] = None,
+    json_out: Annotated[
+        Optional[Path],  # noqa: UP045
+        typer.Option("--json", help="Also write the summary and KV series as JSON."),
+    ] = None,
+    tag: Annotated[str, typer.Option(help="Tag of the played jobs.")] = "play",
+    drain_timeout: Annotated[
+        float, typer.Option(help="Seconds to wait for jobs after the last arrival.")
+    ] = 300.0,
+    progress: Annotated[bool, typer.Option(help="Show the progress bar.")] = True,
+) -> None:
+    """Play SCENARIO against the daemon in real time; write per-job records, print a summary."""
+    from fsd.console.play import PlayOptions, run_play_command
+
+    target = _target(ctx)
+    with friendly():
+        opts = PlayOptions(
+            time_scale=time_scale,
+            length_scale=length_scale,
+            duration=duration,
+            tag=tag,
+            drain_timeout=drain_timeout,
+            progress=progress,
+        )
+        run_play_command(
+            scenario,
+            target.endpoint,
+            target.telemetry_endpoint,
+            opts,
+            records,
+            json_out,
+            target.timeout,
+            target.curve(),
+        )
+
+
+@app.command()
 def drain(
     ctx: typer.Context,
     drain_timeout: Annotated[
@@ -386,6 +451,38 @@ def record(
         f"in {time.monotonic() - start:.1f} s to {file}",
         err=True,
     )
+
+
+@app.command()
+def top(
+    ctx: typer.Context,
+    once: Annotated[bool, typer.Option("--once", help="Print one snapshot and exit.")] = False,
+    replay: Annotated[
+        Optional[Path],  # noqa: UP045
+        typer.Option(help="Play a recording from `fsctl record` instead of a live daemon."),
+    ] = None,
+    hz: Annotated[float, typer.Option(help="Screen refreshes per second, at most.")] = 4.0,
+    speed: Annotated[float, typer.Option(help="Replay pace (2 = twice as fast, 0 = at once).")] = 1.0,  # fmt: skip
+) -> None:
+    """The live operator console: queues, jobs, KV, SLO, and levers to change them."""
+    if hz <= 0:
+        fail(f"--hz must be > 0, got {hz}")
+    if speed < 0:
+        fail(f"--speed must be >= 0, got {speed}")
+    target = _target(ctx)
+    from fsd.console.top import run
+
+    with friendly():
+        run(
+            target.endpoint,
+            target.telemetry_endpoint,
+            timeout=target.timeout,
+            curve=target.curve(),
+            once=once,
+            replay=replay,
+            hz=hz,
+            speed=speed,
+        )
 
 
 def _no_telemetry(target: Target) -> NoReturn:

@@ -80,6 +80,7 @@ _START_FLAGS = {
     "num_host_blocks": "--num-host-blocks", "max_batch_size": "--max-batch-size",
     "device": "--device", "dtype": "--dtype", "telemetry_hz": "--telemetry-hz",
     "profile": "--profile", "state_dir": "--state-dir", "log_level": "--log-level",
+    "http": "--http",
 }
 
 
@@ -100,6 +101,7 @@ def start(
     telemetry_hz: Annotated[Optional[float], typer.Option(help="Snapshots per second (0 = off).")] = None,  # noqa: UP045
     profile: Annotated[Optional[str], typer.Option(help="Cost-model JSON (fsd profile) or shipped name.")] = None,  # noqa: UP045
     state_dir: Annotated[Optional[str], typer.Option(help="Where the pidfile and log file go.")] = None,  # noqa: UP045
+    http: Annotated[Optional[str], typer.Option(help="OpenAI-compatible API and /metrics on HOST:PORT, e.g. 127.0.0.1:8000.")] = None,  # noqa: UP045
     log_level: Annotated[str, typer.Option(help="debug, info, warning or error.")] = "info",
 ) -> None:
     """Start the daemon (in the background unless --foreground)."""
@@ -121,7 +123,8 @@ def start(
         err.print(f"[bold red]error:[/] {exc}")
         raise typer.Exit(2) from None
     _, logfile = daemon.state_files(server_cfg)
-    typer.echo(f"fsd started: pid {pid}, {server_cfg.endpoint} (log {logfile})")
+    http = f", http://{server_cfg.http}/v1" if server_cfg.http else ""
+    typer.echo(f"fsd started: pid {pid}, {server_cfg.endpoint}{http} (log {logfile})")
 
 
 @app.command()
@@ -238,6 +241,21 @@ def version() -> None:
     from fsd import __version__
 
     typer.echo(__version__)
+
+
+@app.command("man")
+def man_page(
+    page: Annotated[str, typer.Argument(help="fsd, fsctl, fsd.toml or fsd-scenario.")] = "fsd",
+    raw: Annotated[bool, typer.Option(help="Print the roff source.")] = False,
+) -> None:
+    """Show a manual page (with man(1) when there is one, else as plain text)."""
+    from fsd import manual
+
+    try:
+        manual.show(page, raw)
+    except FsdError as exc:
+        err.print(f"[bold red]error:[/] {exc}")
+        raise typer.Exit(2) from None
 
 
 app.command("simulate")(simulate_command)

@@ -105,8 +105,8 @@ class RetuneForm:
             q1=fmt_seconds(q1) if q1 else "",
             ratio=f"{sched.get('quantum_ratio', 2.0):g}",
             alpha=fmt_seconds(alpha) if alpha else "",
-            k=str(cache.get("reserve_min_jobs", 1)),
-            k_prime=str(cache.get("reserve_top_levels", 1)),
+            k=str(cache.get("reserve_min_jobs", 4)),
+            k_prime=str(cache.get("reserve_top_levels", 2)),
             policy=eff.get("policy") if policy == "default" and eff.get("policy") else policy,
             kv_policy=cache.get("kv_policy", ""),
         )

@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import queue
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -148,6 +149,9 @@ class Publisher:
             configure(self.sock)
         self.sock.bind(endpoint)
         self.dropped = 0
+        # in-process readers of every message sent (the /metrics collector); called on
+        # the publisher's thread, so each must be quick (a queue put)
+        self.taps: list[Callable[[bytes, msgspec.Struct], None]] = []
         self._thread = threading.Thread(target=self._run, name="fsd-telemetry", daemon=True)
         self._thread.start()
 
@@ -164,6 +168,8 @@ class Publisher:
                 break
             topic, msg = item
             self.sock.send_multipart([topic, P.encode(msg)])
+            for tap in self.taps:
+                tap(topic, msg)
         self.sock.close(linger=0)
 
     def close(self, timeout: float = 1.0) -> None:

@@ -177,10 +177,10 @@ def simulate_command(
     ] = 0.9,
     reserve_min_jobs: Annotated[
         int, typer.Option(help="K: reserve room for at least K new jobs.")
-    ] = 1,
+    ] = 4,
     reserve_top_levels: Annotated[
         int, typer.Option(help="K': or for the jobs in the top K' levels.")
-    ] = 1,
+    ] = 2,
     slo: Annotated[
         float | None, typer.Option(help="Per-token latency SLO, s (default 10 x a decode step).")
     ] = None,

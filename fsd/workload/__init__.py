@@ -1,8 +1,11 @@
-"""Workloads: arrival processes, length models, trace readers, and the request list they make."""
+"""Workloads: arrival processes, length models, trace readers, scenarios, and the request
+lists they make."""
 
 from fsd.workload.arrivals import ArrivalProcess, gamma, make_arrivals, poisson
 from fsd.workload.lengths import PRESETS, LengthModel, Lognormal, Zipf, length_model
+from fsd.workload.scenario import Scenario, load_scenario
 from fsd.workload.spec import Request, Workload, synthetic
+from fsd.workload.timeline import Timeline, expand
 from fsd.workload.trace import read_trace
 
 __all__ = [
@@ -11,10 +14,14 @@ __all__ = [
     "LengthModel",
     "Lognormal",
     "Request",
+    "Scenario",
+    "Timeline",
     "Workload",
     "Zipf",
+    "expand",
     "gamma",
     "length_model",
+    "load_scenario",
     "make_arrivals",
     "poisson",
     "read_trace",

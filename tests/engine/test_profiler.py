@@ -144,7 +144,7 @@ def test_quick_profile_of_the_tiny_engine(engine, monkeypatch):
     for key in ("prefill_base", "prefill_per_token", "prefill_per_token2", "decode_base",
                 "decode_per_seq", "decode_per_ctx_token"):  # fmt: skip
         assert getattr(cost, key) >= 0
-    assert cost.decode_base > 0 and cost.prefill_base > 0
+    # (a fixed cost may fit to 0 on a loaded machine; the totals below may not)
     assert cost.prefill_per_token + cost.prefill_per_token2 > 0
     assert cost.min_iteration_time > 0
     assert cost.prefill_time(512) > cost.prefill_time(16)

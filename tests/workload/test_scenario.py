@@ -45,7 +45,7 @@ def test_every_shipped_scenario_loads_and_expands():
         timeline = expand(scenario)
         assert timeline.arrivals, path.name
         times = [a.time for a in timeline.arrivals]
-        assert times == sorted(times) and 0 <= times[0] and times[-1] < timeline.duration
+        assert times == sorted(times) and times[0] >= 0 and times[-1] < timeline.duration
         assert all(a.prompt_len >= 1 and a.output_len >= 1 for a in timeline.arrivals)
 
 
@@ -70,7 +70,9 @@ def test_a_ramp_puts_more_arrivals_where_the_rate_is_higher():
 
 
 def test_phases_run_back_to_back_or_from_their_start():
-    text = BASE + """
+    text = (
+        BASE
+        + """
 [[phase]]
 name = "later"
 start = 10.0
@@ -78,6 +80,7 @@ arrival = "uniform"
 rate = 2.0
 lengths = { prompt = 7, output = 3 }
 """
+    )
     s = parse(text)
     assert [(p.start, p.duration) for p in s.phases] == [(0.0, 20.0), (10.0, 10.0)]
     later = [a for a in expand(s).arrivals if a.origin == "later"]
@@ -86,7 +89,9 @@ lengths = { prompt = 7, output = 3 }
 
 
 def test_events_become_bursts_and_actions():
-    text = BASE + """
+    text = (
+        BASE
+        + """
 [[event]]
 at = 5.0
 kind = "burst"
@@ -104,6 +109,7 @@ set = { policy = "fcfs", quanta = [0.01, 0.02] }
 at = 9.0
 kind = "abort-all"
 """
+    )
     s = parse(text)
     assert [type(e) for e in s.events] == [Burst, Retune, AbortAll]
     t = expand(s)
@@ -188,11 +194,14 @@ def test_inline_text_and_missing_files(tmp_path):
         (('"poisson"', '"weibull"'), r"phase\[0\].arrival: must be one of .*got 'weibull'"),
         (("rate = 5.0", "rate = 5.0\ncv = 3"), r"phase\[0\].cv: a poisson process has cv 1"),
         (('"alpaca"', '"shakespeare"'), r"phase\[0\].lengths: unknown length model 'shakespeare'"),
-        (("duration = 20.0", "duration = 0"), r"t.toml: duration: must be > 0, got 0"),
-        (("duration = 20.0", ""), r"t.toml: duration: is required"),
+        (("duration = 20.0", "duration = 0"), r"t.toml: scenario.duration: must be > 0, got 0"),
+        (("duration = 20.0", ""), r"t.toml: scenario.duration: is required"),
         (("seed = 3", "seed = 1.5"), r"seed: must be a whole number, got 1.5"),
         (("[scenario]", "[scenari]"), r"t.toml: scenari: unknown field"),
-        (("rate = 5.0", "rate = 5.0\nduration = 30"), r"phase\[0\].duration: the phase ends at 30 s"),
+        (
+            ("rate = 5.0", "rate = 5.0\nduration = 30"),
+            r"phase\[0\].duration: the phase ends at 30 s",
+        ),
         (("[[phase]]", "[phase]"), r"phase: must be an array of tables"),
         (("rate = 5.0", "rate = [5"), r"t.toml: not valid TOML"),
     ],
@@ -211,7 +220,10 @@ def test_bad_fields_are_named_with_their_value(change, message):
         ('at = 1.0\nkind = "explode"', r"event\[0\].kind: must be one of burst, retune, abort-all"),
         ('at = 1.0\nkind = "retune"', r"event\[0\].set: is required"),
         ('at = 1.0\nkind = "burst"\ncount = 0', r"event\[0\].count: must be >= 1, got 0"),
-        ('at = 1.0\nkind = "burst"\ncount = 2\nprompt_len = 4', r"event\[0\].output_len: is required"),
+        (
+            'at = 1.0\nkind = "burst"\ncount = 2\nprompt_len = 4',
+            r"event\[0\].output_len: is required",
+        ),
         ('at = -1\nkind = "abort-all"', r"event\[0\].at: must be >= 0, got -1"),
     ],
 )

@@ -1,0 +1,141 @@
+"""The HTTP frontend's life: an asyncio loop on its own thread inside the daemon.
+
+It reaches the engine through an `inproc://` endpoint that the daemon's ROUTER also
+binds: no TCP hop, and no CURVE handshake (inproc never leaves the process), while
+the requests still go through the same admission and validation as every other
+client's. Telemetry reaches /metrics through a tap on the publisher and finished
+jobs through `job_finished`, both queue puts; the HTTP thread does the rest.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from typing import TYPE_CHECKING
+
+import zmq.asyncio
+from aiohttp import web
+
+from fsd.client_async import AsyncClient
+from fsd.config import parse_http_address
+from fsd.engine.output import RequestOutput
+from fsd.errors import ConfigError
+from fsd.server.chat_template import ChatTemplate
+from fsd.server.http_api import Backend, build_app
+from fsd.server.prom import MetricsCollector
+
+if TYPE_CHECKING:
+    from fsd.server.service import EngineService
+
+log = logging.getLogger("fsd.http")
+
+_PUMP_INTERVAL = 0.5  # seconds between applying queued telemetry to the metrics
+_START_TIMEOUT = 30.0
+
+
+def served_name(service: EngineService) -> str:
+    """served_model_name, else the model as configured ("tiny", "/models/opt-125m")."""
+    return service.cfg.served_model_name or service.engine.config.model.model
+
+
+class HttpFrontend:
+    """The OpenAI-compatible API and /metrics of one `EngineService`; `start()` to serve."""
+
+    def __init__(self, service: EngineService) -> None:
+        cfg = service.cfg
+        assert cfg.http is not None
+        self.host, self.port = parse_http_address(cfg.http)
+        self._service = service
+        self._inproc = f"inproc://fsd-http-{id(self):x}"
+        self.metrics = MetricsCollector(served_name(service))
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="fsd-http", daemon=True)
+
+    def start(self) -> None:
+        """Listen; raise ConfigError if the address cannot be bound."""
+        service = self._service
+        service.router.bind(self._inproc)
+        service.publisher.taps.append(self.metrics.telemetry)
+        self._thread.start()
+        if not self._ready.wait(_START_TIMEOUT):
+            raise ConfigError(f"the HTTP server on {self.host}:{self.port} did not start")
+        if self._error is not None:
+            raise ConfigError(f"cannot serve HTTP on {self.host}:{self.port}: {self._error}")
+        if not service.telemetry_enabled:
+            log.warning("telemetry_hz = 0: /metrics has counters and histograms but no gauges")
+        log.info("OpenAI-compatible API on http://%s:%d/v1", self.host, self.port)
+
+    def job_finished(self, out: RequestOutput) -> None:
+        """Called on the engine thread for every finished job (a queue put)."""
+        self.metrics.job_finished(out)
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop serving and close the engine client (before the daemon's context ends)."""
+        loop, stop = self._loop, self._stop
+        if loop is not None and stop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(stop.set)
+        self._thread.join(timeout)
+
+    # ---- the thread ----------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            asyncio.run(self._main())
+        except BaseException as exc:  # noqa: BLE001 - reported to start() or logged
+            if not self._ready.is_set():
+                self._error = exc
+                self._ready.set()
+            else:
+                log.exception("the HTTP server failed")
+
+    async def _main(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._stop = asyncio.Event()
+        service = self._service
+        # a shadow shares the daemon's context, which inproc endpoints need
+        ctx = zmq.asyncio.Context.shadow(service.ctx.underlying)
+        client = AsyncClient(self._inproc, timeout=service.cfg.client_timeout, context=ctx)
+        engine = service.engine
+        backend = Backend(
+            client=client,
+            model=self.metrics.model_name,
+            created=int(time.time()),
+            max_model_len=engine.max_model_len,
+            capacity=min(
+                engine.max_model_len, engine.blocks.device.num_blocks * engine.blocks.block_size
+            ),
+            tokenizer=engine.tokenizer,
+            template=ChatTemplate.for_model(engine.loaded.source),
+            metrics=self.metrics,
+            api_key=service.cfg.http_api_key,
+        )
+        app = build_app(backend, service.cfg.max_frame_bytes)
+        # the engine has drained by the time this stops: open streams get a second, not 60
+        runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
+        await runner.setup()
+        try:
+            await web.TCPSite(runner, self.host, self.port).start()
+        except OSError as exc:
+            await runner.cleanup()
+            await client.close()
+            self._error = exc
+            self._ready.set()
+            return
+        self._ready.set()
+        pump = asyncio.create_task(self._pump())
+        try:
+            await self._stop.wait()
+        finally:
+            pump.cancel()
+            await client.close()  # first: open requests fail fast, and the socket is gone
+            await runner.cleanup()  # before the daemon terminates the shared context
+
+    async def _pump(self) -> None:
+        while True:
+            self.metrics.pump()
+            await asyncio.sleep(_PUMP_INTERVAL)

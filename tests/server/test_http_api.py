@@ -1,0 +1,258 @@
+"""The OpenAI-compatible HTTP API of a real daemon, driven by the official openai client."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import urllib.error
+import urllib.request
+from typing import Any
+
+import openai
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+from prometheus_client.parser import text_string_to_metric_families
+
+from fsd.config import ServerConfig, build_configs
+from fsd.errors import ConfigError
+from fsd.server import openai_schema as oa
+from fsd.server.chat_template import PLAIN_TEMPLATE, ChatTemplate
+from fsd.server.http_api import Backend, build_app
+from fsd.server.prom import MetricsCollector
+from fsd.tokenizer import ByteTokenizer
+from tests.server.daemon_proc import Daemon, free_port, start_daemon
+
+CONFIG = """
+[cache]
+num_gpu_blocks = 40  # 640 tokens: less than tiny's context of 2048
+[server]
+telemetry_hz = 20
+client_timeout = 5.0
+"""
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory) -> Daemon:
+    port = free_port()
+    d = start_daemon(tmp_path_factory.mktemp("http"), CONFIG, "--http", f"127.0.0.1:{port}")
+    d.http = f"http://127.0.0.1:{port}"  # type: ignore[attr-defined]
+    yield d
+    assert d.stop() == 0
+
+
+def http(method: str, url: str, body: bytes | None = None) -> tuple[int, Any]:
+    """(status, JSON body) of one plain HTTP request."""
+    req = urllib.request.Request(url, data=body, method=method)
+    try:
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+@pytest.fixture(scope="module")
+def api(daemon) -> openai.OpenAI:
+    client = openai.OpenAI(base_url=f"{daemon.http}/v1", api_key="unused", max_retries=0)
+    yield client
+    client.close()
+
+
+def test_models_lists_the_daemons_model(api):
+    models = api.models.list()
+    assert [m.id for m in models.data] == ["tiny"]
+    assert api.models.retrieve("tiny").owned_by == "fsd"
+    with pytest.raises(openai.NotFoundError):
+        api.models.retrieve("gpt-4")
+
+
+def test_completion_matches_the_sdk_and_counts_tokens(api, daemon):
+    out = api.completions.create(
+        model="tiny", prompt="Hello", max_tokens=7, extra_body={"ignore_eos": True}
+    )
+    choice = out.choices[0]
+    assert choice.finish_reason == "length"
+    assert out.usage.prompt_tokens == 5 and out.usage.completion_tokens == 7
+    assert out.usage.total_tokens == 12
+    with daemon.client() as c:  # greedy: the same job through the ZeroMQ SDK
+        assert c.complete("Hello", max_tokens=7, ignore_eos=True).text == choice.text
+
+
+def test_streamed_completion_adds_up_to_the_whole_one(api):
+    kw = {
+        "model": "tiny",
+        "prompt": "stream me",
+        "max_tokens": 9,
+        "extra_body": {"ignore_eos": True},
+    }
+    whole = api.completions.create(**kw)
+    chunks = list(api.completions.create(**kw, stream=True, stream_options={"include_usage": True}))
+    text = "".join(ch.choices[0].text for ch in chunks if ch.choices)
+    assert text == whole.choices[0].text
+    reasons = [ch.choices[0].finish_reason for ch in chunks if ch.choices]
+    assert reasons[-1] == "length" and set(reasons[:-1]) <= {None}
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 9
+
+
+def test_chat_uses_the_plain_template_for_presets(api):
+    messages = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Hi"},
+    ]
+    out = api.chat.completions.create(
+        model="tiny", messages=messages, max_tokens=5, extra_body={"ignore_eos": True}
+    )
+    prompt = ChatTemplate(PLAIN_TEMPLATE).render(messages)
+    assert prompt == "system: Be brief.\nuser: Hi\nassistant:"
+    assert out.usage.prompt_tokens == len(prompt.encode())  # byte tokenizer: one per byte
+    assert out.choices[0].message.role == "assistant"
+    assert out.usage.completion_tokens == 5 and out.choices[0].finish_reason == "length"
+    stream = api.chat.completions.create(
+        model="tiny",
+        messages=messages,
+        max_tokens=5,
+        stream=True,
+        extra_body={"ignore_eos": True},
+    )
+    chunks = list(stream)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(ch.choices[0].delta.content or "" for ch in chunks)
+    assert text == out.choices[0].message.content
+    assert chunks[-1].choices[0].finish_reason == "length"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "param"),
+    [
+        ({"n": 2}, "n"),
+        ({"logprobs": 2}, "logprobs"),
+        ({"temperature": 3.5}, "temperature"),
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"stop": [""]}, "stop"),
+        ({"prompt": ["one", "two"]}, "prompt"),
+        ({"presence_penalty": 0.5}, "presence_penalty"),
+    ],
+)
+def test_unsupported_or_bad_parameters_are_400_naming_the_parameter(api, kwargs, param):
+    kw = {"model": "tiny", "prompt": "x", "max_tokens": 2, **kwargs}
+    with pytest.raises(openai.BadRequestError) as info:
+        api.completions.create(**kw)
+    assert info.value.status_code == 400
+    assert info.value.body["param"] == param and info.value.body["message"]
+
+
+def test_refusals_map_to_openai_errors_and_the_daemon_serves_on(api, daemon):
+    with pytest.raises(openai.NotFoundError) as info:
+        api.completions.create(model="gpt-4", prompt="x", max_tokens=2)
+    assert info.value.body["code"] == "model_not_found"
+    with pytest.raises(openai.BadRequestError) as info:  # longer than the context
+        api.completions.create(model="tiny", prompt="x" * 3000, max_tokens=2)
+    assert info.value.body["code"] == "context_length_exceeded"
+    with pytest.raises(openai.BadRequestError):
+        api.chat.completions.create(model="tiny", messages=[{"role": "wizard", "content": "x"}])
+    with pytest.raises(openai.BadRequestError):
+        api.chat.completions.create(
+            model="tiny",
+            messages=[
+                {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}
+            ],
+        )
+    status, body = http("POST", f"{daemon.http}/v1/completions", b"{not json")
+    assert status == 400 and body["error"]["type"] == "invalid_request_error"
+    status, body = http("GET", f"{daemon.http}/v2/nothing")
+    assert status == 404 and "error" in body
+    status, body = http("GET", f"{daemon.http}/v1/completions")
+    assert status == 405 and "error" in body
+    assert http("GET", f"{daemon.http}/health")[1]["status"] == "ok"
+    assert api.completions.create(model="tiny", prompt="still here", max_tokens=2).usage
+
+
+def aborted(daemon) -> float:
+    """vllm:request_success_total{finished_reason="abort"} from /metrics."""
+    with urllib.request.urlopen(f"{daemon.http}/metrics", timeout=30) as resp:
+        families = text_string_to_metric_families(resp.read().decode())
+        return sum(
+            s.value
+            for f in families
+            for s in f.samples
+            if s.name == "vllm:request_success_total" and s.labels["finished_reason"] == "abort"
+        )
+
+
+def test_a_client_that_leaves_a_stream_gets_its_job_aborted(api, daemon):
+    before = aborted(daemon)
+    stream = api.completions.create(
+        model="tiny", prompt="long", max_tokens=600, stream=True, extra_body={"ignore_eos": True}
+    )
+    next(iter(stream))
+    stream.close()
+    deadline = time.time() + 60
+    while time.time() < deadline and aborted(daemon) == before:
+        time.sleep(0.1)
+    assert aborted(daemon) == before + 1
+    with daemon.client() as c:
+        assert c.jobs() == []
+
+
+def test_chat_without_max_tokens_fills_what_the_pool_holds(api):
+    out = api.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "go"}], extra_body={"ignore_eos": True}
+    )
+    assert out.usage.total_tokens == 40 * 16  # the pool, smaller than the context
+    assert out.choices[0].finish_reason == "length"
+
+
+def test_health_answers_ok(daemon):
+    status, body = http("GET", f"{daemon.http}/health")
+    assert status == 200 and body["model"] == "tiny"
+
+
+# ---- without a daemon --------------------------------------------------------------
+
+
+def test_http_beyond_loopback_needs_an_explicit_opt_in():
+    with pytest.raises(ConfigError, match="beyond loopback"):
+        ServerConfig(http="0.0.0.0:8000")
+    assert ServerConfig(http="0.0.0.0:8000", http_allow_remote=True).http == "0.0.0.0:8000"
+    assert ServerConfig(http="[::1]:8000").http == "[::1]:8000"
+    for bad in ("8000", "127.0.0.1", "127.0.0.1:http", "127.0.0.1:70000"):
+        with pytest.raises(ConfigError, match="HOST:PORT"):
+            build_configs(None, http=bad)
+
+
+def test_fsd_error_codes_map_to_http_statuses():
+    assert oa.from_fsd_error("draining", "no").status == 503
+    assert oa.from_fsd_error("too-large", "no").status == 413
+    assert oa.from_fsd_error("prompt-too-long", "no").code == "context_length_exceeded"
+    assert oa.from_fsd_error("invalid", "no").status == 400
+    assert oa.from_fsd_error("something-new", "no").status == 500
+
+
+def test_an_api_key_guards_v1_but_not_health_or_metrics():
+    backend = Backend(
+        client=None,  # type: ignore[arg-type]  # these routes never reach the engine
+        model="tiny",
+        created=0,
+        max_model_len=64,
+        capacity=64,
+        tokenizer=ByteTokenizer(),
+        template=ChatTemplate(PLAIN_TEMPLATE),
+        metrics=MetricsCollector("tiny"),
+        api_key="k3y",
+    )
+
+    async def run() -> None:
+        async with TestClient(TestServer(build_app(backend, 1 << 20))) as http:
+            r = await http.get("/v1/models")
+            assert r.status == 401 and (await r.json())["error"]["code"] == "invalid_api_key"
+            r = await http.get("/v1/models", headers={"Authorization": "Bearer k3y"})
+            assert r.status == 200
+            assert (await http.get("/metrics")).status == 200
+            r = await http.post(
+                "/v1/completions",
+                data=b"x" * (2 << 20),
+                headers={"Authorization": "Bearer k3y"},
+            )
+            assert r.status == 413 and "error" in await r.json()
+
+    asyncio.run(run())

@@ -1,0 +1,99 @@
+"""The man pages document every command, option and config key, and `fsd man` shows them."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from fsd import manual
+from fsd.cli import app as fsd_app
+from fsd.console.cli import app as fsctl_app
+
+ROOT = Path(__file__).resolve().parent.parent
+# typer's own shell-completion switches are not fsd's to document
+UNDOCUMENTED = {"--help", "--install-completion", "--show-completion"}
+
+
+def commands(cmd, path: list[str]) -> Iterator[tuple[list[str], object]]:
+    yield path, cmd
+    for name, sub in (getattr(cmd, "commands", None) or {}).items():
+        yield from commands(sub, [*path, name])
+
+
+def surface(app: typer.Typer, name: str) -> tuple[set[str], set[str]]:
+    """(every subcommand path like "bench slo", every option name) of a typer app."""
+    paths, options = set(), set()
+    for path, cmd in commands(typer.main.get_command(app), [name]):
+        if len(path) > 1:
+            paths.add(" ".join(path[1:]))
+        for param in cmd.params:
+            if param.param_type_name == "option":
+                options.update(
+                    o for o in param.opts + param.secondary_opts if o not in UNDOCUMENTED
+                )
+    return paths, options
+
+
+def page_text(name: str) -> str:
+    return manual.to_text((ROOT / "man" / manual.PAGES[name]).read_text())
+
+
+@pytest.mark.parametrize(("app", "name"), [(fsd_app, "fsd"), (fsctl_app, "fsctl")])
+def test_every_command_and_option_is_in_the_page(app, name):
+    text = page_text(name)
+    paths, options = surface(app, name)
+    assert {"start", "man"} <= paths or {"top", "man"} <= paths
+    missing = sorted(
+        p for p in paths if not re.search(rf"\b{re.escape(name)} {re.escape(p)}\b", text)
+    )
+    assert not missing, f"{name}(1) lacks a section for: {missing}"
+    missing = sorted(
+        o for o in options if not re.search(rf"(?<![\w-]){re.escape(o)}(?![\w-])", text)
+    )
+    assert not missing, f"{name}(1) does not mention: {missing}"
+
+
+def test_fsd_toml_documents_every_key_of_the_example():
+    text = page_text("fsd.toml")
+    keys, section = [], None
+    for line in (ROOT / "fsd.example.toml").read_text().splitlines():
+        if m := re.match(r"\[(\w+)\]", line):
+            section = m.group(1)
+            assert f"[{section}]" in text
+        elif section and (m := re.match(r"#?\s*(\w+)\s*=", line)):
+            keys.append(m.group(1))
+    missing = [k for k in keys if not re.search(rf"^\s+{k}\b", text, re.M)]
+    assert keys and not missing, f"fsd.toml(5) lacks: {missing}"
+
+
+def test_fsd_man_and_fsctl_man_print_the_pages_without_a_terminal():
+    runner = CliRunner()
+    out = runner.invoke(fsd_app, ["man"])
+    assert out.exit_code == 0 and out.output.startswith("FSD(1)") and "SYNOPSIS" in out.output
+    assert "\\f" not in out.output and "\\-" not in out.output  # no roff left
+    out = runner.invoke(fsctl_app, ["man", "fsd.toml"])
+    assert out.exit_code == 0 and "http_allow_remote" in out.output
+    out = runner.invoke(fsctl_app, ["man"])
+    assert out.exit_code == 0 and out.output.startswith("FSCTL(1)")
+    raw = runner.invoke(fsd_app, ["man", "fsctl.1", "--raw"])
+    assert raw.exit_code == 0 and raw.output.startswith('.\\"')
+    bad = runner.invoke(fsd_app, ["man", "nonsense"])
+    assert bad.exit_code == 2 and "no man page" in bad.output
+
+
+def test_the_renderer_fills_text_and_handles_items():
+    src = '.TH X 1\n.SH NAME\nx \\- does\n.B things\nwell\n.TP\n.BR \\-\\-flag ", " \\-o\nBody \\fIhere\\fR.\n'
+    assert manual.to_text(src) == (
+        "X(1)\n\n\nNAME\n       x - does things well\n\n       --flag, -o\n           Body here.\n"
+    )
+
+
+def test_pages_ship_with_the_package():
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    assert '"fsd.manpages" = "man"' in pyproject and '"fsd.manpages"' in pyproject
+    assert manual.man_dir() is not None and set(manual.available()) >= {"fsd", "fsctl", "fsd.toml"}
