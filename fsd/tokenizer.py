@@ -111,8 +111,8 @@ class HFTokenizer:
             tok = RawTokenizer.from_file(str(file))
         except Exception as exc:  # the Rust side raises plain Exception subclasses
             raise ModelLoadError(f"cannot read {file}: {exc}") from None
-        metas = [_read_json(path / n) for n in ("generation_config.json", "config.json")]
-        tok_cfg = _read_json(path / "tokenizer_config.json")
+        metas = [read_json_side_file(path / n) for n in ("generation_config.json", "config.json")]
+        tok_cfg = read_json_side_file(path / "tokenizer_config.json")
         eos: list[int] = []
         bos: list[int] = []
         for meta in metas:
@@ -145,7 +145,7 @@ class HFTokenizer:
         return str(self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens))
 
 
-def _read_json(file: Path) -> dict[str, Any]:
+def read_json_side_file(file: Path) -> dict[str, Any]:
     """An optional side file: {} when absent; a broken one is an error naming it."""
     if not file.is_file():
         return {}

@@ -11,13 +11,12 @@ latency crosses the SLO, interpolated linearly between the tested rates.
 from __future__ import annotations
 
 import math
-import os
-import platform
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from rich.console import Console
 
+from fsd.bench import machine
 from fsd.bench.daemon import BenchDaemon, DaemonSpec
 from fsd.console.play import PlayOptions, play, prepare, summary_table
 from fsd.console.play_stats import summarize
@@ -136,33 +135,8 @@ def max_rate_under(runs: list[dict[str, Any]], slo: float, metric: str) -> dict[
 
 
 def describe_machine(device: str | None) -> dict[str, Any]:
-    """CPU model and cores, GPU name when the daemon ran on one, library versions."""
-    info: dict[str, Any] = {
-        "cpu": _cpu_model(),
-        "cores": os.cpu_count(),
-        "python": platform.python_version(),
-    }
-    try:
-        import torch
+    """The machine the daemon ran on: its GPU when it used one (torch is imported lazily)."""
+    import torch
 
-        info["torch"] = torch.__version__
-        cuda = torch.cuda.is_available() and device in (None, "auto", "cuda")
-        info["device"] = "cuda" if cuda else "cpu"
-        if cuda:
-            props = torch.cuda.get_device_properties(0)
-            info["gpu"] = props.name
-            info["gpu_memory_gb"] = round(props.total_memory / 2**30, 1)
-    except ImportError:
-        info["device"] = "cpu"
-    return info
-
-
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+    cuda = torch.cuda.is_available() and device in (None, "auto", "cuda")
+    return machine.describe_machine(torch.device("cuda" if cuda else "cpu"))

@@ -19,6 +19,7 @@ from jinja2 import TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from fsd.errors import ConfigError, ModelLoadError
+from fsd.tokenizer import read_json_side_file
 
 # A transcript any base model can continue; the trailing "assistant:" cues its turn.
 PLAIN_TEMPLATE = (
@@ -55,7 +56,7 @@ class ChatTemplate:
         path = Path(source)
         if source.startswith("preset:") or not path.is_dir():
             return cls(PLAIN_TEMPLATE)
-        cfg = _read_json(path / "tokenizer_config.json")
+        cfg = read_json_side_file(path / "tokenizer_config.json")
         template = _pick(cfg.get("chat_template"))
         jinja_file = path / "chat_template.jinja"
         if template is None and jinja_file.is_file():
@@ -131,16 +132,6 @@ def _token_text(token: Any) -> str:
     if isinstance(token, dict):
         token = token.get("content")
     return token if isinstance(token, str) else ""
-
-
-def _read_json(file: Path) -> dict[str, Any]:
-    if not file.is_file():
-        return {}
-    try:
-        data = json.loads(file.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ModelLoadError(f"{file} is not valid JSON: {exc}") from None
-    return data if isinstance(data, dict) else {}
 
 
 def _tojson(value: Any, indent: int | None = None) -> str:
