@@ -10,8 +10,7 @@ jobs lets them start at once.
 
 from __future__ import annotations
 
-import heapq
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from fsd.config import CacheConfig
@@ -39,7 +38,9 @@ class SwapPlanner:
     def reserve_blocks(self, top_level_jobs: int) -> int:
         """reserve = max(K, jobs in the top K' queues) x expected blocks per new job."""
         jobs = max(self.cache.reserve_min_jobs, top_level_jobs)
-        return min(round(jobs * self.expected_new_blocks), self.blocks.device.num_blocks)
+        # at most half the pool: a reserve that crowds out the jobs that run makes the
+        # planner swap them out as fast as they come back in (found by hypothesis)
+        return min(round(jobs * self.expected_new_blocks), self.blocks.device.num_blocks // 2)
 
     def block_budget(self, cost: CostModel, iteration_time: float) -> int | None:
         """Blocks the host link moves in about two iterations (None: unknown, unbounded).
@@ -61,6 +62,7 @@ class SwapPlanner:
         reserve: int,
         in_flight: Mapping[str, SwapOp],
         max_blocks: int | None = None,
+        by_enst: Callable[[], Iterator[tuple[float, Job]]] | None = None,
     ) -> list[SwapOp]:
         """Start the copies that keep `reserve` free and bring the next jobs in.
 
@@ -69,6 +71,8 @@ class SwapPlanner:
         the reserve, and room is made for them by evicting jobs expected later.
         `upcoming`: the host jobs next in line after the batch; they come in only while
         the reserve still holds.
+        `by_enst`: yields `movable` as (ENST, job), largest first, lazily (the queue
+        knows which jobs can have a large ENST); default: sort `movable`.
         """
         blocks = self.blocks
         ops: list[SwapOp] = []
@@ -78,20 +82,18 @@ class SwapPlanner:
         budget = float("inf") if max_blocks is None else max_blocks - moving
         if budget <= 0:
             return ops
-        urgent = sum(len(j.host_block_table) for j in wanted)
+        urgent = sum(self._room_to_run(j) for j in wanted)
         soonest = min((enst(j) for j in wanted), default=float("inf"))
         freeing = sum(op.num_blocks for op in in_flight.values() if op.direction == "out")
         free_soon = blocks.num_free + freeing
         target = min(reserve + urgent, blocks.device.num_blocks)
         sent_out = float("inf")  # smallest ENST sent out this round
-        # a max-heap by ENST: usually only a few of the candidates are popped
-        candidates = [(-enst(j), i, j) for i, j in enumerate(movable)] if free_soon < target else []
-        heapq.heapify(candidates)
-        while candidates:
+        candidates: Iterator[tuple[float, Job]] = iter(())
+        if free_soon < target:
+            candidates = by_enst() if by_enst else by_enst_desc(movable, enst)
+        for e, job in candidates:
             if free_soon >= target or budget <= 0:
                 break
-            neg, _, job = heapq.heappop(candidates)
-            e = -neg
             if free_soon >= reserve and e <= soonest:
                 break  # past the reserve, evict only for jobs expected sooner than the victim
             if not blocks.can_swap_out(job):
@@ -105,8 +107,19 @@ class SwapPlanner:
             need = len(job.host_block_table)
             if need > budget:
                 break
-            # never bring back a job expected later than one just sent out (thrashing)
-            if blocks.num_free - need >= floor and enst(job) < sent_out:
+            # Room to run, not only to land: a job brought in without the block its next
+            # token needs cannot run, and is the first the reserve sends out again.
+            # Never bring back a job expected later than one just sent out (thrashing).
+            if blocks.num_free - self._room_to_run(job) >= floor and enst(job) < sent_out:
                 ops.append(blocks.begin_swap_in(job))
                 budget -= need
         return ops
+
+    def _room_to_run(self, job: Job) -> int:
+        """Device blocks a host job needs to come in and run its next iteration."""
+        return max(len(job.host_block_table), self.blocks.blocks_for(job.num_tokens))
+
+
+def by_enst_desc(jobs: Iterable[Job], enst: Callable[[Job], float]) -> Iterator[tuple[float, Job]]:
+    """(ENST, job) for `jobs`, largest ENST first (ties in the given order)."""
+    return iter(sorted(((enst(j), j) for j in jobs), key=lambda ej: -ej[0]))

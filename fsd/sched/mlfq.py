@@ -22,7 +22,9 @@ Where fsd departs from the paper (measured in bench/policies.py, README):
 from __future__ import annotations
 
 import heapq
+import itertools
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any
 
 from fsd.jobs import Job, KVLocation
 from fsd.sched.profile import CostModel
@@ -208,6 +210,39 @@ class MLFQQueue(JobQueue):
                         return count
         return count
 
+    def largest_enst_first(
+        self,
+        jobs: Iterable[Job],
+        select: Callable[[Job], bool],
+        enst: Callable[[Job], float],
+    ) -> Iterator[tuple[float, Job]]:
+        """Largest ENST first, walking the levels lazily (`jobs` is not read).
+
+        ENST(i) <= T_execute(level(i)), which grows with the level, so each level's
+        bound is a marker in a max-heap and a level's jobs are read only when its
+        bound reaches the top. The planner usually needs a few victims from the
+        lowest levels, so most jobs are never looked at. Uses the T_execute table of
+        the latest `enst_fn` (the one `enst` comes from).
+        """
+        t_exec = getattr(self, "_t_exec", None)
+        if t_exec is None or len(t_exec) != len(self._levels):
+            yield from super().largest_enst_first((j for j in jobs if select(j)), select, enst)
+            return
+        seq = itertools.count()
+        # (-value, kind, seq, item): kind 0 = a level's bound, read before equal jobs
+        heap: list[tuple[float, int, int, Any]] = [
+            (-t_exec[lvl], 0, next(seq), lvl) for lvl, jobs_at in enumerate(self._levels) if jobs_at
+        ]
+        heapq.heapify(heap)
+        while heap:
+            neg, kind, _, item = heapq.heappop(heap)
+            if kind == 0:
+                for job in self._levels[item].values():
+                    if select(job):
+                        heapq.heappush(heap, (-enst(job), 1, next(seq), job))
+            else:
+                yield -neg, item
+
     def enst_fn(self, now: float, batch_size: int) -> Callable[[Job], float]:
         """ENST(i) = min(T_promote(i), T_execute(i)) (paper §4.2).
 
@@ -227,6 +262,7 @@ class MLFQQueue(JobQueue):
             count += len(jobs)
             weighted += len(jobs) * prefix[lvl]
         alpha = self.starve_limit
+        self._t_exec = t_exec
 
         def enst(job: Job) -> float:
             level = min(max(job.level, 0), len(t_exec) - 1)

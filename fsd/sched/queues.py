@@ -10,10 +10,11 @@ from __future__ import annotations
 import bisect
 import itertools
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 from fsd.jobs import Job
+from fsd.kv.planner import by_enst_desc
 from fsd.sched.profile import CostModel
 
 
@@ -91,6 +92,18 @@ class JobQueue(ABC):
         step = self.cost.min_iteration_time
         b = max(batch_size, 1)
         return lambda job: (self.rank(job) // b) * step
+
+    def largest_enst_first(
+        self,
+        jobs: Iterable[Job],
+        select: Callable[[Job], bool],
+        enst: Callable[[Job], float],
+    ) -> Iterator[tuple[float, Job]]:
+        """(ENST, job) for `jobs` (each also passing `select`), largest ENST first.
+
+        A queue with levels may ignore `jobs` and walk its own levels lazily.
+        """
+        return by_enst_desc(jobs, enst)
 
     def enst(self, jobs: Iterable[Job], now: float, batch_size: int) -> dict[str, float]:
         """ENST of each of `jobs`."""

@@ -17,7 +17,7 @@ KV policies when device blocks run short (paper §4.2):
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, field
 
 from fsd.config import CacheConfig, SchedConfig
@@ -180,10 +180,13 @@ class Scheduler:
 
     # ---- the iteration -------------------------------------------------------------
 
-    def schedule(self, now: float) -> SchedulerOutput:
+    def schedule(self, now: float, busy: Collection[str] = ()) -> SchedulerOutput:
+        """Form the next batch. `busy`: jobs inside an unfinished (pipelined) micro-batch;
+        they stay in their queues but are not ready, and their KV may not move."""
         out = SchedulerOutput(promoted=self.queue.tick(now))
         batch = out.batch
-        batch_ids: set[str] = set()
+        # protected from eviction: this batch and the micro-batches still in flight
+        batch_ids: set[str] = set(busy)
         budget = self.config.max_batch_tokens
         wanted: list[Job] = []  # host jobs the batch would have taken
         upcoming: list[Job] = []  # host jobs next in line after a full batch
@@ -217,7 +220,7 @@ class Scheduler:
                     continue
                 admit_room -= need
             job_id = job.job_id
-            if job_id in in_flight or job_id in evicted:
+            if job_id in in_flight or job_id in evicted or job_id in batch_ids:
                 continue
             new_tokens = job.num_new_tokens
             if new_tokens > budget:
@@ -251,7 +254,8 @@ class Scheduler:
         self._enst = self.queue.enst_fn(now, limit)
         if self.cache.kv_policy == "proactive":
             self._plan_proactive(batch_ids, wanted, upcoming, out)
-        for job_id in self._last_batch - batch_ids:
+        batch_ids.difference_update(busy)
+        for job_id in self._last_batch - batch_ids - set(busy):
             job = self._jobs.get(job_id)
             if job is not None and not job.status.finished:
                 job.preemptions += 1
@@ -356,9 +360,22 @@ class Scheduler:
         reserve = self.reserve = self.planner.reserve_blocks(self.new_jobs_in_top_levels())
         # consumed only when the reserve is short (most iterations it is not)
         movable = (j for j in self._on_device.values() if j.job_id not in batch_ids)
+        on_device = self._on_device
+
+        def select(job: Job) -> bool:
+            return job.job_id in on_device and job.job_id not in batch_ids
+
         budget = self.planner.block_budget(self.cost, self._last_iteration_time())
+        enst = self._enst
         ops = self.planner.plan(
-            movable, wanted, upcoming, self._enst, reserve, self.in_flight, budget
+            movable,
+            wanted,
+            upcoming,
+            enst,
+            reserve,
+            self.in_flight,
+            budget,
+            by_enst=lambda: self.queue.largest_enst_first(movable, select, enst),
         )
         for op in ops:
             self._start(op, out)

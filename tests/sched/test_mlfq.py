@@ -152,7 +152,7 @@ def test_reserve_is_max_of_k_and_top_queue_jobs_times_blocks_per_new_job():
     planner.expected_new_blocks = 5.0
     assert planner.reserve_blocks(top_level_jobs=1) == 10  # K = 2 dominates
     assert planner.reserve_blocks(top_level_jobs=3) == 15  # a burst in the top queue
-    assert planner.reserve_blocks(top_level_jobs=50) == 100  # never more than the pool
+    assert planner.reserve_blocks(top_level_jobs=50) == 50  # never more than half the pool
 
 
 def _pools(device: int, on_device: str, on_host: str) -> tuple[BlockManager, dict[str, Job]]:

@@ -105,3 +105,20 @@ def test_admission_holds_new_jobs_while_started_ones_fill_the_share(fraction, e_
 def test_admission_never_refuses_a_job_when_nothing_else_holds_kv():
     s = scheduler("sj-mlfq", device=32, host=0, admit_fraction=0.1)
     assert drive(s, make_jobs([(100, 3)])).finished == ["j0"]
+
+
+def test_busy_jobs_are_not_ready_not_preempted_and_keep_their_kv():
+    # pipeline parallelism: a micro-batch in flight holds its jobs until it returns
+    def run(busy: set[str]):
+        s = scheduler("sj-mlfq", kv_policy="reactive", device=52, host=64, block_size=4)
+        a, b = make_jobs([(200, 10), (12, 10)])  # a: 50 blocks, level 2; b: 3 blocks, level 1
+        s.add(a, 0.0)
+        assert s.schedule(0.0).batch == [a]
+        s.add(b, 0.0)  # b outranks a and needs a's room
+        return a, b, s.schedule(0.1, busy={a.job_id} if busy else set())
+
+    a, b, free = run(busy=False)
+    assert free.batch == [b] and [op.job for op in free.swap_out] == [a] and a in free.preempted
+    a, b, held = run(busy=True)
+    assert held.batch == [] and a not in held.preempted
+    assert a.kv.value == "device" and len(a.block_table) == 50 and held.swap_out == []
