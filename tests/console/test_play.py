@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from fsd.bench.slo import max_rate_under
 from fsd.console.cli import app
 from fsd.console.play_stats import JobRecord, split_latency, summarize
-from tests.server.daemon_proc import Daemon, start_daemon
+from tests.server.daemon_proc import Daemon, daemon_fixture
 
 CONFIG = """
 [cache]
@@ -49,11 +49,7 @@ set = { quantum_ratio = 3.0 }
 """
 
 
-@pytest.fixture(scope="module")
-def daemon(tmp_path_factory) -> Daemon:
-    d = start_daemon(tmp_path_factory.mktemp("play"), CONFIG)
-    yield d
-    assert d.stop() == 0
+daemon = daemon_fixture(CONFIG, "play")
 
 
 def fsctl(d: Daemon, *args: str):

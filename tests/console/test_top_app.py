@@ -25,7 +25,7 @@ from fsd.console.top.panels import TitleBar
 from fsd.console.top.screens import ConfirmScreen, HelpScreen, JobDetailScreen
 from fsd.console.top.source import LiveSource, ReplaySource
 from tests.console.conftest import RECORDING
-from tests.server.daemon_proc import Daemon, free_port, start_daemon
+from tests.server.daemon_proc import Daemon, daemon_fixture, free_port
 
 CONFIG = """
 [cache]
@@ -38,11 +38,7 @@ telemetry_hz = 20
 """
 
 
-@pytest.fixture(scope="module")
-def daemon(tmp_path_factory) -> Daemon:
-    d = start_daemon(tmp_path_factory.mktemp("top-daemon"), CONFIG)
-    yield d
-    assert d.stop() == 0
+daemon = daemon_fixture(CONFIG, "top-daemon")
 
 
 def live_app(d: Daemon, scenario_dir=None) -> TopApp:

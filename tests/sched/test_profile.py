@@ -285,9 +285,9 @@ def test_weight_read_term_is_the_bandwidth_bound():
 
 
 def test_shipped_profile_notes_state_the_gpus():
-    expected = {"opt-13b": 1, "opt-66b": 4, "opt-175b": 8}
+    expected = {"opt-13b": 1, "opt-66b": 4, "opt-175b": 8}  # GPUs per pipeline stage
     for name, (model, _gpu, tp, pp) in SHIPPED.items():
         notes = shipped_profile(name).notes
-        assert notes["layout"]["num_gpus"] == expected[model] == tp * pp
-        assert f"{expected[model]} x" in str(notes["gpus"])
+        assert notes["layout"]["num_gpus"] == expected[model] * pp == tp * pp
+        assert f"{expected[model] * pp} x" in str(notes["gpus"])
         assert notes["kv_capacity_tokens"] > 10_000

@@ -107,3 +107,26 @@ def start_daemon(
                 continue
     d.stop()
     raise RuntimeError(f"daemon did not answer:\n{log.read_text()}")
+
+
+def daemon_fixture(config: str, name: str, http: bool = False):  # noqa: ANN201
+    """A module-scoped pytest fixture: one daemon per test module, stopped cleanly after.
+
+    `http`: also serve the OpenAI-compatible API on a free port (its base URL is
+    `daemon.http`).
+    """
+    import pytest
+
+    @pytest.fixture(scope="module")
+    def daemon(tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN202
+        flags: tuple[str, ...] = ()
+        port = free_port()
+        if http:
+            flags = ("--http", f"127.0.0.1:{port}")
+        d = start_daemon(tmp_path_factory.mktemp(name), config, *flags)
+        if http:
+            d.http = f"http://127.0.0.1:{port}"  # type: ignore[attr-defined]
+        yield d
+        assert d.stop() == 0
+
+    return daemon

@@ -11,7 +11,7 @@ import zmq
 
 from fsd import protocol as P
 from fsd.client import Client, RequestError
-from tests.server.daemon_proc import Daemon, start_daemon
+from tests.server.daemon_proc import Daemon, daemon_fixture
 
 CONFIG = """
 [cache]
@@ -26,11 +26,7 @@ max_frame_bytes = 65536
 """
 
 
-@pytest.fixture(scope="module")
-def daemon(tmp_path_factory) -> Daemon:
-    d = start_daemon(tmp_path_factory.mktemp("daemon"), CONFIG)
-    yield d
-    assert d.stop() == 0
+daemon = daemon_fixture(CONFIG, "daemon")
 
 
 def wait_idle(d: Daemon, timeout: float = 60.0) -> P.Snapshot:

@@ -21,7 +21,7 @@ from fsd.server.chat_template import PLAIN_TEMPLATE, ChatTemplate
 from fsd.server.http_api import Backend, build_app
 from fsd.server.prom import MetricsCollector
 from fsd.tokenizer import ByteTokenizer
-from tests.server.daemon_proc import Daemon, free_port, start_daemon
+from tests.server.daemon_proc import daemon_fixture
 
 CONFIG = """
 [cache]
@@ -32,13 +32,7 @@ client_timeout = 5.0
 """
 
 
-@pytest.fixture(scope="module")
-def daemon(tmp_path_factory) -> Daemon:
-    port = free_port()
-    d = start_daemon(tmp_path_factory.mktemp("http"), CONFIG, "--http", f"127.0.0.1:{port}")
-    d.http = f"http://127.0.0.1:{port}"  # type: ignore[attr-defined]
-    yield d
-    assert d.stop() == 0
+daemon = daemon_fixture(CONFIG, "http", http=True)
 
 
 def http(method: str, url: str, body: bytes | None = None) -> tuple[int, Any]:

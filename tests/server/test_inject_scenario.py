@@ -10,7 +10,7 @@ import pytest
 from fsd.client import RequestError, TelemetryClient
 from fsd.workload.scenario import load_scenario
 from fsd.workload.timeline import expand
-from tests.server.daemon_proc import Daemon, start_daemon
+from tests.server.daemon_proc import Daemon, daemon_fixture
 
 CONFIG = """
 [cache]
@@ -42,11 +42,7 @@ output_len = 4
 """
 
 
-@pytest.fixture(scope="module")
-def daemon(tmp_path_factory) -> Daemon:
-    d = start_daemon(tmp_path_factory.mktemp("inject"), CONFIG)
-    yield d
-    assert d.stop() == 0
+daemon = daemon_fixture(CONFIG, "inject")
 
 
 def inject_and_watch(d: Daemon, spec: str, tag: str, timeout: float = 60.0):

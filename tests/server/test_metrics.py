@@ -6,13 +6,12 @@ import time
 import urllib.request
 
 import openai
-import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from fsd import protocol as P
 from fsd.engine.output import RequestOutput
 from fsd.server.prom import MetricsCollector
-from tests.server.daemon_proc import Daemon, free_port, start_daemon
+from tests.server.daemon_proc import Daemon, daemon_fixture
 
 
 def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -160,13 +159,7 @@ telemetry_hz = 20
 """
 
 
-@pytest.fixture(scope="module")
-def daemon(tmp_path_factory) -> Daemon:
-    port = free_port()
-    d = start_daemon(tmp_path_factory.mktemp("metrics"), CONFIG, "--http", f"127.0.0.1:{port}")
-    d.http = f"http://127.0.0.1:{port}"  # type: ignore[attr-defined]
-    yield d
-    assert d.stop() == 0
+daemon = daemon_fixture(CONFIG, "metrics", http=True)
 
 
 def scrape(d: Daemon) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
