@@ -293,9 +293,9 @@ class EngineService:
     # ---- telemetry -----------------------------------------------------------------
 
     def _telemetry(self) -> None:
-        for e in self.engine.events.drain():
-            if self.telemetry_enabled:
-                self.publisher.publish(P.TOPIC_EVENT, wire_event(e))
+        events = self.engine.events.drain()
+        if self.telemetry_enabled:
+            self.publisher.publish_all(P.TOPIC_EVENT, events, wire_event)
         now = time.time()
         if self.telemetry_enabled and now >= self._next_snapshot:
             self._snap_seq += 1
@@ -319,7 +319,7 @@ class EngineService:
             running=sum(1 for j in sched.jobs() if j.status is JobStatus.RUNNING),
             iterations=self.engine.iterations,
             draining=self.draining,
-            degraded=self.degraded,
+            degraded=self.degraded or self.engine.degraded,
             client_timeout=self.cfg.client_timeout,
             step_seconds=self.step_seconds,
             telemetry_seconds=self.telemetry_seconds,
@@ -331,7 +331,7 @@ class EngineService:
         self.publisher.close()
         self.router.close(linger=0)
         self.security.close()
-        self.engine.swapper.close()
+        self.engine.close()
         self.ctx.term()
 
 
