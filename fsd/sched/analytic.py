@@ -14,7 +14,10 @@ The derivation is written out in `fsd/sched/profiles/README.md`; in short:
 
 Every quantity is per GPU: with TP degree t a GPU holds 1/t of each layer, and a token
 passes the pp pipeline stages one after another, so an iteration's latency is the sum
-over stages of 1/(t*pp) of the model = 1/t of it. Terms are added rather than
+over stages of 1/(t*pp) of the model = 1/t of it; each stage is busy for 1/pp of that
+(`CostModel.pipeline_stages`, which the simulator pipelines micro-batches on). Memory
+is per stage (`plan_stages`): a stage's GPUs hold its layers' weights and its layers'
+KV with heads/t each, so the KV capacity is that of the tightest stage. Terms are added rather than
 max()-ed: at serving batch sizes the weight-streaming GEMVs and the math do not
 overlap perfectly, and measured decode steps grow steadily with batch
 (the max() roofline is kept in the notes as a lower bound).
@@ -204,8 +207,9 @@ GPUS: dict[str, GPU] = {
 }
 
 # The shipped profiles: (model, gpu, tp, pp). The paper runs 66B on 4 GPUs and 175B on
-# 16; 8 x 80 GB already hold 175B's 350 GB of weights, so 8-way TP is the default here
-# and `analytic_profile("opt-175b", "a100-40gb", tp=8, pp=2)` is the paper's layout.
+# 16 (TP 8 x PP 2 over two p4d nodes of A100-40GB). 8 x 80 GB already hold 175B's 350 GB
+# of weights, so 8-way TP is the single-node default; the two TP 8 x PP 2 profiles are
+# the paper's shape of deployment on 80 GB GPUs and on its own 40 GB testbed.
 SHIPPED: dict[str, tuple[str, str, int, int]] = {
     "opt-13b-a100": ("opt-13b", "a100", 1, 1),
     "opt-13b-h100": ("opt-13b", "h100", 1, 1),
@@ -213,6 +217,8 @@ SHIPPED: dict[str, tuple[str, str, int, int]] = {
     "opt-66b-h100": ("opt-66b", "h100", 4, 1),
     "opt-175b-a100": ("opt-175b", "a100", 8, 1),
     "opt-175b-h100": ("opt-175b", "h100", 8, 1),
+    "opt-175b-a100-tp8pp2": ("opt-175b", "a100", 8, 2),
+    "opt-175b-a100-40gb-tp8pp2": ("opt-175b", "a100-40gb", 8, 2),
 }
 
 GPU_MEMORY_UTILIZATION = 0.9  # what the engine gives to weights + KV by default
@@ -265,6 +271,49 @@ def _internode_hops(tp: int, pp: int, gpus_per_node: int) -> int:
     return sum(
         1 for s in range(1, pp) if (s * tp) // gpus_per_node != ((s - 1) * tp) // gpus_per_node
     )
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One pipeline stage's share of the model, seen from one GPU of its TP group."""
+
+    index: int
+    layers: int
+    weights_bytes_per_gpu: float
+    kv_bytes_per_token_per_gpu: float  # its layers' K and V, heads/tp of them
+    kv_capacity_tokens: int  # tokens whose KV fits beside the weights
+
+
+def split_layers(num_layers: int, pp: int) -> list[int]:
+    """Layers per stage, as even as possible; the first stages take any remainder."""
+    q, r = divmod(num_layers, pp)
+    return [q + (1 if s < r else 0) for s in range(pp)]
+
+
+def plan_stages(
+    model: str | ModelShape, gpu: str | GPU, tp: int = 1, pp: int = 1, dtype_bytes: int = 2
+) -> list[Stage]:
+    """The memory of each stage: weights and KV per GPU, and the KV room left.
+
+    The first stage also holds the token and position tables; the last stage holds the
+    LM head, which is the (tied) token table, so with pp > 1 that table is stored twice.
+    """
+    shape, g = _resolve_model(model), _resolve_gpu(gpu)
+    _check_layout(shape, g, tp, pp)
+    budget = g.memory_bytes * GPU_MEMORY_UTILIZATION
+    stages = []
+    for s, layers in enumerate(split_layers(shape.num_layers, pp)):
+        params = layers * shape.layer_params
+        if s == 0:
+            params += shape.embedding_params
+        elif s == pp - 1:
+            params += shape.vocab_size * shape.hidden_size
+        weights = params * dtype_bytes / tp
+        kv_all_heads = 2 * layers * shape.kv_heads * shape.dim * dtype_bytes
+        # every GPU of the stage holds heads/tp of each of its layers' K and V
+        capacity = max(0, int((budget - weights) * tp / kv_all_heads))
+        stages.append(Stage(s, layers, weights, kv_all_heads / tp, capacity))
+    return stages
 
 
 @dataclass(frozen=True)
@@ -376,22 +425,26 @@ def analytic_profile(
 ) -> CostModel:
     """The CostModel of `model` on tp x pp GPUs of kind `gpu` (any layout, e.g. 175B on 8x2).
 
-    Times are the latency of one iteration through all pp stages. kv_bytes_per_token is
-    the whole model's KV per token; swap_bytes_per_s is the host links of all tp*pp GPUs
-    together, since each GPU moves its own shard over its own PCIe link at once.
+    Times are the latency of one iteration through all pp stages (`pipeline_stages` =
+    pp: each stage is busy for 1/pp of it). kv_bytes_per_token is the whole model's KV
+    per token; swap_bytes_per_s is the host links of all tp*pp GPUs together, since each
+    GPU moves its own shard over its own PCIe link at once (all stages in parallel).
+    The KV capacity is the tightest stage's (`plan_stages`).
     """
     shape, g = _resolve_model(model), _resolve_gpu(gpu)
     t = derive_terms(shape, g, tp, pp, dtype_bytes)
+    stages = plan_stages(shape, g, tp, pp, dtype_bytes)
     n_gpu = tp * pp
     weights_per_gpu = shape.num_params * dtype_bytes / n_gpu
     budget = g.memory_bytes * GPU_MEMORY_UTILIZATION
-    if weights_per_gpu >= budget:
+    heaviest = max(s.weights_bytes_per_gpu for s in stages)
+    if heaviest >= budget:
         raise ConfigError(
-            f"{shape.name} needs {weights_per_gpu / GB:.1f} GB of weights per GPU on "
+            f"{shape.name} needs {heaviest / GB:.1f} GB of weights per GPU on "
             f"tp={tp} x pp={pp}; a {g.name} offers {budget / GB:.1f} GB: use more GPUs"
         )
     kv_total = shape.kv_bytes_per_token(dtype_bytes)
-    kv_capacity = int((budget - weights_per_gpu) * n_gpu / kv_total)
+    kv_capacity = min(s.kv_capacity_tokens for s in stages)
     layout = f"tp{tp}" + (f"xpp{pp}" if pp > 1 else "")
     cost = CostModel(
         name=name or f"{shape.name}-{g.name}-{layout}",
@@ -403,6 +456,7 @@ def analytic_profile(
         decode_per_ctx_token=t.per_ctx_token,
         kv_bytes_per_token=kv_total,
         swap_bytes_per_s=g.pcie_bytes_per_s * n_gpu,
+        pipeline_stages=pp,
     )
     notes: dict[str, object] = {
         "source": "analytic (fsd.sched.analytic); derivation in fsd/sched/profiles/README.md",
@@ -421,6 +475,11 @@ def analytic_profile(
             "decode_b16_ctx1k": roofline_decode_time(shape, g, 16, 16 * 1024, tp, pp, dtype_bytes),
         },
     }
+    if pp > 1:
+        notes["stages"] = [dataclasses.asdict(s) for s in stages]
+        notes["stage_time_s"] = {
+            k: v / pp for k, v in _reference_points(cost).items() if not k.startswith("swap")
+        }
     return dataclasses.replace(cost, notes=notes)
 
 

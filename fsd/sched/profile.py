@@ -25,6 +25,10 @@ class CostModel:
     decode(b, ctx_sum)  = decode_base + decode_per_seq * b + decode_per_ctx_token * ctx_sum
     A mixed iteration costs the decode part plus each prefill's part beyond the base.
     Swapping moves kv_bytes_per_token per token at swap_bytes_per_s (one direction at a time).
+
+    With pipeline parallelism the times are an iteration's latency through all
+    `pipeline_stages` stages; each stage is busy for 1/pipeline_stages of it, so that
+    many micro-batches can be in flight at once (see `stage_time`).
     """
 
     name: str = "unnamed"
@@ -36,6 +40,7 @@ class CostModel:
     decode_per_ctx_token: float = 1e-8
     kv_bytes_per_token: int = 0
     swap_bytes_per_s: float = 16e9
+    pipeline_stages: int = 1  # the PP degree the times pass through (1: no pipeline)
     notes: dict[str, object] = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
@@ -51,6 +56,11 @@ class CostModel:
                 raise ConfigError(f"profile {self.name!r}: {key} must be >= 0")
         if self.swap_bytes_per_s <= 0:
             raise ConfigError(f"profile {self.name!r}: swap_bytes_per_s must be > 0")
+        stages = self.pipeline_stages
+        if isinstance(stages, bool) or not isinstance(stages, int) or stages < 1:
+            raise ConfigError(
+                f"profile {self.name!r}: pipeline_stages must be an integer >= 1, got {stages!r}"
+            )
 
     # ---- predictions -----------------------------------------------------------
 
@@ -92,6 +102,14 @@ class CostModel:
         for n in lens:
             t += self.prefill_per_token * n + self.prefill_per_token2 * n * n
         return t
+
+    def stage_time(self, prefill_lens: Iterable[int], decode_contexts: Iterable[int]) -> float:
+        """How long the batch holds one pipeline stage: its latency over the stages.
+
+        Stages hold equal shares of the layers, so each takes an equal share of the
+        time (the hop between stages and the LM head on the last one are spread evenly).
+        """
+        return self.iteration_time(prefill_lens, decode_contexts) / self.pipeline_stages
 
     def swap_time(self, num_tokens: int) -> float:
         return num_tokens * self.kv_bytes_per_token / self.swap_bytes_per_s

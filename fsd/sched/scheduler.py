@@ -76,7 +76,9 @@ class Scheduler:
         self._on_device: dict[str, Job] = {}
         self._on_host: dict[str, Job] = {}
         self._enst: Callable[[Job], float] = lambda job: 0.0
-        self._last_batch: set[str] = set()
+        # jobs whose iteration came back since the last decision (with pipelining, the
+        # batch before this one may still be in flight: it is not the one to compare)
+        self._returned: set[str] = set()
         self._last_batch_cost = cost.min_iteration_time
         self._zombies: dict[str, Job] = {}  # removed while a copy of their KV was in flight
         self._victims: list[tuple[tuple, Job]] = []
@@ -255,17 +257,18 @@ class Scheduler:
         if self.cache.kv_policy == "proactive":
             self._plan_proactive(batch_ids, wanted, upcoming, out)
         batch_ids.difference_update(busy)
-        for job_id in self._last_batch - batch_ids - set(busy):
+        for job_id in self._returned - batch_ids - set(busy):
             job = self._jobs.get(job_id)
             if job is not None and not job.status.finished:
                 job.preemptions += 1
                 if job.status is running:
                     job.status = JobStatus.PREEMPTED
                 out.preempted.append(job)
-        self._last_batch = batch_ids
+        self._returned = set()
+        # a decision is made once per pipeline stage time: the copies beside one step
         self._last_batch_cost = max(
             sum(j.last_cost for j in batch), self.cost.min_iteration_time
-        )
+        ) / max(getattr(self.cost, "pipeline_stages", 1), 1)
         return out
 
     def _admission_room(self) -> float:
@@ -412,6 +415,7 @@ class Scheduler:
                 done.append(job)
             else:
                 ran.append((job, job.last_cost))
+                self._returned.add(job.job_id)
         out.demoted = self.queue.account(ran, now)
         for job in done:
             self.remove(job)

@@ -143,6 +143,12 @@ def simulate_command(
     profile: Annotated[
         str, typer.Option(help="Shipped profile name or profile JSON path.")
     ] = DEFAULT_PROFILE,
+    pp: Annotated[
+        int | None,
+        typer.Option(
+            help="Pipeline stages: micro-batches in flight (default: the profile's; 1 = none)."
+        ),
+    ] = None,
     max_batch_size: Annotated[int, typer.Option(help="Most jobs per iteration.")] = 32,
     max_batch_tokens: Annotated[
         int | None,
@@ -215,7 +221,7 @@ def simulate_command(
 
 
 def _simulate(**a: Any) -> dict[str, Any]:
-    from dataclasses import asdict
+    from dataclasses import asdict, replace
 
     from fsd.config import CacheConfig, SchedConfig
     from fsd.errors import ConfigError
@@ -233,6 +239,11 @@ def _simulate(**a: Any) -> dict[str, Any]:
         resolve_policy(name)
     names = list(dict.fromkeys(names))
     cost = load_profile(a["profile"])
+    if a["pp"] is not None:
+        if a["pp"] < 1:
+            raise ConfigError(f"--pp must be >= 1, got {a['pp']}")
+        # the profile's times stay the latency through the model; pp sets the overlap
+        cost = replace(cost, pipeline_stages=a["pp"])
     ctx = a["max_context"]
     ctx = max_context_of(cost) if ctx is None else (ctx or None)
     actions: tuple = ()
@@ -285,7 +296,10 @@ def _simulate(**a: Any) -> dict[str, Any]:
     specs = [base.with_policy(name) for name in names]
     pools = specs[0].simulator(cost).pools
     summary = workload.summary()
-    _print_header(summary, cost.name, slo, pools, ctx, batch_tokens, a["kv_policy"])
+    layout = cost.name + (
+        f" ({cost.pipeline_stages} pipeline stages)" if cost.pipeline_stages > 1 else ""
+    )
+    _print_header(summary, layout, slo, pools, ctx, batch_tokens, a["kv_policy"])
     for act in actions:
         err.print(
             f"note: {act.kind} at {act.time:g} s {act.changes or ''} is not simulated "
@@ -298,6 +312,7 @@ def _simulate(**a: Any) -> dict[str, Any]:
             {"time": x.time, "kind": x.kind, "changes": x.changes} for x in actions
         ],
         "profile": cost.name,
+        "pipeline_stages": cost.pipeline_stages,
         "slo": slo,
         "max_context": ctx,
         "pools": asdict(pools),

@@ -16,6 +16,9 @@ the next arrival or copy end. Synchronous copies are modelled on the critical pa
 only (they do not queue behind asynchronous ones on the link): a simplification that
 favours `reactive` slightly.
 
+Pipeline parallelism (the profile's `pipeline_stages`, paper §4.3) is described atop
+`_Pipeline`; with one stage it reduces exactly to the loop above.
+
 Nothing is random here: a run is a pure function of the workload, configs and cost.
 """
 
@@ -23,6 +26,7 @@ from __future__ import annotations
 
 import heapq
 import time
+from collections import deque
 from dataclasses import dataclass, field
 
 from fsd.config import CacheConfig, SchedConfig
@@ -32,7 +36,7 @@ from fsd.kv.block_manager import BlockManager
 from fsd.kv.swap import SwapOp
 from fsd.sched.profile import CostModel
 from fsd.sched.registry import SLO_DECODE_STEPS, make_scheduler, resolve_policy
-from fsd.sched.scheduler import Scheduler
+from fsd.sched.scheduler import Scheduler, SchedulerOutput
 from fsd.sim.capacity import Pools, size_pools
 from fsd.sim.job import SimJob
 from fsd.sim.metrics import Counters, summarize
@@ -75,6 +79,64 @@ class _Link:
         return self.free_at
 
 
+@dataclass
+class _MicroBatch:
+    """A batch inside the pipeline: its tokens exist once it leaves the last stage."""
+
+    out: SchedulerOutput
+    exit: float
+
+
+class _Pipeline:
+    """The model's pipeline stages, and the micro-batches inside them.
+
+    Design (paper §4.3). The model is split into `stages` equal stages; a micro-batch
+    holds each stage for its stage time: the profile's iteration latency over the
+    stages (as `CostModel.stage_time`), plus its synchronous swaps, which every stage
+    makes for its own layers' KV on its own links. It enters stage k+1 when it has left stage k and stage k+1 is free,
+    so stages work on different micro-batches at once and the micro-batches leave in
+    the order they entered. A new micro-batch is scheduled whenever stage 1 is free
+    and fewer than `stages` are in flight; the jobs in flight are `busy` for that
+    decision (still queued, not ready, their KV pinned), so no job is ever in two
+    micro-batches. A micro-batch's tokens arrive, and the scheduler charges its
+    service (`update`), when it leaves the last stage.
+
+    With one stage, stage 1 frees exactly when the batch ends: one batch at a time,
+    the unpipelined loop, to the last floating-point bit.
+    """
+
+    __slots__ = ("stages", "free_at", "flight", "busy")
+
+    def __init__(self, stages: int) -> None:
+        self.stages = stages
+        self.free_at = [0.0] * stages  # when each stage finishes its current micro-batch
+        self.flight: deque[_MicroBatch] = deque()  # oldest first = the next to leave
+        self.busy: set[str] = set()  # ids of the jobs in flight
+
+    def can_enter(self, now: float) -> bool:
+        return self.free_at[0] <= now and len(self.flight) < self.stages
+
+    def enter(self, now: float, stage_s: float, out: SchedulerOutput) -> float:
+        """Start `out`'s batch at `now`; returns when it leaves the last stage."""
+        t = now
+        free_at = self.free_at
+        for k in range(self.stages):
+            start = free_at[k] if free_at[k] > t else t
+            t = free_at[k] = start + stage_s
+        self.flight.append(_MicroBatch(out, t))
+        self.busy.update(job.job_id for job in out.batch)
+        return t
+
+    def next_exit(self) -> float:
+        return self.flight[0].exit if self.flight else float("inf")
+
+    def leave(self) -> _MicroBatch:
+        """The oldest micro-batch, which has left the last stage."""
+        mb = self.flight.popleft()
+        self.busy.difference_update(job.job_id for job in mb.out.batch)
+        return mb
+
+
 class Simulator:
     """Replays a workload through one scheduling policy and KV policy on a cost model."""
 
@@ -87,8 +149,13 @@ class Simulator:
         num_host_blocks: int | None = None,
         slo: float | None = None,
         kv_sample_s: float | None = None,
+        pipeline_stages: int | None = None,
     ) -> None:
         self.cost = cost
+        stages = cost.pipeline_stages if pipeline_stages is None else pipeline_stages
+        if isinstance(stages, bool) or not isinstance(stages, int) or stages < 1:
+            raise SimulationError(f"pipeline_stages must be an integer >= 1, got {stages!r}")
+        self.pipeline_stages = stages
         self.sched_config = sched or SchedConfig()
         self.cache_config = cache or CacheConfig()
         resolve_policy(self.sched_config.policy)  # a clear error before any work
@@ -136,10 +203,19 @@ class Simulator:
         next_sample = 0.0
         sample_every = self.kv_sample_s
         device, host = blocks.device, blocks.host
+        stages = self.pipeline_stages
+        pipe = _Pipeline(stages)
+        inf = float("inf")
         n, i = len(jobs), 0
         now = jobs[0].arrival_time if jobs else 0.0
         live = 0
         while True:
+            # Order at one instant (kept from the unpipelined loop, where it is the
+            # only order): finished micro-batches, then arrivals, then ended copies.
+            while pipe.flight and pipe.flight[0].exit <= now:
+                mb = pipe.leave()
+                live -= _emit_tokens(mb.out, mb.exit)
+                sched.update(mb.out, mb.exit)
             while i < n and jobs[i].arrival_time <= now:
                 sched.add(jobs[i], jobs[i].arrival_time)
                 i += 1
@@ -148,9 +224,17 @@ class Simulator:
                 sched.swap_done(heapq.heappop(copies)[2])
             if live == 0 and i >= n and not copies:
                 break
+            if not pipe.can_enter(now):
+                # stage 1 is busy (or the pipeline full): nothing to decide until it frees
+                # or a micro-batch leaves; arrivals meanwhile wait for that decision
+                wake = pipe.next_exit()
+                if pipe.free_at[0] > now and pipe.free_at[0] < wake:
+                    wake = pipe.free_at[0]
+                now = wake
+                continue
             if live > c.peak_jobs:
                 c.peak_jobs = live
-            out = sched.schedule(now)
+            out = sched.schedule(now, busy=pipe.busy)
             sync_s = 0.0
             for op in out.swap_out + out.swap_in:
                 secs = cost.swap_time(op.num_blocks * bs)
@@ -174,10 +258,11 @@ class Simulator:
             if not batch:
                 sched.update(out, now)
                 nxt = min(
-                    jobs[i].arrival_time if i < n else float("inf"),
-                    copies[0][0] if copies else float("inf"),
+                    jobs[i].arrival_time if i < n else inf,
+                    copies[0][0] if copies else inf,
+                    pipe.next_exit(),
                 )
-                if nxt == float("inf"):
+                if nxt == inf:
                     if live:
                         raise SimulationError(self._stalled(sched, now))
                     break
@@ -191,24 +276,15 @@ class Simulator:
                     prefills.append(new)
                 else:
                     contexts.append(job.num_tokens)
-            step = sync_s + cost.iteration_time(prefills, contexts)
-            end = now + step
+            # every stage makes its own share of the synchronous copies, on its own links
+            stage_s = sync_s + cost.iteration_time(prefills, contexts) / stages
+            exit_at = pipe.enter(now, stage_s, out)
             c.iterations += 1
-            c.busy_s += step
+            c.busy_s += stage_s
             c.sync_swap_s += sync_s
             c.batched_jobs += len(batch)
             c.prefill_tokens += sum(prefills)
-            for job in batch:
-                job.num_computed_tokens = job.num_tokens
-                tokens = job.output_token_ids
-                tokens.n += 1  # type: ignore[attr-defined]
-                if job.first_token_time is None:
-                    job.first_token_time = end
-                if tokens.n >= job.max_output:  # type: ignore[attr-defined]
-                    job.finish(FinishReason.LENGTH, end)
-                    live -= 1
-            sched.update(out, end)
-            now = end
+            now = min(pipe.free_at[0], exit_at)
         blocks.check()
         if (
             sched.has_unfinished()
@@ -237,6 +313,22 @@ class Simulator:
         )
 
 
+def _emit_tokens(out: SchedulerOutput, at: float) -> int:
+    """Every job of a finished (micro-)batch produced one token at `at`; returns how
+    many jobs that finished."""
+    finished = 0
+    for job in out.batch:
+        job.num_computed_tokens = job.num_tokens
+        tokens = job.output_token_ids
+        tokens.n += 1  # type: ignore[attr-defined]
+        if job.first_token_time is None:
+            job.first_token_time = at
+        if tokens.n >= job.max_output:  # type: ignore[attr-defined]
+            job.finish(FinishReason.LENGTH, at)
+            finished += 1
+    return finished
+
+
 def simulate(
     workload: Workload,
     cost: CostModel,
@@ -245,10 +337,10 @@ def simulate(
     **options: object,
 ) -> SimResult:
     """One-call convenience: `options` are SchedConfig / CacheConfig fields or Simulator
-    arguments (num_gpu_blocks, num_host_blocks, slo, kv_sample_s)."""
+    arguments (num_gpu_blocks, num_host_blocks, slo, kv_sample_s, pipeline_stages)."""
     sched_fields = set(SchedConfig.__dataclass_fields__)
     cache_fields = set(CacheConfig.__dataclass_fields__) - {"num_gpu_blocks", "num_host_blocks"}
-    sim_args = {"num_gpu_blocks", "num_host_blocks", "slo", "kv_sample_s"}
+    sim_args = {"num_gpu_blocks", "num_host_blocks", "slo", "kv_sample_s", "pipeline_stages"}
     unknown = set(options) - sched_fields - cache_fields - sim_args
     if unknown:
         raise SimulationError(f"unknown simulation option(s): {', '.join(sorted(unknown))}")

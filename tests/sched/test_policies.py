@@ -113,7 +113,12 @@ def test_busy_jobs_are_not_ready_not_preempted_and_keep_their_kv():
         s = scheduler("sj-mlfq", kv_policy="reactive", device=52, host=64, block_size=4)
         a, b = make_jobs([(200, 10), (12, 10)])  # a: 50 blocks, level 2; b: 3 blocks, level 1
         s.add(a, 0.0)
-        assert s.schedule(0.0).batch == [a]
+        first = s.schedule(0.0)
+        assert first.batch == [a]
+        if not busy:  # its iteration came back; in flight, it has not
+            a.num_computed_tokens = a.num_tokens
+            a.output_token_ids.append(1)
+            s.update(first, 0.05)
         s.add(b, 0.0)  # b outranks a and needs a's room
         return a, b, s.schedule(0.1, busy={a.job_id} if busy else set())
 
