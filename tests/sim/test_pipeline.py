@@ -14,6 +14,7 @@ from fsd.sched.scheduler import Scheduler
 from fsd.sim import SimulationError, Simulator, simulate
 from fsd.sim.capacity import size_pools
 from fsd.workload import Request, Workload, gamma, length_model, synthetic
+from tests.sim.test_sim_engine import small_cost
 
 MS = 1e-3
 
@@ -136,17 +137,7 @@ def bursty(n: int) -> Workload:
     return synthetic(gamma(40.0, 4.0), length_model("sharegpt"), n, seed=3).clipped(1024)
 
 
-SMALL = CostModel(
-    name="small-pp2",
-    prefill_base=0.02,
-    prefill_per_token=1e-4,
-    decode_base=0.02,
-    decode_per_seq=1e-4,
-    decode_per_ctx_token=1e-7,
-    kv_bytes_per_token=100_000,
-    swap_bytes_per_s=20e9,
-    pipeline_stages=2,
-)
+SMALL = small_cost(name="small-pp2", pipeline_stages=2)
 
 
 @pytest.mark.parametrize("policy", ["fcfs", "sj-mlfq", "srpt"])
