@@ -34,6 +34,7 @@ from fsd.server.telemetry import JobTablePacer, Publisher, build_snapshot, wire_
 log = logging.getLogger("fsd.server")
 
 _MAX_MESSAGES_PER_TURN = 1000  # then run an iteration, so a flood cannot starve the engine
+_EVENT_FLUSH_S = 0.05  # longest an event waits before it is published
 _HARD_FRAME_LIMIT = 64 * 1024 * 1024  # zmq drops bigger frames outright (memory guard)
 
 
@@ -79,6 +80,8 @@ class EngineService:
         self._next_snapshot = 0.0
         self.telemetry_enabled = cfg.telemetry_hz > 0
         self._job_pacer = JobTablePacer(cfg.telemetry_job_budget)
+        self._events: list = []  # engine events not yet handed to the publisher
+        self._next_events = 0.0
         # engine-thread seconds in model steps and in telemetry (what telemetry costs)
         self.step_seconds = 0.0
         self.telemetry_seconds = 0.0
@@ -121,7 +124,10 @@ class EngineService:
         if block:
             timeout = 200
             if self.telemetry_enabled:
-                timeout = int(max(0.0, min(0.2, self._next_snapshot - time.time())) * 1000)
+                wake = self._next_snapshot
+                if self._events:  # events waiting for their batch to go out
+                    wake = min(wake, self._next_events)
+                timeout = int(max(0.0, min(0.2, wake - time.time())) * 1000)
             due = self.control.scenarios.next_due()
             if due is not None:  # wake for a scenario's next arrival, not 200 ms late
                 timeout = min(timeout, int(max(0.0, due - time.time()) * 1000))
@@ -294,9 +300,15 @@ class EngineService:
 
     def _telemetry(self) -> None:
         events = self.engine.events.drain()
-        if self.telemetry_enabled:
-            self.publisher.publish_all(P.TOPIC_EVENT, events, wire_event)
         now = time.time()
+        if self.telemetry_enabled:
+            # events go out in batches at most every 50 ms: each hand-off to the
+            # publisher thread costs the engine thread GIL time, more than the events
+            self._events.extend(events)
+            if self._events and (now >= self._next_events or len(self._events) >= 512):
+                self.publisher.publish_all(P.TOPIC_EVENT, self._events, wire_event)
+                self._events = []
+                self._next_events = now + _EVENT_FLUSH_S
         if self.telemetry_enabled and now >= self._next_snapshot:
             self._snap_seq += 1
             with_jobs = self._job_pacer.due(now)
@@ -328,6 +340,8 @@ class EngineService:
     def close(self) -> None:
         if self.http is not None:  # its socket must close before the context terminates
             self.http.stop()
+        if self._events:
+            self.publisher.publish_all(P.TOPIC_EVENT, self._events, wire_event)
         self.publisher.close()
         self.router.close(linger=0)
         self.security.close()
