@@ -150,7 +150,7 @@ def tuning_variants(step: float) -> dict[str, dict]:
         "q1=4 steps": {"q1": 4 * step},
         "ratio=4": {"quantum_ratio": 4.0},
         "levels=12": {"num_levels": 12},
-        "K=4, K'=2": {"reserve_min_jobs": 4, "reserve_top_levels": 2},
+        "K=1, K'=1": {"reserve_min_jobs": 1, "reserve_top_levels": 1},
     }
 
 
