@@ -33,12 +33,16 @@ def generate(
     dtype: Annotated[str, typer.Option(help="auto, float32, float16 or bfloat16.")] = "auto",
     num_gpu_blocks: Annotated[Optional[int], typer.Option(help="KV blocks on the device.")] = None,  # noqa: UP045
     block_size: Annotated[int, typer.Option(help="Tokens per KV block.")] = 16,
+    tp: Annotated[int, typer.Option(help="Tensor-parallel degree (Ray workers).")] = 1,
+    pp: Annotated[int, typer.Option(help="Pipeline-parallel degree (Ray workers).")] = 1,
+    ray_address: Annotated[Optional[str], typer.Option(help="Join this Ray cluster (default: start one when tp*pp > 1).")] = None,  # noqa: UP045
     stats: Annotated[bool, typer.Option(help="Print timings to stderr at the end.")] = False,
 ) -> None:
     """Generate from PROMPT in this process, streaming tokens to stdout."""
     from fsd.jobs import SamplingParams
     from fsd.llm import LLM
 
+    llm = None
     try:
         llm = LLM(
             model=model,
@@ -46,6 +50,9 @@ def generate(
             dtype=dtype,
             num_gpu_blocks=num_gpu_blocks,
             block_size=block_size,
+            tp=tp,
+            pp=pp,
+            ray_address=ray_address,
         )
         params = SamplingParams(
             max_tokens=max_tokens,
@@ -65,6 +72,9 @@ def generate(
     except FsdError as exc:
         err.print(f"[bold red]error:[/] {exc}")
         raise typer.Exit(2) from None
+    finally:
+        if llm is not None:
+            llm.close()
     if stats and final is not None:
         n = len(final.token_ids)
         err.print(
@@ -80,7 +90,7 @@ _START_FLAGS = {
     "num_host_blocks": "--num-host-blocks", "max_batch_size": "--max-batch-size",
     "device": "--device", "dtype": "--dtype", "telemetry_hz": "--telemetry-hz",
     "profile": "--profile", "state_dir": "--state-dir", "log_level": "--log-level",
-    "http": "--http",
+    "http": "--http", "tp": "--tp", "pp": "--pp", "ray_address": "--ray-address",
 }
 
 
@@ -102,6 +112,9 @@ def start(
     profile: Annotated[Optional[str], typer.Option(help="Cost-model JSON (fsd profile) or shipped name.")] = None,  # noqa: UP045
     state_dir: Annotated[Optional[str], typer.Option(help="Where the pidfile and log file go.")] = None,  # noqa: UP045
     http: Annotated[Optional[str], typer.Option(help="OpenAI-compatible API and /metrics on HOST:PORT, e.g. 127.0.0.1:8000.")] = None,  # noqa: UP045
+    tp: Annotated[Optional[int], typer.Option(help="Tensor-parallel degree: shard heads and MLP over N Ray workers.")] = None,  # noqa: UP045
+    pp: Annotated[Optional[int], typer.Option(help="Pipeline-parallel degree: split the layers into M stages.")] = None,  # noqa: UP045
+    ray_address: Annotated[Optional[str], typer.Option(help="Join this Ray cluster (default: start a local one when tp*pp > 1).")] = None,  # noqa: UP045
     log_level: Annotated[str, typer.Option(help="debug, info, warning or error.")] = "info",
 ) -> None:
     """Start the daemon (in the background unless --foreground)."""

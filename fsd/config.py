@@ -130,14 +130,23 @@ class SchedConfig:
 
 @dataclass(frozen=True)
 class ParallelConfig:
-    """Tensor and pipeline parallel degrees (1 x 1 until the Ray executor lands)."""
+    """Tensor and pipeline parallel degrees and the Ray cluster that runs them.
+
+    tp = pp = 1 without ray_address runs in process; anything else runs tp x pp Ray
+    actors (one per GPU, or CPU actors), on the cluster at ray_address or a local one.
+    """
 
     tp: int = 1
     pp: int = 1
+    ray_address: str | None = None  # e.g. "ray://head:10001" or "head:6379"; None = start one
 
     def __post_init__(self) -> None:
-        if self.tp < 1 or self.pp < 1:
-            raise ConfigError(f"tp and pp must be >= 1, got tp={self.tp} pp={self.pp}")
+        for name in ("tp", "pp"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ConfigError(f"{name} must be an integer >= 1, got {value!r}")
+        if self.ray_address is not None and not self.ray_address.strip():
+            raise ConfigError("ray_address must not be empty (leave it unset to start Ray locally)")
 
 
 @dataclass(frozen=True)

@@ -23,10 +23,22 @@ class LLM:
     `model` is a preset name ("tiny", "opt-125m", ...) or a local HuggingFace
     directory; other keywords are engine options named after config fields
     (num_gpu_blocks, block_size, max_batch_size, dtype, device, seed, policy, ...).
+    `tp=N, pp=M` shard the model over N x M Ray workers (`ray_address=` joins a
+    cluster; otherwise a local Ray starts); close() (or `with LLM(...)`) stops them.
     """
 
     def __init__(self, model: str = "tiny", **engine_options: Any) -> None:
         self.engine = Engine(EngineConfig.from_kwargs(model=model, **engine_options))
+
+    def close(self) -> None:
+        """Stop the engine's workers (Ray actors, copy threads)."""
+        self.engine.close()
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     @property
     def tokenizer(self):  # noqa: ANN201

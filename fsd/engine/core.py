@@ -2,12 +2,17 @@
 
 One `step()` is one iteration of the heartbeat in DESIGN.md §1: schedule, run the
 model on the batch, append and stream the sampled tokens, then let the policy
-account the iteration. Everything about *which* jobs run lives in the scheduler.
+account the iteration. Everything about *which* jobs run lives in the scheduler;
+*where* the model runs is the executor's business (fsd.engine.executor): in process,
+or tensor x pipeline parallel on Ray. With pipeline parallelism up to `pp`
+micro-batches are in flight: a step submits the next one (its jobs chosen from
+those not already in flight) and collects the oldest.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 from collections import deque
 from collections.abc import Sequence
@@ -16,20 +21,18 @@ from typing import Any
 
 from fsd.config import EngineConfig, SchedConfig
 from fsd.engine.events import EventLog
-from fsd.engine.kv_cache import KVCachePool, KVShape, num_device_blocks, num_host_blocks
-from fsd.engine.model_runner import ModelRunner
+from fsd.engine.executor import StepResult, WorkerFailure, make_executor
 from fsd.engine.output import RequestOutput, StepDelta
-from fsd.engine.sampler import Sampler
-from fsd.engine.swapper import HostKVPool, Swapper
 from fsd.engine.text import JobText
 from fsd.errors import ConfigError, PromptTooLongError, UnknownJobError
-from fsd.jobs import FinishReason, Job, SamplingParams
+from fsd.jobs import FinishReason, Job, KVLocation, SamplingParams
 from fsd.kv.block_manager import BlockManager
 from fsd.kv.swap import SwapOp
-from fsd.models.loader import load_model
 from fsd.sched.profile import CostModel
 from fsd.sched.registry import make_scheduler, resolve_policy
 from fsd.sched.scheduler import SchedulerOutput
+
+log = logging.getLogger("fsd.engine")
 
 
 @dataclass(frozen=True)
@@ -43,6 +46,17 @@ class IterationStats:
     decode_tokens: int
 
 
+@dataclass
+class _MicroBatch:
+    """A submitted batch whose tokens have not come back yet."""
+
+    ticket: int
+    out: SchedulerOutput
+    start: float
+    prefills: int
+    prefill_tokens: int
+
+
 class Engine:
     """A model, its paged KV pool, a scheduling policy and the jobs in flight."""
 
@@ -50,25 +64,32 @@ class Engine:
         """`cost`: a ready cost model; otherwise config.sched.profile or a quick calibration."""
         _engine_policy(config.sched.policy)  # fail on a bad policy before loading weights
         self.config = config
-        self.loaded = load_model(config.model)
+        self.executor = make_executor(config)
+        ex = self.executor
+        self.loaded = ex.loaded
         self.tokenizer = self.loaded.tokenizer
         self.eos_ids = frozenset(self.tokenizer.eos_token_ids)
         self.device = self.loaded.device
         self.max_model_len = self.loaded.max_model_len
-        arch = self.loaded.arch
-        shape = KVShape(arch.num_layers, arch.num_kv_heads, arch.head_dim, self.loaded.dtype)
-        block_size = config.cache.block_size
-        num_blocks = num_device_blocks(config.cache, shape, self.device)
-        host_blocks = num_host_blocks(config.cache, shape)
-        self.pool = KVCachePool(shape, num_blocks, block_size, self.device)
-        self.host_pool = HostKVPool(shape, host_blocks, block_size, pin=self.device.type == "cuda")
-        self.swapper = Swapper(self.pool, self.host_pool)
-        self.blocks = BlockManager(num_blocks, block_size, host_blocks)
-        self.sampler = Sampler(config.model.seed, self.device)
-        self.runner = ModelRunner(
-            self.loaded.model, self.pool, self.sampler, self.device, self.eos_ids
+        if hasattr(ex, "pool"):  # in process: the KV tensors themselves (tests look inside)
+            self.pool = ex.pool
+            self.host_pool = ex.host_pool
+        self.swapper = ex.swapper
+        self.sampler = ex.sampler
+        self.runner = ex.runner
+        self.blocks = BlockManager(
+            ex.num_device_blocks, config.cache.block_size, ex.num_host_blocks
         )
-        self.cost = cost or self._cost_model()
+        self._in_flight: deque[_MicroBatch] = deque()
+        # why the engine is not fully healthy (a worker died); None when it is
+        self.degraded: str | None = None
+        self._refusing = False  # the workers could not be restarted: new jobs are refused
+        self.worker_failures = 0
+        try:
+            self.cost = cost or self._cost_model()
+        except BaseException:
+            ex.close()
+            raise
         self.scheduler = make_scheduler(config.sched, config.cache, self.blocks, self.cost)
         self._jobs: dict[str, Job] = {}
         self._text: dict[str, JobText] = {}
@@ -89,6 +110,8 @@ class Engine:
         tags: Sequence[str] = (),
     ) -> Job:
         """Validate and queue one request; raise a clear FsdError on bad input."""
+        if self._refusing:
+            raise WorkerFailure(f"the engine is not serving: {self.degraded}")
         params = params or SamplingParams()
         text = prompt if isinstance(prompt, str) else None
         ids = self._prompt_ids(prompt)
@@ -131,7 +154,12 @@ class Engine:
         """The profile that service is charged in: loaded, or measured quickly now."""
         from fsd.engine.profiler import calibrate
 
-        return calibrate(self, self.config.sched.profile)
+        cost = calibrate(self, self.config.sched.profile)
+        pp = self.config.parallel.pp
+        if pp > 1 and cost.pipeline_stages == 1:
+            # measured through every stage: a new micro-batch can start each 1/pp of it
+            cost = dataclasses.replace(cost, pipeline_stages=pp)
+        return cost
 
     def _prompt_ids(self, prompt: str | Sequence[int]) -> list[int]:
         if isinstance(prompt, str):
@@ -151,7 +179,8 @@ class Engine:
         job = self._jobs.get(job_id)
         if job is None:
             raise UnknownJobError(f"no job with id {job_id!r}")
-        self.scheduler.remove(job)
+        if job_id not in self._busy():  # else its micro-batch's update() removes it
+            self.scheduler.remove(job)
         job.finish(FinishReason.ABORT, time.time())
         self.events.add(job.finish_time or 0.0, "abort", job, tokens=len(job.output_token_ids))
         return self._release(job)
@@ -188,7 +217,7 @@ class Engine:
     # ---- the iteration ---------------------------------------------------------
 
     def has_unfinished(self) -> bool:
-        return bool(self._jobs)
+        return bool(self._jobs) or bool(self._in_flight)
 
     def get(self, job_id: str) -> Job:
         job = self._jobs.get(job_id)
@@ -202,32 +231,141 @@ class Engine:
             self.scheduler.swap_done(op)
             self.events.swap(op, now, "end")
 
+    def _busy(self) -> set[str]:
+        """Jobs inside a micro-batch still in the pipeline."""
+        return {j.job_id for mb in self._in_flight for j in mb.out.batch}
+
     def step(self) -> list[StepDelta]:
-        """Run one iteration; return what each job in the batch produced."""
+        """Run one iteration; return what each job in the collected batch produced.
+
+        In process (and with pp = 1) this schedules a batch, runs it and returns its
+        tokens. With pp micro-batches in flight it submits the next micro-batch when
+        a slot is free, then collects the oldest: waiting for it only when the
+        pipeline is full or there was nothing new to submit.
+        """
         self._copies_done(self.swapper.poll())
-        start = time.time()
-        out = self.scheduler.schedule(start)
-        self.last_schedule = out
-        self.events.schedule(out, start)
-        self.swapper.run_sync(out.sync_ops)
-        self.swapper.start([op for op in out.swap_out + out.swap_in if not op.sync])
-        if not out.batch:
-            if self.swapper.busy:  # only copies to wait for: block on them, not spin
-                self._copies_done(self.swapper.wait(timeout=0.05))
+        submitted = False
+        if len(self._in_flight) < self.executor.max_in_flight:
+            start = time.time()
+            out = self.scheduler.schedule(start, busy=self._busy())
+            self.last_schedule = out
+            self.events.schedule(out, start)
+            async_ops = [op for op in out.swap_out + out.swap_in if not op.sync]
+            try:
+                if out.batch or out.sync_ops or async_ops:
+                    prefills = [j for j in out.batch if j.is_prefill]
+                    ticket = self.executor.submit(out.batch, out.sync_ops, async_ops)
+                    self._in_flight.append(
+                        _MicroBatch(
+                            ticket,
+                            out,
+                            start,
+                            len(prefills),
+                            sum(j.num_new_tokens for j in prefills),
+                        )
+                    )
+                    submitted = True
+            except WorkerFailure as exc:
+                return self._workers_failed(exc, extra=out)
+        deltas: list[StepDelta] = []
+        if self._in_flight:
+            full = len(self._in_flight) >= self.executor.max_in_flight
+            deltas = self._collect(wait=full or not submitted)
+        if not deltas and not self._in_flight and self.swapper.busy:
+            # only copies to wait for: block on them, not spin
+            self._copies_done(self.swapper.wait(timeout=0.05))
+        return deltas
+
+    def _collect(self, wait: bool) -> list[StepDelta]:
+        """Finish the oldest micro-batch if it is done (or once it is, with `wait`)."""
+        mb = self._in_flight[0]
+        try:
+            result = self.executor.result(mb.ticket, None if wait else 0.0)
+        except WorkerFailure as exc:
+            return self._workers_failed(exc)
+        if result is None:
             return []
-        prefills = [j for j in out.batch if j.is_prefill]
-        prefill_tokens = sum(j.num_new_tokens for j in prefills)
-        tokens = self.runner.execute(out.batch)
+        self._in_flight.popleft()
+        self._copies_done(result.swaps_done)
+        if not mb.out.batch:
+            return []
+        return self._finish_step(mb, result)
+
+    def _finish_step(self, mb: _MicroBatch, result: StepResult) -> list[StepDelta]:
+        out = mb.out
         now = time.time()
-        deltas = [self._append(job, tok, now) for job, tok in zip(out.batch, tokens, strict=True)]
+        deltas = [
+            self._append(job, tok, now)
+            for job, tok in zip(out.batch, result.tokens, strict=True)
+            if not job.status.finished  # aborted while its micro-batch was in flight
+        ]
         self.scheduler.update(out, now)
         self.events.demoted(out.demoted, now)
         self.iterations += 1
+        n = len(out.batch)
         self.last_iteration = IterationStats(
-            start, now - start, len(out.batch), prefill_tokens, len(out.batch) - len(prefills)
+            mb.start, now - mb.start, n, mb.prefill_tokens, n - mb.prefills
         )
         self.recent_iterations.append(self.last_iteration)
         return deltas
+
+    # ---- worker failure ----------------------------------------------------------
+
+    def _workers_failed(
+        self, exc: WorkerFailure, extra: SchedulerOutput | None = None
+    ) -> list[StepDelta]:
+        """A worker died: fail the jobs whose KV or step was lost, restart the workers.
+
+        Lost: every micro-batch in flight and every job's KV (device and host tiers
+        live in the workers). Jobs that hold no KV yet keep their place and run on
+        the fresh workers. If the restart fails the engine refuses new jobs and
+        fails the rest; `degraded` says why either way.
+        """
+        now = time.time()
+        self.worker_failures += 1
+        lost = [mb.out for mb in self._in_flight] + ([extra] if extra is not None else [])
+        self._in_flight.clear()
+        in_lost = {j.job_id for out in lost for j in out.batch}
+        for out in lost:  # their copies will never be reported: account them as ended
+            self._copies_done([op for op in out.swap_out + out.swap_in if not op.sync])
+        reason = f"worker failure: {exc}"
+        log.error("%s; failing the jobs whose KV was lost and restarting the workers", reason)
+        doomed = []
+        for job in self.scheduler.jobs():
+            if job.status.finished:  # aborted while in flight: only the scheduler holds it
+                self.scheduler.remove(job)
+            elif job.job_id in in_lost or job.kv is not KVLocation.NONE or job.num_computed_tokens:
+                doomed.append(job)
+        deltas = [self._fail(job, reason, now) for job in doomed]
+        try:
+            self.executor.restart()
+        except Exception as restart_exc:  # noqa: BLE001 - reported, never raised into the loop
+            self._refusing = True
+            self.degraded = (
+                f"{reason} ({len(doomed)} jobs failed); restarting the workers failed: "
+                f"{restart_exc}; new requests are refused"
+            )
+            log.error("%s", self.degraded)
+            deltas += [self._fail(job, reason, now) for job in self.scheduler.jobs()]
+            return deltas
+        self.degraded = (
+            f"{reason} at {time.strftime('%H:%M:%S', time.localtime(now))} "
+            f"({len(doomed)} jobs failed); workers restarted "
+            f"({self.worker_failures} time{'s' if self.worker_failures > 1 else ''}), serving"
+        )
+        log.warning("%s", self.degraded)
+        return deltas
+
+    def _fail(self, job: Job, reason: str, now: float) -> StepDelta:
+        self.scheduler.remove(job)
+        job.finish(FinishReason.ERROR, now)
+        self.events.add(now, "finish", job, reason="error", error=reason)
+        return StepDelta(job.job_id, (), "", self._release(job))
+
+    def close(self) -> None:
+        """Stop the workers and copy threads (the engine cannot run afterwards)."""
+        self._in_flight.clear()
+        self.executor.close()
 
     def _append(self, job: Job, token: int, now: float) -> StepDelta:
         job.num_computed_tokens = job.num_tokens

@@ -64,8 +64,12 @@ class ModelRunner:
         return tokens
 
     def _banned(self, job: Job) -> tuple[int, ...]:
-        """Tokens that would end the job before its min_tokens."""
-        if len(job.output_token_ids) >= job.params.min_tokens:
-            return ()
-        eos = () if job.params.ignore_eos else self.eos_ids
-        return eos + job.params.stop_token_ids
+        return banned_tokens(job, self.eos_ids)
+
+
+def banned_tokens(job: Job, eos_ids: tuple[int, ...]) -> tuple[int, ...]:
+    """Tokens that would end the job before its min_tokens."""
+    if len(job.output_token_ids) >= job.params.min_tokens:
+        return ()
+    eos = () if job.params.ignore_eos else eos_ids
+    return eos + job.params.stop_token_ids

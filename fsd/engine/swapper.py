@@ -105,10 +105,10 @@ class Swapper:
         if self.cuda:
             torch.cuda.current_stream(self.device_pool.data.device).synchronize()
 
-    def start(self, ops: Sequence[SwapOp]) -> None:
-        """Begin asynchronous copies; they end in `poll`."""
+    def start(self, ops: Sequence[SwapOp]) -> Any:
+        """Begin asynchronous copies; they end in `poll`. Returns a handle for `order_after`."""
         if not ops:
-            return
+            return None
         ops = list(ops)
         keep: list[torch.Tensor] = []
         if self.cuda:
@@ -120,10 +120,25 @@ class Swapper:
                 event = torch.cuda.Event()
                 event.record(self._stream)
             self._pending.append(_Batch(ops, self._nbytes(ops), event, keep))
+            return event
+        assert self._thread is not None
+        future: Future = self._thread.submit(self._copy_all, ops)
+        self._pending.append(_Batch(ops, self._nbytes(ops), future))
+        return future
+
+    def order_after(self, handle: Any) -> None:
+        """Make what runs next on the compute stream wait for one `start`ed batch.
+
+        A pipeline stage starts its micro-batch's copies, receives activations, then
+        calls this before its layers read the KV: on CUDA the compute stream waits on
+        the copy's event (no host sync); on CPU the copy thread's future is awaited.
+        """
+        if handle is None:
+            return
+        if isinstance(handle, Future):
+            _raise_if_failed(handle)  # .exception() waits for the copy
         else:
-            assert self._thread is not None
-            future: Future = self._thread.submit(self._copy_all, ops)
-            self._pending.append(_Batch(ops, self._nbytes(ops), future))
+            torch.cuda.current_stream(self.device_pool.data.device).wait_event(handle)
 
     def _copy_all(self, ops: list[SwapOp]) -> None:
         keep: list[torch.Tensor] = []

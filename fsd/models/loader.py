@@ -7,7 +7,7 @@ an impossible setting) whose message names the file or key at fault.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,32 +44,71 @@ class LoadedModel:
         return sum(p.numel() * p.element_size() for p in self.model.parameters())
 
 
-def load_model(cfg: ModelConfig) -> LoadedModel:
-    """Build and fill the model `cfg.model` names (preset name or checkpoint directory)."""
-    device = resolve_device(cfg.device)
+@dataclass(frozen=True)
+class ModelInfo:
+    """What a model is, read without building it (the distributed driver needs no weights)."""
+
+    arch: ModelArch
+    tokenizer: Tokenizer
+    dtype: torch.dtype
+    device: torch.device
+    max_model_len: int
+    source: str  # "preset:<name>" or the checkpoint directory
+    checkpoint: Path | None  # None for a preset (seeded random weights)
+
+    def weights(
+        self, seed: int, keep: Callable[[str], bool] | None = None
+    ) -> Iterator[tuple[str, torch.Tensor]]:
+        """The full checkpoint tensors (those `keep` accepts, by name): read from the
+        files, or a preset's seeded init (tensors not kept are never generated)."""
+        if self.checkpoint is None:
+            from fsd.models.base import random_weights
+
+            with torch.device("meta"):  # specs only: no memory
+                specs = build_model(self.arch, "torch").weight_specs()
+            return random_weights([s for s in specs if keep is None or keep(s.name)], seed)
+        tensors = iter_weights(weight_files(self.checkpoint))
+        return tensors if keep is None else ((n, t) for n, t in tensors if keep(n))
+
+
+def describe_model(cfg: ModelConfig, device: torch.device | None = None) -> ModelInfo:
+    """Architecture, tokenizer, dtype and limits of `cfg.model`; no weights are read.
+
+    `device`: where the weights will live (default: resolved from cfg.device); it
+    decides what dtype "auto" means.
+    """
+    device = device or resolve_device(cfg.device)
     if cfg.model in PRESETS:
         arch = PRESETS[cfg.model].arch
         dtype = resolve_dtype(cfg.dtype, device, None)
-        max_len = _max_model_len(cfg, arch)
-        model = _build(arch, cfg.attn_backend, dtype, device)
-        model.init_random(cfg.seed)
         tokenizer: Tokenizer = ByteTokenizer()
-        source = f"preset:{cfg.model}"
+        return ModelInfo(
+            arch, tokenizer, dtype, device, _max_model_len(cfg, arch), f"preset:{cfg.model}", None
+        )
+    path = _checkpoint_dir(cfg.model)
+    arch = _read_arch(path)
+    max_len = _max_model_len(cfg, arch)
+    tokenizer = HFTokenizer.from_dir(path)
+    weight_files(path)  # fail here, before any worker starts, when there are none
+    dtype = resolve_dtype(cfg.dtype, device, arch.checkpoint_dtype)
+    return ModelInfo(arch, tokenizer, dtype, device, max_len, str(path), path)
+
+
+def load_model(cfg: ModelConfig) -> LoadedModel:
+    """Build and fill the model `cfg.model` names (preset name or checkpoint directory)."""
+    info = describe_model(cfg)
+    model = _build(info.arch, cfg.attn_backend, info.dtype, info.device)
+    if info.checkpoint is None:
+        model.init_random(cfg.seed)
     else:
-        path = _checkpoint_dir(cfg.model)
-        arch = _read_arch(path)
-        max_len = _max_model_len(cfg, arch)
-        tokenizer = HFTokenizer.from_dir(path)
-        files = weight_files(path)
-        dtype = resolve_dtype(cfg.dtype, device, arch.checkpoint_dtype)
-        model = _build(arch, cfg.attn_backend, dtype, device)
         try:
-            model.load_weights(iter_weights(files))
+            model.load_weights(iter_weights(weight_files(info.checkpoint)))
         except ModelLoadError as exc:
-            raise ModelLoadError(f"{path}: {exc}") from None
-        source = str(path)
+            raise ModelLoadError(f"{info.checkpoint}: {exc}") from None
     model.eval()
-    return LoadedModel(model, arch, tokenizer, dtype, device, max_len, source)
+    return LoadedModel(
+        model, info.arch, info.tokenizer, info.dtype, info.device, info.max_model_len, info.source
+    )
 
 
 def resolve_device(name: str) -> torch.device:
@@ -105,7 +144,7 @@ def _max_model_len(cfg: ModelConfig, arch: ModelArch) -> int:
 
 
 @contextmanager
-def _defaults(dtype: torch.dtype, device: torch.device) -> Iterator[None]:
+def param_defaults(dtype: torch.dtype, device: torch.device) -> Iterator[None]:
     """Allocate parameters directly in their final dtype and device (no 2x peak)."""
     previous = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
@@ -119,7 +158,7 @@ def _defaults(dtype: torch.dtype, device: torch.device) -> Iterator[None]:
 def _build(
     arch: ModelArch, attn_backend: str, dtype: torch.dtype, device: torch.device
 ) -> CausalLM:
-    with _defaults(dtype, device):
+    with param_defaults(dtype, device):
         return build_model(arch, attn_backend)
 
 
