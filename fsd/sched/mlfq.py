@@ -172,11 +172,12 @@ class MLFQQueue(JobQueue):
         """Charge service; demote the jobs whose quantum at their level is spent."""
         demoted: list[Job] = []
         last = len(self.quanta) - 1
+        levels = self._levels
         for job, service in ran:
             job.last_run = now
             job.starve_since = now
-            if job not in self:
-                continue
+            if not 0 <= job.level <= last or levels[job.level].get(job.job_id) is not job:
+                continue  # left the queue meanwhile
             if job.last_prefill and not self.charge_prefill:
                 continue
             job.attained += service

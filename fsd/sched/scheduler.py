@@ -75,7 +75,9 @@ class Scheduler:
         # jobs whose KV is wholly on one tier (not moving): the candidates for moves
         self._on_device: dict[str, Job] = {}
         self._on_host: dict[str, Job] = {}
-        self._enst: Callable[[Job], float] = lambda job: 0.0
+        # ENST of the latest decision, built on first use (most iterations need none)
+        self._enst_for: tuple[float, int] = (0.0, 1)
+        self._enst_built: Callable[[Job], float] | None = None
         # jobs whose iteration came back since the last decision (with pipelining, the
         # batch before this one may still be in flight: it is not the one to compare)
         self._returned: set[str] = set()
@@ -214,17 +216,18 @@ class Scheduler:
                 if kv is host:
                     upcoming.append(job)
                 continue
+            num_tokens = job.num_tokens
             if kv is none:
                 # the room is claimed in priority order even by a job that then cannot
                 # start (device full, token budget spent): lower jobs must not take its share
-                need = -(-(job.num_tokens + 1) // bs)
+                need = -(-(num_tokens + 1) // bs)
                 if need > admit_room:
                     continue
                 admit_room -= need
             job_id = job.job_id
             if job_id in in_flight or job_id in evicted or job_id in batch_ids:
                 continue
-            new_tokens = job.num_new_tokens
+            new_tokens = num_tokens - job.num_computed_tokens
             if new_tokens > budget:
                 too_big += 1
                 if too_big > 4 * limit:  # the budget is spent; do not walk the whole queue
@@ -238,7 +241,6 @@ class Scheduler:
                 if not self._make_room(job, len(job.host_block_table), batch_ids, evicted, out):
                     continue
                 self._start(blocks.begin_swap_in(job, sync=True), out)
-            num_tokens = job.num_tokens
             missing = max(0, -(-num_tokens // bs) - len(job.block_table))
             if missing > device.num_free and not self._make_room(
                 job, missing, batch_ids, evicted, out
@@ -253,7 +255,7 @@ class Scheduler:
             batch.append(job)
             batch_ids.add(job_id)
             budget -= new_tokens
-        self._enst = self.queue.enst_fn(now, limit)
+        self._enst_for, self._enst_built = (now, limit), None
         if self.cache.kv_policy == "proactive":
             self._plan_proactive(batch_ids, wanted, upcoming, out)
         batch_ids.difference_update(busy)
@@ -386,6 +388,12 @@ class Scheduler:
     def _last_iteration_time(self) -> float:
         """The profiled time of the previous batch (the copies that fit beside a step)."""
         return self._last_batch_cost
+
+    @property
+    def _enst(self) -> Callable[[Job], float]:
+        if self._enst_built is None:
+            self._enst_built = self.queue.enst_fn(*self._enst_for)
+        return self._enst_built
 
     def enst_of(self, job: Job) -> float:
         """The job's ENST under the latest scheduling decision (O(1))."""
