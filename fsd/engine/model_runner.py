@@ -7,6 +7,7 @@ from collections.abc import Sequence
 import torch
 
 from fsd.engine.kv_cache import KVCachePool
+from fsd.engine.plan import flatten
 from fsd.engine.sampler import Sampler
 from fsd.jobs import Job
 from fsd.layers.attention import AttentionMetadata
@@ -32,14 +33,8 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(self, batch: Sequence[Job]) -> list[int]:
         """Run one iteration over `batch`; return the sampled token of each job, in order."""
-        order = sorted(range(len(batch)), key=lambda i: batch[i].num_new_tokens > 1)
-        jobs = [batch[i] for i in order]
-        input_ids: list[int] = []
-        positions: list[int] = []
-        for job in jobs:
-            start = job.num_computed_tokens
-            input_ids.extend(job.all_token_ids[start:])
-            positions.extend(range(start, job.num_tokens))
+        flat = flatten(batch)
+        order, jobs, input_ids, positions = flat.order, flat.jobs, flat.input_ids, flat.positions
         meta = AttentionMetadata.build(
             query_lens=[j.num_new_tokens for j in jobs],
             context_lens=[j.num_tokens for j in jobs],

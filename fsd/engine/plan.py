@@ -64,6 +64,30 @@ class StepPlan:
         return bool(self.query_lens)
 
 
+@dataclass(frozen=True)
+class FlatBatch:
+    """A batch laid out for one model step: decodes (one new token) first."""
+
+    order: tuple[int, ...]  # position in the batch of each laid-out job
+    jobs: tuple[Job, ...]
+    input_ids: tuple[int, ...]
+    positions: tuple[int, ...]
+
+
+def flatten(batch: Sequence[Job]) -> FlatBatch:
+    """Every job's new tokens and their positions, decodes first (the layout the
+    attention metadata and every worker expect)."""
+    order = sorted(range(len(batch)), key=lambda i: batch[i].num_new_tokens > 1)
+    jobs = [batch[i] for i in order]
+    input_ids: list[int] = []
+    positions: list[int] = []
+    for job in jobs:
+        start = job.num_computed_tokens
+        input_ids.extend(job.all_token_ids[start:])
+        positions.extend(range(start, job.num_tokens))
+    return FlatBatch(tuple(order), tuple(jobs), tuple(input_ids), tuple(positions))
+
+
 def build_plan(
     seq: int,
     batch: Sequence[Job],
@@ -75,26 +99,20 @@ def build_plan(
 
     `banned`, given per job in batch order, asks for sampled ids instead of logits.
     """
-    order = sorted(range(len(batch)), key=lambda i: batch[i].num_new_tokens > 1)
-    jobs = [batch[i] for i in order]
-    input_ids: list[int] = []
-    positions: list[int] = []
-    for job in jobs:
-        start = job.num_computed_tokens
-        input_ids.extend(job.all_token_ids[start:])
-        positions.extend(range(start, job.num_tokens))
+    flat = flatten(batch)
+    order, jobs = flat.order, flat.jobs
     # sync copies: outs before ins, since an in may reuse the blocks an out frees
     sync = [op for op in sync_ops if op.direction == "out"] + [
         op for op in sync_ops if op.direction == "in"
     ]
     return StepPlan(
         seq=seq,
-        input_ids=tuple(input_ids),
-        positions=tuple(positions),
+        input_ids=flat.input_ids,
+        positions=flat.positions,
         query_lens=tuple(j.num_new_tokens for j in jobs),
         context_lens=tuple(j.num_tokens for j in jobs),
         block_tables=tuple(tuple(j.block_table) for j in jobs),
-        order=tuple(order),
+        order=order,
         sync_swaps=tuple(SwapInstr.of(op) for op in sync),
         async_swaps=tuple(SwapInstr.of(op) for op in async_ops),
         banned=None if banned is None else tuple(tuple(banned[i]) for i in order),

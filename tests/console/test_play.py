@@ -12,17 +12,9 @@ from typer.testing import CliRunner
 from fsd.bench.slo import max_rate_under
 from fsd.console.cli import app
 from fsd.console.play_stats import JobRecord, split_latency, summarize
-from tests.server.daemon_proc import Daemon, daemon_fixture
+from tests.server.daemon_proc import SMALL_POOL, Daemon, daemon_fixture
 
-CONFIG = """
-[cache]
-num_gpu_blocks = 64
-num_host_blocks = 256
-[sched]
-max_batch_size = 8
-[server]
-telemetry_hz = 20
-"""
+CONFIG = SMALL_POOL
 
 SCENARIO = """
 [scenario]

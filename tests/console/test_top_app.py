@@ -25,17 +25,9 @@ from fsd.console.top.panels import TitleBar
 from fsd.console.top.screens import ConfirmScreen, HelpScreen, JobDetailScreen
 from fsd.console.top.source import LiveSource, ReplaySource
 from tests.console.conftest import RECORDING
-from tests.server.daemon_proc import Daemon, daemon_fixture, free_port
+from tests.server.daemon_proc import SMALL_POOL, Daemon, daemon_fixture, free_port
 
-CONFIG = """
-[cache]
-num_gpu_blocks = 64
-num_host_blocks = 256
-[sched]
-max_batch_size = 8
-[server]
-telemetry_hz = 20
-"""
+CONFIG = SMALL_POOL
 
 
 daemon = daemon_fixture(CONFIG, "top-daemon")

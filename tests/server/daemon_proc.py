@@ -16,6 +16,17 @@ import zmq
 from fsd import protocol as P
 from fsd.client import Client, CurveKeys, DaemonUnavailable
 
+# a daemon small enough to preempt and swap with a handful of jobs, telemetry at 20 Hz
+SMALL_POOL = """
+[cache]
+num_gpu_blocks = 64
+num_host_blocks = 256
+[sched]
+max_batch_size = 8
+[server]
+telemetry_hz = 20
+"""
+
 
 def free_port() -> int:
     with socket.socket() as s:
