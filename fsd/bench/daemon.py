@@ -25,6 +25,18 @@ class BenchDaemonError(FsdError):
     """A benchmark daemon did not start or answer."""
 
 
+def stop_process(proc: subprocess.Popen, timeout: float) -> int:
+    """SIGTERM (the daemon drains), then SIGKILL if it has not exited in `timeout`."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    return proc.returncode
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -120,13 +132,8 @@ class BenchDaemon:
         raise BenchDaemonError(f"the {self.spec.policy} daemon still has jobs after {timeout:g} s")
 
     def stop(self, timeout: float = 30.0) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        if self.proc is not None:
+            stop_process(self.proc, timeout)
         if self._tmp is not None:
             self._tmp.cleanup()
             self._tmp = None

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -14,6 +13,7 @@ from pathlib import Path
 import zmq
 
 from fsd import protocol as P
+from fsd.bench.daemon import stop_process
 from fsd.client import Client, CurveKeys, DaemonUnavailable
 
 # a daemon small enough to preempt and swap with a handful of jobs, telemetry at 20 Hz
@@ -65,14 +65,7 @@ class Daemon:
             sub.close()
 
     def stop(self, timeout: float = 30.0) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        return self.proc.returncode
+        return stop_process(self.proc, timeout)
 
 
 def start_daemon(
