@@ -237,12 +237,20 @@ class MLFQQueue(JobQueue):
         heapq.heapify(heap)
         while heap:
             neg, kind, _, item = heapq.heappop(heap)
-            if kind == 0:
-                for job in self._levels[item].values():
-                    if select(job):
-                        heapq.heappush(heap, (-enst(job), 1, next(seq), job))
-            else:
+            if kind == 1:
                 yield -neg, item
+                continue
+            # Most jobs of a level sit exactly at its bound (promotion is far off), and
+            # nothing left in the heap exceeds that bound: yield those at once, as far as
+            # the planner reads, and queue only the jobs promoted sooner.
+            bound = -neg
+            for job in self._levels[item].values():
+                if select(job):
+                    e = enst(job)
+                    if e >= bound:
+                        yield e, job
+                    else:
+                        heapq.heappush(heap, (-e, 1, next(seq), job))
 
     def enst_fn(self, now: float, batch_size: int) -> Callable[[Job], float]:
         """ENST(i) = min(T_promote(i), T_execute(i)) (paper §4.2).

@@ -17,7 +17,8 @@ KV policies when device blocks run short (paper §4.2):
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Iterator
+import itertools
+from collections.abc import Callable, Collection, Iterable, Iterator
 from dataclasses import dataclass, field
 
 from fsd.config import CacheConfig, SchedConfig
@@ -206,7 +207,7 @@ class Scheduler:
         reactive = self.cache.kv_policy == "reactive"
         host, none, on_device = KVLocation.HOST, KVLocation.NONE, KVLocation.DEVICE
         running = JobStatus.RUNNING
-        for job in self.queue.ordered():
+        for job in self._candidates(admit_room):
             kv = job.kv
             if len(batch) >= limit:
                 # look a little further for the host jobs to bring in next (bounded)
@@ -272,6 +273,22 @@ class Scheduler:
             sum(j.last_cost for j in batch), self.cost.min_iteration_time
         ) / max(getattr(self.cost, "pipeline_stages", 1), 1)
         return out
+
+    def _candidates(self, admit_room: float) -> Iterable[Job]:
+        """The jobs to walk, in priority order.
+
+        When admission lets no job without KV start, only the jobs holding KV can
+        run; with a long queue of waiting jobs (10k) sorting those few beats walking
+        the whole queue past thousands of jobs that would all be skipped.
+        """
+        if admit_room < 1:
+            holders = len(self._on_device) + len(self._on_host)
+            if 4 * holders < len(self._jobs):
+                return sorted(
+                    itertools.chain(self._on_device.values(), self._on_host.values()),
+                    key=self.queue.key,
+                )
+        return self.queue.ordered()
 
     def _admission_room(self) -> float:
         """Blocks that jobs without KV may still take this iteration.
