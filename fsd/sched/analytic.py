@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -156,38 +156,28 @@ class GPU:
     gpus_per_node: int = 8
 
 
+# A100 SXM4 80GB: 312 TFLOP/s fp16 dense, 2.0 TB/s HBM2e, NVLink3 600 GB/s
+# (both directions), PCIe 4.0 x16 (32 GB/s raw, ~25 GB/s pinned memcpy).
+_A100 = GPU(
+    "a100",
+    peak_flops=312 * TB,
+    hbm_bytes_per_s=2.0 * TB,
+    memory_bytes=80 * GB,
+    nvlink_bytes_per_s=300 * GB,
+    pcie_bytes_per_s=25 * GB,
+    internode_bytes_per_s=50 * GB,  # p4d: 4 x 100 Gb/s EFA
+    collective_latency_s=15e-6,
+    p2p_latency_s=10e-6,
+    internode_latency_s=30e-6,
+    compute_efficiency=0.6,
+)
+
 GPUS: dict[str, GPU] = {
     g.name: g
     for g in (
-        # A100 SXM4 80GB: 312 TFLOP/s fp16 dense, 2.0 TB/s HBM2e, NVLink3 600 GB/s
-        # (both directions), PCIe 4.0 x16 (32 GB/s raw, ~25 GB/s pinned memcpy).
-        GPU(
-            "a100",
-            peak_flops=312 * TB,
-            hbm_bytes_per_s=2.0 * TB,
-            memory_bytes=80 * GB,
-            nvlink_bytes_per_s=300 * GB,
-            pcie_bytes_per_s=25 * GB,
-            internode_bytes_per_s=50 * GB,  # p4d: 4 x 100 Gb/s EFA
-            collective_latency_s=15e-6,
-            p2p_latency_s=10e-6,
-            internode_latency_s=30e-6,
-            compute_efficiency=0.6,
-        ),
+        _A100,
         # The paper's testbed GPU (p4d.24xlarge): A100 SXM4 40GB, 1.555 TB/s HBM2.
-        GPU(
-            "a100-40gb",
-            peak_flops=312 * TB,
-            hbm_bytes_per_s=1.555 * TB,
-            memory_bytes=40 * GB,
-            nvlink_bytes_per_s=300 * GB,
-            pcie_bytes_per_s=25 * GB,
-            internode_bytes_per_s=50 * GB,
-            collective_latency_s=15e-6,
-            p2p_latency_s=10e-6,
-            internode_latency_s=30e-6,
-            compute_efficiency=0.6,
-        ),
+        replace(_A100, name="a100-40gb", hbm_bytes_per_s=1.555 * TB, memory_bytes=40 * GB),
         # H100 SXM5 80GB: 989 TFLOP/s fp16 dense, 3.35 TB/s HBM3, NVLink4 900 GB/s
         # (both directions), PCIe 5.0 x16 (64 GB/s raw, ~50 GB/s pinned memcpy).
         GPU(
