@@ -10,10 +10,10 @@ a decode step (171 ms/token), requests clipped to OPT's 2048-token context. Metr
 are per-token latency (end-to-end / output tokens) in ms: avg and p95.
 
 Sections:
-  main    fcfs, priority, mlfq, sj-mlfq (`default`), the paper's sj-mlfq rules and
-          srpt on the Azure conversation trace at several time scales and on
-          synthetic ShareGPT / Alpaca / prefill-heavy workloads, Poisson and bursty
-          Gamma arrivals (CV 4, 8, 16);
+  main    fcfs, priority, mlfq, sj-mlfq (`default`), the paper's sj-mlfq rules,
+          sj-mlfq with demote_rule = "gittins", and srpt on the Azure conversation
+          trace at several time scales and on synthetic ShareGPT / Alpaca / prefill-heavy workloads, Poisson and bursty
+          Gamma arrivals (CV 4, 8, 16), and ShareGPT with outputs capped at 20;
   kv      sj-mlfq with each KV policy (defer, recompute, reactive, proactive) on a
           bursty case;
   tuning  fsd's rule changes one at a time (promotion target, alpha, prefill
@@ -89,9 +89,11 @@ def _trace(scale: float) -> Callable[[int], Workload]:
     return lambda n: read_trace(TRACE, time_scale=scale, limit=n)
 
 
-def _syn(lengths: str, rate: float, cv: float = 1.0, seed: int = 0) -> Callable[[int], Workload]:
+def _syn(
+    lengths: str, rate: float, cv: float = 1.0, seed: int = 0, max_output: int | None = None
+) -> Callable[[int], Workload]:
     arrivals = poisson(rate) if cv == 1.0 else gamma(rate, cv)
-    return lambda n: synthetic(arrivals, length_model(lengths), n, seed)
+    return lambda n: synthetic(arrivals, length_model(lengths), n, seed).clipped(None, max_output)
 
 
 CASES = [
@@ -103,6 +105,13 @@ CASES = [
     Case("sharegpt-cv8", "ShareGPT, Gamma 2 req/s CV 8", _syn("sharegpt", 2.0, 8.0), 2000, 800),
     Case("sharegpt-cv16", "ShareGPT, Gamma 2 req/s CV 16", _syn("sharegpt", 2.0, 16.0), 2000, 800),
     Case("alpaca", "Alpaca lengths, Poisson 25 req/s", _syn("alpaca", 25.0), 3000, 1200),
+    Case(
+        "sharegpt-cap20",
+        "ShareGPT, outputs capped at 20 tokens, Gamma 30 req/s CV 4",
+        _syn("sharegpt", 30.0, 4.0, max_output=20),
+        3000,
+        1200,
+    ),
     Case(
         "prefill-heavy",
         "prompts ~1.5k / outputs ~16, Poisson 2.5 req/s",
@@ -182,6 +191,8 @@ def run_main(study: Study, cost, ctx) -> None:
     specs = [base_spec(p, p) for p in POLICIES]
     # the paper's own rules beside fsd's default, to show what the rule changes buy
     specs.insert(4, base_spec("sj-mlfq (paper)", "sj-mlfq", **paper_rules(cost.min_iteration_time)))
+    # the opt-in demotion rule learned from finished jobs' output lengths
+    specs.insert(5, base_spec("sj-mlfq (gittins)", "sj-mlfq", demote_rule="gittins"))
     out = {}
     for case in CASES:
         w = load(case, study.quick, ctx)

@@ -102,6 +102,9 @@ class SchedConfig:
     # charge a prefill iteration as attained service (the paper); fsd does not: skip-join
     # already placed the job by its prefill time, so the quantum at that level is for decoding
     charge_prefill: bool = False
+    # at a quantum's end: "always" demote (the paper) or, "gittins", keep the job's level
+    # while recent output lengths say it is closer to done than a fresh job (fsd.sched.gittins)
+    demote_rule: str = "always"
     profile: str | None = None  # a profile JSON path or a shipped profile name
 
     def __post_init__(self) -> None:
@@ -114,6 +117,7 @@ class SchedConfig:
             if any(b <= a for a, b in zip(self.quanta, self.quanta[1:], strict=False)):
                 raise ConfigError(f"quanta must be strictly increasing, got {list(self.quanta)}")
         _choice("starve_promote", self.starve_promote, ("up1", "top", "entry"))
+        _choice("demote_rule", self.demote_rule, ("always", "gittins"))
         if self.num_levels < 1:
             raise ConfigError(f"num_levels must be >= 1, got {self.num_levels}")
         if self.q1 is not None and self.q1 <= 0:

@@ -151,6 +151,10 @@ class Job:
         return len(self.prompt_token_ids) + len(self.output_token_ids)
 
     @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    @property
     def num_new_tokens(self) -> int:
         """Tokens this job feeds the model in its next iteration."""
         return self.num_tokens - self.num_computed_tokens

@@ -193,7 +193,7 @@ class Engine:
         """Change scheduling settings between iterations without losing a job.
 
         Accepts SchedConfig fields (policy, quanta, q1, quantum_ratio, num_levels,
-        starve_limit, starve_promote, max_batch_size, max_batch_tokens) and the KV
+        starve_limit, starve_promote, demote_rule, ...) and the KV
         policy settings (kv_policy, reserve_min_jobs, reserve_top_levels).
         """
         sched_fields = {f.name for f in dataclasses.fields(SchedConfig)} - {"profile"}

@@ -26,11 +26,13 @@ import itertools
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
-from fsd.jobs import Job, KVLocation
+from fsd.jobs import FinishReason, Job, KVLocation
+from fsd.sched.gittins import OutputLengthIndex
 from fsd.sched.profile import CostModel
 from fsd.sched.queues import JobQueue, LevelView
 
 PROMOTE_RULES = ("up1", "top", "entry")
+DEMOTE_RULES = ("always", "gittins")
 
 
 def build_quanta(q1: float, ratio: float, levels: int) -> list[float]:
@@ -45,7 +47,9 @@ class MLFQQueue(JobQueue):
     time, prefill charged). promote_to="up1" moves a starved job one level up; "top"
     moves it to Q1 as the paper does; "entry" to the level its next iteration would
     skip-join (never lower than now). charge_prefill=False (skip-join only) charges
-    no service for a prefill iteration.
+    no service for a prefill iteration. demote_rule="gittins" (skip-join only) keeps a
+    job whose quantum ran out at its level and place while the output lengths of
+    recently finished jobs say it is closer to done than a fresh job (fsd.sched.gittins).
     """
 
     def __init__(
@@ -56,14 +60,19 @@ class MLFQQueue(JobQueue):
         skip_join: bool = True,
         promote_to: str = "up1",
         charge_prefill: bool = False,
+        demote_rule: str = "always",
     ) -> None:
         super().__init__(cost)
         if promote_to not in PROMOTE_RULES:
             raise ValueError(f"promote_to must be one of {PROMOTE_RULES}, got {promote_to!r}")
+        if demote_rule not in DEMOTE_RULES:
+            raise ValueError(f"demote_rule must be one of {DEMOTE_RULES}, got {demote_rule!r}")
         self.name = "sj-mlfq" if skip_join else "mlfq"
         self.skip_join = skip_join
         self.promote_to = promote_to
         self.charge_prefill = charge_prefill or not skip_join
+        self.demote_rule = demote_rule if skip_join else "always"
+        self.lengths = OutputLengthIndex()  # learned from every finish; read by "gittins"
         self.quanta = list(quanta)
         self.starve_limit = starve_limit
         self._levels: list[dict[str, Job]] = [{} for _ in self.quanta]
@@ -89,12 +98,17 @@ class MLFQQueue(JobQueue):
         self._place(job, level)
 
     def remove(self, job: Job) -> None:
+        self._unlink(job)
+        if job.finish_reason in (FinishReason.STOP, FinishReason.LENGTH):
+            self.lengths.observe(job.num_output_tokens)
+
+    def _unlink(self, job: Job) -> None:
         if 0 <= job.level < len(self._levels):
             self._levels[job.level].pop(job.job_id, None)
 
     def _place(self, job: Job, level: int) -> None:
         """Put the job at the tail of `level` with a fresh quantum."""
-        self.remove(job)
+        self._unlink(job)
         job.level = level
         job.attained = 0.0
         job.queue_seq = next(self._seq)
@@ -133,6 +147,7 @@ class MLFQQueue(JobQueue):
         self.starve_limit = other.starve_limit
         self.promote_to = other.promote_to
         self.charge_prefill = other.charge_prefill
+        self.demote_rule = other.demote_rule
         if len(self._levels) != len(self.quanta):
             self._levels = [{} for _ in self.quanta]
             last = len(self.quanta) - 1
@@ -173,6 +188,7 @@ class MLFQQueue(JobQueue):
         demoted: list[Job] = []
         last = len(self.quanta) - 1
         levels = self._levels
+        lengths = self.lengths if self.demote_rule == "gittins" and self.lengths.ready else None
         for job, service in ran:
             job.last_run = now
             job.starve_since = now
@@ -183,6 +199,9 @@ class MLFQQueue(JobQueue):
             job.attained += service
             if job.attained + 1e-12 < self.quanta[job.level]:
                 continue  # its starvation entry stays; tick re-arms it from starve_since
+            if lengths is not None and lengths.keeps_level(job.num_output_tokens):
+                job.attained = 0.0  # a fresh quantum here, ahead of the jobs that came later
+                continue
             target = min(job.level + 1, last)
             if self.skip_join:
                 nxt = self.cost.job_iteration_time(job.num_new_tokens, job.num_tokens)

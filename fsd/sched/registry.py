@@ -46,6 +46,7 @@ def make_queue(config: SchedConfig, cost: CostModel) -> JobQueue:
             skip_join=name == "sj-mlfq",
             promote_to=config.starve_promote,
             charge_prefill=config.charge_prefill,
+            demote_rule=config.demote_rule,
         )
     return {"fcfs": FCFSQueue, "priority": PriorityQueue, "srpt": SRPTQueue}[name](cost)
 

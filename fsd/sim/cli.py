@@ -178,6 +178,10 @@ def simulate_command(
     charge_prefill: Annotated[
         bool, typer.Option(help="Charge a prefill as attained service (the paper's rule).")
     ] = False,
+    demote_rule: Annotated[
+        str,
+        typer.Option(help="At a quantum's end: always demote, or gittins (learned lengths)."),
+    ] = "always",
     admit_fraction: Annotated[
         float, typer.Option(help="New jobs start while device+host KV use stays under this.")
     ] = 0.9,
@@ -280,6 +284,7 @@ def _simulate(**a: Any) -> dict[str, Any]:
         starve_limit=a["starve_limit"],
         starve_promote=a["starve_promote"],
         charge_prefill=a["charge_prefill"],
+        demote_rule=a["demote_rule"],
         profile=a["profile"],
     )
     cache = CacheConfig(

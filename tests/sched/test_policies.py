@@ -71,9 +71,20 @@ def test_small_device_pool_every_policy_and_kv_policy_finishes_everything(policy
     st.integers(1, 4),
     st.integers(8, 30),
     st.integers(0, 3),
+    st.one_of(st.none(), st.lists(st.integers(1, 30), min_size=32, max_size=40)),
 )
-def test_property_blocks_conserved_all_finish_no_deadlock(specs, policy, kv, batch, device, delay):
-    s = scheduler(policy, kv, device=device, host=200, max_batch_size=batch, block_size=4)
+def test_property_blocks_conserved_all_finish_no_deadlock(
+    specs, policy, kv, batch, device, delay, learned
+):
+    # learned: output lengths that prime the Gittins demotion rule (None: always demote)
+    rule = "always" if learned is None else "gittins"
+    s = scheduler(
+        policy, kv, device=device, host=200, max_batch_size=batch, block_size=4, demote_rule=rule
+    )
+    lengths = getattr(s.queue, "lengths", None)  # MLFQ queues only
+    if lengths is not None:
+        for n in learned or ():
+            lengths.observe(n)
     specs = [(p, o, a) for p, o, a in specs if s.blocks.blocks_for(p + o) <= device] or [(1, 1, 0)]
     jobs = make_jobs([(p, o) for p, o, _ in specs])
     arrivals = {j.job_id: a for j, (_, _, a) in zip(jobs, specs, strict=True)}
