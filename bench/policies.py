@@ -11,7 +11,7 @@ are per-token latency (end-to-end / output tokens) in ms: avg and p95.
 
 Sections:
   main    fcfs, priority, mlfq, sj-mlfq (`default`), the paper's sj-mlfq rules,
-          sj-mlfq with demote_rule = "gittins", and srpt on the Azure conversation
+          sj-mlfq with demote_rule = "always", and srpt on the Azure conversation
           trace at several time scales and on synthetic ShareGPT / Alpaca / prefill-heavy workloads, Poisson and bursty
           Gamma arrivals (CV 4, 8, 16), and ShareGPT with outputs capped at 20;
   kv      sj-mlfq with each KV policy (defer, recompute, reactive, proactive) on a
@@ -129,17 +129,18 @@ CASES = [
 ]
 
 KV_CASE = "sharegpt-cv8"
-TUNING_CASES = ("conv-0.4", "conv-0.5", "sharegpt-cv8", "alpaca", "prefill-cv8")
+TUNING_CASES = ("conv-0.4", "conv-0.5", "sharegpt-cv8", "alpaca", "sharegpt-cap20", "prefill-cv8")
 
 
 def paper_rules(step: float) -> dict:
     """sj-mlfq as the paper specifies it: alpha = the SLO, starved jobs to Q1, prefill
-    charged as service, no admission control."""
+    charged as service, no admission control, always demote at a quantum's end."""
     return {
         "starve_limit": 10 * step,
         "starve_promote": "top",
         "charge_prefill": True,
         "admit_fraction": 1.0,
+        "demote_rule": "always",
     }
 
 
@@ -153,6 +154,7 @@ def tuning_variants(step: float) -> dict[str, dict]:
         "a=SLO": {"starve_limit": slo},
         "a=10xSLO": {"starve_limit": 10 * slo},
         "prefill charged": {"charge_prefill": True},
+        "always demote": {"demote_rule": "always"},
         "no admission control": {"admit_fraction": 1.0},
         "promote=entry": {"starve_promote": "entry"},
         "no promotion": {"starve_limit": 1e9},
@@ -191,8 +193,8 @@ def run_main(study: Study, cost, ctx) -> None:
     specs = [base_spec(p, p) for p in POLICIES]
     # the paper's own rules beside fsd's default, to show what the rule changes buy
     specs.insert(4, base_spec("sj-mlfq (paper)", "sj-mlfq", **paper_rules(cost.min_iteration_time)))
-    # the opt-in demotion rule learned from finished jobs' output lengths
-    specs.insert(5, base_spec("sj-mlfq (gittins)", "sj-mlfq", demote_rule="gittins"))
+    # fsd's default minus the Gittins demotion rule (always demote at a quantum's end)
+    specs.insert(5, base_spec("sj-mlfq (always demote)", "sj-mlfq", demote_rule="always"))
     out = {}
     for case in CASES:
         w = load(case, study.quick, ctx)

@@ -104,7 +104,7 @@ class SchedConfig:
     charge_prefill: bool = False
     # at a quantum's end: "always" demote (the paper) or, "gittins", keep the job's level
     # while recent output lengths say it is closer to done than a fresh job (fsd.sched.gittins)
-    demote_rule: str = "always"
+    demote_rule: str = "gittins"
     profile: str | None = None  # a profile JSON path or a shipped profile name
 
     def __post_init__(self) -> None:

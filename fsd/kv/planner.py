@@ -10,6 +10,7 @@ jobs lets them start at once.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING
 
@@ -53,6 +54,16 @@ class SwapPlanner:
         tokens = 2.0 * iteration_time * cost.swap_bytes_per_s / cost.kv_bytes_per_token
         return max(1, int(tokens // self.blocks.block_size))
 
+    def has_work(
+        self,
+        wanted: Sequence[Job],
+        upcoming: Sequence[Job],
+        in_flight: Mapping[str, SwapOp],
+        reserve: int,
+    ) -> bool:
+        """False in the common case: nothing to bring in, nothing moving, the reserve holds."""
+        return bool(wanted or upcoming or in_flight) or self.blocks.num_free < reserve
+
     def plan(
         self,
         movable: Iterable[Job],
@@ -76,14 +87,14 @@ class SwapPlanner:
         """
         blocks = self.blocks
         ops: list[SwapOp] = []
-        if not wanted and not upcoming and not in_flight and blocks.num_free >= reserve:
-            return ops  # the common case: nothing to bring in, the reserve holds
+        if not self.has_work(wanted, upcoming, in_flight, reserve):
+            return ops
         moving = sum(op.num_blocks for op in in_flight.values())
         budget = float("inf") if max_blocks is None else max_blocks - moving
         if budget <= 0:
             return ops
-        urgent = sum(self._room_to_run(j) for j in wanted)
-        soonest = min((enst(j) for j in wanted), default=float("inf"))
+        urgent = sum([self._room_to_run(j) for j in wanted])
+        soonest = min([enst(j) for j in wanted], default=float("inf"))
         freeing = sum(op.num_blocks for op in in_flight.values() if op.direction == "out")
         free_soon = blocks.num_free + freeing
         target = min(reserve + urgent, blocks.device.num_blocks)
@@ -103,7 +114,9 @@ class SwapPlanner:
             free_soon += n
             budget -= n
             sent_out = min(sent_out, e)
-        for job, floor in [(j, 0) for j in wanted] + [(j, reserve) for j in upcoming]:
+        for job, floor in itertools.chain(
+            ((j, 0) for j in wanted), ((j, reserve) for j in upcoming)
+        ):
             need = len(job.host_block_table)
             if need > budget:
                 break
@@ -117,7 +130,9 @@ class SwapPlanner:
 
     def _room_to_run(self, job: Job) -> int:
         """Device blocks a host job needs to come in and run its next iteration."""
-        return max(len(job.host_block_table), self.blocks.blocks_for(job.num_tokens))
+        on_host = len(job.host_block_table)
+        need = -(-job.num_tokens // self.blocks.block_size)  # blocks_for, inlined (hot)
+        return on_host if on_host > need else need
 
 
 def by_enst_desc(jobs: Iterable[Job], enst: Callable[[Job], float]) -> Iterator[tuple[float, Job]]:

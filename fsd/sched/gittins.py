@@ -23,6 +23,7 @@ its level and place instead of dropping one level.
 from __future__ import annotations
 
 import bisect
+import itertools
 from collections import deque
 
 
@@ -74,15 +75,20 @@ class OutputLengthIndex:
             # candidate horizons d = each survivor's remaining length; by the k-th, k
             # survivors finished (worth 1/L each) and the service spent is the finished
             # ones' remaining plus d for each of the m - k still running
-            done = gain = 0.0
-            for k in range(1, m + 1):
-                x = xs[start + k - 1]
-                d = x - attained
-                done += d
-                gain += 1.0 / x
-                rate = gain / (done + (m - k) * d)
-                if rate > best:
-                    best = rate
+            survivors = xs[start:]
+            rest = [x - attained for x in survivors]
+            best = max(
+                [
+                    gain / (done + left * d)
+                    for gain, done, d, left in zip(
+                        itertools.accumulate([1.0 / x for x in survivors]),
+                        itertools.accumulate(rest),
+                        rest,
+                        range(m - 1, -1, -1),
+                        strict=True,
+                    )
+                ]
+            )
         if len(self._cache) < 4096:
             self._cache[attained] = best
         return best

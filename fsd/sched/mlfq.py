@@ -17,13 +17,16 @@ Where fsd departs from the paper (measured in bench/policies.py, README):
 - a prefill is not charged as service at the job's skip-join level: skip-join put
   the job where its prefill fits, so charging it demotes every long prompt right
   after its first token, behind the stream of short jobs (bursts of long prompts).
+- at a quantum's end a job is demoted only if the Gittins index of its output so far,
+  learned from finished jobs (fsd.sched.gittins), is not above a fresh job's. With
+  alike outputs (one max_tokens cap) always demoting is round robin, 3x FCFS.
 """
 
 from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Container, Iterable, Iterator, Sequence
 from typing import Any
 
 from fsd.jobs import FinishReason, Job, KVLocation
@@ -129,8 +132,7 @@ class MLFQQueue(JobQueue):
         return sum(len(lvl) for lvl in self._levels)
 
     def ordered(self) -> Iterator[Job]:
-        for lvl in self._levels:
-            yield from lvl.values()
+        return itertools.chain.from_iterable(lvl.values() for lvl in self._levels)
 
     def key(self, job: Job) -> tuple:
         return (job.level, job.queue_seq)
@@ -233,7 +235,7 @@ class MLFQQueue(JobQueue):
     def largest_enst_first(
         self,
         jobs: Iterable[Job],
-        select: Callable[[Job], bool],
+        chosen: Container[str],
         enst: Callable[[Job], float],
     ) -> Iterator[tuple[float, Job]]:
         """Largest ENST first, walking the levels lazily (`jobs` is not read).
@@ -246,7 +248,9 @@ class MLFQQueue(JobQueue):
         """
         t_exec = getattr(self, "_t_exec", None)
         if t_exec is None or len(t_exec) != len(self._levels):
-            yield from super().largest_enst_first((j for j in jobs if select(j)), select, enst)
+            yield from super().largest_enst_first(
+                (j for j in jobs if j.job_id in chosen), chosen, enst
+            )
             return
         seq = itertools.count()
         # (-value, kind, seq, item): kind 0 = a level's bound, read before equal jobs
@@ -263,13 +267,12 @@ class MLFQQueue(JobQueue):
             # nothing left in the heap exceeds that bound: yield those at once, as far as
             # the planner reads, and queue only the jobs promoted sooner.
             bound = -neg
-            for job in self._levels[item].values():
-                if select(job):
-                    e = enst(job)
-                    if e >= bound:
-                        yield e, job
-                    else:
-                        heapq.heappush(heap, (-e, 1, next(seq), job))
+            for job in (j for j in self._levels[item].values() if j.job_id in chosen):
+                e = enst(job)
+                if e >= bound:
+                    yield e, job
+                else:
+                    heapq.heappush(heap, (-e, 1, next(seq), job))
 
     def enst_fn(self, now: float, batch_size: int) -> Callable[[Job], float]:
         """ENST(i) = min(T_promote(i), T_execute(i)) (paper §4.2).

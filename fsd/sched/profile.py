@@ -86,7 +86,8 @@ class CostModel:
         """One job's next iteration run alone: its prefill, or one decode step."""
         if new_tokens > 1:
             return self.prefill_time(new_tokens)
-        return self.decode_time(1, context_tokens)
+        # decode_time(1, context_tokens), inlined: the scheduler calls this per job per step
+        return self.decode_base + self.decode_per_seq + self.decode_per_ctx_token * context_tokens
 
     def iteration_time(self, prefill_lens: Iterable[int], decode_contexts: Iterable[int]) -> float:
         """A mixed batch: prefills of the given lengths plus decodes at the given contexts.

@@ -10,7 +10,7 @@ from __future__ import annotations
 import bisect
 import itertools
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Container, Iterable, Iterator
 from dataclasses import dataclass
 
 from fsd.jobs import Job
@@ -96,12 +96,13 @@ class JobQueue(ABC):
     def largest_enst_first(
         self,
         jobs: Iterable[Job],
-        select: Callable[[Job], bool],
+        chosen: Container[str],
         enst: Callable[[Job], float],
     ) -> Iterator[tuple[float, Job]]:
-        """(ENST, job) for `jobs` (each also passing `select`), largest ENST first.
+        """(ENST, job) for `jobs` (whose ids are exactly `chosen`), largest ENST first.
 
-        A queue with levels may ignore `jobs` and walk its own levels lazily.
+        A queue with levels may ignore `jobs` and walk its own levels lazily, taking
+        the jobs whose ids are in `chosen`.
         """
         return by_enst_desc(jobs, enst)
 
@@ -132,8 +133,9 @@ class _SortedQueue(JobQueue):
         self._stamp(job, now)
         self._insert(job)
 
-    def _insert(self, job: Job) -> None:
-        k = self.key(job)
+    def _insert(self, job: Job, k: tuple | None = None) -> None:
+        if k is None:
+            k = self.key(job)
         i = bisect.bisect_right(self._keys, k)
         self._keys.insert(i, k)
         self._order.insert(i, job)
@@ -143,11 +145,32 @@ class _SortedQueue(JobQueue):
         k = self._key_of.pop(job.job_id, None)
         if k is None:
             return
+        i = self._index(job, k)
+        if i < len(self._order):
+            del self._keys[i], self._order[i]
+
+    def _index(self, job: Job, k: tuple) -> int:
+        """Where `job`, queued under key `k`, sits (len(queue) if it is not there)."""
         i = bisect.bisect_left(self._keys, k)
         while i < len(self._order) and self._order[i] is not job:
             i += 1
-        if i < len(self._order):
-            del self._keys[i], self._order[i]
+        return i
+
+    def _rekey(self, job: Job) -> None:
+        """Re-place a queued job whose key changed; in place when its rank holds
+        (the usual case: one step changes a job's remaining work only a little)."""
+        old = self._key_of.get(job.job_id)
+        if old is None:
+            return
+        new = self.key(job)
+        keys = self._keys
+        i = self._index(job, old)
+        if (i == 0 or keys[i - 1] <= new) and (i + 1 >= len(keys) or new <= keys[i + 1]):
+            keys[i] = new
+            self._key_of[job.job_id] = new
+            return
+        self.remove(job)
+        self._insert(job, new)
 
     def ordered(self) -> list[Job]:
         return self._order
@@ -198,15 +221,20 @@ class SRPTQueue(_SortedQueue):
         """Jobs that ran have less left: move just them to their new places."""
         for job, _ in ran:
             job.last_run = now
-            if job.job_id in self._key_of:
-                self.remove(job)
-                self._insert(job)
+            self._rekey(job)
         return []
 
     def remaining_time(self, job: Job) -> float:
-        left = max(0, (job.oracle_output_len or 0) - len(job.output_token_ids))
+        """Its prefill if due, then one decode step at today's context per token left
+        (computed for every job that ran, every iteration: kept branch-cheap)."""
+        c = self.cost
+        left = (job.oracle_output_len or 0) - job.num_output_tokens
         t = 0.0
         if job.num_computed_tokens == 0:
-            t += self.cost.prefill_time(job.num_new_tokens)
+            t = c.prefill_time(job.num_new_tokens)
             left -= 1
-        return t + max(left, 0) * self.cost.decode_time(1, job.num_tokens)
+        if left <= 0:
+            return t
+        return t + left * (
+            c.decode_base + c.decode_per_seq + c.decode_per_ctx_token * job.num_tokens
+        )

@@ -198,6 +198,7 @@ class Scheduler:
         evicted: set[str] = set()
         limit = self.config.max_batch_size
         scanned_after_full = 0
+        batch_cost = 0  # sum(j.last_cost for j in batch), in batch order
         too_big = 0  # prefills passed over for the token budget
         admit_room = self._admission_room()
         # the loop runs for every queued job each iteration: names are bound locally
@@ -207,9 +208,11 @@ class Scheduler:
         reactive = self.cache.kv_policy == "reactive"
         host, none, on_device = KVLocation.HOST, KVLocation.NONE, KVLocation.DEVICE
         running = JobStatus.RUNNING
+        taken = 0  # len(batch), kept by hand: this test runs for every job walked
+        wanted_full = False
         for job in self._candidates(admit_room):
             kv = job.kv
-            if len(batch) >= limit:
+            if taken >= limit:
                 # look a little further for the host jobs to bring in next (bounded)
                 scanned_after_full += 1
                 if scanned_after_full > 4 * limit or len(upcoming) >= limit:
@@ -217,6 +220,9 @@ class Scheduler:
                 if kv is host:
                     upcoming.append(job)
                 continue
+            if kv is host and wanted_full:
+                continue  # a host job could only have joined `wanted` (a host job's new
+                # work is one token, so the budget checks below would not stop the walk)
             num_tokens = job.num_tokens
             if kv is none:
                 # the room is claimed in priority order even by a job that then cannot
@@ -236,24 +242,27 @@ class Scheduler:
                 continue
             if kv is host:
                 if not reactive:
-                    if len(wanted) < 2 * limit:
-                        wanted.append(job)
+                    wanted.append(job)
+                    wanted_full = len(wanted) >= 2 * limit
                     continue
                 if not self._make_room(job, len(job.host_block_table), batch_ids, evicted, out):
                     continue
                 self._start(blocks.begin_swap_in(job, sync=True), out)
-            missing = max(0, -(-num_tokens // bs) - len(job.block_table))
-            if missing > device.num_free and not self._make_room(
-                job, missing, batch_ids, evicted, out
-            ):
-                continue
-            blocks.append(job, missing)
+            missing = -(-num_tokens // bs) - len(job.block_table)
+            if missing > 0:
+                if missing > device.num_free and not self._make_room(
+                    job, missing, batch_ids, evicted, out
+                ):
+                    continue
+                blocks.append(job, missing)
             if job.kv is not on_device:
                 self._locate(job, on_device)
-            job.last_cost = job_time(new_tokens, num_tokens)
+            job.last_cost = c = job_time(new_tokens, num_tokens)
+            batch_cost += c
             job.last_prefill = job.num_computed_tokens == 0
             job.status = running
             batch.append(job)
+            taken += 1
             batch_ids.add(job_id)
             budget -= new_tokens
         self._enst_for, self._enst_built = (now, limit), None
@@ -269,9 +278,9 @@ class Scheduler:
                 out.preempted.append(job)
         self._returned = set()
         # a decision is made once per pipeline stage time: the copies beside one step
-        self._last_batch_cost = max(
-            sum(j.last_cost for j in batch), self.cost.min_iteration_time
-        ) / max(getattr(self.cost, "pipeline_stages", 1), 1)
+        self._last_batch_cost = max(batch_cost, self.cost.min_iteration_time) / max(
+            getattr(self.cost, "pipeline_stages", 1), 1
+        )
         return out
 
     def _candidates(self, admit_room: float) -> Iterable[Job]:
@@ -380,24 +389,22 @@ class Scheduler:
         self, batch_ids: set[str], wanted: list[Job], upcoming: list[Job], out: SchedulerOutput
     ) -> None:
         reserve = self.reserve = self.planner.reserve_blocks(self.new_jobs_in_top_levels())
+        if not self.planner.has_work(wanted, upcoming, self.in_flight, reserve):
+            return
         # consumed only when the reserve is short (most iterations it is not)
         movable = (j for j in self._on_device.values() if j.job_id not in batch_ids)
-        on_device = self._on_device
-
-        def select(job: Job) -> bool:
-            return job.job_id in on_device and job.job_id not in batch_ids
-
         budget = self.planner.block_budget(self.cost, self._last_iteration_time())
-        enst = self._enst
         ops = self.planner.plan(
             movable,
             wanted,
             upcoming,
-            enst,
+            self._enst,
             reserve,
             self.in_flight,
             budget,
-            by_enst=lambda: self.queue.largest_enst_first(movable, select, enst),
+            by_enst=lambda: self.queue.largest_enst_first(
+                movable, self._on_device.keys() - batch_ids, self._enst
+            ),
         )
         for op in ops:
             self._start(op, out)
@@ -435,8 +442,9 @@ class Scheduler:
         """Charge the iteration's service, demote, and release finished jobs."""
         ran: list[tuple[Job, float]] = []
         done: list[Job] = []
+        finished = JobStatus.FINISHED
         for job in out.batch:
-            if job.status.finished:
+            if job.status is finished:
                 done.append(job)
             else:
                 ran.append((job, job.last_cost))

@@ -180,8 +180,8 @@ def simulate_command(
     ] = False,
     demote_rule: Annotated[
         str,
-        typer.Option(help="At a quantum's end: always demote, or gittins (learned lengths)."),
-    ] = "always",
+        typer.Option(help="At a quantum's end: gittins (learned lengths) or always demote."),
+    ] = "gittins",
     admit_fraction: Annotated[
         float, typer.Option(help="New jobs start while device+host KV use stays under this.")
     ] = 0.9,

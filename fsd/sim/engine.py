@@ -124,7 +124,8 @@ class _Pipeline:
             start = free_at[k] if free_at[k] > t else t
             t = free_at[k] = start + stage_s
         self.flight.append(_MicroBatch(out, t))
-        self.busy.update(job.job_id for job in out.batch)
+        if self.stages > 1:  # with one stage nothing is in flight at a decision
+            self.busy.update(job.job_id for job in out.batch)
         return t
 
     def next_exit(self) -> float:
@@ -133,7 +134,8 @@ class _Pipeline:
     def leave(self) -> _MicroBatch:
         """The oldest micro-batch, which has left the last stage."""
         mb = self.flight.popleft()
-        self.busy.difference_update(job.job_id for job in mb.out.batch)
+        if self.stages > 1:
+            self.busy.difference_update(job.job_id for job in mb.out.batch)
         return mb
 
 
@@ -319,6 +321,7 @@ def _emit_tokens(out: SchedulerOutput, at: float) -> int:
     finished = 0
     for job in out.batch:
         job.num_computed_tokens = job.num_tokens
+        job.num_tokens += 1  # type: ignore[misc]
         tokens = job.output_token_ids
         tokens.n += 1  # type: ignore[attr-defined]
         if job.first_token_time is None:

@@ -16,15 +16,21 @@ _PARAMS = SamplingParams(max_tokens=1 << 30, ignore_eos=True)
 
 
 class TokenCount:
-    """Stands in for a list of output token ids: `append` and `len` keep a count only."""
+    """Stands in for a list of output token ids: `append` and `len` keep a count only.
 
-    __slots__ = ("n",)
+    `append` also advances its owner's `num_tokens` (a plain attribute on `SimJob`: the
+    scheduler reads it for every queued job every iteration)."""
 
-    def __init__(self, n: int = 0) -> None:
+    __slots__ = ("n", "owner")
+
+    def __init__(self, owner: SimJob | None = None, n: int = 0) -> None:
         self.n = n
+        self.owner = owner
 
     def append(self, _token: int) -> None:
         self.n += 1
+        if self.owner is not None:
+            self.owner.num_tokens += 1
 
     def __len__(self) -> int:
         return self.n
@@ -43,7 +49,11 @@ class SimJob(Job):
     """A job of `prompt_len` prompt tokens that will generate exactly `output_len` tokens.
 
     `oracle_output_len` is set (srpt reads it); token ids, where anything asks, are 0.
+    `num_tokens` is an attribute kept by whoever adds a token (`TokenCount.append`,
+    the simulator's token loop), not a property.
     """
+
+    num_tokens: int = 0  # shadows Job's property: instance attribute, read hot
 
     def __init__(self, job_id: str, arrival: float, prompt_len: int, output_len: int) -> None:
         super().__init__(
@@ -55,19 +65,16 @@ class SimJob(Job):
             oracle_output_len=output_len,
         )
         self.prompt_len = prompt_len
-        self.output_token_ids = TokenCount()  # type: ignore[assignment]
+        self.num_tokens = prompt_len
+        self.output_token_ids = TokenCount(self)  # type: ignore[assignment]
 
     @property
     def num_prompt_tokens(self) -> int:
         return self.prompt_len
 
     @property
-    def num_tokens(self) -> int:
-        return self.prompt_len + self.output_token_ids.n  # type: ignore[attr-defined]
-
-    @property
     def num_new_tokens(self) -> int:
-        return self.prompt_len + self.output_token_ids.n - self.num_computed_tokens  # type: ignore[attr-defined]
+        return self.num_tokens - self.num_computed_tokens
 
     @property
     def num_output_tokens(self) -> int:

@@ -6,6 +6,7 @@ nothing but the wall time. Only metric rows travel back (not the 19k jobs).
 
 from __future__ import annotations
 
+import itertools
 import multiprocessing as mp
 import os
 from collections.abc import Sequence
@@ -63,14 +64,61 @@ def _task(args: tuple[RunSpec, CostModel, Workload]) -> dict[str, object]:
     return run_one(*args)
 
 
+def _group(args: tuple[list[RunSpec], CostModel, Workload]) -> list[dict[str, object]]:
+    specs, cost, workload = args
+    return [run_one(s, cost, workload) for s in specs]
+
+
+def pack(weights: Sequence[float], bins: int) -> list[list[int]]:
+    """Indices grouped into `bins` groups with the smallest largest total weight.
+
+    Exact for up to 12 items (every assignment is tried); longest-first greedy above.
+    Why: five runs on two processes, scheduled one at a time, leave one process alone
+    with the last long run; packing by expected cost evens the two out.
+    """
+    n = len(weights)
+    bins = max(1, min(bins, n))
+    if bins == 1:
+        return [list(range(n))] if n else []
+    if n <= 12:
+        best: tuple[float, tuple[int, ...]] | None = None
+        for assign in itertools.product(range(bins), repeat=n - 1):
+            full = (0, *assign)  # item 0 in bin 0: bins are interchangeable
+            loads = [0.0] * bins
+            for i, b in enumerate(full):
+                loads[b] += weights[i]
+            if best is None or max(loads) < best[0]:
+                best = (max(loads), full)
+        assert best is not None
+        groups: list[list[int]] = [[] for _ in range(bins)]
+        for i, b in enumerate(best[1]):
+            groups[b].append(i)
+        return [g for g in groups if g]
+    groups = [[] for _ in range(bins)]
+    loads = [0.0] * bins
+    for i in sorted(range(n), key=lambda i: -weights[i]):
+        b = loads.index(min(loads))
+        groups[b].append(i)
+        loads[b] += weights[i]
+    return [g for g in groups if g]
+
+
 def default_jobs() -> int:
     return max(1, min(os.cpu_count() or 1, 8))
 
 
 def run_many(
-    specs: Sequence[RunSpec], cost: CostModel, workload: Workload, jobs: int = 1
+    specs: Sequence[RunSpec],
+    cost: CostModel,
+    workload: Workload,
+    jobs: int = 1,
+    weights: Sequence[float] | None = None,
 ) -> dict[str, dict[str, object]]:
-    """Rows keyed by label, in the order of `specs`; `jobs` > 1 uses worker processes."""
+    """Rows keyed by label, in the order of `specs`; `jobs` > 1 uses worker processes.
+
+    `weights`: each run's expected relative cost; given, the runs are packed into
+    `jobs` fixed groups (see `pack`) instead of handed out one at a time.
+    """
     tasks = [(s, cost, workload) for s in specs]
     if jobs <= 1 or len(tasks) <= 1:
         rows = [_task(t) for t in tasks]
@@ -78,5 +126,13 @@ def run_many(
         # fork: workers inherit the imported modules; each gets its own copy of the inputs
         ctx = mp.get_context("fork") if "fork" in mp.get_all_start_methods() else None
         with ProcessPoolExecutor(max_workers=min(jobs, len(tasks)), mp_context=ctx) as pool:
-            rows = list(pool.map(_task, tasks))
+            if weights is None:
+                rows = list(pool.map(_task, tasks))
+            else:
+                groups = pack(weights, jobs)
+                done = pool.map(_group, [([specs[i] for i in g], cost, workload) for g in groups])
+                by_index: dict[int, dict[str, object]] = {}
+                for g, group_rows in zip(groups, done, strict=True):
+                    by_index.update(zip(g, group_rows, strict=True))
+                rows = [by_index[i] for i in range(len(specs))]
     return {s.label: row for s, row in zip(specs, rows, strict=True)}

@@ -7,7 +7,7 @@ import pytest
 from fsd.config import CacheConfig, SchedConfig
 from fsd.errors import ConfigError
 from fsd.sched.profile import CostModel
-from fsd.sim.runner import RunSpec, run_many
+from fsd.sim.runner import RunSpec, pack, run_many
 from fsd.sim.sweep import sweep
 from fsd.workload import length_model, poisson, synthetic
 
@@ -54,9 +54,32 @@ def test_bad_sweep_arguments():
 
 
 def test_parallel_runs_equal_serial_runs():
-    specs = [spec("fcfs"), spec("srpt")]
+    specs = [spec("fcfs"), spec("srpt"), spec("sj-mlfq")]
     a = run_many(specs, COST, WORK.head(150), jobs=1)
     b = run_many(specs, COST, WORK.head(150), jobs=2)
-    for label in ("fcfs", "srpt"):
-        a[label].pop("sim_wall_s"), b[label].pop("sim_wall_s")
-        assert a[label] == b[label]
+    c = run_many(specs, COST, WORK.head(150), jobs=2, weights=[1.0, 1.0, 2.0])
+    assert list(a) == list(b) == list(c) == ["fcfs", "srpt", "sj-mlfq"]
+    for label in a:
+        for rows in (a, b, c):
+            rows[label].pop("sim_wall_s")
+        assert a[label] == b[label] == c[label]
+
+
+@pytest.mark.parametrize(
+    ("weights", "bins", "loads"),
+    [
+        ([0.6, 0.6, 0.8, 1.0, 1.0], 2, [2.0, 2.0]),  # not {1.0, 0.8} / {1.0, 0.6, 0.6}
+        ([3, 3, 2, 2, 2], 2, [6, 6]),  # greedy longest-first would give 7 / 5
+        ([1, 2, 3], 1, [6]),
+        ([4, 1], 5, [4, 1]),  # more bins than runs
+    ],
+)
+def test_pack_minimises_the_largest_group(weights, bins, loads):
+    groups = pack(weights, bins)
+    assert sorted(i for g in groups for i in g) == list(range(len(weights)))
+    assert sorted(sum(weights[i] for i in g) for g in groups) == sorted(loads)
+
+
+def test_pack_beyond_exhaustive_size_is_greedy_and_complete():
+    groups = pack([1.0] * 14, 3)
+    assert sorted(len(g) for g in groups) == [4, 5, 5]
