@@ -23,8 +23,9 @@ its level and place instead of dropping one level.
 from __future__ import annotations
 
 import bisect
-import itertools
 from collections import deque
+
+import numpy as np
 
 
 class OutputLengthIndex:
@@ -43,6 +44,8 @@ class OutputLengthIndex:
         self.refresh = refresh
         self._recent: deque[int] = deque(maxlen=window)
         self._sorted: list[int] = []
+        self._lengths = np.zeros(0, dtype=np.int64)  # `_sorted` as an array, and 1 / it
+        self._inverse = np.zeros(0)
         self._stale = 0  # observations since `_sorted` was rebuilt
         self._cache: dict[int, float] = {}
 
@@ -59,6 +62,8 @@ class OutputLengthIndex:
         self._stale += 1
         if self._stale >= self.refresh or len(self._sorted) < self.min_samples:
             self._sorted = sorted(self._recent)
+            self._lengths = np.array(self._sorted, dtype=np.int64)
+            self._inverse = 1.0 / self._lengths
             self._stale = 0
             self._cache.clear()
 
@@ -75,20 +80,10 @@ class OutputLengthIndex:
             # candidate horizons d = each survivor's remaining length; by the k-th, k
             # survivors finished (worth 1/L each) and the service spent is the finished
             # ones' remaining plus d for each of the m - k still running
-            survivors = xs[start:]
-            rest = [x - attained for x in survivors]
-            best = max(
-                [
-                    gain / (done + left * d)
-                    for gain, done, d, left in zip(
-                        itertools.accumulate([1.0 / x for x in survivors]),
-                        itertools.accumulate(rest),
-                        rest,
-                        range(m - 1, -1, -1),
-                        strict=True,
-                    )
-                ]
-            )
+            rest = self._lengths[start:] - attained
+            gain = np.cumsum(self._inverse[start:])
+            spent = np.cumsum(rest) + np.arange(m - 1, -1, -1) * rest
+            best = float((gain / spent).max())
         if len(self._cache) < 4096:
             self._cache[attained] = best
         return best

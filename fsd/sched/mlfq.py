@@ -189,17 +189,18 @@ class MLFQQueue(JobQueue):
         """Charge service; demote the jobs whose quantum at their level is spent."""
         demoted: list[Job] = []
         last = len(self.quanta) - 1
-        levels = self._levels
+        levels, quanta, free_prefill = self._levels, self.quanta, not self.charge_prefill
         lengths = self.lengths if self.demote_rule == "gittins" and self.lengths.ready else None
         for job, service in ran:
             job.last_run = now
             job.starve_since = now
-            if not 0 <= job.level <= last or levels[job.level].get(job.job_id) is not job:
+            level = job.level
+            if not 0 <= level <= last or levels[level].get(job.job_id) is not job:
                 continue  # left the queue meanwhile
-            if job.last_prefill and not self.charge_prefill:
+            if free_prefill and job.last_prefill:
                 continue
-            job.attained += service
-            if job.attained + 1e-12 < self.quanta[job.level]:
+            job.attained = attained = job.attained + service
+            if attained + 1e-12 < quanta[level]:
                 continue  # its starvation entry stays; tick re-arms it from starve_since
             if lengths is not None and lengths.keeps_level(job.num_output_tokens):
                 job.attained = 0.0  # a fresh quantum here, ahead of the jobs that came later

@@ -82,6 +82,11 @@ class CostModel:
         """A decode step at batch 1 with an empty context: the default q1."""
         return self.decode_time(1, 1)
 
+    def decode_line(self) -> tuple[float, float]:
+        """(a, b): one job's decode step alone takes a + b x its context, exactly as
+        `job_iteration_time(1, context)` computes it."""
+        return self.decode_base + self.decode_per_seq, self.decode_per_ctx_token
+
     def job_iteration_time(self, new_tokens: int, context_tokens: int) -> float:
         """One job's next iteration run alone: its prefill, or one decode step."""
         if new_tokens > 1:

@@ -205,6 +205,7 @@ class Scheduler:
         blocks, device, in_flight = self.blocks, self.blocks.device, self.in_flight
         bs = blocks.block_size
         job_time = self.cost.job_iteration_time
+        step0, per_ctx = self.cost.decode_line()  # a decode step alone: step0 + per_ctx * ctx
         reactive = self.cache.kv_policy == "reactive"
         host, none, on_device = KVLocation.HOST, KVLocation.NONE, KVLocation.DEVICE
         running = JobStatus.RUNNING
@@ -255,11 +256,13 @@ class Scheduler:
                 ):
                     continue
                 blocks.append(job, missing)
-            if job.kv is not on_device:
+            if kv is not on_device and job.kv is not on_device:  # (a sync swap-in moved it)
                 self._locate(job, on_device)
-            job.last_cost = c = job_time(new_tokens, num_tokens)
+            job.last_cost = c = (
+                job_time(new_tokens, num_tokens) if new_tokens > 1 else step0 + per_ctx * num_tokens
+            )
             batch_cost += c
-            job.last_prefill = job.num_computed_tokens == 0
+            job.last_prefill = new_tokens == num_tokens
             job.status = running
             batch.append(job)
             taken += 1

@@ -273,7 +273,7 @@ class Simulator:
             prefills: list[int] = []
             contexts: list[int] = []
             for job in batch:
-                new = job.num_new_tokens
+                new = job.num_tokens - job.num_computed_tokens
                 if new > 1:
                     prefills.append(new)
                 else:

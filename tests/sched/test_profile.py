@@ -291,3 +291,13 @@ def test_shipped_profile_notes_state_the_gpus():
         assert notes["layout"]["num_gpus"] == expected[model] * pp == tp * pp
         assert f"{expected[model] * pp} x" in str(notes["gpus"])
         assert notes["kv_capacity_tokens"] > 10_000
+
+
+@pytest.mark.parametrize("name", ["opt-13b-a100", "opt-175b-a100-tp8pp2"])
+def test_decode_line_is_the_one_job_decode_step_bit_for_bit(name):
+    from fsd.sched.profiles import load_profile
+
+    cost = load_profile(name)
+    a, b = cost.decode_line()
+    for ctx in (1, 17, 999, 2047):
+        assert a + b * ctx == cost.job_iteration_time(1, ctx) == cost.decode_time(1, ctx)
