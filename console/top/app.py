@@ -163,9 +163,12 @@ class TopApp(App[None]):
     def render_view(self, view: TopView) -> None:
         """Show `view` in every panel (the frame the bench times)."""
         self.view = view
+        row = self._main.query("#panels")
+        if not row:
+            return  # the console's screen is gone (a message that arrived while closing)
         s = view.snapshot
         if s is not None:  # the panel row fits the levels, whatever their number
-            self._main.query_one("#panels").styles.height = max(len(s.levels), 6) + 2
+            row.first().styles.height = max(len(s.levels), 6) + 2
         self._main.query_one(panels.TitleBar).show(view)
         for panel in self._main.query(panels.Panel):
             panel.show(view)
@@ -179,7 +182,10 @@ class TopApp(App[None]):
             self.render_view(message.view)
 
     def on_feed_status(self, message: FeedStatus) -> None:
-        title = self._main.query_one(panels.TitleBar)
+        bar = self._main.query(panels.TitleBar)
+        if not bar:
+            return  # closing: the console's screen is gone
+        title = bar.first()
         title.status = message.text
         title.show()
 

@@ -17,7 +17,7 @@ from textual.widgets import Input
 
 from fsd import protocol as P
 from fsd.client import RequestError
-from fsd.console.top.app import ControlTarget, TopApp
+from fsd.console.top.app import ControlTarget, FeedStatus, TopApp
 from fsd.console.top.data import fold
 from fsd.console.top.dialogs import InjectScreen, RetuneScreen
 from fsd.console.top.jobtable import JobTable
@@ -239,3 +239,17 @@ def test_once_prints_the_live_daemon(daemon):
     assert out.exit_code == 0, out.output
     assert "MLFQ levels" in out.output and daemon.telemetry in out.output
     assert "[effective]" in out.output
+
+
+@sync
+async def test_a_message_that_lands_while_closing_is_dropped():
+    # a worker's last view or status can arrive once the console's widgets are gone
+    # (the app is closing): it must be ignored, not crash the app
+    app = TopApp(None, None)
+    async with app.run_test(size=(120, 40)) as pilot:
+        view = app.view
+        await app.screen_stack[0].query("*").remove()
+        await pilot.pause()
+        app.render_view(view)
+        app.on_feed_status(FeedStatus("telemetry lost", ok=False))
+        assert not app.screen_stack[0].query(TitleBar)
