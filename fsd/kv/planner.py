@@ -130,9 +130,7 @@ class SwapPlanner:
 
     def _room_to_run(self, job: Job) -> int:
         """Device blocks a host job needs to come in and run its next iteration."""
-        on_host = len(job.host_block_table)
-        need = -(-job.num_tokens // self.blocks.block_size)  # blocks_for, inlined (hot)
-        return on_host if on_host > need else need
+        return max(len(job.host_block_table), self.blocks.blocks_for(job.num_tokens))
 
 
 def by_enst_desc(jobs: Iterable[Job], enst: Callable[[Job], float]) -> Iterator[tuple[float, Job]]:

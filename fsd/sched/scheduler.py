@@ -221,9 +221,10 @@ class Scheduler:
                 if kv is host:
                     upcoming.append(job)
                 continue
+            # A host job could only join `wanted`, which is full. (Its new work is one
+            # token, so the budget checks below would not have ended the walk either.)
             if kv is host and wanted_full:
-                continue  # a host job could only have joined `wanted` (a host job's new
-                # work is one token, so the budget checks below would not stop the walk)
+                continue
             num_tokens = job.num_tokens
             if kv is none:
                 # the room is claimed in priority order even by a job that then cannot
