@@ -178,12 +178,14 @@ class TopApp(App[None]):
             self.screen.update_data()
 
     def on_telemetry_updated(self, message: TelemetryUpdated) -> None:
-        if not self.paused:
+        # once shutdown starts (is_running False) the screens are being torn down
+        # widget by widget; a frame that lands then is dropped
+        if self.is_running and not self.paused:
             self.render_view(message.view)
 
     def on_feed_status(self, message: FeedStatus) -> None:
         bar = self._main.query(panels.TitleBar)
-        if not bar:
+        if not self.is_running or not bar:
             return  # closing: the console's screen is gone
         title = bar.first()
         title.status = message.text
