@@ -18,6 +18,14 @@ response time) kept conversation jobs of 50-130 tokens ahead of fresh ones and l
 to plain MLFQ on every loaded workload of bench/policies.py. fsd keeps MLFQ's levels and consults the
 index only at a quantum's end: a job whose index is still above a fresh job's keeps
 its level and place instead of dropping one level.
+
+Cold start: before `min_samples` jobs have finished, all that is known of a length is
+that it is capped (max_tokens). A uniform prior on [1, cap] has a rising hazard, so
+its index grows with progress whatever the cap: a job that has generated a token
+keeps its place, as FCFS would. Demoting instead bets on a heavy tail with no
+evidence; in a burst that is worked off before anything finishes
+(scenarios/gamma-bursts.toml) that bet is round robin, 636 ms/token against FCFS's
+323, and the prior gives 225.
 """
 
 from __future__ import annotations
@@ -31,9 +39,9 @@ import numpy as np
 class OutputLengthIndex:
     """Gittins indices of generated-token counts, from the last `window` finished jobs.
 
-    Until `min_samples` jobs have finished, `ready` is False and callers fall back to
-    plain MLFQ. Jobs that ended by abort or error are not observed: their lengths are
-    not outputs the model chose.
+    Until `min_samples` jobs have finished, `ready` is False and `keeps_level` uses the
+    cold-start prior (module docstring). Jobs that ended by abort or error are not
+    observed: their lengths are not outputs the model chose.
     """
 
     def __init__(self, window: int = 256, min_samples: int = 32, refresh: int = 16) -> None:
@@ -90,4 +98,6 @@ class OutputLengthIndex:
 
     def keeps_level(self, attained: int) -> bool:
         """Whether a job with `attained` output tokens should outrank a fresh job."""
-        return self.ready and self.index(attained) > self.index(0)
+        if not self.ready:
+            return attained > 0  # the uniform prior's index rises with progress
+        return self.index(attained) > self.index(0)

@@ -19,7 +19,8 @@ Where fsd departs from the paper (measured in bench/policies.py, README):
   after its first token, behind the stream of short jobs (bursts of long prompts).
 - at a quantum's end a job is demoted only if the Gittins index of its output so far,
   learned from finished jobs (fsd.sched.gittins), is not above a fresh job's. With
-  alike outputs (one max_tokens cap) always demoting is round robin, 3x FCFS.
+  alike outputs (one max_tokens cap) always demoting is round robin, 3x FCFS. Until
+  enough jobs have finished, a job that has generated a token keeps its level.
 """
 
 from __future__ import annotations
@@ -190,7 +191,7 @@ class MLFQQueue(JobQueue):
         demoted: list[Job] = []
         last = len(self.quanta) - 1
         levels, quanta, free_prefill = self._levels, self.quanta, not self.charge_prefill
-        lengths = self.lengths if self.demote_rule == "gittins" and self.lengths.ready else None
+        lengths = self.lengths if self.demote_rule == "gittins" else None
         for job, service in ran:
             job.last_run = now
             job.starve_since = now

@@ -21,9 +21,12 @@ def alone() -> list[list[int]]:
 
 @pytest.mark.parametrize("kv_policy", ["defer", "recompute", "reactive", "proactive"])
 def test_sj_mlfq_under_a_small_device_pool_matches_each_prompt_run_alone(alone, kv_policy):
+    # demotion at every quantum's end (a fresh Gittins rule keeps alike jobs in place)
+    # is the churn that forces preemption here
     llm = LLM(
         "tiny",
         policy="sj-mlfq",
+        demote_rule="always",
         kv_policy=kv_policy,
         num_gpu_blocks=14,
         num_host_blocks=64,

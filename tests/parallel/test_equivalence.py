@@ -53,6 +53,7 @@ def test_sharded_tokens_equal_one_device_under_preemption_and_swapping(
         pp=pp,
         device="cpu",
         policy="sj-mlfq",
+        demote_rule="always",  # demotion churn forces the preemption and swapping
         kv_policy=kv_policy,
         profile=profile_path,
         **SMALL_POOL,

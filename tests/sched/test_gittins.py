@@ -57,11 +57,13 @@ def test_outliving_every_sample_gives_zero():
     assert index_of([5] * 32).index(5) == 0.0
 
 
-def test_not_ready_until_enough_jobs_finished():
-    idx = index_of([20] * 31, min_samples=32)
-    assert not idx.ready and not idx.keeps_level(10)
-    idx.observe(20)
-    assert idx.ready and idx.keeps_level(10)
+def test_before_enough_jobs_finished_a_job_that_has_progressed_keeps_its_level():
+    idx = index_of([1] * 16 + [100] * 15, min_samples=32)
+    # the cold-start prior (uniform up to the cap): any progress outranks a fresh job
+    assert not idx.ready and idx.keeps_level(10) and not idx.keeps_level(0)
+    idx.observe(100)
+    # learned now: 10 tokens in, only the 100s remain, far behind a fresh job
+    assert idx.ready and not idx.keeps_level(10)
 
 
 def test_the_window_forgets_old_lengths():
@@ -107,6 +109,16 @@ def test_a_job_closer_to_done_than_a_fresh_one_keeps_its_level_and_place():
     assert run_once(q, a, 3.0) == []
     assert a.level == 1 and a.attained == 0.0 and a.demotions == 0
     assert list(q.ordered()) == [a, b]  # still ahead of the job that came after it
+
+
+def test_a_fresh_queue_keeps_a_job_whose_quantum_ran_out():
+    q = gittins_queue([])
+    a, b = fresh("a"), fresh("b")
+    q.add(a, 0.0)
+    q.add(b, 0.0)
+    for t in (1.0, 2.0, 3.0):
+        assert run_once(q, a, t) == []
+    assert a.level == 1 and a.demotions == 0 and list(q.ordered()) == [a, b]
 
 
 def test_a_job_past_the_short_outputs_is_demoted_as_usual():

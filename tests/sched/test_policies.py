@@ -20,10 +20,23 @@ def test_fcfs_batch_one_runs_jobs_to_completion_in_arrival_order():
     assert drive(s, make_jobs([(3, 5), (30, 2), (2, 9)])).finished == ["j0", "j1", "j2"]
 
 
-def test_sj_mlfq_lets_a_short_job_pass_a_long_one():
-    s = scheduler("sj-mlfq", max_batch_size=1, quanta=(1.0, 2.0, 4.0, 8.0), starve_limit=1e9)
+@pytest.mark.parametrize("rule", ["always", "gittins"])
+def test_sj_mlfq_lets_a_short_job_pass_a_long_one(rule):
+    s = scheduler(
+        "sj-mlfq", max_batch_size=1, quanta=(1.0, 2.0, 4.0, 8.0), starve_limit=1e9, demote_rule=rule
+    )
+    for n in [2] * 24 + [60] * 8:  # gittins learned a heavy tail: outliving 2 tokens is bad news
+        s.queue.lengths.observe(n)
     run = drive(s, make_jobs([(4, 40), (4, 3)]))
     assert run.finished == ["j1", "j0"]
+
+
+def test_a_fresh_gittins_queue_runs_alike_jobs_first_come_first_served():
+    # nothing finished yet: a job that has generated tokens keeps its place (cold start)
+    s = scheduler("sj-mlfq", max_batch_size=1, quanta=(1.0, 2.0, 4.0, 8.0), starve_limit=1e9)
+    run = drive(s, make_jobs([(4, 20), (4, 20), (4, 20)]))
+    assert run.finished == ["j0", "j1", "j2"]
+    assert all(b == ["j0"] for b in run.batches[:20])
 
 
 def test_priority_runs_shorter_prompts_first():
@@ -45,7 +58,8 @@ def test_unknown_policy_is_refused_with_the_choices():
 @pytest.mark.parametrize("kv", KV)
 @pytest.mark.parametrize("policy", POLICIES)
 def test_small_device_pool_every_policy_and_kv_policy_finishes_everything(policy, kv):
-    s = scheduler(policy, kv, device=12, host=64, max_batch_size=3)
+    # demote at every quantum's end: the churn that forces preemption and swapping
+    s = scheduler(policy, kv, device=12, host=64, max_batch_size=3, demote_rule="always")
     jobs = make_jobs([(6, 9), (3, 14), (9, 4), (2, 11), (7, 7), (4, 3)])
     arrivals = {j.job_id: 2 * i for i, j in enumerate(jobs)}
     run = drive(s, jobs, arrivals, copy_delay=2)
