@@ -13,7 +13,8 @@ Sections:
   main    fcfs, priority, mlfq, sj-mlfq (`default`), the paper's sj-mlfq rules,
           sj-mlfq with demote_rule = "always", and srpt on the Azure conversation
           trace at several time scales and on synthetic ShareGPT / Alpaca / prefill-heavy workloads, Poisson and bursty
-          Gamma arrivals (CV 4, 8, 16), and ShareGPT with outputs capped at 20;
+          Gamma arrivals (CV 4, 8, 16), ShareGPT with outputs capped at 20, and
+          scenarios/gamma-bursts.toml (a capped burst that starts the run);
   kv      sj-mlfq with each KV policy (defer, recompute, reactive, proactive) on a
           bursty case;
   tuning  fsd's rule changes one at a time (promotion target, alpha, prefill
@@ -48,6 +49,8 @@ from fsd.sim.engine import default_slo  # noqa: E402
 from fsd.sim.runner import RunSpec, run_many  # noqa: E402
 from fsd.sim.sweep import sweep_many  # noqa: E402
 from fsd.workload import Workload, gamma, length_model, poisson, read_trace, synthetic  # noqa: E402
+from fsd.workload.scenario import load_scenario  # noqa: E402
+from fsd.workload.timeline import expand  # noqa: E402
 
 PROFILE = "opt-13b-a100"
 TRACE = Path(__file__).resolve().parents[2] / "shared" / "data" / "azure-llm-2023-conv.csv"
@@ -96,6 +99,11 @@ def _syn(
     return lambda n: synthetic(arrivals, length_model(lengths), n, seed).clipped(None, max_output)
 
 
+def _scenario(name: str) -> Callable[[int], Workload]:
+    path = Path(__file__).resolve().parents[1] / "scenarios" / f"{name}.toml"
+    return lambda n: expand(load_scenario(path)).workload().head(n)
+
+
 CASES = [
     Case("conv-0.3", "Azure conv trace x0.3 (1.66 req/s)", _trace(0.3), 4000, 1500),
     Case("conv-0.4", "Azure conv trace x0.4 (2.2 req/s)", _trace(0.4), 3000, 1200),
@@ -125,6 +133,13 @@ CASES = [
         _syn("prefill-heavy", 1.0, 8.0),
         2000,
         800,
+    ),
+    Case(
+        "gamma-bursts",
+        "scenarios/gamma-bursts.toml: 5 s of Gamma 64 req/s CV 4, outputs <= 20, from cold",
+        _scenario("gamma-bursts"),
+        1000,
+        1000,
     ),
 ]
 
