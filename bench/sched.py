@@ -60,9 +60,10 @@ class Case:
         self.sched = make_scheduler(sched_cfg, cache, self.blocks, self.cost)
         rng = np.random.default_rng(seed)
         self.prompts, self.outputs = length_model("sharegpt").sample(4 * n + 10_000, rng)
-        lengths = getattr(self.sched.queue, "lengths", None)
-        for out in self.outputs[-256:] if lengths is not None else ():
-            lengths.observe(int(out))  # a daemon that has run a while: the demotion rule learned
+        lengths = getattr(self.sched.queue, "lengths", None)  # MLFQ queues only
+        if lengths is not None:  # a daemon that has run a while: the demotion rule learned
+            for out in self.outputs[-256:]:
+                lengths.observe(int(out))
         self.next_id = 0
         self.now = 0.0
         self.copies: list = []
