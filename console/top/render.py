@@ -174,13 +174,13 @@ def config_panel(view: TopView) -> RenderableType:
     if s is None:
         return NO_SNAPSHOT
     rows = []
-    for section in ("effective", "sched", "cache"):
-        values = s.config.get(section)
-        if not isinstance(values, dict):
-            continue
+    sections = [(name, s.config.get(name)) for name in ("effective", "sched", "cache")]
+    sections = [(name, values) for name, values in sections if isinstance(values, dict)]
+    width = max((len(str(key)) for _, values in sections for key in values), default=0) + 1
+    for section, values in sections:
         rows.append([(f"[{section}]", "cyan")])
         for key, value in values.items():
-            rows.append([(f" {key:<17}", "bold"), (_config_value(value, key in _SECONDS_KEYS), "")])  # fmt: skip
+            rows.append([(f" {key:<{width}}", "bold"), (_config_value(value, key in _SECONDS_KEYS), "")])  # fmt: skip
     out = _lines(rows)
     out.no_wrap = False  # long quanta lists fold
     return out

@@ -43,7 +43,7 @@ def snap(t: float, levels: list[list[str]], jobs: list[P.JobInfo] | None, **kw) 
         time=t, seq=int(t), policy="sj-mlfq",
         levels=[P.LevelInfo(index=i, quantum=0.01 * 2**i, job_ids=ids) for i, ids in enumerate(levels)],  # fmt: skip
         jobs=jobs, jobs_time=t if jobs is not None else None, kv=kw.get("kv", kv()),
-        iterations=kw.get("iterations", []), slo=kw.get("slo", slo()), config={},
+        iterations=kw.get("iterations", []), slo=kw.get("slo", slo()), config=kw.get("config", {}),
     )  # fmt: skip
 
 
@@ -206,6 +206,24 @@ def test_over_the_slo_is_highlighted():
     ok = TopState()
     ok.apply(snap(1.0, [[]], [], slo=slo(avg=0.01, p95=0.02, limit=0.05)))
     assert "OVER SLO" not in render.header_text(ok.view(), "x").plain
+
+
+def test_config_keys_line_up_with_a_gap_before_every_value():
+    state = TopState()
+    config = {
+        "sched": {"policy": "default", "starve_limit": 2.5},
+        "cache": {"gpu_memory_utilization": 0.85, "kv_policy": "proactive"},
+    }
+    state.apply(snap(1.0, [[]], [], config=config))
+    lines = [
+        ln for ln in render.config_panel(state.view()).plain.splitlines() if not ln.startswith("[")
+    ]
+    starts = {
+        ln.index(value)
+        for ln, value in zip(lines, ("default", "2.50s", "0.85", "proactive"), strict=True)
+    }
+    assert len(starts) == 1  # every value in one column
+    assert lines[2].startswith(" gpu_memory_utilization ")
 
 
 # ---- the feed ----------------------------------------------------------------------
