@@ -283,7 +283,7 @@ def inject(
                 ids = c.inject(scenario=spec, tag=tag)
             else:
                 ids = c.inject(burst=burst, tag=tag)  # type: ignore[arg-type]
-    typer.echo(f"injected {len(ids)} jobs (tag {tag}): {' '.join(ids)}")
+    typer.echo(fmt.injected_summary(ids, tag))
 
 
 def _scenario_spec(path: Path, endpoint: str) -> str:

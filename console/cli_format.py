@@ -8,6 +8,7 @@ from typing import Any
 from rich.table import Table
 
 from fsd import protocol as P
+from fsd.console.top.forms import FormError, parse_seconds
 from fsd.errors import ConfigError
 
 _WORDS = {"true": True, "yes": True, "on": True, "false": False, "no": False, "off": False}
@@ -36,15 +37,44 @@ def parse_value(text: str) -> Any:
     return parse_scalar(text)
 
 
+SECONDS_KEYS = frozenset({"quanta", "q1", "starve_limit"})  # settings measured in seconds
+
+
 def parse_assignments(items: list[str]) -> dict[str, Any]:
-    """['policy=fcfs', 'quanta=0.01,0.02'] → {'policy': 'fcfs', 'quanta': [0.01, 0.02]}."""
+    """['policy=fcfs', 'quanta=10ms,20ms'] → {'policy': 'fcfs', 'quanta': [0.01, 0.02]}.
+
+    Durations (SECONDS_KEYS) take a unit as the console's retune form does: 0.01, 10ms,
+    250us, 1.5s; quanta is always a list.
+    """
     changes: dict[str, Any] = {}
     for item in items:
         key, sep, value = item.partition("=")
-        if not sep or not key.strip():
+        key = key.strip()
+        if not sep or not key:
             raise ConfigError(f"expected KEY=VALUE, got {item!r}")
-        changes[key.strip()] = parse_value(value)
+        changes[key] = _seconds(key, value) if key in SECONDS_KEYS else parse_value(value)
     return changes
+
+
+def _seconds(key: str, text: str) -> Any:
+    parts = [p for p in text.split(",") if p.strip()]
+    if key != "quanta" and len(parts) == 1 and parse_scalar(parts[0]) is None:
+        return None  # q1=none / starve_limit=none: back to the default
+    try:
+        values = [parse_seconds(key, p) for p in parts]
+    except FormError as exc:
+        raise ConfigError(str(exc)) from None
+    if key == "quanta":
+        return values
+    if len(values) != 1:
+        raise ConfigError(f"{key}: expected one duration, got {text!r}")
+    return values[0]
+
+
+def injected_summary(ids: list[str], tag: str, show: int = 8) -> str:
+    """'injected 3 jobs (tag t): a b c'; beyond `show` ids only the first and the last."""
+    listed = " ".join(ids) if len(ids) <= show else f"{ids[0]} .. {ids[-1]}"
+    return f"injected {len(ids)} jobs (tag {tag})" + (f": {listed}" if ids else "")
 
 
 def find_setting(config: dict[str, Any], key: str) -> tuple[bool, Any]:

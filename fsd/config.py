@@ -34,6 +34,7 @@ class ModelConfig:
     attn_backend: str = "auto"
 
     def __post_init__(self) -> None:
+        _check_types(self)
         _choice("dtype", self.dtype, DTYPES)
         _choice("device", self.device, DEVICES)
         _choice("attn_backend", self.attn_backend, ATTN_BACKENDS)
@@ -60,6 +61,7 @@ class CacheConfig:
     admit_fraction: float = 0.9
 
     def __post_init__(self) -> None:
+        _check_types(self)
         _choice("kv_policy", self.kv_policy, KV_POLICIES)
         if self.host_kv_bytes < 0:
             raise ConfigError(f"host_kv_bytes must be >= 0, got {self.host_kv_bytes}")
@@ -108,6 +110,7 @@ class SchedConfig:
     profile: str | None = None  # a profile JSON path or a shipped profile name
 
     def __post_init__(self) -> None:
+        _check_types(self)
         if self.quanta is not None:
             object.__setattr__(self, "quanta", tuple(float(q) for q in self.quanta))
             if not self.quanta:
@@ -145,9 +148,10 @@ class ParallelConfig:
     ray_address: str | None = None  # e.g. "ray://head:10001" or "head:6379"; None = start one
 
     def __post_init__(self) -> None:
+        _check_types(self)
         for name in ("tp", "pp"):
             value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            if value < 1:
                 raise ConfigError(f"{name} must be an integer >= 1, got {value!r}")
         if self.ray_address is not None and not self.ray_address.strip():
             raise ConfigError("ray_address must not be empty (leave it unset to start Ray locally)")
@@ -176,6 +180,7 @@ class ServerConfig:
     served_model_name: str | None = None  # the model's name in the API; None = as --model
 
     def __post_init__(self) -> None:
+        _check_types(self)
         if self.http is not None:
             host, _ = parse_http_address(self.http)
             if not self.http_allow_remote and not _loopback_host(host):
@@ -315,6 +320,33 @@ def _loopback_host(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False  # a host name may resolve to anything: treated as remote
+
+
+_KINDS: dict[str, tuple[str, Any]] = {
+    "int": ("an integer", lambda v: isinstance(v, int) and not isinstance(v, bool)),
+    "float": ("a number", lambda v: isinstance(v, int | float) and not isinstance(v, bool)),
+    "str": ("a string", lambda v: isinstance(v, str)),
+    "bool": ("true or false", lambda v: isinstance(v, bool)),
+    "None": ("none", lambda v: v is None),
+    "tuple[float, ...]": (
+        "a list of numbers",
+        lambda v: isinstance(v, tuple | list) and all(_KINDS["float"][1](x) for x in v),
+    ),
+}
+
+
+def _check_types(config: Any) -> None:
+    """Each field's value has its annotated type (TOML, CLI, wire and Python all land here).
+
+    Why: a value of the wrong type (q1 = "5ms") would otherwise fail later inside a
+    comparison with a message that names neither the field nor what it wants.
+    """
+    for f in dataclasses.fields(config):
+        kinds = [_KINDS[k.strip()] for k in str(f.type).split("|")]
+        value = getattr(config, f.name)
+        if not any(ok(value) for _, ok in kinds):
+            wanted = " or ".join(name for name, _ in kinds)
+            raise ConfigError(f"{f.name} must be {wanted}, got {value!r}")
 
 
 def _slice_type(f: dataclasses.Field) -> type:

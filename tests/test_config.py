@@ -1,6 +1,13 @@
 import pytest
 
-from fsd.config import CacheConfig, EngineConfig, ModelConfig, SchedConfig
+from fsd.config import (
+    CacheConfig,
+    EngineConfig,
+    ModelConfig,
+    ParallelConfig,
+    SchedConfig,
+    ServerConfig,
+)
 from fsd.errors import ConfigError
 from fsd.jobs import SamplingParams
 
@@ -38,6 +45,29 @@ def test_unknown_option_names_it_and_lists_valid_ones():
 def test_invalid_settings_name_the_field(factory, match):
     with pytest.raises(ConfigError, match=match):
         factory()
+
+
+@pytest.mark.parametrize(
+    ("factory", "message"),
+    [
+        (lambda: SchedConfig(q1="5ms"), "q1 must be a number or none, got '5ms'"),
+        (lambda: SchedConfig(max_batch_size=32.0), "max_batch_size must be an integer, got 32.0"),
+        (lambda: SchedConfig(quanta=[0.01, "x"]), "quanta must be a list of numbers or none"),
+        (lambda: SchedConfig(charge_prefill="yes"), "charge_prefill must be true or false"),
+        (lambda: CacheConfig(num_gpu_blocks=True), "num_gpu_blocks must be an integer or none"),
+        (lambda: ModelConfig(seed="1"), "seed must be an integer, got '1'"),
+        (lambda: ParallelConfig(tp="2"), "tp must be an integer, got '2'"),
+        (lambda: ServerConfig(telemetry_hz="fast"), "telemetry_hz must be a number"),
+    ],
+)
+def test_a_value_of_the_wrong_type_names_the_field_and_the_type(factory, message):
+    with pytest.raises(ConfigError) as err:
+        factory()
+    assert str(err.value).startswith(message)
+
+
+def test_numbers_are_accepted_where_a_float_is_wanted():
+    assert SchedConfig(q1=1, quanta=[1, 2.5]).quanta == (1.0, 2.5)
 
 
 def test_sampling_params_accept_lists_and_stay_hashable():

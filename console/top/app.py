@@ -23,7 +23,7 @@ from textual.worker import get_current_worker
 
 from fsd import protocol as P
 from fsd.config import KV_POLICIES
-from fsd.console.cli_format import find_setting
+from fsd.console.cli_format import find_setting, injected_summary
 from fsd.console.top import forms, panels
 from fsd.console.top.data import TopState, TopView
 from fsd.console.top.dialogs import InjectScreen, RetuneScreen
@@ -281,8 +281,7 @@ class TopApp(App[None]):
             ids = await client.inject(scenario=self._scenario_spec(scenario), tag=tag)
         else:
             ids = await client.inject(burst=burst, tag=tag)
-        span = f": {ids[0]} .. {ids[-1]}" if ids else ""
-        return f"injected {len(ids)} jobs (tag {tag}){span}"
+        return injected_summary(ids, tag, show=3)
 
     def _scenario_spec(self, path: Path) -> str:
         """A loopback daemon reads the file itself; a remote one gets its text."""

@@ -14,7 +14,7 @@ from rich.table import Table
 from rich.text import Text
 
 from fsd import protocol as P
-from fsd.console.cli_format import clock, duration
+from fsd.console.cli_format import SECONDS_KEYS, clock, duration
 from fsd.console.top.data import JobRow, TopView
 
 _TICKS = "▁▂▃▄▅▆▇█"
@@ -180,13 +180,10 @@ def config_panel(view: TopView) -> RenderableType:
     for section, values in sections:
         rows.append([(f"[{section}]", "cyan")])
         for key, value in values.items():
-            rows.append([(f" {key:<{width}}", "bold"), (_config_value(value, key in _SECONDS_KEYS), "")])  # fmt: skip
+            rows.append([(f" {key:<{width}}", "bold"), (_config_value(value, key in SECONDS_KEYS), "")])  # fmt: skip
     out = _lines(rows)
     out.no_wrap = False  # long quanta lists fold
     return out
-
-
-_SECONDS_KEYS = frozenset({"quanta", "q1", "starve_limit"})
 
 
 def _config_value(value: Any, seconds: bool = False) -> str:

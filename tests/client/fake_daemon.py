@@ -25,7 +25,13 @@ import zmq
 
 from fsd import protocol as P
 
-CONFIG = {"policy": "skip-join", "quanta": [0.01, 0.02, 0.04], "kv_policy": "proactive"}
+CONFIG = {
+    "policy": "skip-join",
+    "quanta": [0.01, 0.02, 0.04],
+    "q1": None,
+    "starve_limit": None,
+    "kv_policy": "proactive",
+}
 
 
 def free_port() -> int:

@@ -82,6 +82,18 @@ def test_retune_parses_values(fake):
     assert result.exit_code == 0, result.output
     assert result.stdout == "policy = fcfs\nquanta = 0.01,0.02,0.04\n"
     assert fake.requests(P.Retune)[0].changes == {"policy": "fcfs", "quanta": [0.01, 0.02, 0.04]}
+    units = fsctl(fake, "retune", "q1=5ms", "starve_limit=1.5s", "quanta=2ms")
+    assert units.exit_code == 0, units.output
+    assert fake.requests(P.Retune)[1].changes == {
+        "q1": 0.005,
+        "starve_limit": 1.5,
+        "quanta": [0.002],
+    }
+    assert fsctl(fake, "retune", "q1=none").exit_code == 0
+    assert fake.requests(P.Retune)[2].changes == {"q1": None}
+    bad_unit = fsctl(fake, "retune", "q1=5 parsecs")
+    assert bad_unit.exit_code == 2
+    assert bad_unit.stderr == "error: q1: '5 parsecs' is not a duration (e.g. 0.01, 10ms, 250us)\n"
     refused = fsctl(fake, "retune", "bogus=1")
     assert refused.exit_code == 2 and "(invalid-setting)" in refused.stderr
     malformed = fsctl(fake, "retune", "policy")
@@ -95,11 +107,13 @@ def test_inject_burst_and_scenario(fake, tmp_path):
                   "--tag", "b")  # fmt: skip
     assert burst.exit_code == 0, burst.output
     assert burst.stdout == "injected 2 jobs (tag b): job-1 job-2\n"
+    many = fsctl(fake, "inject", "--count", "20", "--input-len", "4", "--output-len", "3")
+    assert many.stdout == "injected 20 jobs (tag injected): job-3 .. job-22\n"
     scenario = tmp_path / "burst.toml"
     scenario.write_text("[[phase]]\nrate = 1.0\n")
     played = fsctl(fake, "inject", "--scenario", str(scenario))
     assert played.exit_code == 0, played.output
-    assert fake.requests(P.Inject)[1].scenario == str(scenario.resolve())  # loopback: a path
+    assert fake.requests(P.Inject)[2].scenario == str(scenario.resolve())  # loopback: a path
     assert fsctl(fake, "inject", "--count", "2").exit_code == 2
     missing = fsctl(fake, "inject", "--scenario", str(tmp_path / "nope.toml"))
     assert missing.exit_code == 2 and "does not exist" in missing.stderr

@@ -64,6 +64,7 @@ def test_same_policy_retune_keeps_levels_and_clips_removed_ones():
         ({"starve_limit": 0}, "alpha"),
         ({"kv_policy": "magic"}, "kv_policy"),
         ({"block_size": 8}, "cannot retune block_size"),
+        ({"q1": "5ms"}, "q1 must be a number or none, got '5ms'"),
     ],
 )
 def test_invalid_retunes_are_refused_and_change_nothing(changes, match):
