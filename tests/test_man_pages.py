@@ -97,3 +97,35 @@ def test_pages_ship_with_the_package():
     pyproject = (ROOT / "pyproject.toml").read_text()
     assert '"fsd.manpages" = "man"' in pyproject and '"fsd.manpages"' in pyproject
     assert manual.man_dir() is not None and set(manual.available()) >= {"fsd", "fsctl", "fsd.toml"}
+
+
+def test_fsd_toml_states_each_keys_default_as_the_code_has_it():
+    from fsd.config import CacheConfig, ModelConfig, ParallelConfig, SchedConfig, ServerConfig
+
+    raw = (ROOT / "man" / manual.PAGES["fsd.toml"]).read_text()
+    section, stated = None, {}
+    for line in raw.splitlines():
+        if m := re.match(r"\.SH \[(\w+)\]", line):
+            section = m.group(1)
+        elif section and (m := re.match(r'\.BR (\w+) " = (.+)"$', line)):
+            stated[section, m.group(1)] = m.group(2).replace("\\(dq", '"').replace("\\-", "-")
+    slices = {
+        "model": ModelConfig(),
+        "cache": CacheConfig(),
+        "sched": SchedConfig(),
+        "parallel": ParallelConfig(),
+        "server": ServerConfig(),
+    }
+
+    def toml(value: object) -> str:
+        if isinstance(value, bool):
+            return str(value).lower()
+        return f'"{value}"' if isinstance(value, str) else repr(value)
+
+    assert len(stated) > 20
+    wrong = {
+        f"[{sec}] {key}": (text, toml(getattr(slices[sec], key)))
+        for (sec, key), text in stated.items()
+        if text != toml(getattr(slices[sec], key))
+    }
+    assert not wrong, f"fsd.toml(5) defaults differ from the code (page, code): {wrong}"

@@ -187,14 +187,14 @@ class Engine:
 
     # ---- live settings ---------------------------------------------------------
 
-    RETUNABLE_CACHE = ("kv_policy", "reserve_min_jobs", "reserve_top_levels")
+    RETUNABLE_CACHE = ("kv_policy", "reserve_min_jobs", "reserve_top_levels", "admit_fraction")
 
     def retune(self, **changes: Any) -> EngineConfig:
         """Change scheduling settings between iterations without losing a job.
 
         Accepts SchedConfig fields (policy, quanta, q1, quantum_ratio, num_levels,
         starve_limit, starve_promote, demote_rule, ...) and the KV
-        policy settings (kv_policy, reserve_min_jobs, reserve_top_levels).
+        policy settings (kv_policy, reserve_min_jobs, reserve_top_levels, admit_fraction).
         """
         sched_fields = {f.name for f in dataclasses.fields(SchedConfig)} - {"profile"}
         sched_kw = {k: v for k, v in changes.items() if k in sched_fields}

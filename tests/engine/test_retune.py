@@ -36,11 +36,13 @@ def test_retuning_policy_quanta_alpha_and_kv_policy_mid_run_changes_no_token():
         5: {"policy": "fcfs", "kv_policy": "recompute"},
         9: {"policy": "mlfq", "q1": 0.01, "quantum_ratio": 3.0, "kv_policy": "reactive"},
         14: {"policy": "sj-mlfq", "max_batch_size": 2, "reserve_min_jobs": 2},
+        17: {"admit_fraction": 0.3},
     }
     assert run_with_retunes(llm, retunes) == [o.token_ids for o in base]
     cfg = llm.engine.config
     assert cfg.sched.policy == "sj-mlfq" and cfg.sched.max_batch_size == 2
     assert cfg.cache.kv_policy == "reactive" and cfg.cache.reserve_min_jobs == 2
+    assert cfg.cache.admit_fraction == llm.engine.scheduler.cache.admit_fraction == 0.3
 
 
 def test_same_policy_retune_keeps_levels_and_clips_removed_ones():
@@ -63,6 +65,7 @@ def test_same_policy_retune_keeps_levels_and_clips_removed_ones():
         ({"quanta": (2.0, 1.0)}, "strictly increasing"),
         ({"starve_limit": 0}, "alpha"),
         ({"kv_policy": "magic"}, "kv_policy"),
+        ({"admit_fraction": 0}, "admit_fraction"),
         ({"block_size": 8}, "cannot retune block_size"),
         ({"q1": "5ms"}, "q1 must be a number or none, got '5ms'"),
     ],
