@@ -61,10 +61,10 @@ def _select(widget_id: str, choices: Sequence[str], value: str) -> Select[str]:
 
 
 class RetuneScreen(_Dialog):
-    """Quanta (explicit, or q1 × ratio), α, K, K', policy and KV policy."""
+    """Quanta (explicit, or q1 × ratio), α, K, K', admission share, policy and KV policy."""
 
     BINDINGS = [*_Dialog.BINDINGS, Binding("ctrl+s", "apply", "apply")]
-    FIELDS = {"quanta": "quanta", "q1": "q1", "ratio": "ratio", "alpha": "alpha", "K": "k", "K'": "k_prime"}  # fmt: skip
+    FIELDS = {"quanta": "quanta", "q1": "q1", "ratio": "ratio", "alpha": "alpha", "K": "k", "K'": "k_prime", "admit": "admit"}  # fmt: skip
 
     def __init__(self, current: forms.RetuneForm, send: RetuneSend, policies: Sequence[str], kv_policies: Sequence[str]) -> None:  # fmt: skip
         super().__init__()
@@ -95,11 +95,13 @@ class RetuneScreen(_Dialog):
                 yield Label("ratio", classes="ratio-row")
                 yield Input(c.ratio, id="ratio", classes="ratio-row", compact=True)
                 yield Label("α (starve limit)")
-                yield Input(c.alpha, id="alpha", placeholder="10 decode steps", compact=True)
+                yield Input(c.alpha, id="alpha", placeholder="100 x SLO", compact=True)
                 yield Label("K (min jobs)")
                 yield Input(c.k, id="k", type="integer", compact=True)
                 yield Label("K' (top levels)")
                 yield Input(c.k_prime, id="k_prime", type="integer", compact=True)
+                yield Label("admit (KV share)")
+                yield Input(c.admit, id="admit", compact=True)
                 yield Label("policy")
                 yield _select("policy", self.policies, c.policy)
                 yield Label("KV policy")
@@ -136,6 +138,7 @@ class RetuneScreen(_Dialog):
             alpha=self.text("alpha"),
             k=self.text("k"),
             k_prime=self.text("k_prime"),
+            admit=self.text("admit"),
             policy=choice("policy"),
             kv_policy=choice("kv_policy"),
         )

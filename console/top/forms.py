@@ -70,6 +70,16 @@ def parse_ratio(field: str, text: str) -> float:
     return value
 
 
+def parse_fraction(field: str, text: str) -> float:
+    try:
+        value = float(text.strip())
+    except ValueError:
+        raise FormError(field, f"{text.strip()!r} is not a number") from None
+    if not 0 < value <= 1:
+        raise FormError(field, f"must be in (0, 1], got {text.strip()}")
+    return value
+
+
 def fmt_seconds(x: float) -> str:
     """Seconds as the form shows them: '2.464ms', '1.5s'."""
     return f"{x * 1e3:.4g}ms" if x < 1 else f"{x:.4g}s"
@@ -84,8 +94,9 @@ class RetuneForm:
     q1: str = ""
     ratio: str = "2"
     alpha: str = ""
-    k: str = "1"
-    k_prime: str = "1"
+    k: str = "4"
+    k_prime: str = "2"
+    admit: str = "0.9"
     policy: str = ""
     kv_policy: str = ""
 
@@ -107,6 +118,7 @@ class RetuneForm:
             alpha=fmt_seconds(alpha) if alpha else "",
             k=str(cache.get("reserve_min_jobs", 4)),
             k_prime=str(cache.get("reserve_top_levels", 2)),
+            admit=f"{cache.get('admit_fraction', 0.9):g}",
             policy=eff.get("policy") if policy == "default" and eff.get("policy") else policy,
             kv_policy=cache.get("kv_policy", ""),
         )
@@ -124,6 +136,7 @@ class RetuneForm:
         out["starve_limit"] = parse_seconds("alpha", self.alpha) if self.alpha.strip() else None
         out["reserve_min_jobs"] = parse_int("K", self.k, 0)
         out["reserve_top_levels"] = parse_int("K'", self.k_prime, 0)
+        out["admit_fraction"] = parse_fraction("admit", self.admit)
         return out
 
 

@@ -138,6 +138,8 @@ def test_durations_accept_units(text, seconds):
         ("alpha", {"alpha": "-1"}, "not a duration"),
         ("K", {"k": "-1"}, "must be >= 0"),
         ("K'", {"k_prime": "x"}, "not a whole number"),
+        ("admit", {"admit": "1.5"}, "must be in (0, 1]"),
+        ("admit", {"admit": "lots"}, "not a number"),
     ],
 )
 def test_bad_retune_fields_are_named(field, kw, message):
@@ -167,6 +169,9 @@ def test_retune_sends_only_what_changed():
     assert forms.retune_changes(changed, current) == {
         "reserve_top_levels": 3, "policy": "fcfs", "starve_limit": pytest.approx(0.05)
     }  # fmt: skip
+    assert current.admit == "0.9"  # absent from the config: the code's default
+    admit = _replace(current, admit="0.2")
+    assert forms.retune_changes(admit, current) == {"admit_fraction": 0.2}
     explicit = _replace(current, mode="quanta", quanta="1ms, 3ms, 9ms")
     assert forms.retune_changes(explicit, current) == {"quanta": [0.001, 0.003, 0.009]}
 
