@@ -280,7 +280,9 @@ class TopState:
 
     def _end(self, job_id: str, how: str | None) -> None:
         h = self._histories.get(job_id)
-        if h is not None and h.ended is None:
+        # "gone" (left the queues before its event came) is provisional: snapshots and
+        # events travel as separate topics, so the finish or abort may arrive just after
+        if h is not None and (h.ended is None or (h.ended == "gone" and how is not None)):
             h.ended = how or "gone"
         self._ended[job_id] = None
         while len(self._ended) > ENDED_KEPT:

@@ -108,6 +108,21 @@ def test_events_and_tables_make_a_job_history_with_per_token_latency():
     assert h.ended == "finished: length"
 
 
+def test_an_end_event_that_comes_after_the_job_left_the_tables_still_says_how():
+    # snapshots and events are separate topics: the abort may land after the snapshot
+    # in which the job is already gone
+    state = TopState()
+    state.apply(snap(1.0, [["a", "b"]], [job("a"), job("b")]))
+    state.apply(snap(1.1, [["b"]], [job("b")]))
+    assert state.job_history("a").ended == "gone"
+    state.apply(P.Event(time=1.05, kind="abort", job_id="a", detail={}))
+    assert state.job_history("a").ended == "aborted"
+    state.apply(snap(1.2, [[]], []))
+    state.apply(P.Event(time=1.15, kind="finish", job_id="b", detail={"reason": "stop"}))
+    state.apply(P.Event(time=1.3, kind="abort", job_id="b", detail={}))  # a late duplicate
+    assert state.job_history("b").ended == "finished: stop"
+
+
 def test_sorting_puts_unknown_enst_last_and_reverses():
     rows = [
         JobRow.of(job("a", enst=None), frozenset()),
