@@ -111,6 +111,9 @@ async def test_inject_creates_marked_jobs_and_a_scenario_gets_an_answer(daemon, 
         dialog.query_one("#count", Input).value = "3"
         dialog.query_one("#output_len", Input).value = "400"
         dialog.query_one("#tag", Input).value = "pilot"
+        # a Button ignores clicks for 0.2 s after a press (its "-active" effect)
+        button = dialog.query_one("#inject-burst")
+        await wait_for(pilot, lambda: not button.has_class("-active"))
         await pilot.click("#inject-burst")
         await wait_for(pilot, lambda: not isinstance(app.screen, InjectScreen))
         assert message(app).startswith("injected 3 jobs (tag pilot)")
