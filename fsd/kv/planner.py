@@ -93,8 +93,10 @@ class SwapPlanner:
         budget = float("inf") if max_blocks is None else max_blocks - moving
         if budget <= 0:
             return ops
-        urgent = sum([self._room_to_run(j) for j in wanted])
-        soonest = min([enst(j) for j in wanted], default=float("inf"))
+        # each wanted job's room and ENST, read again by the swap-in loop below
+        known = {j.job_id: (self._room_to_run(j), enst(j)) for j in wanted}
+        urgent = sum([room for room, _ in known.values()])
+        soonest = min([e for _, e in known.values()], default=float("inf"))
         freeing = sum(op.num_blocks for op in in_flight.values() if op.direction == "out")
         free_soon = blocks.num_free + freeing
         target = min(reserve + urgent, blocks.device.num_blocks)
@@ -123,7 +125,8 @@ class SwapPlanner:
             # Room to run, not only to land: a job brought in without the block its next
             # token needs cannot run, and is the first the reserve sends out again.
             # Never bring back a job expected later than one just sent out (thrashing).
-            if blocks.num_free - self._room_to_run(job) >= floor and enst(job) < sent_out:
+            room, e = known.get(job.job_id) or (self._room_to_run(job), enst(job))
+            if blocks.num_free - room >= floor and e < sent_out:
                 ops.append(blocks.begin_swap_in(job))
                 budget -= need
         return ops
