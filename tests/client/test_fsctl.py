@@ -89,7 +89,7 @@ def test_retune_parses_values(fake):
         "starve_limit": 1.5,
         "quanta": [0.002],
     }
-    assert fsctl(fake, "retune", "q1=none").exit_code == 0
+    assert fsctl(fake, "retune", "q1=none").stdout == "q1 = none (the default)\n"
     assert fake.requests(P.Retune)[2].changes == {"q1": None}
     bad_unit = fsctl(fake, "retune", "q1=5 parsecs")
     assert bad_unit.exit_code == 2
