@@ -8,7 +8,7 @@ from typing import Any
 from rich.table import Table
 
 from fsd import protocol as P
-from fsd.console.top.forms import FormError, parse_seconds
+from fsd.console.top.forms import FormError, parse_quanta, parse_seconds
 from fsd.errors import ConfigError
 
 _WORDS = {"true": True, "yes": True, "on": True, "false": False, "no": False, "off": False}
@@ -57,18 +57,13 @@ def parse_assignments(items: list[str]) -> dict[str, Any]:
 
 
 def _seconds(key: str, text: str) -> Any:
-    parts = [p for p in text.split(",") if p.strip()]
-    if key != "quanta" and len(parts) == 1 and parse_scalar(parts[0]) is None:
-        return None  # q1=none / starve_limit=none: back to the default
+    """The retune form's own parsers; 'none' puts q1 / starve_limit back to the default."""
+    if key != "quanta" and parse_scalar(text) is None:
+        return None
     try:
-        values = [parse_seconds(key, p) for p in parts]
+        return parse_quanta(key, text) if key == "quanta" else parse_seconds(key, text)
     except FormError as exc:
         raise ConfigError(str(exc)) from None
-    if key == "quanta":
-        return values
-    if len(values) != 1:
-        raise ConfigError(f"{key}: expected one duration, got {text!r}")
-    return values[0]
 
 
 def injected_summary(ids: list[str], tag: str, show: int = 8) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,24 +61,22 @@ def parse_int(field: str, text: str, low: int, high: int | None = None) -> int:
     return value
 
 
-def parse_ratio(field: str, text: str) -> float:
+def _parse_number(field: str, text: str, ok: Callable[[float], bool], rule: str) -> float:
     try:
         value = float(text.strip())
     except ValueError:
         raise FormError(field, f"{text.strip()!r} is not a number") from None
-    if not value > 1 or not math.isfinite(value):
-        raise FormError(field, f"must be > 1, got {text.strip()}")
+    if not ok(value):
+        raise FormError(field, f"must be {rule}, got {text.strip()}")
     return value
+
+
+def parse_ratio(field: str, text: str) -> float:
+    return _parse_number(field, text, lambda v: v > 1 and math.isfinite(v), "> 1")
 
 
 def parse_fraction(field: str, text: str) -> float:
-    try:
-        value = float(text.strip())
-    except ValueError:
-        raise FormError(field, f"{text.strip()!r} is not a number") from None
-    if not 0 < value <= 1:
-        raise FormError(field, f"must be in (0, 1], got {text.strip()}")
-    return value
+    return _parse_number(field, text, lambda v: 0 < v <= 1, "in (0, 1]")
 
 
 def fmt_seconds(x: float) -> str:

@@ -125,8 +125,8 @@ class SwapPlanner:
             # Room to run, not only to land: a job brought in without the block its next
             # token needs cannot run, and is the first the reserve sends out again.
             # Never bring back a job expected later than one just sent out (thrashing).
-            room, e = known.get(job.job_id) or (self._room_to_run(job), enst(job))
-            if blocks.num_free - room >= floor and e < sent_out:
+            room, e = known.get(job.job_id, (self._room_to_run(job), None))
+            if blocks.num_free - room >= floor and (enst(job) if e is None else e) < sent_out:
                 ops.append(blocks.begin_swap_in(job))
                 budget -= need
         return ops
