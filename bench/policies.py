@@ -17,9 +17,10 @@ Sections:
           scenarios/gamma-bursts.toml (a capped burst that starts the run);
   kv      sj-mlfq with each KV policy (defer, recompute, reactive, proactive) on a
           bursty case;
-  tuning  fsd's rule changes one at a time (promotion target, alpha, prefill
-          charge, admission) and other settings (q1, ratio, levels, K, K') on the
-          workloads where the paper's rules struggle;
+  tuning  fsd's rule changes one at a time (promotion target, alpha, the waiting
+          alpha, the preemption threshold, prefill charge, admission) and other
+          settings (q1, ratio, levels, K, K') on the workloads where the paper's
+          rules struggle;
   sweep   each policy's maximum time scale of the conversation trace under the SLO.
 
 Writes bench/results/policies.json and prints markdown tables.
@@ -144,14 +145,25 @@ CASES = [
 ]
 
 KV_CASE = "sharegpt-cv8"
-TUNING_CASES = ("conv-0.4", "conv-0.5", "sharegpt-cv8", "alpaca", "sharegpt-cap20", "prefill-cv8")
+TUNING_CASES = (
+    "conv-0.4",
+    "conv-0.5",
+    "sharegpt-cv8",
+    "alpaca",
+    "sharegpt-cap20",
+    "prefill-cv8",
+    "gamma-bursts",
+)
 
 
 def paper_rules(step: float) -> dict:
     """sj-mlfq as the paper specifies it: alpha = the SLO, starved jobs to Q1, prefill
-    charged as service, no admission control, always demote at a quantum's end."""
+    charged as service, no admission control, always demote at a quantum's end, any
+    higher job preempts."""
     return {
         "starve_limit": 10 * step,
+        "starve_limit_waiting": 10 * step,
+        "preempt_threshold": 0,
         "starve_promote": "top",
         "charge_prefill": True,
         "admit_fraction": 1.0,
@@ -166,13 +178,17 @@ def tuning_variants(step: float) -> dict[str, dict]:
         "fsd default": {},
         "paper rules": paper_rules(step),
         "promote to Q1 (top)": {"starve_promote": "top"},
-        "a=SLO": {"starve_limit": slo},
-        "a=10xSLO": {"starve_limit": 10 * slo},
+        "a=SLO": {"starve_limit": slo, "starve_limit_waiting": slo},
+        "a=10xSLO": {"starve_limit": 10 * slo, "starve_limit_waiting": 10 * slo},
+        "waiting a=100xSLO": {"starve_limit_waiting": 100 * slo},
+        "waiting a=15xSLO": {"starve_limit_waiting": 15 * slo},
+        "no preemption threshold": {"preempt_threshold": 0},
+        "preemption threshold 1": {"preempt_threshold": 1},
         "prefill charged": {"charge_prefill": True},
         "always demote": {"demote_rule": "always"},
         "no admission control": {"admit_fraction": 1.0},
         "promote=entry": {"starve_promote": "entry"},
-        "no promotion": {"starve_limit": 1e9},
+        "no promotion": {"starve_limit": 1e9, "starve_limit_waiting": 1e9},
         "q1=4 steps": {"q1": 4 * step},
         "ratio=4": {"quantum_ratio": 4.0},
         "levels=12": {"num_levels": 12},

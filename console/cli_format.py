@@ -37,7 +37,9 @@ def parse_value(text: str) -> Any:
     return parse_scalar(text)
 
 
-SECONDS_KEYS = frozenset({"quanta", "q1", "starve_limit"})  # settings measured in seconds
+SECONDS_KEYS = frozenset(
+    {"quanta", "q1", "starve_limit", "starve_limit_waiting"}
+)  # settings measured in seconds
 
 
 def parse_assignments(items: list[str]) -> dict[str, Any]:
@@ -57,7 +59,7 @@ def parse_assignments(items: list[str]) -> dict[str, Any]:
 
 
 def _seconds(key: str, text: str) -> Any:
-    """The retune form's own parsers; 'none' puts q1 / starve_limit back to the default."""
+    """The retune form's own parsers; 'none' puts q1 or an alpha back to the default."""
     if key != "quanta" and parse_scalar(text) is None:
         return None
     try:

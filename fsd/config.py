@@ -98,6 +98,8 @@ class SchedConfig:
     quantum_ratio: float = 2.0
     quanta: tuple[float, ...] | None = None  # explicit per-level quanta (strictly increasing)
     starve_limit: float | None = None  # alpha, seconds; None = 100 x the SLO (1000 decode steps)
+    # alpha for a job that has not started (no output token yet); None = 8 x the SLO
+    starve_limit_waiting: float | None = None
     # where a starved job goes: "up1" (one level up, fsd's default), "top" (Q1, the
     # paper) or "entry" (the level its next iteration would skip-join)
     starve_promote: str = "up1"
@@ -107,6 +109,9 @@ class SchedConfig:
     # at a quantum's end: "always" demote (the paper) or, "gittins", keep the job's level
     # while recent output lengths say it is closer to done than a fresh job (fsd.sched.gittins)
     demote_rule: str = "gittins"
+    # a job in the running batch is ranked this many levels above its own: a waiting job
+    # preempts it only from further up (fewer swaps for a small difference in priority)
+    preempt_threshold: int = 3
     profile: str | None = None  # a profile JSON path or a shipped profile name
 
     def __post_init__(self) -> None:
@@ -129,6 +134,14 @@ class SchedConfig:
             raise ConfigError(f"quantum_ratio must be > 1, got {self.quantum_ratio}")
         if self.starve_limit is not None and self.starve_limit <= 0:
             raise ConfigError(f"starve_limit (alpha) must be > 0 seconds, got {self.starve_limit}")
+        if self.starve_limit_waiting is not None and self.starve_limit_waiting <= 0:
+            raise ConfigError(
+                f"starve_limit_waiting (alpha) must be > 0 seconds, got {self.starve_limit_waiting}"
+            )
+        if self.preempt_threshold < 0:
+            raise ConfigError(
+                f"preempt_threshold must be >= 0 levels, got {self.preempt_threshold}"
+            )
         if self.max_batch_size < 1:
             raise ConfigError(f"max_batch_size must be >= 1, got {self.max_batch_size}")
         if self.max_batch_tokens < 1:

@@ -55,6 +55,9 @@ class JobQueue(ABC):
     @abstractmethod
     def __len__(self) -> int: ...
 
+    def set_running(self, jobs: Iterable[Job]) -> None:  # noqa: B027 (optional hook)
+        """The jobs of the batch that just ran, before the next `ordered()` (MLFQ reads it)."""
+
     def adopt(self, other: JobQueue) -> bool:
         """Take `other`'s settings keeping this queue's jobs; False if it cannot."""
         return type(other) is type(self)

@@ -14,6 +14,7 @@ POLICIES = ("fcfs", "priority", "mlfq", "sj-mlfq", "srpt")
 DEFAULT_POLICY = "sj-mlfq"
 SLO_DECODE_STEPS = 10  # the per-token latency SLO: 10 decode steps
 STARVE_LIMIT_SLOS = 100  # the default starvation limit alpha, in SLOs
+WAITING_LIMIT_SLOS = 8  # the default alpha for a job that has not started, in SLOs
 
 
 def resolve_policy(name: str) -> str:
@@ -36,6 +37,12 @@ def starve_limit_for(config: SchedConfig, cost: CostModel) -> float:
     return STARVE_LIMIT_SLOS * SLO_DECODE_STEPS * cost.min_iteration_time
 
 
+def waiting_limit_for(config: SchedConfig, cost: CostModel) -> float:
+    if config.starve_limit_waiting is not None:
+        return config.starve_limit_waiting
+    return WAITING_LIMIT_SLOS * SLO_DECODE_STEPS * cost.min_iteration_time
+
+
 def make_queue(config: SchedConfig, cost: CostModel) -> JobQueue:
     name = resolve_policy(config.policy)
     if name in ("mlfq", "sj-mlfq"):
@@ -47,6 +54,8 @@ def make_queue(config: SchedConfig, cost: CostModel) -> JobQueue:
             promote_to=config.starve_promote,
             charge_prefill=config.charge_prefill,
             demote_rule=config.demote_rule,
+            waiting_limit=waiting_limit_for(config, cost),
+            preempt_threshold=config.preempt_threshold,
         )
     return {"fcfs": FCFSQueue, "priority": PriorityQueue, "srpt": SRPTQueue}[name](cost)
 

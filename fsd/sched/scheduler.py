@@ -189,6 +189,8 @@ class Scheduler:
         """Form the next batch. `busy`: jobs inside an unfinished (pipelined) micro-batch;
         they stay in their queues but are not ready, and their KV may not move."""
         out = SchedulerOutput(promoted=self.queue.tick(now))
+        known = self._jobs
+        self.queue.set_running(known[i] for i in self._returned if i in known)
         batch = out.batch
         # protected from eviction: this batch and the micro-batches still in flight
         batch_ids: set[str] = set(busy)

@@ -85,6 +85,7 @@ def build_snapshot(
         "policy": sched.name,
         "quanta": list(getattr(sched.queue, "quanta", [])),
         "starve_limit": getattr(sched.queue, "starve_limit", None),
+        "starve_limit_waiting": getattr(sched.queue, "waiting_limit", None),
     }
     return P.Snapshot(
         time=now,

@@ -172,6 +172,10 @@ def simulate_command(
     starve_limit: Annotated[
         float | None, typer.Option(help="Alpha, s (default: 100 x the SLO).")
     ] = None,
+    starve_limit_waiting: Annotated[
+        float | None,
+        typer.Option(help="Alpha for jobs not yet started, s (default: 8 x the SLO)."),
+    ] = None,
     starve_promote: Annotated[
         str, typer.Option(help="Where starved jobs go: up1 (one level), top (Q1) or entry.")
     ] = "up1",
@@ -182,6 +186,10 @@ def simulate_command(
         str,
         typer.Option(help="At a quantum's end: gittins (learned lengths) or always demote."),
     ] = "gittins",
+    preempt_threshold: Annotated[
+        int,
+        typer.Option(help="Levels the running jobs rank above their own (0: any higher preempts)."),
+    ] = 3,
     admit_fraction: Annotated[
         float, typer.Option(help="New jobs start while device+host KV use stays under this.")
     ] = 0.9,
@@ -282,9 +290,11 @@ def _simulate(**a: Any) -> dict[str, Any]:
         q1=a["q1"],
         quantum_ratio=a["quantum_ratio"],
         starve_limit=a["starve_limit"],
+        starve_limit_waiting=a["starve_limit_waiting"],
         starve_promote=a["starve_promote"],
         charge_prefill=a["charge_prefill"],
         demote_rule=a["demote_rule"],
+        preempt_threshold=a["preempt_threshold"],
         profile=a["profile"],
     )
     cache = CacheConfig(

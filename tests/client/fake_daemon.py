@@ -30,6 +30,8 @@ CONFIG = {
     "quanta": [0.01, 0.02, 0.04],
     "q1": None,
     "starve_limit": None,
+    "starve_limit_waiting": None,
+    "preempt_threshold": 3,
     "kv_policy": "proactive",
 }
 

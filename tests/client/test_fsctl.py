@@ -82,12 +82,22 @@ def test_retune_parses_values(fake):
     assert result.exit_code == 0, result.output
     assert result.stdout == "policy = fcfs\nquanta = 0.01,0.02,0.04\n"
     assert fake.requests(P.Retune)[0].changes == {"policy": "fcfs", "quanta": [0.01, 0.02, 0.04]}
-    units = fsctl(fake, "retune", "q1=5ms", "starve_limit=1.5s", "quanta=2ms")
+    units = fsctl(
+        fake,
+        "retune",
+        "q1=5ms",
+        "starve_limit=1.5s",
+        "quanta=2ms",
+        "starve_limit_waiting=150ms",
+        "preempt_threshold=2",
+    )
     assert units.exit_code == 0, units.output
     assert fake.requests(P.Retune)[1].changes == {
         "q1": 0.005,
         "starve_limit": 1.5,
         "quanta": [0.002],
+        "starve_limit_waiting": 0.15,
+        "preempt_threshold": 2,
     }
     assert fsctl(fake, "retune", "q1=none").stdout == "q1 = none (the default)\n"
     assert fake.requests(P.Retune)[2].changes == {"q1": None}

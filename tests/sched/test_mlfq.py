@@ -120,6 +120,52 @@ def test_starved_job_is_promoted_to_q1_after_alpha_and_the_clock_restarts():
     assert list(q.ordered()) == [j]
 
 
+def test_a_job_that_has_not_started_starves_after_the_waiting_alpha():
+    q = MLFQQueue(cost(), QUANTA, starve_limit=10.0, waiting_limit=2.0)
+    waiting, started, top = job(1000, "w"), job(1000, "s"), job(1, "t")
+    for j in (waiting, started, top):
+        q.add(j, 0.0)
+    run_once(q, started, 0.0)  # its prefill: a token out, still level 3 (not charged)
+    assert waiting.level == started.level == 3 and top.level == 0
+    # ENST = min(promotion, work above = q1 + q2 + q3 = 7): each job's own alpha counts
+    enst = q.enst([waiting, started], now=0.5, batch_size=1)
+    assert enst == {"w": pytest.approx(1.5), "s": pytest.approx(7.0)}
+    assert q.tick(1.99) == [] and q.tick(2.0) == [waiting] and waiting.level == 2
+    assert q.tick(4.0) == [waiting] and q.tick(6.0) == [waiting] and waiting.level == 0
+    assert q.tick(9.99) == [] and q.tick(10.0) == [started] and started.level == 2
+
+
+def test_a_retuned_waiting_alpha_applies_to_jobs_already_queued():
+    q = MLFQQueue(cost(), QUANTA, starve_limit=10.0, waiting_limit=10.0)
+    j = job(1000)
+    q.add(j, 0.0)
+    assert q.adopt(MLFQQueue(cost(), QUANTA, starve_limit=10.0, waiting_limit=2.0))
+    assert q.tick(2.0) == [j]
+
+
+@pytest.mark.parametrize(("threshold", "order"), [(0, "yxr"), (1, "yxr"), (2, "yrx"), (3, "ryx")])
+def test_preemption_threshold_ranks_the_running_jobs_levels_up(threshold, order):
+    q = MLFQQueue(cost(), QUANTA, starve_limit=1e9, preempt_threshold=threshold)
+    r, x, y = job(1000, "r"), job(1, "x"), job(1, "y")
+    for j in (r, x, y):
+        q.add(j, 0.0)
+    q._place(x, 1)  # by hand: r in Q4, x in Q2, y in Q1
+    assert (r.level, x.level, y.level) == (3, 1, 0)
+    q.set_running([r])
+    # r ranks at level 3 - threshold, ahead of the jobs already there
+    assert "".join(j.job_id for j in q.ordered()) == order
+    assert sorted([r, x, y], key=q.key) == list(q.ordered())
+    q.set_running([])
+    assert "".join(j.job_id for j in q.ordered()) == "yxr"
+
+
+def test_naive_mlfq_has_one_alpha_and_no_preemption_threshold():
+    q = MLFQQueue(
+        cost(), QUANTA, starve_limit=10.0, skip_join=False, waiting_limit=2.0, preempt_threshold=3
+    )
+    assert q.waiting_limit == 10.0 and q.preempt_threshold == 0
+
+
 def test_running_resets_the_starvation_clock():
     q = MLFQQueue(cost(), QUANTA, starve_limit=10.0, skip_join=True)
     j = job(1000)

@@ -22,13 +22,37 @@ def test_fcfs_batch_one_runs_jobs_to_completion_in_arrival_order():
 
 @pytest.mark.parametrize("rule", ["always", "gittins"])
 def test_sj_mlfq_lets_a_short_job_pass_a_long_one(rule):
+    # (no preemption threshold: with 4 levels it would keep the running job ahead)
     s = scheduler(
-        "sj-mlfq", max_batch_size=1, quanta=(1.0, 2.0, 4.0, 8.0), starve_limit=1e9, demote_rule=rule
+        "sj-mlfq",
+        max_batch_size=1,
+        quanta=(1.0, 2.0, 4.0, 8.0),
+        starve_limit=1e9,
+        demote_rule=rule,
+        preempt_threshold=0,
     )
     for n in [2] * 24 + [60] * 8:  # gittins learned a heavy tail: outliving 2 tokens is bad news
         s.queue.lengths.observe(n)
     run = drive(s, make_jobs([(4, 40), (4, 3)]))
     assert run.finished == ["j1", "j0"]
+
+
+@pytest.mark.parametrize(("threshold", "first"), [(0, "j1"), (3, "j0")])
+def test_a_running_job_is_preempted_only_by_a_job_far_enough_ahead(threshold, first):
+    # j0 runs first and is demoted level by level; with 4 levels and a threshold of 3
+    # it always ranks at Q1, ahead of j1 waiting there, so it is never preempted
+    s = scheduler(
+        "sj-mlfq",
+        max_batch_size=1,
+        quanta=(1.0, 2.0, 4.0, 8.0),
+        starve_limit=1e9,
+        demote_rule="always",
+        preempt_threshold=threshold,
+    )
+    jobs = make_jobs([(4, 40), (4, 3)])
+    run = drive(s, jobs)
+    assert run.finished[0] == first
+    assert (jobs[0].preemptions > 0) == (threshold == 0)
 
 
 def test_a_fresh_gittins_queue_runs_alike_jobs_first_come_first_served():
@@ -58,8 +82,11 @@ def test_unknown_policy_is_refused_with_the_choices():
 @pytest.mark.parametrize("kv", KV)
 @pytest.mark.parametrize("policy", POLICIES)
 def test_small_device_pool_every_policy_and_kv_policy_finishes_everything(policy, kv):
-    # demote at every quantum's end: the churn that forces preemption and swapping
-    s = scheduler(policy, kv, device=12, host=64, max_batch_size=3, demote_rule="always")
+    # demote at every quantum's end, no preemption threshold: the churn that forces
+    # preemption and swapping
+    s = scheduler(
+        policy, kv, device=12, host=64, max_batch_size=3, demote_rule="always", preempt_threshold=0
+    )
     jobs = make_jobs([(6, 9), (3, 14), (9, 4), (2, 11), (7, 7), (4, 3)])
     arrivals = {j.job_id: 2 * i for i, j in enumerate(jobs)}
     run = drive(s, jobs, arrivals, copy_delay=2)
@@ -86,14 +113,22 @@ def test_small_device_pool_every_policy_and_kv_policy_finishes_everything(policy
     st.integers(8, 30),
     st.integers(0, 3),
     st.one_of(st.none(), st.lists(st.integers(1, 30), min_size=32, max_size=40)),
+    st.sampled_from([0, 1, 3]),
 )
 def test_property_blocks_conserved_all_finish_no_deadlock(
-    specs, policy, kv, batch, device, delay, learned
+    specs, policy, kv, batch, device, delay, learned, threshold
 ):
     # learned: output lengths that prime the Gittins demotion rule (None: always demote)
     rule = "always" if learned is None else "gittins"
     s = scheduler(
-        policy, kv, device=device, host=200, max_batch_size=batch, block_size=4, demote_rule=rule
+        policy,
+        kv,
+        device=device,
+        host=200,
+        max_batch_size=batch,
+        block_size=4,
+        demote_rule=rule,
+        preempt_threshold=threshold,
     )
     lengths = getattr(s.queue, "lengths", None)  # MLFQ queues only
     if lengths is not None:
@@ -112,6 +147,10 @@ def test_config_errors_name_the_field():
         SchedConfig(quanta=(1.0, 1.0))
     with pytest.raises(ConfigError, match="alpha"):
         SchedConfig(starve_limit=0)
+    with pytest.raises(ConfigError, match="starve_limit_waiting"):
+        SchedConfig(starve_limit_waiting=-1.0)
+    with pytest.raises(ConfigError, match="preempt_threshold must be >= 0"):
+        SchedConfig(preempt_threshold=-1)
 
 
 @pytest.mark.parametrize(("fraction", "e_starts"), [(1.0, 1), (0.5, 10)])
@@ -135,7 +174,9 @@ def test_admission_never_refuses_a_job_when_nothing_else_holds_kv():
 def test_busy_jobs_are_not_ready_not_preempted_and_keep_their_kv():
     # pipeline parallelism: a micro-batch in flight holds its jobs until it returns
     def run(busy: set[str]):
-        s = scheduler("sj-mlfq", kv_policy="reactive", device=52, host=64, block_size=4)
+        s = scheduler(
+            "sj-mlfq", kv_policy="reactive", device=52, host=64, block_size=4, preempt_threshold=0
+        )
         a, b = make_jobs([(200, 10), (12, 10)])  # a: 50 blocks, level 2; b: 3 blocks, level 1
         s.add(a, 0.0)
         first = s.schedule(0.0)
