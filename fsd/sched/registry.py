@@ -31,16 +31,17 @@ def quanta_for(config: SchedConfig, cost: CostModel) -> list[float]:
     return build_quanta(q1, config.quantum_ratio, config.num_levels)
 
 
+def _alpha(value: float | None, slos: int, cost: CostModel) -> float:
+    """A configured alpha, or `slos` SLOs of the profile's decode step."""
+    return value if value is not None else slos * SLO_DECODE_STEPS * cost.min_iteration_time
+
+
 def starve_limit_for(config: SchedConfig, cost: CostModel) -> float:
-    if config.starve_limit is not None:
-        return config.starve_limit
-    return STARVE_LIMIT_SLOS * SLO_DECODE_STEPS * cost.min_iteration_time
+    return _alpha(config.starve_limit, STARVE_LIMIT_SLOS, cost)
 
 
 def waiting_limit_for(config: SchedConfig, cost: CostModel) -> float:
-    if config.starve_limit_waiting is not None:
-        return config.starve_limit_waiting
-    return WAITING_LIMIT_SLOS * SLO_DECODE_STEPS * cost.min_iteration_time
+    return _alpha(config.starve_limit_waiting, WAITING_LIMIT_SLOS, cost)
 
 
 def make_queue(config: SchedConfig, cost: CostModel) -> JobQueue:
