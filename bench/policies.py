@@ -81,29 +81,39 @@ KEEP = (
 
 @dataclass(frozen=True)
 class Case:
-    """A named workload and how to build it: build(n requests, seed). `seeded`: the
-    seed draws a different workload (synthetic arrivals and lengths); a trace or a
-    scenario file is the same whatever the seed."""
+    """A named workload and how to build it: build(n requests, seed)."""
 
     name: str
     desc: str
     build: Callable[[int, int], Workload]
     n: int
     quick_n: int
-    seeded: bool = False
+
+    @property
+    def seeded(self) -> bool:
+        """Whether the seed draws a different workload (a trace or a scenario file is
+        the same whatever the seed)."""
+        return isinstance(self.build, _Synthetic)
 
 
 def _trace(scale: float) -> Callable[[int, int], Workload]:
     return lambda n, seed: read_trace(TRACE, time_scale=scale, limit=n)
 
 
-def _syn(
-    lengths: str, rate: float, cv: float = 1.0, max_output: int | None = None
-) -> Callable[[int, int], Workload]:
-    arrivals = poisson(rate) if cv == 1.0 else gamma(rate, cv)
-    return lambda n, seed: synthetic(arrivals, length_model(lengths), n, seed).clipped(
-        None, max_output
-    )
+@dataclass(frozen=True)
+class _Synthetic:
+    """Synthetic arrivals and lengths, one draw per seed."""
+
+    lengths: str
+    rate: float
+    cv: float = 1.0
+    max_output: int | None = None
+
+    def __call__(self, n: int, seed: int) -> Workload:
+        arrivals = poisson(self.rate) if self.cv == 1.0 else gamma(self.rate, self.cv)
+        return synthetic(arrivals, length_model(self.lengths), n, seed).clipped(
+            None, self.max_output
+        )
 
 
 def _scenario(name: str) -> Callable[[int, int], Workload]:
@@ -118,61 +128,52 @@ CASES = [
     Case(
         "sharegpt",
         "ShareGPT lengths, Poisson 3 req/s",
-        _syn("sharegpt", 3.0),
+        _Synthetic("sharegpt", 3.0),
         2000,
         800,
-        seeded=True,
     ),
     Case(
         "sharegpt-cv4",
         "ShareGPT, Gamma 2 req/s CV 4",
-        _syn("sharegpt", 2.0, 4.0),
+        _Synthetic("sharegpt", 2.0, 4.0),
         2000,
         800,
-        seeded=True,
     ),
     Case(
         "sharegpt-cv8",
         "ShareGPT, Gamma 2 req/s CV 8",
-        _syn("sharegpt", 2.0, 8.0),
+        _Synthetic("sharegpt", 2.0, 8.0),
         2000,
         800,
-        seeded=True,
     ),
     Case(
         "sharegpt-cv16",
         "ShareGPT, Gamma 2 req/s CV 16",
-        _syn("sharegpt", 2.0, 16.0),
+        _Synthetic("sharegpt", 2.0, 16.0),
         2000,
         800,
-        seeded=True,
     ),
-    Case(
-        "alpaca", "Alpaca lengths, Poisson 25 req/s", _syn("alpaca", 25.0), 3000, 1200, seeded=True
-    ),
+    Case("alpaca", "Alpaca lengths, Poisson 25 req/s", _Synthetic("alpaca", 25.0), 3000, 1200),
     Case(
         "sharegpt-cap20",
         "ShareGPT, outputs capped at 20 tokens, Gamma 30 req/s CV 4",
-        _syn("sharegpt", 30.0, 4.0, max_output=20),
+        _Synthetic("sharegpt", 30.0, 4.0, max_output=20),
         3000,
         1200,
-        seeded=True,
     ),
     Case(
         "prefill-heavy",
         "prompts ~1.5k / outputs ~16, Poisson 2.5 req/s",
-        _syn("prefill-heavy", 2.5),
+        _Synthetic("prefill-heavy", 2.5),
         2000,
         800,
-        seeded=True,
     ),
     Case(
         "prefill-cv8",
         "prompts ~1.5k / outputs ~16, Gamma 1 req/s CV 8",
-        _syn("prefill-heavy", 1.0, 8.0),
+        _Synthetic("prefill-heavy", 1.0, 8.0),
         2000,
         800,
-        seeded=True,
     ),
     Case(
         "gamma-bursts",
