@@ -10,6 +10,7 @@ man/fsd-scenario.5), expanded into the very jobs `fsctl play` submits.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -213,6 +214,10 @@ def simulate_command(
         float | None, typer.Option(help="Record KV usage every S seconds into the JSON.")
     ] = None,
     jobs: Annotated[int, typer.Option(help="Worker processes (runs are independent).")] = 1,
+    jobs_csv: Annotated[
+        Path | None,
+        typer.Option(help="Write every job's record to DIR/<policy>.csv (not with --sweep)."),
+    ] = None,
     json_out: Annotated[
         Path | None, typer.Option("--json", help="Write the results as JSON here.")
     ] = None,
@@ -309,6 +314,10 @@ def _simulate(**a: Any) -> dict[str, Any]:
         "base", sched, cache, a["num_gpu_blocks"], a["num_host_blocks"], slo, a["kv_sample"]
     )
     specs = [base.with_policy(name) for name in names]
+    if a["jobs_csv"] is not None:
+        if a["sweep"]:
+            raise ConfigError("--jobs-csv records one run per policy; --sweep makes many")
+        specs = [replace(s, jobs_csv=_records_dir(a["jobs_csv"]) / f"{s.label}.csv") for s in specs]
     pools = specs[0].simulator(cost).pools
     summary = workload.summary()
     layout = cost.name + (
@@ -349,7 +358,22 @@ def _simulate(**a: Any) -> dict[str, Any]:
     else:
         report["policies"] = run_many(specs, cost, workload, a["jobs"])
         _print_table(report["policies"], slo)
+        if a["jobs_csv"] is not None:
+            _console().print(f"per-job records: {a['jobs_csv']}/<policy>.csv", highlight=False)
     return report
+
+
+def _records_dir(path: Path) -> Path:
+    """The --jobs-csv directory, created now so that a bad path fails before any run."""
+    from fsd.errors import ConfigError
+
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"--jobs-csv: cannot create {path}: {exc.strerror}") from None
+    if not os.access(path, os.W_OK):
+        raise ConfigError(f"--jobs-csv: {path} is not writable")
+    return path
 
 
 def _print_header(

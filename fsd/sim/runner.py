@@ -1,7 +1,8 @@
 """Run several simulations (one per policy or setting), in parallel processes if asked.
 
 Each run is a pure function of its inputs, so spreading runs over processes changes
-nothing but the wall time. Only metric rows travel back (not the 19k jobs).
+nothing but the wall time. Only metric rows travel back (not the 19k jobs); per-job
+records, when asked for, are written to CSV by the process that ran the jobs.
 """
 
 from __future__ import annotations
@@ -12,10 +13,12 @@ import os
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 from fsd.config import CacheConfig, SchedConfig
 from fsd.sched.profile import CostModel
 from fsd.sim.engine import Simulator
+from fsd.sim.records import write_jobs_csv
 from fsd.workload.spec import Workload
 
 
@@ -30,6 +33,7 @@ class RunSpec:
     num_host_blocks: int | None = None
     slo: float | None = None
     kv_sample_s: float | None = None
+    jobs_csv: Path | None = None  # write each job's record here (fsd.sim.records)
 
     def simulator(self, cost: CostModel) -> Simulator:
         return Simulator(
@@ -57,6 +61,9 @@ def run_one(spec: RunSpec, cost: CostModel, workload: Workload) -> dict[str, obj
     row["num_host_blocks"] = sim.pools.host
     if spec.kv_sample_s is not None:
         row["kv_series"] = [list(s) for s in result.kv_series]
+    if spec.jobs_csv is not None:  # written where the run happened: the jobs stay there
+        write_jobs_csv(spec.jobs_csv, result.jobs)
+        row["jobs_csv"] = str(spec.jobs_csv)
     return row
 
 

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import csv
 import json
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 from typer.testing import CliRunner
 
 from fsd.cli import app
 from fsd.sim.metrics import HEADLINE
+from fsd.sim.records import COLUMNS
 
 TRACE = Path(__file__).resolve().parents[3] / "shared" / "data" / "azure-llm-2023-conv.csv"
 
@@ -124,6 +127,48 @@ def test_sweep_reports_each_policys_max_rate(small_trace, tmp_path):
     infeasible = [p["scale"] for p in fcfs["points"] if not p["feasible"]]
     assert fcfs["bracketed"] and min(infeasible) <= fcfs["max_scale"] * 1.3 + 1e-9
     assert data["policies"]["srpt"]["max_rate"] >= fcfs["max_rate"]
+
+
+def test_jobs_csv_records_every_job_that_the_metrics_summarize(tmp_path):
+    out, records = tmp_path / "sim.json", tmp_path / "jobs"
+    args = ["--arrival", "gamma", "--rate", "20", "--cv", "4", "--limit", "150"]
+    args += ["--num-gpu-blocks", "300", "--policies", "fcfs,sj-mlfq", "--jobs", "2"]
+    r = run(*args, "--jobs-csv", str(records), "--json", str(out))
+    assert r.exit_code == 0, r.output
+    data = json.loads(out.read_text())
+    ids = None
+    for name, row in data["policies"].items():
+        assert row["jobs_csv"] == str(records / f"{name}.csv")
+        with open(records / f"{name}.csv", newline="") as f:
+            jobs = list(csv.DictReader(f))
+        assert tuple(jobs[0]) == COLUMNS and len(jobs) == 150
+        ids = ids or {j["job_id"] for j in jobs}
+        assert {j["job_id"] for j in jobs} == ids  # the same requests under each policy
+        arrivals = [float(j["arrival_s"]) for j in jobs]
+        assert arrivals == sorted(arrivals)
+        per_token = np.array([float(j["per_token_s"]) for j in jobs])
+        for j in jobs:
+            latency = float(j["finish_s"]) - float(j["arrival_s"])
+            assert float(j["latency_s"]) == pytest.approx(latency)
+            assert float(j["per_token_s"]) == pytest.approx(latency / int(j["output_tokens"]))
+            assert 0 < float(j["ttft_s"]) <= latency + 1e-12
+        assert per_token.mean() == pytest.approx(row["avg"])
+        assert np.percentile(per_token, 95) == pytest.approx(row["p95"])
+        for key in ("preemptions", "swaps_out", "swaps_in", "recomputes", "promotions"):
+            assert sum(int(j[key]) for j in jobs) == row[key], key
+    # the small device pool made sj-mlfq swap, so the records are not all zeros
+    assert data["policies"]["sj-mlfq"]["swaps_out"] > 0
+
+
+def test_jobs_csv_refuses_a_sweep_and_a_path_it_cannot_create(tmp_path):
+    r = run("--limit", "20", "--sweep", "--jobs-csv", str(tmp_path / "j"))
+    assert r.exit_code == 2 and "--jobs-csv records one run per policy" in r.stderr
+    assert not (tmp_path / "j").exists()
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    r = run("--limit", "20", "--jobs-csv", str(blocker / "sub"))
+    assert r.exit_code == 2 and "--jobs-csv: cannot create" in " ".join(r.stderr.split())
+    assert "Traceback" not in r.stderr
 
 
 @pytest.mark.parametrize(
