@@ -317,7 +317,8 @@ def _simulate(**a: Any) -> dict[str, Any]:
     if a["jobs_csv"] is not None:
         if a["sweep"]:
             raise ConfigError("--jobs-csv records one run per policy; --sweep makes many")
-        specs = [replace(s, jobs_csv=_records_dir(a["jobs_csv"]) / f"{s.label}.csv") for s in specs]
+        folder = _records_dir(a["jobs_csv"])
+        specs = [replace(s, jobs_csv=folder / f"{s.label}.csv") for s in specs]
     pools = specs[0].simulator(cost).pools
     summary = workload.summary()
     layout = cost.name + (
