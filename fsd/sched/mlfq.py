@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import operator
 from collections.abc import Callable, Container, Iterable, Iterator, Sequence
 from typing import Any
 
@@ -47,6 +48,7 @@ from fsd.sched.queues import JobQueue, LevelView
 
 PROMOTE_RULES = ("up1", "top", "entry")
 DEMOTE_RULES = ("always", "gittins")
+_by_queue_seq = operator.attrgetter("queue_seq")
 
 
 def build_quanta(q1: float, ratio: float, levels: int) -> list[float]:
@@ -166,10 +168,12 @@ class MLFQQueue(JobQueue):
 
     def _ordered_lifted(self) -> Iterator[Job]:
         """Each level: the lifted jobs ranked at it, then its own jobs that are not lifted."""
-        lifted, lifted_at = self._lifted, self._lifted_at
-        for level, jobs in enumerate(self._levels):
+        lifted, lifted_at, levels = self._lifted, self._lifted_at, self._levels
+        n = len(levels)
+        for level, jobs in enumerate(levels):
             for job in lifted_at.get(level, ()):
-                if job in self:
+                own = job.level  # still queued? (inlined `job in self`: walked every iteration)
+                if 0 <= own < n and job.job_id in levels[own]:
                     yield job
             for job in jobs.values():
                 if job.job_id not in lifted:
@@ -187,16 +191,25 @@ class MLFQQueue(JobQueue):
         swap out and back. Lifting the running jobs means a waiting job preempts them
         only when it is far ahead, the classic preemption-threshold rule.
         """
-        self._lifted, self._lifted_at = {}, {}
-        if not self.preempt_threshold:
+        self._lifted, self._lifted_at = lifted, lifted_at = {}, {}
+        threshold = self.preempt_threshold
+        if not threshold:
             return
+        levels = self._levels
+        n = len(levels)
         for job in jobs:
-            if job.level > 0 and job in self:
-                at = max(job.level - self.preempt_threshold, 0)
-                self._lifted[job.job_id] = at
-                self._lifted_at.setdefault(at, []).append(job)
-        for group in self._lifted_at.values():
-            group.sort(key=lambda j: j.queue_seq)
+            level = job.level
+            if 0 < level < n and job.job_id in levels[level]:
+                at = level - threshold if level > threshold else 0
+                lifted[job.job_id] = at
+                group = lifted_at.get(at)
+                if group is None:
+                    lifted_at[at] = [job]
+                else:
+                    group.append(job)
+        for group in lifted_at.values():
+            if len(group) > 1:
+                group.sort(key=_by_queue_seq)
 
     def __contains__(self, job: Job) -> bool:
         return 0 <= job.level < len(self._levels) and job.job_id in self._levels[job.level]

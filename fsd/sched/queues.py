@@ -159,22 +159,6 @@ class _SortedQueue(JobQueue):
             i += 1
         return i
 
-    def _rekey(self, job: Job) -> None:
-        """Re-place a queued job whose key changed; in place when its rank holds
-        (the usual case: one step changes a job's remaining work only a little)."""
-        old = self._key_of.get(job.job_id)
-        if old is None:
-            return
-        new = self.key(job)
-        keys = self._keys
-        i = self._index(job, old)
-        if (i == 0 or keys[i - 1] <= new) and (i + 1 >= len(keys) or new <= keys[i + 1]):
-            keys[i] = new
-            self._key_of[job.job_id] = new
-            return
-        self.remove(job)
-        self._insert(job, new)
-
     def ordered(self) -> list[Job]:
         return self._order
 
@@ -221,10 +205,31 @@ class SRPTQueue(_SortedQueue):
         return (self.remaining_time(job), job.queue_seq)
 
     def account(self, ran: Iterable[tuple[Job, float]], now: float) -> list[Job]:
-        """Jobs that ran have less left: move just them to their new places."""
+        """Jobs that ran have less left: move just them to their new places.
+
+        Runs for every job of every batch: a job whose new key still sits between its
+        neighbours' (the usual case, one step changes little) is re-keyed in place here.
+        """
+        keys, order, key_of = self._keys, self._order, self._key_of
+        key, bisect_left = self.key, bisect.bisect_left
         for job, _ in ran:
             job.last_run = now
-            self._rekey(job)
+            old = key_of.get(job.job_id)
+            if old is None:
+                continue
+            new = key(job)
+            i = bisect_left(keys, old)
+            n = len(order)
+            while i < n and order[i] is not job:
+                i += 1
+            if i == n:
+                continue
+            if (i == 0 or keys[i - 1] <= new) and (i + 1 >= n or new <= keys[i + 1]):
+                keys[i] = new
+                key_of[job.job_id] = new
+            else:
+                del keys[i], order[i]
+                self._insert(job, new)
         return []
 
     def remaining_time(self, job: Job) -> float:
