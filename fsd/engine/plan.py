@@ -101,10 +101,6 @@ def build_plan(
     """
     flat = flatten(batch)
     order, jobs = flat.order, flat.jobs
-    # sync copies: outs before ins, since an in may reuse the blocks an out frees
-    sync = [op for op in sync_ops if op.direction == "out"] + [
-        op for op in sync_ops if op.direction == "in"
-    ]
     return StepPlan(
         seq=seq,
         input_ids=flat.input_ids,
@@ -113,7 +109,7 @@ def build_plan(
         context_lens=tuple(j.num_tokens for j in jobs),
         block_tables=tuple(tuple(j.block_table) for j in jobs),
         order=order,
-        sync_swaps=tuple(SwapInstr.of(op) for op in sync),
+        sync_swaps=tuple(SwapInstr.of(op) for op in sync_ops),  # in issue order
         async_swaps=tuple(SwapInstr.of(op) for op in async_ops),
         banned=None if banned is None else tuple(tuple(banned[i]) for i in order),
     )

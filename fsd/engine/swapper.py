@@ -95,12 +95,10 @@ class Swapper:
         return sum(op.num_blocks for op in ops) * self.host_pool.bytes_per_block
 
     def run_sync(self, ops: Sequence[SwapOp]) -> None:
-        """Copy now and wait: swap-outs first, since a swap-in may reuse their blocks."""
-        ordered = [op for op in ops if op.direction == "out"] + [
-            op for op in ops if op.direction == "in"
-        ]
+        """Copy now and wait, in the order given (SchedulerOutput.sync_ops: a later
+        copy may write the blocks an earlier one read)."""
         keep: list[torch.Tensor] = []
-        for op in ordered:
+        for op in ops:
             self._copy(op, keep)
         if self.cuda:
             torch.cuda.current_stream(self.device_pool.data.device).synchronize()

@@ -37,6 +37,7 @@ class SchedulerOutput:
     batch: list[Job] = field(default_factory=list)
     swap_out: list[SwapOp] = field(default_factory=list)
     swap_in: list[SwapOp] = field(default_factory=list)
+    sync: list[SwapOp] = field(default_factory=list)  # the synchronous ones, in issue order
     preempted: list[Job] = field(default_factory=list)  # ran last iteration, not this one
     recomputed: list[Job] = field(default_factory=list)  # KV dropped this iteration
     promoted: list[Job] = field(default_factory=list)
@@ -48,8 +49,13 @@ class SchedulerOutput:
 
     @property
     def sync_ops(self) -> list[SwapOp]:
-        """Copies that must end before the model step, outs before ins."""
-        return [op for op in self.swap_out + self.swap_in if op.sync]
+        """Copies that must end before the model step, to be made in this order.
+
+        Each one's source blocks were freed when it was issued, so a later copy may
+        write them (a swap-out into the host blocks a swap-in just left, or the
+        reverse on the device): any other order can overwrite KV before it is read.
+        """
+        return list(self.sync)
 
 
 class Scheduler:
@@ -176,6 +182,7 @@ class Scheduler:
             job.swaps_in += 1
             out.swap_in.append(op)
         if op.sync:  # the executor completes it before the step: account it now
+            out.sync.append(op)
             (self.blocks.end_swap_out if op.direction == "out" else self.blocks.end_swap_in)(op)
             self._locate(job, KVLocation.HOST if op.direction == "out" else KVLocation.DEVICE)
         else:
