@@ -120,8 +120,8 @@ class SwapPlanner:
             ((j, 0) for j in wanted), ((j, reserve) for j in upcoming)
         ):
             need = len(job.host_block_table)
-            if need > budget:
-                break
+            if need > budget and (ops or moving):
+                break  # (a job larger than the whole budget comes in alone: never stranded)
             # Room to run, not only to land: a job brought in without the block its next
             # token needs cannot run, and is the first the reserve sends out again.
             # Never bring back a job expected later than one just sent out (thrashing).

@@ -207,7 +207,8 @@ class Scheduler:
         evicted: set[str] = set()
         limit = self.config.max_batch_size
         scanned_after_full = 0
-        batch_cost = 0  # sum(j.last_cost for j in batch), in batch order
+        batch_cost = 0.0  # sum(j.last_cost for j in batch): each job's iteration run alone
+        prefills = 0
         too_big = 0  # prefills passed over for the token budget
         admit_room = self._admission_room()
         # the loop runs for every queued job each iteration: names are bound locally
@@ -268,9 +269,11 @@ class Scheduler:
                 blocks.append(job, missing)
             if kv is not on_device and job.kv is not on_device:  # (a sync swap-in moved it)
                 self._locate(job, on_device)
-            job.last_cost = c = (
-                job_time(new_tokens, num_tokens) if new_tokens > 1 else step0 + per_ctx * num_tokens
-            )
+            if new_tokens > 1:
+                job.last_cost = c = job_time(new_tokens, num_tokens)
+                prefills += 1
+            else:
+                job.last_cost = c = step0 + per_ctx * num_tokens
             batch_cost += c
             job.last_prefill = new_tokens == num_tokens
             job.status = running
@@ -291,10 +294,20 @@ class Scheduler:
                 out.preempted.append(job)
         self._returned = set()
         # a decision is made once per pipeline stage time: the copies beside one step
-        self._last_batch_cost = max(batch_cost, self.cost.min_iteration_time) / max(
-            getattr(self.cost, "pipeline_stages", 1), 1
-        )
+        self._last_batch_cost = max(
+            self._shared_fixed_cost(batch_cost, taken - prefills, prefills),
+            self.cost.min_iteration_time,
+        ) / max(getattr(self.cost, "pipeline_stages", 1), 1)
         return out
+
+    def _shared_fixed_cost(self, alone_sum: float, decodes: int, prefills: int) -> float:
+        """The batch's iteration time from the sum of its jobs' times alone: the fixed
+        part (reading the weights) is paid once per iteration, not once per job, as in
+        `CostModel.iteration_time`."""
+        cost = self.cost
+        fixed = decodes * cost.decode_base + prefills * cost.prefill_base
+        once = cost.decode_base if decodes else cost.prefill_base if prefills else 0.0
+        return alone_sum - fixed + once
 
     def _candidates(self, admit_room: float) -> Iterable[Job]:
         """The jobs to walk, in priority order.

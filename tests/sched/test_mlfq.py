@@ -10,6 +10,7 @@ from fsd.kv.block_manager import BlockManager
 from fsd.kv.planner import SwapPlanner
 from fsd.sched.mlfq import MLFQQueue, build_quanta
 from fsd.sched.profile import CostModel
+from tests.sched.harness import make_jobs, scheduler
 
 QUANTA = [1.0, 2.0, 4.0, 8.0]
 
@@ -261,3 +262,37 @@ def test_planner_respects_the_link_budget():
         [jobs[n] for n in "abc"], [], [], enst_of, 10, {}, max_blocks=4
     )
     assert [op.job.job_id for op in ops] == ["b", "a"]  # 4 blocks, then the link is full
+
+
+def test_a_host_job_larger_than_the_link_budget_comes_in_alone():
+    blocks, jobs = _pools(10, "", "de")  # 2 blocks each on the host, the device empty
+    planner = SwapPlanner(blocks, CacheConfig())
+    # the budget is 1 block: d comes in alone rather than never; e waits its turn
+    ops = planner.plan([], [jobs["d"]], [jobs["e"]], enst_of, 0, {}, max_blocks=1)
+    assert [(op.direction, op.job.job_id) for op in ops] == [("in", "d")]
+    # while a copy is moving, an oversize job waits for the link to clear
+    moving = {"d": ops[0]}
+    assert planner.plan([], [jobs["e"]], [], enst_of, 0, moving, max_blocks=1) == []
+
+
+def test_the_swap_budget_is_sized_by_the_batch_paying_the_fixed_cost_once():
+    cost = CostModel(
+        name="fixed", decode_base=0.02, decode_per_seq=1e-4, decode_per_ctx_token=1e-6,
+        prefill_base=0.02, prefill_per_token=1e-4, kv_bytes_per_token=1000,
+    )  # fmt: skip
+    s = scheduler(cost=cost, device=1024, host=1024, block_size=4, max_batch_size=8)
+    jobs = make_jobs([(10, 20)] * 7 + [(30, 20)])
+    for j in jobs[:7]:
+        s.add(j, 0.0)
+    out = s.schedule(0.0)  # 7 prefills
+    assert s._last_iteration_time() == pytest.approx(cost.iteration_time([10] * 7, []))
+    for j in out.batch:
+        j.num_computed_tokens = j.num_tokens
+        j.output_token_ids.append(1)
+    s.update(out, 1.0)
+    s.add(jobs[7], 1.0)
+    out = s.schedule(1.0)  # 7 decodes and a prefill of 30: one weight read, not 8
+    assert len(out.batch) == 8
+    want = cost.iteration_time([30], [11] * 7)
+    assert s._last_iteration_time() == pytest.approx(want)
+    assert want < 2 * cost.decode_base
