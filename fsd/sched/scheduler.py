@@ -216,7 +216,7 @@ class Scheduler:
         bs = blocks.block_size
         job_time = self.cost.job_iteration_time
         step0, per_ctx = self.cost.decode_line()  # a decode step alone: step0 + per_ctx * ctx
-        reactive = self.cache.kv_policy == "reactive"
+        proactive = self.cache.kv_policy == "proactive"
         host, none, on_device = KVLocation.HOST, KVLocation.NONE, KVLocation.DEVICE
         running = JobStatus.RUNNING
         taken = 0  # len(batch), kept by hand: this test runs for every job walked
@@ -253,7 +253,9 @@ class Scheduler:
                     break
                 continue
             if kv is host:
-                if not reactive:
+                # the others copy it in now; defer and recompute hold host jobs only
+                # after a live retune from a swapping policy, and must bring them back
+                if proactive:
                     wanted.append(job)
                     wanted_full = len(wanted) >= 2 * limit
                     continue

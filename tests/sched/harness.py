@@ -3,6 +3,7 @@ job; asynchronous copies end `copy_delay` iterations after they start."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from fsd.config import CacheConfig, SchedConfig
@@ -62,8 +63,10 @@ def drive(
     arrivals: dict[str, int] | None = None,
     copy_delay: int = 1,
     max_iters: int = 20_000,
+    before: Callable[[int, float], None] | None = None,
 ) -> Run:
-    """Run to completion; arrivals maps job id -> iteration it arrives (default 0)."""
+    """Run to completion; arrivals maps job id -> iteration it arrives (default 0).
+    `before(iteration, now)` runs ahead of each decision (a live retune, say)."""
     arrivals = arrivals or {}
     pending = sorted(jobs, key=lambda j: arrivals.get(j.job_id, 0))
     copies: list[tuple[int, object]] = []
@@ -78,6 +81,8 @@ def drive(
             if due <= it:
                 sched.swap_done(op)
                 copies.remove((due, op))
+        if before is not None:
+            before(it, now)
         out = sched.schedule(now)
         copies += [(it + copy_delay, op) for op in out.swap_out + out.swap_in if not op.sync]
         for job in out.batch:

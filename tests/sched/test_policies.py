@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -193,3 +195,29 @@ def test_busy_jobs_are_not_ready_not_preempted_and_keep_their_kv():
     a, b, held = run(busy=True)
     assert held.batch == [] and a not in held.preempted
     assert a.kv.value == "device" and len(a.block_table) == 50 and held.swap_out == []
+
+
+@pytest.mark.parametrize("to", ["defer", "recompute", "reactive"])
+def test_retuning_away_from_proactive_brings_every_host_job_back(to):
+    s = scheduler(
+        kv_policy="proactive",
+        device=16,
+        max_batch_size=1,
+        demote_rule="always",
+        preempt_threshold=0,
+    )
+    jobs = make_jobs([(12, 20)] * 4)
+    on_host: list[str] = []
+
+    def retune_once_a_job_is_on_the_host(it: int, now: float) -> None:
+        if not on_host and s.cache.kv_policy == "proactive":
+            on_host.extend(j.job_id for j in jobs if j.kv.value == "host")
+            if on_host:
+                s.retune(now, cache=dataclasses.replace(s.cache, kv_policy=to))
+
+    run = drive(
+        s, jobs, arrivals={f"j{i}": i for i in range(4)}, before=retune_once_a_job_is_on_the_host
+    )
+    assert on_host and s.cache.kv_policy == to  # the retune happened with KV on the host
+    assert sorted(run.finished) == ["j0", "j1", "j2", "j3"]
+    assert s.blocks.host.num_free == s.blocks.host.num_blocks
