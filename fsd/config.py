@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import ipaddress
+import math
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -86,6 +87,9 @@ class CacheConfig:
             raise ConfigError(f"num_host_blocks must be >= 0, got {self.num_host_blocks}")
 
 
+MAX_LEVELS = 256  # queue levels; each is a dict walked every iteration
+
+
 @dataclass(frozen=True)
 class SchedConfig:
     """Scheduling policy and batch limits."""
@@ -116,8 +120,12 @@ class SchedConfig:
 
     def __post_init__(self) -> None:
         _check_types(self)
+        for name in ("q1", "quantum_ratio", "starve_limit", "starve_limit_waiting"):
+            _finite(name, getattr(self, name))
         if self.quanta is not None:
             object.__setattr__(self, "quanta", tuple(float(q) for q in self.quanta))
+            for q in self.quanta:
+                _finite("quanta", q)
             if not self.quanta:
                 raise ConfigError("quanta must list at least one quantum")
             if any(q <= 0 for q in self.quanta):
@@ -126,12 +134,21 @@ class SchedConfig:
                 raise ConfigError(f"quanta must be strictly increasing, got {list(self.quanta)}")
         _choice("starve_promote", self.starve_promote, ("up1", "top", "entry"))
         _choice("demote_rule", self.demote_rule, ("always", "gittins"))
-        if self.num_levels < 1:
-            raise ConfigError(f"num_levels must be >= 1, got {self.num_levels}")
+        if not 1 <= self.num_levels <= MAX_LEVELS:
+            raise ConfigError(f"num_levels must be in 1..{MAX_LEVELS}, got {self.num_levels}")
         if self.q1 is not None and self.q1 <= 0:
             raise ConfigError(f"q1 must be > 0 seconds, got {self.q1}")
         if self.quantum_ratio <= 1.0:
             raise ConfigError(f"quantum_ratio must be > 1, got {self.quantum_ratio}")
+        try:  # the last level's quantum, q1 x ratio^(levels - 1), must be a number
+            last = (self.q1 or 1.0) * self.quantum_ratio ** (self.num_levels - 1)
+        except OverflowError:
+            last = math.inf
+        if not math.isfinite(last):
+            raise ConfigError(
+                f"quantum_ratio {self.quantum_ratio} over {self.num_levels} levels overflows "
+                "the last quantum: use fewer levels or a smaller ratio"
+            )
         if self.starve_limit is not None and self.starve_limit <= 0:
             raise ConfigError(f"starve_limit (alpha) must be > 0 seconds, got {self.starve_limit}")
         if self.starve_limit_waiting is not None and self.starve_limit_waiting <= 0:
@@ -364,6 +381,11 @@ def _check_types(config: Any) -> None:
 
 def _slice_type(f: dataclasses.Field) -> type:
     return _SLICE_TYPES[f.name]
+
+
+def _finite(name: str, value: float | None) -> None:
+    if value is not None and not math.isfinite(value):
+        raise ConfigError(f"{name} must be a finite number, got {value}")
 
 
 def _choice(name: str, value: str, allowed: tuple[str, ...]) -> None:

@@ -208,9 +208,10 @@ class Engine:
         sched = dataclasses.replace(self.config.sched, **sched_kw)  # validates
         cache = dataclasses.replace(self.config.cache, **cache_kw)
         _engine_policy(sched.policy)
-        self.config = dataclasses.replace(self.config, sched=sched, cache=cache)
         now = time.time()
+        # the scheduler refuses before changing anything; only then does the config change
         self.scheduler.retune(now, sched if sched_kw else None, cache if cache_kw else None)
+        self.config = dataclasses.replace(self.config, sched=sched, cache=cache)
         self.events.add(now, "retune", None, **{k: _plain(v) for k, v in changes.items()})
         return self.config
 

@@ -68,6 +68,10 @@ def test_same_policy_retune_keeps_levels_and_clips_removed_ones():
         ({"admit_fraction": 0}, "admit_fraction"),
         ({"block_size": 8}, "cannot retune block_size"),
         ({"q1": "5ms"}, "q1 must be a number or none, got '5ms'"),
+        ({"q1": float("nan")}, "q1 must be a finite number"),
+        ({"quanta": (0.1, float("inf"))}, "quanta must be a finite number"),
+        ({"num_levels": 1100}, "num_levels must be in 1..256"),
+        ({"quantum_ratio": 1e200}, "overflows the last quantum"),
     ],
 )
 def test_invalid_retunes_are_refused_and_change_nothing(changes, match):
@@ -76,4 +80,20 @@ def test_invalid_retunes_are_refused_and_change_nothing(changes, match):
     with pytest.raises(ConfigError, match=match):
         llm.engine.retune(**changes)
     assert llm.engine.config == before
+    assert llm.engine.scheduler.config == before.sched
     assert llm.generate([1, 2, 3], SamplingParams(max_tokens=2))[0].token_ids
+
+
+def test_a_batch_token_limit_below_a_queued_prefill_is_refused_and_changes_nothing():
+    llm = LLM("tiny", num_gpu_blocks=32)
+    eng = llm.engine
+    before = eng.config
+    job = eng.add_request([7] * 40, PARAMS)
+    with pytest.raises(ConfigError, match=f"below the 40-token prefill that job {job.job_id}"):
+        eng.retune(max_batch_tokens=16, max_batch_size=2)
+    assert eng.config == before and eng.scheduler.config == before.sched
+    while eng.has_unfinished():
+        eng.step()
+    assert len(job.output_token_ids) == PARAMS.max_tokens
+    eng.retune(max_batch_tokens=16)  # nothing queued needs more now
+    assert eng.config.sched.max_batch_tokens == 16

@@ -221,3 +221,14 @@ def test_retuning_away_from_proactive_brings_every_host_job_back(to):
     assert on_host and s.cache.kv_policy == to  # the retune happened with KV on the host
     assert sorted(run.finished) == ["j0", "j1", "j2", "j3"]
     assert s.blocks.host.num_free == s.blocks.host.num_blocks
+
+
+def test_a_dropped_job_too_long_to_re_prefill_with_others_runs_alone():
+    # each job alone fits the device (15 of 16 blocks) but not both: one is dropped
+    # (recompute) after it has grown past max_batch_tokens, so its re-prefill of every
+    # token so far cannot share an iteration; it runs alone instead of never
+    s = scheduler("fcfs", kv_policy="recompute", device=16, max_batch_size=2, max_batch_tokens=24)
+    jobs = make_jobs([(20, 40), (20, 40)])
+    run = drive(s, jobs)
+    assert sorted(run.finished) == ["j0", "j1"]
+    assert any(j.recomputes for j in jobs)
