@@ -232,6 +232,9 @@ class MLFQQueue(JobQueue):
             last = len(self.quanta) - 1
             for job in jobs:
                 job.level = min(job.level, last)
+            # FIFO inside a level is queue_seq order, which `key` ranks by: the jobs
+            # folded into the last level go among its own by when they were placed
+            for job in sorted(jobs, key=lambda j: (j.level, j.queue_seq)):
                 self._levels[job.level][job.job_id] = job
         # the promotion times follow the new alphas
         self._starve = [(self._due(j), j.queue_seq, j) for j in jobs if j.level > 0]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from fsd.config import CacheConfig
@@ -296,3 +298,15 @@ def test_the_swap_budget_is_sized_by_the_batch_paying_the_fixed_cost_once():
     want = cost.iteration_time([30], [11] * 7)
     assert s._last_iteration_time() == pytest.approx(want)
     assert want < 2 * cost.decode_base
+
+
+def test_fewer_levels_after_a_retune_keep_the_queue_order_its_keys_give():
+    s = scheduler(num_levels=8)
+    jobs = make_jobs([(400, 5), (4, 5), (200, 5), (8, 5)])  # long prompts skip-join low
+    for j in jobs:
+        s.add(j, 0.0)
+    assert len({j.level for j in jobs}) >= 3
+    s.retune(0.0, dataclasses.replace(s.config, num_levels=2))
+    ordered = list(s.queue.ordered())
+    assert {j.level for j in ordered} <= {0, 1}
+    assert ordered == sorted(ordered, key=s.queue.key)  # the scheduler relies on it
