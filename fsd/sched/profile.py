@@ -51,8 +51,9 @@ class CostModel:
             "decode_base",
             "decode_per_seq",
             "decode_per_ctx_token",
+            "kv_bytes_per_token",
         ):
-            if getattr(self, key) < 0:
+            if not getattr(self, key) >= 0:  # (NaN too)
                 raise ConfigError(f"profile {self.name!r}: {key} must be >= 0")
         if self.swap_bytes_per_s <= 0:
             raise ConfigError(f"profile {self.name!r}: swap_bytes_per_s must be > 0")

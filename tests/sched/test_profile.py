@@ -56,10 +56,19 @@ def test_unknown_field_is_named(tmp_path):
         CostModel.load(path)
 
 
-@pytest.mark.parametrize("key", ["prefill_base", "prefill_per_token2", "decode_per_ctx_token"])
-def test_negative_coefficient_is_refused(key):
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("prefill_base", -1e-6),
+        ("prefill_per_token2", -1e-6),
+        ("decode_per_ctx_token", -1e-6),
+        ("decode_base", float("nan")),
+        ("kv_bytes_per_token", -2),
+    ],
+)
+def test_negative_coefficient_is_refused(key, value):
     with pytest.raises(ConfigError, match=key):
-        CostModel(**{key: -1e-6})
+        CostModel(**{key: value})
 
 
 def test_zero_swap_bandwidth_is_refused():
