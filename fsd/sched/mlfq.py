@@ -29,7 +29,7 @@ Where fsd departs from the paper (measured in bench/policies.py, README):
 - preemption threshold: the jobs of the batch that just ran are ranked
   `preempt_threshold` (3) levels above their own. A waiting job evicts one only from
   further up, so near-equal jobs stop taking turns through host memory (on the
-  conversation trace at 0.34 of its rate preemptions fall 1295 -> 164), and a
+  conversation trace at 0.34 of its rate preemptions fall 1295 -> 168), and a
   promoted waiting job does not evict the started jobs it just caught up with.
 """
 
