@@ -22,7 +22,6 @@ from collections.abc import Callable, Collection, Iterable, Iterator
 from dataclasses import dataclass, field
 
 from fsd.config import CacheConfig, SchedConfig
-from fsd.errors import ConfigError
 from fsd.jobs import Job, JobStatus, KVLocation
 from fsd.kv.block_manager import BlockManager
 from fsd.kv.planner import SwapPlanner
@@ -145,15 +144,12 @@ class Scheduler:
         Same policy: quanta, alpha and limits change in place (jobs keep their levels).
         Another policy: the jobs re-enter the new queue in their current order.
         """
-        # everything that can fail comes before the first change: a refused retune
-        # leaves the old settings whole
+        # what can fail comes before the first change: a refused retune changes nothing
         fresh = None if config is None else self._make_queue(config, self.cost)
-        if config is not None:
-            self._check_batch_tokens(config.max_batch_tokens)
         if cache is not None:
             self.cache = cache
             self.planner.cache = cache
-        if config is None or fresh is None:
+        if config is None or fresh is None:  # (both or neither)
             return
         old, self.config = self.queue, config
         if fresh.name == old.name and old.adopt(fresh):
@@ -161,16 +157,6 @@ class Scheduler:
         for job in list(old.ordered()):
             fresh.add(job, now)
         self.queue = fresh
-
-    def _check_batch_tokens(self, limit: int) -> None:
-        """A job's next prefill must fit one iteration: refuse a limit below one."""
-        for job in self._jobs.values():
-            new = job.num_tokens - job.num_computed_tokens
-            if new > limit:
-                raise ConfigError(
-                    f"max_batch_tokens {limit} is below the {new}-token prefill that job "
-                    f"{job.job_id} still needs in one iteration"
-                )
 
     # ---- copies ------------------------------------------------------------------
 
@@ -262,8 +248,9 @@ class Scheduler:
             if job_id in in_flight or job_id in evicted or job_id in batch_ids:
                 continue
             new_tokens = num_tokens - job.num_computed_tokens
-            # A job whose KV was dropped re-prefills every token it has, which can be more
-            # than one iteration allows (admission checked only its prompt): it runs alone.
+            # More than one iteration allows (a job whose KV was dropped re-prefills every
+            # token it has; a prompt queued before max_batch_tokens was lowered): it runs
+            # alone rather than never.
             if new_tokens > budget and (taken or new_tokens <= budget_all):
                 too_big += 1
                 if too_big > 4 * limit:  # the budget is spent; do not walk the whole queue

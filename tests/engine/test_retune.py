@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from fsd import LLM, SamplingParams
-from fsd.errors import ConfigError
+from fsd.errors import ConfigError, PromptTooLongError
 
 PROMPTS = [[(i * 11 + k) % 250 + 1 for k in range(n)] for i, n in enumerate([5, 33, 2, 18, 50])]
 PARAMS = SamplingParams(max_tokens=24, ignore_eos=True)
@@ -84,16 +84,17 @@ def test_invalid_retunes_are_refused_and_change_nothing(changes, match):
     assert llm.generate([1, 2, 3], SamplingParams(max_tokens=2))[0].token_ids
 
 
-def test_a_batch_token_limit_below_a_queued_prefill_is_refused_and_changes_nothing():
+def test_a_prompt_queued_before_the_batch_token_limit_fell_below_it_runs_alone():
     llm = LLM("tiny", num_gpu_blocks=32)
     eng = llm.engine
-    before = eng.config
-    job = eng.add_request([7] * 40, PARAMS)
-    with pytest.raises(ConfigError, match=f"below the 40-token prefill that job {job.job_id}"):
-        eng.retune(max_batch_tokens=16, max_batch_size=2)
-    assert eng.config == before and eng.scheduler.config == before.sched
+    long_job = eng.add_request([7] * 40, PARAMS)
+    eng.retune(max_batch_tokens=16)
+    short = eng.add_request([3] * 8, PARAMS)
+    with pytest.raises(PromptTooLongError, match="max_batch_tokens"):  # new ones are checked
+        eng.add_request([7] * 40, PARAMS)
+    batches = []
     while eng.has_unfinished():
         eng.step()
-    assert len(job.output_token_ids) == PARAMS.max_tokens
-    eng.retune(max_batch_tokens=16)  # nothing queued needs more now
-    assert eng.config.sched.max_batch_tokens == 16
+        batches.append([j.job_id for j in eng.last_schedule.batch])
+    assert len(long_job.output_token_ids) == len(short.output_token_ids) == PARAMS.max_tokens
+    assert [long_job.job_id] in batches  # its 40-token prefill went alone
