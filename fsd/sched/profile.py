@@ -110,6 +110,13 @@ class CostModel:
             t += self.prefill_per_token * n + self.prefill_per_token2 * n * n
         return t
 
+    def iteration_time_from_alone(self, alone_sum: float, decodes: int, prefills: int) -> float:
+        """`iteration_time` from the sum of the batch's `job_iteration_time`s: the fixed
+        part is paid once per iteration, not once per job (the scheduler sums per job)."""
+        fixed = decodes * self.decode_base + prefills * self.prefill_base
+        once = self.decode_base if decodes else self.prefill_base if prefills else 0.0
+        return alone_sum - fixed + once
+
     def stage_time(self, prefill_lens: Iterable[int], decode_contexts: Iterable[int]) -> float:
         """How long the batch holds one pipeline stage: its latency over the stages.
 

@@ -301,19 +301,10 @@ class Scheduler:
         self._returned = set()
         # a decision is made once per pipeline stage time: the copies beside one step
         self._last_batch_cost = max(
-            self._shared_fixed_cost(batch_cost, taken - prefills, prefills),
+            self.cost.iteration_time_from_alone(batch_cost, taken - prefills, prefills),
             self.cost.min_iteration_time,
         ) / max(getattr(self.cost, "pipeline_stages", 1), 1)
         return out
-
-    def _shared_fixed_cost(self, alone_sum: float, decodes: int, prefills: int) -> float:
-        """The batch's iteration time from the sum of its jobs' times alone: the fixed
-        part (reading the weights) is paid once per iteration, not once per job, as in
-        `CostModel.iteration_time`."""
-        cost = self.cost
-        fixed = decodes * cost.decode_base + prefills * cost.prefill_base
-        once = cost.decode_base if decodes else cost.prefill_base if prefills else 0.0
-        return alone_sum - fixed + once
 
     def _candidates(self, admit_room: float) -> Iterable[Job]:
         """The jobs to walk, in priority order.
