@@ -171,7 +171,8 @@ class Client:
     `timeout`: seconds to wait for any answer before `DaemonUnavailable`;
     `heartbeat`: seconds between `Ping`s while jobs are outstanding (default: a
     third of the daemon's default client_timeout); `curve`: `CurveKeys` when the
-    daemon requires CURVE.
+    daemon requires CURVE; `token`: the operator token, for the operator role
+    (`fsd.credentials.find_operator_token` reads the daemon's token file).
     """
 
     def __init__(
@@ -180,6 +181,7 @@ class Client:
         timeout: float = DEFAULT_TIMEOUT,
         curve: CurveKeys | None = None,
         heartbeat: float | None = None,
+        token: str | None = None,
         context: zmq.Context | None = None,
     ) -> None:
         if timeout <= 0:
@@ -188,7 +190,11 @@ class Client:
         self.timeout = timeout
         self._keys = curve.resolve() if curve is not None else None
         self._core = ClientCore(
-            endpoint, timeout, heartbeat or DEFAULT_HEARTBEAT, curve=curve is not None
+            endpoint,
+            timeout,
+            heartbeat or DEFAULT_HEARTBEAT,
+            curve=curve is not None,
+            token=token,
         )
         self._ctx = context or zmq.Context.instance()
         self._sock = connect(self._ctx, zmq.DEALER, endpoint, self._keys)
@@ -214,7 +220,7 @@ class Client:
         req_id = self._core.next_req_id()
         msg = build_submit(req_id, prompt, params, sampling, tags)
         sink: queue.Queue[Any] = queue.Queue()
-        self._put(_Out(P.encode(msg), req_id=req_id, sink=sink))
+        self._put(_Out(self._core.encode(msg), req_id=req_id, sink=sink))
         return JobHandle(self, req_id, sink)
 
     def generate(
@@ -281,7 +287,7 @@ class Client:
 
     def _call(self, msg: P.Request, key: str, extra: float = 0.0, deferred: bool = False) -> Any:
         fut: Future[Any] = Future()
-        self._put(_Out(P.encode(msg), sink=fut, key=key, extra=extra, deferred=deferred))
+        self._put(_Out(self._core.encode(msg), sink=fut, key=key, extra=extra, deferred=deferred))
         try:
             reply = fut.result(timeout=self.timeout + extra + _GRACE)
         except FsdError:  # DaemonUnavailable (also a TimeoutError) or the client closed

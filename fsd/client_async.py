@@ -127,6 +127,7 @@ class AsyncClient:
         timeout: float = DEFAULT_TIMEOUT,
         curve: CurveKeys | None = None,
         heartbeat: float | None = None,
+        token: str | None = None,
         context: zmq.asyncio.Context | None = None,
     ) -> None:
         if timeout <= 0:
@@ -135,7 +136,11 @@ class AsyncClient:
         self.timeout = timeout
         self._keys = curve.resolve() if curve is not None else None
         self._core = ClientCore(
-            endpoint, timeout, heartbeat or DEFAULT_HEARTBEAT, curve=curve is not None
+            endpoint,
+            timeout,
+            heartbeat or DEFAULT_HEARTBEAT,
+            curve=curve is not None,
+            token=token,
         )
         self._ctx = context or zmq.asyncio.Context.instance()
         self._sock: zmq.asyncio.Socket | None = None
@@ -157,7 +162,7 @@ class AsyncClient:
         """A job to stream with `async for`; sent on first use (validated now)."""
         req_id = self._core.next_req_id()
         msg = build_submit(req_id, prompt, params, sampling, tags)
-        return AsyncJobHandle(self, req_id, P.encode(msg))
+        return AsyncJobHandle(self, req_id, self._core.encode(msg))
 
     async def submit(
         self,
@@ -226,7 +231,7 @@ class AsyncClient:
         self._start()
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._core.add_call(key, fut, time.monotonic(), extra, deferred)
-        await self._send(P.encode(msg))  # if it cannot go, its deadline expires
+        await self._send(self._core.encode(msg))  # if it cannot go, its deadline expires
         self._kick.set()
         reply = await fut
         if isinstance(reply, P.Error):

@@ -19,6 +19,7 @@ import zmq.utils.z85
 
 from fsd import protocol as P
 from fsd.config import ServerConfig
+from fsd.credentials import check_private
 from fsd.errors import ConfigError, FsdError
 from fsd.jobs import SamplingParams
 
@@ -95,6 +96,8 @@ def _load_key(value: str | Path, name: str, *, secret: bool) -> bytes:
         raise ConfigError(f"{name} is neither a z85 CURVE key nor a key file: {text!r}")
     if not path.is_file():
         raise ConfigError(f"{name}: key file {str(path)!r} does not exist")
+    if secret:
+        check_private(path, f"{name}: CURVE secret key file")
     try:
         public, secret_key = zmq.auth.load_certificate(str(path))
     except (OSError, ValueError) as exc:

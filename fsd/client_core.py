@@ -118,6 +118,7 @@ class ClientCore:
     timeout: float
     heartbeat: float
     curve: bool = False
+    token: str | None = None  # the operator token, sent with every request
     streams: dict[str, _Stream] = field(default_factory=dict)
     calls: list[_Call] = field(default_factory=list)
     last_rx: float = 0.0
@@ -127,6 +128,12 @@ class ClientCore:
         self._ids = itertools.count(1)
         self._prefix = uuid.uuid4().hex[:8]
         self._ping = P.encode(P.Ping())
+
+    def encode(self, msg: P.Request) -> bytes:
+        """A request's frame, carrying the operator token when this client has one."""
+        if self.token is not None:
+            msg.token = self.token
+        return P.encode(msg)
 
     def next_req_id(self) -> str:
         return f"{self._prefix}-{next(self._ids)}"
@@ -203,7 +210,7 @@ class ClientCore:
             out.append(self._ping)
         if self._probe_due(now):
             self.add_call("status", None, now)
-            out.append(P.encode(P.Status()))
+            out.append(self.encode(P.Status()))
         return out
 
     def _probe_due(self, now: float) -> bool:
@@ -239,4 +246,4 @@ class ClientCore:
 
     def abort_frames(self) -> list[bytes]:
         """Aborts for the accepted jobs still streaming (sent when the client closes)."""
-        return [P.encode(P.Abort(job_id=s.job_id)) for s in self.streams.values() if s.job_id]
+        return [self.encode(P.Abort(job_id=s.job_id)) for s in self.streams.values() if s.job_id]

@@ -202,11 +202,18 @@ class ServerConfig:
     max_frame_bytes: int = 8 * 1024 * 1024
     curve_secret_key: str | None = None  # the daemon's key file (fsd keys generate)
     curve_authorized_dir: str | None = None  # clients' public key files allowed in
-    state_dir: str = "~/.local/state/fsd"  # pidfile and log file
+    # public key files of operators (CURVE): their requests have the operator role
+    curve_operators_dir: str | None = None
+    state_dir: str = "~/.local/state/fsd"  # pidfile, log file and operator token
+    max_burst: int = 1000  # jobs one inline Inject burst may add
+    max_client_jobs: int = 10_000  # live jobs one connection may own (submitted + injected)
+    max_jobs: int = 100_000  # live jobs in the daemon, all clients together
     http: str | None = None  # OpenAI-compatible API and /metrics on "HOST:PORT"; None = off
     # plain HTTP has no CURVE: binding it beyond loopback is refused unless this is set
     http_allow_remote: bool = False
     http_api_key: str | None = None  # when set, /v1/* wants "Authorization: Bearer KEY"
+    # /metrics asks for http_api_key too (when one is set) unless this is true
+    metrics_open: bool = False
     served_model_name: str | None = None  # the model's name in the API; None = as --model
 
     def __post_init__(self) -> None:
@@ -234,8 +241,14 @@ class ServerConfig:
             raise ConfigError(f"client_timeout must be > 0 seconds, got {self.client_timeout}")
         if self.slo_window <= 0:
             raise ConfigError(f"slo_window must be > 0 seconds, got {self.slo_window}")
-        if self.max_frame_bytes < 1024:
-            raise ConfigError(f"max_frame_bytes must be >= 1024, got {self.max_frame_bytes}")
+        if not 1024 <= self.max_frame_bytes <= 64 * 1024 * 1024:
+            raise ConfigError(
+                f"max_frame_bytes must be in [1024, 67108864], got {self.max_frame_bytes}"
+            )
+        for name in ("max_burst", "max_client_jobs", "max_jobs"):
+            value = getattr(self, name)
+            if not 1 <= value <= 10_000_000:
+                raise ConfigError(f"{name} must be in [1, 10000000], got {value}")
 
 
 @dataclass(frozen=True)

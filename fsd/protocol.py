@@ -4,6 +4,15 @@ Requests and control travel DEALER → ROUTER as one msgpack frame each; the dae
 answers on the same connection. Telemetry is PUB/SUB with two frames: a topic
 (`snapshot` or `event`) and the msgpack payload. Nothing is ever pickled: a frame
 that does not decode to a known message of this version gets an `Error` back.
+
+Roles: every request may carry the operator `token` (the daemon's token file, see
+fsd.credentials). Submitting, reading and aborting one's own jobs need no role;
+retune, inject, drain, undrain, shutdown and aborting another client's job need the
+operator role (the token, or a CURVE key listed as an operator).
+
+Version 2: levels are 1-based everywhere (Q1 is the top level), `token`, `Undrain`,
+`Finished.message`, `StatusReply.role`, and `Inject` carries a scenario's text and
+its traces inline (the daemon never opens a path a client names).
 """
 
 from __future__ import annotations
@@ -15,14 +24,22 @@ import msgspec
 
 from fsd.jobs import SamplingParams
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 MAX_FRAME_BYTES = 8 * 1024 * 1024
+MAX_SCENARIO_BYTES = 1024 * 1024  # an injected scenario's TOML text
+MAX_TRACE_BYTES = 6 * 1024 * 1024  # the traces an injected scenario brings, together
 TOPIC_SNAPSHOT = b"snapshot"
 TOPIC_EVENT = b"event"
 
 
 class _Msg(msgspec.Struct, tag_field="type", kw_only=True, omit_defaults=True):
     v: int = PROTOCOL_VERSION
+
+
+class _Req(_Msg, kw_only=True):
+    """A client's request; `token` claims the operator role (see the module doc)."""
+
+    token: str | None = None
 
 
 # ---- client → daemon ---------------------------------------------------------------
@@ -52,7 +69,7 @@ class Sampling(msgspec.Struct, kw_only=True, omit_defaults=True):
         return SamplingParams(**msgspec.structs.asdict(self))
 
 
-class Submit(_Msg, tag="submit"):
+class Submit(_Req, tag="submit"):
     """A generation request; exactly one of `prompt` and `prompt_token_ids`."""
 
     req_id: str
@@ -62,11 +79,11 @@ class Submit(_Msg, tag="submit"):
     tags: list[str] = []
 
 
-class Abort(_Msg, tag="abort"):
+class Abort(_Req, tag="abort"):
     job_id: str
 
 
-class Retune(_Msg, tag="retune"):
+class Retune(_Req, tag="retune"):
     """Scheduling settings to change (names as in fsd.toml's [sched] and KV policy keys)."""
 
     changes: dict[str, Any]
@@ -80,42 +97,53 @@ class Burst(msgspec.Struct, kw_only=True):
     output_len: int
 
 
-class Inject(_Msg, tag="inject"):
-    """Inject tagged jobs: a scenario (file path or TOML text) or an inline burst."""
+class Inject(_Req, tag="inject"):
+    """Inject tagged jobs: an inline burst, or a scenario's TOML text.
+
+    `traces` maps each trace name the scenario's phases use (`trace = "NAME"`) to the
+    trace's CSV text: the client reads its files and the daemon opens none.
+    """
 
     burst: Burst | None = None
     scenario: str | None = None
+    traces: dict[str, str] = {}
     tag: str = "injected"
 
 
-class ListJobs(_Msg, tag="list_jobs"):
+class ListJobs(_Req, tag="list_jobs"):
     pass
 
 
-class GetJob(_Msg, tag="get_job"):
+class GetJob(_Req, tag="get_job"):
     job_id: str
 
 
-class Status(_Msg, tag="status"):
+class Status(_Req, tag="status"):
     pass
 
 
-class Drain(_Msg, tag="drain"):
+class Drain(_Req, tag="drain"):
     """Stop accepting jobs; answer once in-flight jobs end or `timeout` passes."""
 
     timeout: float = 30.0
 
 
-class Shutdown(_Msg, tag="shutdown"):
+class Undrain(_Req, tag="undrain"):
+    """Accept jobs again after a drain (not after a shutdown began)."""
+
+
+class Shutdown(_Req, tag="shutdown"):
     drain: bool = True
     timeout: float = 30.0
 
 
-class Ping(_Msg, tag="ping"):
+class Ping(_Req, tag="ping"):
     """Heartbeat: a client that stops sending loses its jobs after the daemon's timeout."""
 
 
-Request = Submit | Abort | Retune | Inject | ListJobs | GetJob | Status | Drain | Shutdown | Ping
+Request = (
+    Submit | Abort | Retune | Inject | ListJobs | GetJob | Status | Drain | Undrain | Shutdown | Ping
+)
 
 
 # ---- daemon → client ---------------------------------------------------------------
@@ -155,6 +183,8 @@ class Timings(msgspec.Struct, kw_only=True, omit_defaults=True):
 
 
 class Finished(_Msg, tag="finished"):
+    """A job ended: reason stop, length, abort or error (`message` says what failed)."""
+
     req_id: str
     job_id: str
     reason: str
@@ -165,6 +195,7 @@ class Finished(_Msg, tag="finished"):
     swaps_out: int = 0
     swaps_in: int = 0
     recomputes: int = 0
+    message: str | None = None
 
 
 class Error(_Msg, tag="error"):
@@ -176,7 +207,7 @@ class Error(_Msg, tag="error"):
 
 
 class JobInfo(msgspec.Struct, kw_only=True, omit_defaults=True):
-    """One live job as the scheduler sees it."""
+    """One live job as the scheduler sees it; `level` is 1-based (1 = Q1, the top)."""
 
     job_id: str
     state: str
@@ -222,6 +253,7 @@ class StatusReply(_Msg, tag="status_reply"):
     client_timeout: float = 0.0
     step_seconds: float = 0.0  # engine-thread time in iterations (step + routing tokens)
     telemetry_seconds: float = 0.0  # engine-thread time reading and queueing telemetry
+    role: str = "client"  # the role the asking request had: "client" or "operator"
 
 
 class Ack(_Msg, tag="ack"):
@@ -238,6 +270,8 @@ Reply = Accepted | Tokens | Finished | Error | JobList | JobReply | StatusReply 
 
 
 class LevelInfo(msgspec.Struct, kw_only=True):
+    """One queue level; `index` is 1-based (1 = Q1)."""
+
     index: int
     quantum: float | None
     job_ids: list[str]
@@ -339,18 +373,33 @@ def _check_version(msg: Any) -> Any:
 
 
 def decode_request(frame: bytes) -> Request:
-    """Decode a client frame or raise ProtocolError with a stable code."""
+    """Decode a client frame or raise ProtocolError with a stable code.
+
+    Any failure of the decoder is a ProtocolError, whatever msgspec raised (invalid
+    UTF-8 in a string surfaces as UnicodeDecodeError, deep nesting as RecursionError).
+    """
     if len(frame) > MAX_FRAME_BYTES:
         raise ProtocolError(
             "too-large", f"frame of {len(frame)} bytes exceeds the {MAX_FRAME_BYTES}-byte limit"
         )
     try:
-        return _check_version(_request_decoder.decode(frame))
+        msg = _request_decoder.decode(frame)
     except msgspec.ValidationError as exc:
         code = "unknown-type" if "Invalid value" in str(exc) and "type" in str(exc) else "invalid"
-        raise ProtocolError(code, f"invalid request: {exc}") from None
+        raise ProtocolError(code, f"invalid request: {_short(exc)}") from None
     except msgspec.DecodeError as exc:
-        raise ProtocolError("malformed", f"malformed frame: {exc}") from None
+        raise ProtocolError("malformed", f"malformed frame: {_short(exc)}") from None
+    except Exception as exc:  # noqa: BLE001 - no frame may escape as another exception
+        raise ProtocolError(
+            "malformed", f"malformed frame: {type(exc).__name__}: {_short(exc)}"
+        ) from None
+    return _check_version(msg)
+
+
+def _short(exc: BaseException, limit: int = 300) -> str:
+    """An error's text, cut so that a reply never echoes a large frame back."""
+    text = str(exc)
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def decode_reply(frame: bytes) -> Reply:

@@ -275,7 +275,7 @@ class SnapshotGauges(Collector):
             "fsd_queue_quantum_seconds", "Each level's quantum.", labels=["level"]
         )
         for lv in snap.levels:
-            level = str(lv.index + 1)  # Q1..Qn, as the paper and fsctl name them
+            level = str(lv.index)  # 1-based on the wire: Q1..Qn, as the paper and fsctl name them
             length.add_metric([level], len(lv.job_ids))
             if lv.quantum is not None:
                 quantum.add_metric([level], lv.quantum)
