@@ -7,20 +7,40 @@ move it to the host tier, or drop it for recomputation.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import itertools
+import math
+import numbers
 import time
 from dataclasses import dataclass, field
 
 from fsd.errors import ConfigError
+
+# Bounds of the sampling fields. Every field is checked once, here, so that nothing
+# a client sends can reach the sampler as NaN, inf or a value torch refuses.
+MAX_INT32 = 2**31 - 1
+MAX_SEED = 2**64 - 1  # torch.Generator.manual_seed takes any unsigned 64-bit seed
+# Below this temperature sampling is greedy (vLLM's _SAMPLING_EPS): dividing logits by
+# 1e-46 would turn them into inf and the probabilities into NaN.
+GREEDY_BELOW = 1e-5
+# At 100 the logits of a real model are within a few tenths of each other: the draw
+# is already uniform in practice. A larger value is a client's mistake.
+MAX_TEMPERATURE = 100.0
+# The stop-string check runs on every token of the job: keep its work bounded.
+MAX_STOP_STRINGS = 16
+MAX_STOP_LEN = 1024
+MAX_STOP_TOKEN_IDS = 256
 
 
 @dataclass(frozen=True)
 class SamplingParams:
     """How to pick each next token and when to stop.
 
-    temperature 0 means greedy. top_k <= 0 and top_p == 1 disable those filters.
-    A `seed` makes a job's random draws reproducible on its own, whatever else is batched.
+    temperature 0 (or below GREEDY_BELOW) means greedy. top_k <= 0 and top_p == 1
+    disable those filters. A `seed` makes a job's random draws reproducible on its
+    own, whatever else is batched. Every field is validated on construction
+    (ConfigError naming the field); numbers are stored as plain int / float.
     """
 
     max_tokens: int = 16
@@ -34,36 +54,86 @@ class SamplingParams:
     min_tokens: int = 0
 
     def __post_init__(self) -> None:
+        put = object.__setattr__  # frozen: normalise in place once
+        put(self, "max_tokens", _int(self.max_tokens, "max_tokens", 1, MAX_INT32))
+        temperature = _real(self.temperature, "temperature")
+        if not 0.0 <= temperature <= MAX_TEMPERATURE:
+            raise ConfigError(
+                f"temperature must be in [0, {MAX_TEMPERATURE:g}], got {_show(temperature)}"
+            )
+        put(self, "temperature", temperature)
+        put(self, "top_k", _int(self.top_k, "top_k", -1, MAX_INT32))
+        top_p = _real(self.top_p, "top_p")
+        if not 0.0 < top_p <= 1.0:
+            raise ConfigError(f"top_p must be in (0, 1], got {_show(top_p)}")
+        put(self, "top_p", top_p)
+        if self.seed is not None:
+            put(self, "seed", _int(self.seed, "seed", 0, MAX_SEED))
+        put(self, "min_tokens", _int(self.min_tokens, "min_tokens", 0, self.max_tokens))
+        if not isinstance(self.ignore_eos, bool):
+            raise ConfigError(f"ignore_eos must be true or false, got {_show(self.ignore_eos)}")
         # Accept lists for convenience; keep the frozen value hashable.
-        object.__setattr__(self, "stop", _as_tuple(self.stop, "stop", str))
-        object.__setattr__(
-            self, "stop_token_ids", _as_tuple(self.stop_token_ids, "stop_token_ids", int)
+        stop = _as_tuple(self.stop, "stop", str, "string", MAX_STOP_STRINGS)
+        for s in stop:
+            if not 0 < len(s) <= MAX_STOP_LEN:
+                raise ConfigError(
+                    f"stop strings must be non-empty and at most {MAX_STOP_LEN} characters, "
+                    f"got one of {len(s)}"
+                )
+        put(self, "stop", stop)
+        ids = _as_tuple(
+            self.stop_token_ids, "stop_token_ids", numbers.Integral, "token id", MAX_STOP_TOKEN_IDS
         )
-        if self.max_tokens < 1:
-            raise ConfigError(f"max_tokens must be >= 1, got {self.max_tokens}")
-        if self.temperature < 0:
-            raise ConfigError(f"temperature must be >= 0, got {self.temperature}")
-        if not 0.0 < self.top_p <= 1.0:
-            raise ConfigError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.min_tokens < 0 or self.min_tokens > self.max_tokens:
-            raise ConfigError(f"min_tokens must be in [0, max_tokens], got {self.min_tokens}")
-        if any(not s for s in self.stop):
-            raise ConfigError("stop strings must be non-empty")
+        put(self, "stop_token_ids", tuple(_int(t, "stop_token_ids", 0, MAX_INT32) for t in ids))
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        return self.temperature < GREEDY_BELOW
 
 
-def _as_tuple(value: object, name: str, kind: type) -> tuple:
-    if isinstance(value, kind):
-        value = (value,)
+def _show(value: object, limit: int = 60) -> str:
+    """A value for an error message: clipped, and safe for ints too long to print."""
     try:
-        items = tuple(value)  # type: ignore[arg-type]
-    except TypeError:
-        raise ConfigError(f"{name} must be a list of {kind.__name__}") from None
-    if not all(isinstance(v, kind) for v in items):
-        raise ConfigError(f"{name} must be a list of {kind.__name__}, got {value!r}")
+        text = repr(value)
+    except ValueError:  # an int beyond Python's digit limit
+        return f"an integer of {value.bit_length()} bits"  # type: ignore[attr-defined]
+    return text if len(text) <= limit else f"{text[: limit - 3]}..."
+
+
+def _int(value: object, name: str, lo: int, hi: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise ConfigError(f"{name} must be an integer, got {_show(value)}")
+    value = int(value)
+    if not lo <= value <= hi:
+        raise ConfigError(f"{name} must be in [{lo}, {hi}], got {_show(value)}")
+    return value
+
+
+def _real(value: object, name: str) -> float:
+    """A finite float (ints accepted); NaN, +-inf and bools are refused."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ConfigError(f"{name} must be a number, got {_show(value)}")
+    try:
+        number = float(value)
+    except OverflowError:
+        number = math.inf
+    if not math.isfinite(number):
+        raise ConfigError(f"{name} must be a finite number, got {_show(value)}")
+    return number
+
+
+def _as_tuple(value: object, name: str, kind: type, label: str, max_len: int) -> tuple:
+    """A single `kind` or a list of them (at most `max_len`) as a tuple."""
+    if isinstance(value, kind) and not isinstance(value, bool):
+        value = (value,)
+    items: tuple | None = None
+    if not isinstance(value, str | bytes | dict):  # iterable, but never a list of them
+        with contextlib.suppress(TypeError):
+            items = tuple(value)  # type: ignore[arg-type]
+    if items is not None and len(items) > max_len:
+        raise ConfigError(f"{name} may hold at most {max_len} items, got {len(items)}")
+    if items is None or not all(isinstance(v, kind) and not isinstance(v, bool) for v in items):
+        raise ConfigError(f"{name} must be a {label} or a list of them, got {_show(value)}")
     return items
 
 
@@ -117,6 +187,7 @@ class Job:
     num_computed_tokens: int = 0  # tokens whose KV is in the cache
     finish_reason: FinishReason | None = None
     stop_reason: str | int | None = None
+    error: str | None = None  # why it ended with FinishReason.ERROR
 
     first_token_time: float | None = None
     finish_time: float | None = None
@@ -168,9 +239,14 @@ class Job:
         return self.num_new_tokens > 1
 
     def finish(
-        self, reason: FinishReason, now: float, stop_reason: str | int | None = None
+        self,
+        reason: FinishReason,
+        now: float,
+        stop_reason: str | int | None = None,
+        error: str | None = None,
     ) -> None:
         self.status = JobStatus.FINISHED
         self.finish_reason = reason
         self.stop_reason = stop_reason
+        self.error = error
         self.finish_time = now

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -9,6 +10,8 @@ from fsd.config import EngineConfig
 from fsd.engine.core import Engine
 from fsd.engine.output import RequestOutput, StepDelta
 from fsd.jobs import SamplingParams
+
+log = logging.getLogger("fsd.llm")
 
 Prompt = str | Sequence[int]
 
@@ -49,10 +52,21 @@ class LLM:
         prompts: Prompt | Sequence[Prompt],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
     ) -> list[RequestOutput]:
-        """Generate for each prompt; outputs come back in the prompts' order."""
+        """Generate for each prompt; outputs come back in the prompts' order.
+
+        A job that failed comes back finished, with finish_reason "error" and the
+        reason in `error`; the other prompts are unaffected.
+        """
         batch = _as_prompt_list(prompts)
         params = _as_params_list(sampling_params, len(batch))
-        jobs = [self.engine.add_request(p, sp) for p, sp in zip(batch, params, strict=True)]
+        jobs = []
+        try:
+            for p, sp in zip(batch, params, strict=True):
+                jobs.append(self.engine.add_request(p, sp))
+        except BaseException:
+            for job in jobs:  # a refused prompt refuses the call: run none of it
+                self.engine.abort(job.job_id)
+            raise
         results: dict[str, RequestOutput] = {}
         for delta in self._run():
             if delta.output is not None:
@@ -70,11 +84,16 @@ class LLM:
 
     def _run(self) -> Iterator[StepDelta]:
         idle = 0
+        gave_up = False
         while self.engine.has_unfinished():
-            deltas = self.engine.step()
+            deltas = self.engine.step()  # never raises: a failed job ends with "error"
             idle = 0 if deltas else idle + 1
             if idle > _MAX_IDLE_STEPS:
-                raise RuntimeError("the scheduler made no progress; jobs are stuck")
+                if gave_up:  # nothing left to fail, yet the engine is not idle
+                    raise RuntimeError("the engine made no progress after failing every job")
+                reason = "the scheduler made no progress; the jobs were stuck"
+                log.error("%s", reason)
+                deltas, idle, gave_up = self.engine.fail_all(reason), 0, True
             yield from deltas
 
 

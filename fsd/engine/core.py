@@ -15,14 +15,14 @@ import dataclasses
 import logging
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from fsd.config import EngineConfig, SchedConfig
 from fsd.engine.events import EventLog
 from fsd.engine.executor import StepResult, WorkerFailure, make_executor
-from fsd.engine.output import RequestOutput, StepDelta
+from fsd.engine.output import JobFault, RequestOutput, StepDelta, describe
 from fsd.engine.text import JobText
 from fsd.errors import ConfigError, PromptTooLongError, UnknownJobError
 from fsd.jobs import FinishReason, Job, KVLocation, SamplingParams
@@ -112,7 +112,15 @@ class Engine:
         """Validate and queue one request; raise a clear FsdError on bad input."""
         if self._refusing:
             raise WorkerFailure(f"the engine is not serving: {self.degraded}")
-        params = params or SamplingParams()
+        params = SamplingParams() if params is None else params
+        if not isinstance(params, SamplingParams):
+            raise ConfigError(f"params must be a SamplingParams, got {type(params).__name__}")
+        vocab = self.loaded.arch.vocab_size
+        bad = [t for t in params.stop_token_ids if t >= vocab]
+        if bad:  # an id past the logits would fail the job's every sampling step
+            raise ConfigError(
+                f"stop_token_ids must be below the model's vocabulary size {vocab}, got {bad[:5]}"
+            )
         text = prompt if isinstance(prompt, str) else None
         ids = self._prompt_ids(prompt)
         if len(ids) >= self.max_model_len:
@@ -243,16 +251,39 @@ class Engine:
         tokens. With pp micro-batches in flight it submits the next micro-batch when
         a slot is free, then collects the oldest: waiting for it only when the
         pipeline is full or there was nothing new to submit.
+
+        Never raises (DESIGN: a serving engine loop never dies from one job). A job
+        whose sampling or model step fails on its own ends with reason "error" and
+        the rest of its batch goes on; an unexpected exception while submitting or
+        collecting a micro-batch fails that micro-batch's jobs; one with no batch to
+        blame (the scheduler's) fails every live job, so that it cannot repeat on
+        every step. Each is logged once, with its traceback.
         """
+        try:
+            return self._step()
+        except Exception as exc:  # noqa: BLE001 - last resort: the loop must go on
+            try:
+                return self._fail_all_after(describe("the engine step failed", exc), exc)
+            except Exception:  # noqa: BLE001 - fail_all frees what it can, job by job
+                log.exception("failing the live jobs failed too")
+                return []
+
+    def _step(self) -> list[StepDelta]:
         self._copies_done(self.swapper.poll())
+        lost = self._copies_failed()
+        if lost:
+            return lost
         submitted = False
         if len(self._in_flight) < self.executor.max_in_flight:
             start = time.time()
-            out = self.scheduler.schedule(start, busy=self._busy())
+            try:
+                out = self.scheduler.schedule(start, busy=self._busy())
+            except Exception as exc:  # noqa: BLE001 - no batch to blame: end every job
+                return self._fail_all_after(describe("the scheduler failed", exc), exc)
             self.last_schedule = out
-            self.events.schedule(out, start)
             async_ops = [op for op in out.swap_out + out.swap_in if not op.sync]
             try:
+                self.events.schedule(out, start)
                 if out.batch or out.sync_ops or async_ops:
                     prefills = [j for j in out.batch if j.is_prefill]
                     ticket = self.executor.submit(out.batch, out.sync_ops, async_ops)
@@ -268,6 +299,10 @@ class Engine:
                     submitted = True
             except WorkerFailure as exc:
                 return self._workers_failed(exc, extra=out)
+            except Exception as exc:  # noqa: BLE001 - this micro-batch's jobs fail
+                # submit raised before its copies started: none will be reported
+                self._copies_done(async_ops)
+                return self._micro_batch_failed(out, "submitting the step", exc, copies=True)
         deltas: list[StepDelta] = []
         if self._in_flight:
             full = len(self._in_flight) >= self.executor.max_in_flight
@@ -277,6 +312,23 @@ class Engine:
             self._copies_done(self.swapper.wait(timeout=0.05))
         return deltas
 
+    def _copies_failed(self) -> list[StepDelta]:
+        """Fail the jobs whose asynchronous KV copy failed (their KV is lost)."""
+        take = getattr(self.swapper, "take_failed", None)
+        failed = take() if take is not None else []
+        now = time.time()
+        deltas = []
+        for op, why in failed:
+            job = op.job
+            log.error("job %s: %s", job.job_id, why)
+            if job.status.finished or job.job_id not in self._jobs:
+                continue
+            if job.job_id in self._busy():  # its micro-batch frees its blocks on return
+                deltas.append(self._error_finish(job, why, now))
+            else:
+                deltas.append(self._fail(job, why, now))
+        return deltas
+
     def _collect(self, wait: bool) -> list[StepDelta]:
         """Finish the oldest micro-batch if it is done (or once it is, with `wait`)."""
         mb = self._in_flight[0]
@@ -284,24 +336,41 @@ class Engine:
             result = self.executor.result(mb.ticket, None if wait else 0.0)
         except WorkerFailure as exc:
             return self._workers_failed(exc)
+        except Exception as exc:  # noqa: BLE001 - this micro-batch's jobs fail
+            self._in_flight.popleft()
+            if self.executor.copies_end_with_result:  # they ended, but unreported
+                self._copies_done([op for op in mb.out.swap_out + mb.out.swap_in if not op.sync])
+            return self._micro_batch_failed(mb.out, "collecting the step", exc)
         if result is None:
             return []
         self._in_flight.popleft()
-        self._copies_done(result.swaps_done)
-        if not mb.out.batch:
-            return []
-        return self._finish_step(mb, result)
+        try:
+            self._copies_done(result.swaps_done)
+            if not mb.out.batch:
+                return []
+            return self._finish_step(mb, result)
+        except Exception as exc:  # noqa: BLE001 - this micro-batch's jobs fail
+            return self._micro_batch_failed(mb.out, "finishing the step", exc)
 
     def _finish_step(self, mb: _MicroBatch, result: StepResult) -> list[StepDelta]:
         out = mb.out
         now = time.time()
-        deltas = [
-            self._append(job, tok, now)
-            for job, tok in zip(out.batch, result.tokens, strict=True)
-            if not job.status.finished  # aborted while its micro-batch was in flight
-        ]
-        self.scheduler.update(out, now)
-        self.events.demoted(out.demoted, now)
+        deltas = []
+        for job, tok in zip(out.batch, result.tokens, strict=True):
+            if job.status.finished:  # aborted while its micro-batch was in flight
+                continue
+            if isinstance(tok, JobFault):
+                deltas.append(self._job_fault(job, tok, now))
+                continue
+            try:
+                deltas.append(self._append(job, tok, now))
+            except Exception as exc:  # noqa: BLE001 - this job alone fails
+                deltas.append(self._job_fault(job, JobFault.of("appending its token", exc), now))
+        try:  # the batch's jobs have their deltas: keep them whatever happens now
+            self.scheduler.update(out, now)
+            self.events.demoted(out.demoted, now)
+        except Exception as exc:  # noqa: BLE001 - the scheduler's state for them is lost
+            return deltas + self._micro_batch_failed(out, "accounting the step", exc)
         self.iterations += 1
         n = len(out.batch)
         self.last_iteration = IterationStats(
@@ -309,6 +378,77 @@ class Engine:
         )
         self.recent_iterations.append(self.last_iteration)
         return deltas
+
+    # ---- failures of one job or one micro-batch ------------------------------------
+
+    def _job_fault(self, job: Job, fault: JobFault, now: float) -> StepDelta:
+        """One job's step failed on its own: end it; the batch's update() removes it."""
+        log.error("job %s failed: %s%s", job.job_id, fault.message, _indent(fault.detail))
+        return self._error_finish(job, fault.message, now)
+
+    def _micro_batch_failed(
+        self, out: SchedulerOutput, what: str, exc: Exception, copies: bool = False
+    ) -> list[StepDelta]:
+        """An unexpected exception while `what`: fail the micro-batch's jobs.
+
+        `copies`: its KV copies may be half done, so the jobs they moved fail too.
+        The other jobs, and the scheduler's other state, are untouched.
+        """
+        message = describe(f"{what} failed", exc)
+        jobs = list(out.batch)
+        if copies:
+            jobs += [op.job for op in out.swap_out + out.swap_in]
+        unique = list({id(job): job for job in jobs}.values())
+        log.error(
+            "%s; failing jobs %s",
+            message,
+            _ids(j for j in unique if not j.status.finished),
+            exc_info=exc,
+        )
+        now = time.time()
+        deltas = []
+        busy = self._busy()
+        for job in unique:
+            if not job.status.finished:
+                deltas.append(self._fail(job, message, now))
+            elif job.job_id not in busy and self.scheduler.get(job.job_id) is job:
+                self.scheduler.remove(job)  # finished or aborted: only the scheduler holds it
+        return deltas
+
+    def fail_all(self, reason: str) -> list[StepDelta]:
+        """End every live job with reason "error" and `reason`; return their last deltas.
+
+        The last resort when no single job or batch is to blame (the scheduler
+        raised; the daemon gives up); the caller logs why. A job inside a micro-batch
+        still in flight ends now and its blocks return when the micro-batch comes back.
+        """
+        now = time.time()
+        busy = self._busy()
+        deltas = []
+        for job in list(self._jobs.values()):
+            try:
+                if job.job_id not in busy:
+                    self.scheduler.remove(job)
+            except Exception:  # noqa: BLE001 - end the job even if its blocks are lost
+                log.exception("could not free the KV blocks of job %s", job.job_id)
+            try:
+                deltas.append(self._error_finish(job, reason, now))
+            except Exception:  # noqa: BLE001 - forget it all the same: no job outlives this
+                log.exception("could not finish job %s", job.job_id)
+                self._jobs.pop(job.job_id, None)
+                self._text.pop(job.job_id, None)
+        for job in self.scheduler.jobs():  # finished, only the scheduler holds it
+            if job.job_id not in busy:
+                try:
+                    self.scheduler.remove(job)
+                except Exception:  # noqa: BLE001 - nothing left to fail
+                    log.exception("could not free the KV blocks of job %s", job.job_id)
+        return deltas
+
+    def _fail_all_after(self, reason: str, exc: Exception) -> list[StepDelta]:
+        live = list(self._jobs)
+        log.error("%s; failing every live job: %s", reason, _ids(live), exc_info=exc)
+        return self.fail_all(reason)
 
     # ---- worker failure ----------------------------------------------------------
 
@@ -358,9 +498,16 @@ class Engine:
         return deltas
 
     def _fail(self, job: Job, reason: str, now: float) -> StepDelta:
+        """End a job that no micro-batch in flight holds, freeing its blocks now."""
         self.scheduler.remove(job)
-        job.finish(FinishReason.ERROR, now)
-        self.events.add(now, "finish", job, reason="error", error=reason)
+        return self._error_finish(job, reason, now)
+
+    def _error_finish(self, job: Job, reason: str, now: float) -> StepDelta:
+        """Finish a job with reason "error" and `reason` (the caller frees its blocks)."""
+        job.finish(FinishReason.ERROR, now, error=reason)
+        self.events.add(
+            now, "finish", job, reason="error", error=reason, tokens=len(job.output_token_ids)
+        )
         return StepDelta(job.job_id, (), "", self._release(job))
 
     def close(self) -> None:
@@ -407,9 +554,9 @@ class Engine:
 
     def _release(self, job: Job) -> RequestOutput:
         self._jobs.pop(job.job_id, None)
-        text = self._text.pop(job.job_id)
+        text = self._text.pop(job.job_id, None)  # None: released already, mid-failure
         self.sampler.forget(job.job_id)
-        return RequestOutput.of(job, text.text)
+        return RequestOutput.of(job, text.text if text is not None else "")
 
     def output(self, job: Job) -> RequestOutput:
         """The result so far of a job (finished or not)."""
@@ -423,6 +570,18 @@ def _engine_policy(name: str) -> str:
     if resolved == "srpt":
         raise ConfigError("policy 'srpt' needs true output lengths; it runs in the simulator only")
     return resolved
+
+
+def _ids(jobs: Iterable[Job | str], limit: int = 20) -> str:
+    """Job ids for a log line, the first `limit` of them."""
+    ids = [j if isinstance(j, str) else j.job_id for j in jobs]
+    more = f" and {len(ids) - limit} more" if len(ids) > limit else ""
+    return (", ".join(ids[:limit]) or "(none)") + more
+
+
+def _indent(detail: str) -> str:
+    """A traceback as a continuation of a log line ("" when there is none)."""
+    return "\n" + detail.rstrip() if detail else ""
 
 
 def _plain(value: Any) -> Any:

@@ -12,12 +12,14 @@ micro-batch has left the last stage, or None while it is still in flight. Up to
 (pipeline parallelism fills the stages). Asynchronous copies end either through
 `swapper.poll()` (local: they may outlive a step) or with their micro-batch
 (`StepResult.swaps_done`, distributed: each stage waits for its share).
-A dead worker surfaces as `WorkerFailure` from `result`.
+A dead worker surfaces as `WorkerFailure` from `result`. A job whose step failed on
+its own gets a `JobFault` in place of its token; the other jobs get theirs.
 """
 
 from __future__ import annotations
 
 import abc
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,12 +27,15 @@ from typing import Any
 from fsd.config import EngineConfig
 from fsd.engine.kv_cache import KVCachePool, KVShape, num_device_blocks, num_host_blocks
 from fsd.engine.model_runner import ModelRunner
+from fsd.engine.output import JobFault, describe
 from fsd.engine.sampler import Sampler
 from fsd.engine.swapper import HostKVPool, Swapper
 from fsd.errors import FsdError
 from fsd.jobs import Job
 from fsd.kv.swap import SwapOp
 from fsd.models.loader import load_model
+
+log = logging.getLogger("fsd.engine")
 
 
 class WorkerFailure(FsdError):
@@ -39,9 +44,12 @@ class WorkerFailure(FsdError):
 
 @dataclass
 class StepResult:
-    """What one micro-batch produced: a token per job (batch order) and copies that ended."""
+    """What one micro-batch produced: a token per job (batch order) and copies that ended.
 
-    tokens: list[int]
+    A job whose step failed on its own has a JobFault in place of its token.
+    """
+
+    tokens: list[int | JobFault]
     swaps_done: list[SwapOp] = field(default_factory=list)
 
 
@@ -61,6 +69,10 @@ class Executor(abc.ABC):
     runner: Any
     swapper: Any
     max_in_flight: int = 1
+    # True when a micro-batch's asynchronous copies end with its result
+    # (StepResult.swaps_done); False when they end through swapper.poll(). The engine
+    # reads it to account the copies of a micro-batch whose result was lost.
+    copies_end_with_result: bool = True
 
     @abc.abstractmethod
     def submit(
@@ -83,6 +95,8 @@ class Executor(abc.ABC):
 
 class LocalExecutor(Executor):
     """The model in this process on one device: today's single-device path, unchanged."""
+
+    copies_end_with_result = False
 
     def __init__(self, config: EngineConfig) -> None:
         self.loaded = load_model(config.model)
@@ -110,9 +124,38 @@ class LocalExecutor(Executor):
         self.swapper.run_sync(sync_ops)
         self.swapper.start(list(async_ops))
         self._seq += 1
-        tokens = self.runner.execute(batch) if batch else []
+        tokens = self._execute(list(batch)) if batch else []
         self._results[self._seq] = StepResult(tokens)
         return self._seq
+
+    def _execute(self, batch: list[Job], whole: bool = True) -> list[int | JobFault]:
+        """The model step over `batch`, with a job that fails on its own isolated.
+
+        If the step over the whole batch raises, the halves are re-run, recursively,
+        until each failing part is a single job: that job gets a JobFault, every
+        other job its token (k culprits cost about 2k log n extra steps; a failure
+        that needs several jobs together, such as running out of memory, ends with
+        every job served by smaller steps). Re-running is safe: a step rewrites the
+        same KV slots and changes no job; and the runner never raises once sampling
+        has begun (a sampling fault is a JobFault row), so an exception means no job
+        has drawn: a seeded job's generator advances exactly once, in the step that
+        returns its token.
+        """
+        try:
+            return self.runner.execute(batch)
+        except WorkerFailure:
+            raise
+        except Exception as exc:  # noqa: BLE001 - isolated below, reported per job
+            if len(batch) == 1:
+                return [JobFault.of("the model step", exc)]
+            if whole:
+                log.warning(
+                    "%s; re-running its %d jobs in halves to find the failing ones",
+                    describe("the model step", exc),
+                    len(batch),
+                )
+        mid = len(batch) // 2
+        return self._execute(batch[:mid], False) + self._execute(batch[mid:], False)
 
     def result(self, ticket: int, timeout: float | None = None) -> StepResult | None:
         return self._results.pop(ticket)

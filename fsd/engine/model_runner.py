@@ -7,6 +7,7 @@ from collections.abc import Sequence
 import torch
 
 from fsd.engine.kv_cache import KVCachePool
+from fsd.engine.output import JobFault
 from fsd.engine.plan import flatten
 from fsd.engine.sampler import Sampler
 from fsd.jobs import Job
@@ -31,8 +32,13 @@ class ModelRunner:
         self.eos_ids = tuple(sorted(eos_ids))
 
     @torch.inference_mode()
-    def execute(self, batch: Sequence[Job]) -> list[int]:
-        """Run one iteration over `batch`; return the sampled token of each job, in order."""
+    def execute(self, batch: Sequence[Job]) -> list[int | JobFault]:
+        """Run one iteration over `batch`; return the sampled token of each job, in order.
+
+        A job whose sampling failed gets a JobFault instead of a token. Sampling never
+        raises out of here, so an exception from execute means no job has drawn yet:
+        the executor may re-run the jobs (see LocalExecutor.submit).
+        """
         flat = flatten(batch)
         order, jobs, input_ids, positions = flat.order, flat.jobs, flat.input_ids, flat.positions
         meta = AttentionMetadata.build(
@@ -47,13 +53,17 @@ class ModelRunner:
         hidden = self.model(ids, pos, self.pool.layers, meta)
         last = (meta.query_start_loc[1:] - 1).long()
         logits = self.model.compute_logits(hidden[last])
-        sampled = self.sampler.sample(
-            logits,
-            [j.params for j in jobs],
-            [j.job_id for j in jobs],
-            banned=[self._banned(j) for j in jobs],
-        )
-        tokens = [0] * len(batch)
+        sampled: list[int | JobFault]
+        try:
+            sampled = self.sampler.sample(
+                logits,
+                [j.params for j in jobs],
+                [j.job_id for j in jobs],
+                banned=[self._banned(j) for j in jobs],
+            )
+        except Exception as exc:  # noqa: BLE001 - some rows may have drawn: never re-run
+            sampled = [JobFault.of("sampling", exc)] * len(jobs)
+        tokens: list[int | JobFault] = [0] * len(batch)
         for k, i in enumerate(order):
             tokens[i] = sampled[k]
         return tokens

@@ -2,9 +2,43 @@
 
 from __future__ import annotations
 
+import traceback
 from dataclasses import dataclass, field
 
 from fsd.jobs import Job
+
+_MAX_MESSAGE = 500  # an exception's text can hold a whole tensor: clip it
+
+
+@dataclass(frozen=True)
+class JobFault:
+    """A job whose step failed on its own, in place of its token.
+
+    The sampler and the executor return one for the row that failed; the engine then
+    ends that job with FinishReason.ERROR and `message`, and the batch goes on.
+    `detail` (the traceback) goes to the log only.
+    """
+
+    message: str
+    detail: str = field(default="", compare=False, repr=False)
+
+    @classmethod
+    def of(cls, what: str, exc: BaseException) -> JobFault:
+        """`what` failed with `exc`: a one-line message and the traceback."""
+        return cls(
+            describe(f"{what} failed", exc),
+            "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
+        )
+
+
+def describe(what: str, exc: BaseException) -> str:
+    """'what: ExcType: message', clipped to a line a client can be shown."""
+    try:
+        said = str(exc)
+    except Exception:  # noqa: BLE001 - a broken __str__ must not hide the failure
+        said = "(unprintable)"
+    text = " ".join(f"{what}: {type(exc).__name__}: {said}".split())
+    return text if len(text) <= _MAX_MESSAGE else text[: _MAX_MESSAGE - 3] + "..."
 
 
 @dataclass(frozen=True)
@@ -42,6 +76,7 @@ class RequestOutput:
     swaps_out: int = 0
     swaps_in: int = 0
     recomputes: int = 0
+    error: str | None = None  # why the job failed (finish_reason "error")
 
     @property
     def finished(self) -> bool:
@@ -79,4 +114,5 @@ class RequestOutput:
             swaps_out=job.swaps_out,
             swaps_in=job.swaps_in,
             recomputes=job.recomputes,
+            error=job.error,
         )

@@ -3,6 +3,15 @@
 Greedy rows take the argmax. Random rows apply temperature, top-k and top-p in one
 batched pass, then draw one token each; a job with a seed draws from its own
 generator, so its tokens do not depend on what else shares the batch.
+
+Sampling one row never raises and never fails another row (DESIGN: a serving engine
+loop never dies from one job):
+- NaN never wins an argmax (+inf does: an overflowed logit is the model's strongest
+  preference); a row where no logit is usable takes token 0;
+- a random row whose probabilities are not a distribution (NaN or inf logits, every
+  token banned, an overflow at a low temperature) draws its argmax instead;
+- if the batched pass raises, each row is redone alone, and a row that still raises,
+  or whose draw raises, comes back as a `JobFault` in place of its token.
 """
 
 from __future__ import annotations
@@ -11,6 +20,7 @@ from collections.abc import Sequence
 
 import torch
 
+from fsd.engine.output import JobFault
 from fsd.jobs import SamplingParams
 
 
@@ -42,24 +52,85 @@ class Sampler:
         params: Sequence[SamplingParams],
         job_ids: Sequence[str],
         banned: Sequence[Sequence[int]] = (),
-    ) -> list[int]:
-        """One token per row of `logits` [N, vocab] (float32).
+    ) -> list[int | JobFault]:
+        """One token per row of `logits` [N, vocab], or a JobFault for a row that failed.
 
         `banned[i]` lists token ids row i may not produce yet (EOS before min_tokens).
+        Each row draws at most once, so a seeded job's generator advances one step.
         """
-        logits = logits.float()
-        for i, ids in enumerate(banned):
-            if ids:
-                logits[i, list(ids)] = float("-inf")
-        tokens = logits.argmax(dim=-1)
-        random_rows = [i for i, p in enumerate(params) if not p.greedy]
-        if random_rows:
-            rows = torch.tensor(random_rows, device=logits.device)
-            probs = _filtered_probs(logits[rows], [params[i] for i in random_rows])
-            for k, i in enumerate(random_rows):
+        ban: list[Sequence[int]] = list(banned) or [()] * len(params)
+        try:
+            tokens, probs, random_rows = _prepare(logits, params, ban)
+        except Exception:  # noqa: BLE001 - one row's bad input must not fail the others
+            return self._rows_alone(logits, params, job_ids, ban)
+        return self._draw(tokens, probs, random_rows, params, job_ids)
+
+    def _rows_alone(
+        self,
+        logits: torch.Tensor,
+        params: Sequence[SamplingParams],
+        job_ids: Sequence[str],
+        banned: Sequence[Sequence[int]],
+    ) -> list[int | JobFault]:
+        """The slow path after the batched pass raised: each row on its own."""
+        out: list[int | JobFault] = []
+        for i in range(len(params)):
+            try:
+                tokens, probs, rows = _prepare(logits[i : i + 1].clone(), [params[i]], [banned[i]])
+            except Exception as exc:  # noqa: BLE001 - reported as this job's fault
+                out.append(JobFault.of("sampling", exc))
+                continue
+            out += self._draw(tokens, probs, rows, [params[i]], [job_ids[i]])
+        return out
+
+    def _draw(
+        self,
+        tokens: torch.Tensor,
+        probs: torch.Tensor | None,
+        random_rows: list[int],
+        params: Sequence[SamplingParams],
+        job_ids: Sequence[str],
+    ) -> list[int | JobFault]:
+        faults: dict[int, JobFault] = {}
+        for k, i in enumerate(random_rows):
+            assert probs is not None
+            try:
                 gen = self._generator_for(job_ids[i], params[i])
                 tokens[i] = torch.multinomial(probs[k], 1, generator=gen)[0]
-        return tokens.tolist()
+            except Exception as exc:  # noqa: BLE001 - reported as this job's fault
+                faults[i] = JobFault.of("sampling", exc)
+        out: list[int | JobFault] = list(tokens.tolist())
+        for i, fault in faults.items():
+            out[i] = fault
+        return out
+
+
+def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
+    """The argmax of each row, where a NaN never wins (a row of NaN gives token 0)."""
+    return logits.masked_fill(logits.isnan(), float("-inf")).argmax(dim=-1)
+
+
+def _prepare(
+    logits: torch.Tensor, params: Sequence[SamplingParams], banned: Sequence[Sequence[int]]
+) -> tuple[torch.Tensor, torch.Tensor | None, list[int]]:
+    """Ban, then the argmax of every row and the probabilities of the random rows.
+
+    Every returned probability row is a distribution torch.multinomial accepts: one
+    that is not (NaN, inf, nothing left) is replaced by a one-hot on its argmax.
+    """
+    logits = logits.float()
+    for i, ids in enumerate(banned):
+        if ids:
+            logits[i, list(ids)] = float("-inf")
+    tokens = greedy_tokens(logits)
+    random_rows = [i for i, p in enumerate(params) if not p.greedy]
+    if not random_rows:
+        return tokens, None, []
+    rows = torch.tensor(random_rows, device=logits.device)
+    probs = _filtered_probs(logits[rows], [params[i] for i in random_rows])
+    valid = torch.isfinite(probs).all(dim=-1, keepdim=True) & (probs.sum(-1, keepdim=True) > 0)
+    argmax = torch.zeros_like(probs).scatter_(-1, tokens[rows].unsqueeze(-1), 1.0)
+    return tokens, torch.where(valid, probs, argmax), random_rows
 
 
 def _filtered_probs(logits: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
@@ -75,9 +146,10 @@ def _filtered_probs(logits: torch.Tensor, params: Sequence[SamplingParams]) -> t
         ranks = torch.arange(vocab, device=logits.device).unsqueeze(0)
         drop = ranks >= top_k.unsqueeze(1)
         probs = sorted_logits.masked_fill(drop, float("-inf")).softmax(dim=-1)
-        # Keep the smallest prefix whose mass reaches top_p (the first token always stays).
+        # Keep the smallest prefix whose mass reaches top_p. The first token always
+        # stays: a top_p below float32's range (1e-300) rounds to 0 here.
         mass_before = probs.cumsum(dim=-1) - probs
-        drop |= mass_before >= top_p.unsqueeze(1)
+        drop |= (mass_before >= top_p.unsqueeze(1)) & (ranks > 0)
         sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
         logits = torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
     return logits.softmax(dim=-1)

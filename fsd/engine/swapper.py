@@ -63,6 +63,7 @@ class Swapper:
         self.host_pool = host_pool
         self.cuda = device_pool.data.is_cuda
         self._pending: list[_Batch] = []
+        self._failed: list[tuple[SwapOp, str]] = []
         self._stream = torch.cuda.Stream(device_pool.data.device) if self.cuda else None
         self._thread = None if self.cuda else ThreadPoolExecutor(1, thread_name_prefix="fsd-swap")
         self.bytes_out = 0  # totals, for telemetry
@@ -144,17 +145,28 @@ class Swapper:
             self._copy(op, keep)
 
     def poll(self) -> list[SwapOp]:
-        """The asynchronous copies that have ended since the last poll."""
+        """The asynchronous copies that have ended since the last poll.
+
+        A copy that failed has ended too (its blocks' content is lost): it is reported
+        here like the others and also listed by `take_failed`, for its job to fail.
+        """
         done: list[SwapOp] = []
         still: list[_Batch] = []
         for batch in self._pending:
             if _finished(batch.done):
-                _raise_if_failed(batch.done)
+                why = _failure(batch.done)
+                if why is not None:
+                    self._failed.extend((op, why) for op in batch.ops)
                 done.extend(batch.ops)
             else:
                 still.append(batch)
         self._pending = still
         return done
+
+    def take_failed(self) -> list[tuple[SwapOp, str]]:
+        """Copies that failed since the last call, each with why."""
+        failed, self._failed = self._failed, []
+        return failed
 
     def wait(self, timeout: float | None = None) -> list[SwapOp]:
         """Block until the oldest pending copy ends (nothing else to do), then poll."""
@@ -184,6 +196,15 @@ class Swapper:
 
 def _finished(done: Any) -> bool:
     return done.done() if isinstance(done, Future) else bool(done.query())
+
+
+def _failure(done: Any) -> str | None:
+    """Why a finished copy failed, or None (a CUDA event has no failure to report)."""
+    if isinstance(done, Future):
+        exc = done.exception()
+        if exc is not None:
+            return f"a KV copy failed: {type(exc).__name__}: {exc}"
+    return None
 
 
 def _raise_if_failed(done: Any) -> None:

@@ -22,6 +22,7 @@ import torch
 from fsd.config import CacheConfig, ModelConfig
 from fsd.engine.kv_cache import KVCachePool, KVShape, num_device_blocks, num_host_blocks
 from fsd.engine.plan import StepPlan
+from fsd.engine.sampler import greedy_tokens
 from fsd.engine.stage import StageModel, StageSpan, build_stage, stage_weights
 from fsd.engine.swapper import HostKVPool, Swapper
 from fsd.layers.attention import AttentionMetadata
@@ -172,11 +173,11 @@ class Worker:
         logits = self.stage.compute_logits(hidden[last])  # all ranks: the head all-gathers
         if plan.banned is None:
             return logits.cpu()
-        # every row greedy: ban, argmax -- exactly Sampler.sample's greedy path
+        # every row greedy: ban, argmax -- exactly Sampler.sample's greedy path (NaN-safe)
         for i, ids_banned in enumerate(plan.banned):
             if ids_banned:
                 logits[i, list(ids_banned)] = float("-inf")
-        return logits.argmax(dim=-1).tolist()
+        return greedy_tokens(logits).tolist()
 
     def shutdown(self) -> None:
         if self.swapper is not None:

@@ -1,5 +1,6 @@
 import torch
 
+from fsd.engine.output import JobFault
 from fsd.engine.sampler import Sampler
 from fsd.jobs import SamplingParams
 
@@ -59,3 +60,55 @@ def test_a_seeded_job_draws_the_same_whatever_shares_its_batch():
     c = [alone2.sample(x[1:2].clone(), [seeded], ["j"])[0] for _ in range(10)]
     assert b == c
     assert len(set(a)) > 1
+
+
+NAN, INF = float("nan"), float("inf")
+
+
+def test_rows_that_are_not_distributions_take_the_argmax_of_the_usable_logits():
+    s = Sampler(0, torch.device("cpu"))
+    x = torch.tensor(
+        [
+            [0.5, NAN, 2.0, 1.0],  # NaN never wins
+            [NAN, NAN, NAN, NAN],  # nothing usable: token 0
+            [1.0, 3.0, INF, 0.0],  # an overflowed logit wins
+            [1.0, 2.0, 3.0, 4.0],  # every token banned: token 0
+            [3.0e38, -3.0e38, 1.0, 2.0],  # overflows at a low temperature
+        ]
+    )
+    ban = [(), (), (), (0, 1, 2, 3), ()]
+    for temperature in (0.0, 1e-5, 1.0, 100.0):
+        params = [SamplingParams(temperature=temperature, top_p=0.9, top_k=3)] * 5
+        ids = [f"j{i}" for i in range(5)]
+        assert s.sample(x.clone(), params, ids, banned=ban) == [2, 0, 2, 0, 0]
+
+
+def test_a_top_p_below_float32_range_keeps_the_most_likely_token():
+    s = Sampler(0, torch.device("cpu"))
+    x = logits(3, seed=5)
+    p = [SamplingParams(temperature=1.0, top_p=1e-300)] * 3
+    assert s.sample(x.clone(), p, ["a", "b", "c"]) == x.argmax(-1).tolist()
+
+
+def test_one_row_that_fails_to_sample_fails_alone(monkeypatch):
+    x = logits(4, seed=2)
+    params = [SamplingParams(temperature=1.0, seed=i) for i in range(4)]
+    ids = ["a", "b", "c", "d"]
+    clean = Sampler(0, torch.device("cpu")).sample(x.clone(), params, ids)
+    s = Sampler(0, torch.device("cpu"))
+    # an id past the logits fails the batched pass: each row is redone alone
+    out = s.sample(x.clone(), params, ids, banned=[(), (10**6,), (), ()])
+    assert isinstance(out[1], JobFault) and "IndexError" in out[1].message
+    assert out[:1] + out[2:] == clean[:1] + clean[2:]
+    # a failing draw
+    real = Sampler._generator_for
+
+    def generator_for(self, job_id, p):
+        if job_id == "c":
+            raise RuntimeError("no generator")
+        return real(self, job_id, p)
+
+    monkeypatch.setattr(Sampler, "_generator_for", generator_for)
+    out = Sampler(0, torch.device("cpu")).sample(x.clone(), params, ids)
+    assert out[2] == JobFault("sampling failed: RuntimeError: no generator")
+    assert out[:2] + out[3:] == clean[:2] + clean[3:]

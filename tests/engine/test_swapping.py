@@ -124,3 +124,38 @@ def test_a_sync_swap_out_into_host_blocks_a_swap_in_just_left_copies_after_it():
             break
     assert reused  # the case this test is about happened
     assert [j.output_token_ids for j in jobs] == alone
+
+
+def test_a_failed_async_copy_fails_its_job_only(alone, monkeypatch):
+    from fsd.engine.swapper import Swapper
+
+    llm = LLM(
+        "tiny",
+        policy="sj-mlfq",
+        demote_rule="always",
+        kv_policy="proactive",
+        num_gpu_blocks=14,
+        num_host_blocks=64,
+        max_batch_size=4,
+    )
+    real = Swapper._copy
+    doomed: list[str] = []
+
+    def copy(self, op, keep):  # the first job copied asynchronously loses its KV
+        if not op.sync and (not doomed or doomed[0] == op.job.job_id):
+            doomed[:1] = [op.job.job_id]
+            raise OSError("DMA engine on fire")
+        return real(self, op, keep)
+
+    monkeypatch.setattr(Swapper, "_copy", copy)
+    outs = llm.generate(PROMPTS, PARAMS)
+    assert doomed, "no asynchronous copy happened"
+    for out, want in zip(outs, alone, strict=True):
+        if out.request_id == doomed[0]:
+            assert out.finish_reason == "error" and "DMA engine on fire" in out.error
+        else:
+            assert out.finish_reason == "length" and out.token_ids == want
+    blocks = llm.engine.blocks
+    blocks.check()
+    assert blocks.device.num_free == 14 and blocks.host.num_free == 64
+    assert not llm.engine.swapper.busy
