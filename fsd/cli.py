@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import sys
-from typing import Annotated, Optional
+from typing import Annotated, NoReturn, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from fsd.bench.cli import bench_app
 from fsd.errors import FsdError
@@ -14,6 +15,37 @@ from fsd.sim.cli import simulate_command
 
 app = typer.Typer(help="fsd: a FastServe-style LLM serving daemon.", no_args_is_help=True)
 err = Console(stderr=True)
+
+
+def fail(exc: FsdError | str) -> NoReturn:
+    """Print one `error:` line and exit 2.
+
+    The message is escaped (a config error names its `[section]`, which rich would
+    take for markup and drop) and never wrapped (scripts and `fsd start` read it).
+    """
+    err.print(f"[bold red]error:[/] {escape(str(exc))}", soft_wrap=True)
+    raise typer.Exit(2)
+
+
+ServerKey = Annotated[
+    Optional[str],  # noqa: UP045
+    typer.Option(envvar="FSD_SERVER_KEY", help="CURVE: the daemon's public key file."),
+]
+ClientKey = Annotated[
+    Optional[str],  # noqa: UP045
+    typer.Option(envvar="FSD_CLIENT_KEY", help="CURVE: this client's .key_secret file."),
+]
+
+
+def _curve(server_key: str | None, client_key: str | None):  # -> fsd.client.CurveKeys | None
+    """The client's CURVE keys from --server-key/--client-key (both or neither)."""
+    from fsd.client import CurveKeys
+
+    if server_key is None and client_key is None:
+        return None
+    if server_key is None or client_key is None:
+        fail("CURVE needs both --server-key and --client-key")
+    return CurveKeys(server_key, None, client_key)
 
 
 @app.command()
@@ -70,17 +102,18 @@ def generate(
             final = delta.output
         sys.stdout.write("\n")
     except FsdError as exc:
-        err.print(f"[bold red]error:[/] {exc}")
-        raise typer.Exit(2) from None
+        fail(exc)
     finally:
         if llm is not None:
             llm.close()
-    if stats and final is not None:
+    if stats and final is not None and final.ttft is not None and final.latency is not None:
         n = len(final.token_ids)
         err.print(
             f"{n} tokens, finish={final.finish_reason}, ttft={final.ttft * 1e3:.1f} ms, "
             f"total={final.latency * 1e3:.1f} ms, {n / max(final.latency, 1e-9):.1f} tok/s"
         )
+    if final is not None and final.finish_reason == "error":
+        fail(f"the job failed: {final.error}")
 
 
 _START_FLAGS = {
@@ -116,8 +149,13 @@ def start(
     pp: Annotated[Optional[int], typer.Option(help="Pipeline-parallel degree: split the layers into M stages.")] = None,  # noqa: UP045
     ray_address: Annotated[Optional[str], typer.Option(help="Join this Ray cluster (default: start a local one when tp*pp > 1).")] = None,  # noqa: UP045
     log_level: Annotated[str, typer.Option(help="debug, info, warning or error.")] = "info",
+    wait: Annotated[float, typer.Option(help="Background: seconds to wait for the daemon to serve.")] = 300.0,
 ) -> None:
-    """Start the daemon (in the background unless --foreground)."""
+    """Start the daemon (in the background unless --foreground).
+
+    In the background, returns once the daemon serves (its pidfile says so), or
+    prints the daemon's own error (a busy port, a bad key) and exits 2.
+    """
     from fsd import daemon
     from fsd.config import build_configs
 
@@ -129,12 +167,13 @@ def start(
             daemon.setup_logging(log_level)
             daemon.serve_foreground(engine_cfg, server_cfg)
             return
+        if wait <= 0:
+            fail(f"--wait must be > 0 seconds, got {wait}")
         argv = [a for k, v in {**values, "config": config}.items() if v is not None
                 for a in (_START_FLAGS[k], str(v))]
-        pid = daemon.start_background(argv, server_cfg)
+        pid = daemon.start_background(argv, server_cfg, wait)
     except FsdError as exc:
-        err.print(f"[bold red]error:[/] {exc}")
-        raise typer.Exit(2) from None
+        fail(exc)
     _, logfile = daemon.state_files(server_cfg)
     http = f", http://{server_cfg.http}/v1" if server_cfg.http else ""
     typer.echo(f"fsd started: pid {pid}, {server_cfg.endpoint}{http} (log {logfile})")
@@ -144,18 +183,25 @@ def start(
 def stop(
     endpoint: Annotated[str, typer.Option(help="The daemon's endpoint.")] = "tcp://127.0.0.1:5557",
     timeout: Annotated[float, typer.Option(help="Seconds in-flight jobs get to finish.")] = 30.0,
-    state_dir: Annotated[Optional[str], typer.Option(help="Where its pidfile is.")] = None,  # noqa: UP045
+    state_dir: Annotated[Optional[str], typer.Option(help="Where its pidfile and operator token are.")] = None,  # noqa: UP045
+    server_key: ServerKey = None,
+    client_key: ClientKey = None,
 ) -> None:
-    """Drain in-flight jobs (up to --timeout), then stop the daemon."""
+    """Drain in-flight jobs (up to --timeout), then stop the daemon.
+
+    Asks as the operator (the token in the state dir, or an operator CURVE key);
+    a daemon of this state dir that does not answer gets SIGTERM, then SIGKILL.
+    """
     from fsd import daemon
     from fsd.config import build_configs
+    from fsd.credentials import find_operator_token
 
     try:
         _, cfg = build_configs(None, endpoint=endpoint, state_dir=state_dir)
-        pid = daemon.stop(cfg, timeout)
+        token = find_operator_token(cfg.endpoint, cfg.state_dir)
+        pid = daemon.stop(cfg, timeout, curve=_curve(server_key, client_key), token=token)
     except FsdError as exc:
-        err.print(f"[bold red]error:[/] {exc}")
-        raise typer.Exit(2) from None
+        fail(exc)
     typer.echo(f"fsd stopped{f' (pid {pid})' if pid else ''}")
 
 
@@ -163,21 +209,42 @@ def stop(
 def status(
     endpoint: Annotated[str, typer.Option(help="The daemon's endpoint.")] = "tcp://127.0.0.1:5557",
     timeout: Annotated[float, typer.Option(help="Seconds to wait for an answer.")] = 5.0,
+    state_dir: Annotated[Optional[str], typer.Option(help="Where its pidfile and operator token are.")] = None,  # noqa: UP045
+    server_key: ServerKey = None,
+    client_key: ClientKey = None,
 ) -> None:
-    """Print the daemon's pid, model, policy and load."""
-    from fsd.client import Client
+    """Print the daemon's pid, model, policy, load and this client's role."""
+    from fsd import daemon
+    from fsd.client import Client, DaemonUnavailable
+    from fsd.config import build_configs
+    from fsd.credentials import find_operator_token
 
     try:
-        with Client(endpoint, timeout=timeout) as client:
-            st = client.status()
+        _, cfg = build_configs(None, endpoint=endpoint, state_dir=state_dir)
+        token = find_operator_token(cfg.endpoint, cfg.state_dir)
+        curve = _curve(server_key, client_key)
+        try:
+            with Client(endpoint, timeout=timeout, curve=curve, token=token) as client:
+                st = client.status()
+        except DaemonUnavailable as exc:
+            running = daemon.read_pidfile(cfg)
+            if running is None:
+                raise
+            # our daemon is alive but silent: loading its model, or busy, or keys missing
+            state = running.get("state", "starting")
+            raise daemon.DaemonError(
+                f"{exc}; pid {running.get('pid', '?')} holds its pidfile ({state}); "
+                f"see {running.get('log') or daemon.state_files(cfg)[1]}"
+            ) from None
     except FsdError as exc:
-        err.print(f"[bold red]error:[/] {exc}")
-        raise typer.Exit(2) from None
+        fail(exc)
+    role = getattr(st, "role", None)
     typer.echo(
         f"pid {st.pid}  fsd {st.version}  model {st.model}  policy {st.policy}/{st.kv_policy}  "
         f"jobs {st.jobs} (running {st.running})  iterations {st.iterations}  "
         f"up {st.uptime:.0f}s{'  DRAINING' if st.draining else ''}"
         f"{f'  DEGRADED: {st.degraded}' if st.degraded else ''}"
+        f"{f'  role {role}' if role else ''}"
     )
 
 
@@ -187,19 +254,32 @@ app.add_typer(keys_app, name="keys")
 
 @keys_app.command("generate")
 def keys_generate(
-    directory: Annotated[str, typer.Argument(help="Where to write the key files.")],
+    directory: Annotated[str, typer.Argument(help="Where to write the key files (made 0700).")],
     clients: Annotated[int, typer.Option(help="How many client key pairs to make.")] = 1,
+    operators: Annotated[int, typer.Option(help="How many operator key pairs to make.")] = 1,
 ) -> None:
-    """Make a server key pair and client key pairs; the clients' public keys are authorized."""
+    """Make a server key pair, client and operator key pairs; authorize them all.
+
+    Secret keys are 0600 in 0700 folders. Operators' public keys also go to
+    DIR/operators/ (curve_operators_dir): their requests have the operator role.
+    """
     from fsd.server.security import generate_keys
 
-    made = generate_keys(directory, clients)
+    try:
+        made = generate_keys(directory, clients, operators)
+    except FsdError as exc:
+        fail(exc)
     for name, path in made.items():
         typer.echo(f"{name:18s} {path}")
-    typer.echo(
-        f"daemon: curve_secret_key = \"{made['server_secret']}\", "
-        f"curve_authorized_dir = \"{made['authorized']}\""
-    )
+    typer.echo("\n# fsd.toml of the daemon:\n[server]")
+    typer.echo(f'curve_secret_key = "{made["server_secret"]}"')
+    typer.echo(f'curve_authorized_dir = "{made["authorized"]}"')
+    typer.echo(f'curve_operators_dir = "{made["operators"]}"')
+    client = made.get("operator-1_secret") or made.get("client-1_secret")
+    if client is not None:
+        typer.echo(
+            f"\n# a client:\nfsctl --server-key {made['server_public']} --client-key {client} top"
+        )
 
 
 @app.command()
@@ -244,8 +324,7 @@ def profile(
     try:
         run_profile_command(model, Path(out), quick, options)
     except FsdError as exc:
-        err.print(f"[bold red]error:[/] {exc}")
-        raise typer.Exit(2) from None
+        fail(exc)
 
 
 @app.command()
@@ -267,8 +346,7 @@ def man_page(
     try:
         manual.show(page, raw)
     except FsdError as exc:
-        err.print(f"[bold red]error:[/] {exc}")
-        raise typer.Exit(2) from None
+        fail(exc)
 
 
 app.command("simulate")(simulate_command)

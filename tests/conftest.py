@@ -2,13 +2,51 @@
 
 Without a GPU the Triton kernels run in Triton's interpreter on CPU tensors; the
 variable must be set before anything imports triton, hence here at the top level.
+
+No test may touch the user's own files: HOME points at a temporary folder for the
+whole session (daemons, `fsd` processes and Ray inherit it), so a daemon started
+without --state-dir writes its pidfile, log and operator token there, not in the
+real ~/.local/state/fsd; the session fails if that folder gained files anyway.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from pathlib import Path
 
+import pytest
 import torch
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+_HOME_VARS = ("HOME", "XDG_STATE_HOME")
+
+
+def _files(folder: Path) -> set[str]:
+    try:
+        return {p.name for p in folder.iterdir()}
+    except OSError:
+        return set()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def private_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """HOME (and XDG_STATE_HOME) in a temporary folder for the whole session."""
+    real_state = Path("~/.local/state/fsd").expanduser()
+    before = _files(real_state)
+    home = tmp_path_factory.mktemp("home")
+    saved = {name: os.environ.get(name) for name in _HOME_VARS}
+    os.environ["HOME"] = str(home)
+    os.environ["XDG_STATE_HOME"] = str(home / ".local" / "state")
+    try:
+        yield home
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+    added = _files(real_state) - before
+    assert not added, f"tests wrote into the user's state dir {real_state}: {sorted(added)}"

@@ -47,3 +47,12 @@ def test_presets_lists_the_embedded_default():
     proc = fsd("presets")
     assert proc.returncode == 0
     assert proc.stdout.split()[0] == "tiny"
+
+
+def test_a_config_error_keeps_its_section_name(tmp_path):
+    toml = tmp_path / "fsd.toml"
+    toml.write_text("[server]\nmax_batch_szie = 3\n")
+    proc = fsd("start", "--foreground", "--config", str(toml), "--state-dir", str(tmp_path / "s"))
+    assert proc.returncode == 2
+    assert "unknown key 'max_batch_szie' in [server]" in proc.stderr  # not eaten as markup
+    assert "Traceback" not in proc.stderr

@@ -17,7 +17,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fsd.client import Client, DaemonUnavailable
+from fsd.client import Client
+from fsd.config import ServerConfig
+from fsd.daemon import probe_pidfile, state_files
 from fsd.errors import FsdError
 
 
@@ -92,9 +94,14 @@ class BenchDaemon:
         self.stop()
 
     @property
-    def log_path(self) -> Path:
+    def state_dir(self) -> Path:
+        """The daemon's own state folder (pidfile, operator token)."""
         assert self._tmp is not None
-        return Path(self._tmp.name) / "daemon.log"
+        return Path(self._tmp.name)
+
+    @property
+    def log_path(self) -> Path:
+        return self.state_dir / "daemon.log"
 
     def start(self, wait: float = 300.0) -> None:
         self._tmp = tempfile.TemporaryDirectory(prefix="fsd-bench-")
@@ -105,19 +112,24 @@ class BenchDaemon:
         cmd += ["--state-dir", self._tmp.name, *self.spec.flags()]
         with self.log_path.open("wb") as out:
             self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=os.environ)
+        # ready when its pidfile names it as serving (as `fsd start` waits): a probe on
+        # the socket could be answered by another program that took the port meanwhile
+        pidfile, _ = state_files(
+            ServerConfig(
+                endpoint=self.endpoint, telemetry_endpoint=self.telemetry, state_dir=self._tmp.name
+            )
+        )
         deadline = time.time() + wait
-        with Client(self.endpoint, timeout=1.0) as c:
-            while time.time() < deadline:
-                if self.proc.poll() is not None:
-                    raise BenchDaemonError(
-                        f"the {self.spec.policy} daemon exited {self.proc.returncode}:\n"
-                        + self.log_path.read_text()[-2000:]
-                    )
-                try:
-                    c.status()
-                    return
-                except DaemonUnavailable:
-                    continue
+        while time.time() < deadline:
+            held, info = probe_pidfile(pidfile)
+            if held and info.get("pid") == self.proc.pid and info.get("state") == "serving":
+                return
+            if self.proc.poll() is not None:
+                raise BenchDaemonError(
+                    f"the {self.spec.policy} daemon exited {self.proc.returncode}:\n"
+                    + self.log_path.read_text()[-2000:]
+                )
+            time.sleep(0.1)
         self.stop()
         raise BenchDaemonError(f"the {self.spec.policy} daemon did not answer in {wait:g} s")
 

@@ -4,14 +4,27 @@ Ray is imported only here and in the Ray executor, so a single-device engine nev
 pays for it. Usage statistics are off; actors get fsd's source directory on their
 PYTHONPATH, so a checkout that is not installed (or installed in editable mode)
 works the same in every worker process.
+
+A local cluster listens on 127.0.0.1 only. Ray's processes (GCS, raylet and its
+object manager, the agents, every worker and the driver) bind all interfaces unless
+the node's IP is the loopback address, and `ray.init` turns a loopback
+`_node_ip_address` into the host's public IP; the one switch that keeps it is Ray's
+single-machine mode (`RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`, the default on macOS
+and Windows), set while the local cluster starts, and while this process joins a
+cluster by a loopback address (one that another fsd started here). Joining a remote
+cluster keeps Ray's defaults: Ray's ports are then open to its network.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ipaddress
 import logging
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from fsd.errors import ConfigError
 
@@ -31,6 +44,54 @@ def worker_env() -> dict[str, str]:
     path = os.environ.get("PYTHONPATH", "")
     parts = [root, *[p for p in path.split(os.pathsep) if p and p != root]]
     return {"PYTHONPATH": os.pathsep.join(parts), "RAY_USAGE_STATS_ENABLED": "0"}
+
+
+_SINGLE_MACHINE = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"  # "0": the node IP is 127.0.0.1
+
+
+@contextlib.contextmanager
+def loopback_node() -> Iterator[None]:
+    """While a local Ray starts: its node IP is 127.0.0.1, so every process binds there.
+
+    Ray reads the switch from the environment once, at import, so the imported
+    constant is set too; both are restored after (a later `ray.init(address=...)`
+    in this process must advertise a reachable IP). Started processes inherit the
+    environment, and the workers the raylet starts later inherit the raylet's.
+    """
+    from ray._private import ray_constants
+
+    saved_env = os.environ.get(_SINGLE_MACHINE)
+    saved = getattr(ray_constants, "ENABLE_RAY_CLUSTER", None)
+    os.environ[_SINGLE_MACHINE] = "0"
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    try:
+        yield
+    finally:
+        if saved_env is None:
+            os.environ.pop(_SINGLE_MACHINE, None)
+        else:
+            os.environ[_SINGLE_MACHINE] = saved_env
+        if saved is not None:
+            ray_constants.ENABLE_RAY_CLUSTER = saved
+
+
+def _is_loopback(address: str) -> bool:
+    """127.0.0.1:6379, localhost:6379, [::1]:6379, ray://127.0.0.1:10001 ..."""
+    host = urlsplit(address if "://" in address else f"//{address}").hostname or ""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # "auto", a host name or an interface
+
+
+def node_ip(ray: Any) -> str | None:
+    """The IP address this process's Ray node advertises (and listens on), if known."""
+    try:
+        return ray.util.get_node_ip_address()
+    except Exception:  # noqa: BLE001 - informative only
+        return None
 
 
 def ensure_ray(address: str | None = None, num_cpus: int | None = None) -> tuple[Any, bool]:
@@ -55,10 +116,18 @@ def ensure_ray(address: str | None = None, num_cpus: int | None = None) -> tuple
     try:
         if address:
             log.info("joining the Ray cluster at %s", address)
-            ray.init(address=address, **kwargs)
+            # a cluster on this machine's loopback (one fsd started): the driver, which
+            # Ray would otherwise give the host's IP, must be reachable there too
+            joining = loopback_node() if _is_loopback(address) else contextlib.nullcontext()
+            with joining:
+                ray.init(address=address, **kwargs)
         else:
-            log.info("starting a local Ray instance")
-            ray.init(num_cpus=num_cpus, **kwargs)
+            log.info("starting a local Ray instance (listening on 127.0.0.1 only)")
+            with loopback_node():
+                ray.init(num_cpus=num_cpus, **kwargs)
+            ip = node_ip(ray)
+            if ip is not None and ip != "127.0.0.1":  # a Ray release that ignores the switch
+                log.warning("the local Ray instance listens on %s, not only on loopback", ip)
     except ConnectionError as exc:
         raise ConfigError(f"cannot join the Ray cluster at {address!r}: {exc}") from None
     return ray, True

@@ -24,6 +24,7 @@ import dataclasses
 import logging
 import os
 import time
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -134,6 +135,8 @@ class RayExecutor(Executor):
         info = describe_model(config.model, torch.device("cpu"))
         validate_parallel(info.arch, self.tp, self.pp)  # before Ray starts: fail fast
         self.spans = split_layers(info.arch.num_layers, self.pp)
+        # in every actor name: two executors in one process (two LLMs) must not clash
+        self.uid = uuid.uuid4().hex[:8]
         self.ray, self._owns_ray = ensure_ray(par.ray_address)
         self.worker_device = self._device_kind(config.model.device)
         dtype = info.dtype
@@ -260,10 +263,11 @@ class RayExecutor(Executor):
     def actor_name(self, stage: int, rank: int, generation: int | None = None) -> str:
         """The worker's Ray actor name, in namespace "fsd" (`ray list actors` shows it).
 
-        generation counts restarts, so fresh workers never clash with dying ones.
+        generation counts restarts, so fresh workers never clash with dying ones;
+        `uid` tells this executor's workers from another's in the same process.
         """
         gen = self.restarts if generation is None else generation
-        return f"fsd-{os.getpid()}-g{gen}-s{stage}-r{rank}"
+        return f"fsd-{os.getpid()}-{self.uid}-g{gen}-s{stage}-r{rank}"
 
     def worker_handles(self) -> list[list[Any]]:
         """The actors, [stage][tp rank] (operators and tests: kill one to see recovery)."""

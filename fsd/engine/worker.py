@@ -61,6 +61,7 @@ class Worker:
         self.stage: StageModel | None = None
         self.pool: KVCachePool | None = None
         self.swapper: Swapper | None = None
+        self._store_socket: socket.socket | None = None  # TP rank 0: its group's store
 
     # ---- set-up ----------------------------------------------------------------
 
@@ -68,10 +69,11 @@ class Worker:
         """This node's address and a free port: TP rank 0 hosts its group's store."""
         import ray
 
-        with socket.socket() as s:
-            s.bind(("", 0))
-            port = s.getsockname()[1]
-        return ray.util.get_node_ip_address(), port
+        host = ray.util.get_node_ip_address()
+        # the group's TCPStore listens on this socket: on the node's address only (a
+        # store of its own would bind every interface)
+        self._store_socket = socket.create_server((host, 0))
+        return host, self._store_socket.getsockname()[1]
 
     def setup(self, master: tuple[str, int] | None) -> int:
         """Join the stage's TP group (when tp > 1), build and load the shard; weight bytes."""
@@ -81,9 +83,21 @@ class Worker:
 
             assert master is not None
             backend = "nccl" if self.device.type == "cuda" else "gloo"
+            host, port = master
+            leader = spec.tp_rank == 0
+            store = dist.TCPStore(
+                host,
+                port,
+                spec.tp,
+                leader,
+                timeout=COLLECTIVE_TIMEOUT,
+                master_listen_fd=self._store_socket.fileno()
+                if leader and self._store_socket is not None
+                else None,
+            )
             dist.init_process_group(
                 backend,
-                init_method=f"tcp://{master[0]}:{master[1]}",
+                store=store,
                 rank=spec.tp_rank,
                 world_size=spec.tp,
                 timeout=COLLECTIVE_TIMEOUT,

@@ -103,7 +103,16 @@ telemetry_hz = 0.0
             long = client.submit(PROMPTS[0], max_tokens=400, ignore_eos=True)
             first = next(iter(long))  # it is running
             assert first.token_ids
-            victim = ray_cluster.get_actor(f"fsd-{daemon.proc.pid}-g0-s0-r1", namespace="fsd")
+            prefix, suffix = f"fsd-{daemon.proc.pid}-", "-g0-s0-r1"  # fsd-PID-UID-g0-s0-r1
+            names = [
+                a["name"]
+                for a in ray_cluster.util.list_named_actors(all_namespaces=True)
+                if a["namespace"] == "fsd"
+                and a["name"].startswith(prefix)
+                and a["name"].endswith(suffix)
+            ]
+            assert len(names) == 1, names
+            victim = ray_cluster.get_actor(names[0], namespace="fsd")
             ray_cluster.kill(victim)
             assert long.result(timeout=60).finish_reason == "error"
             status = client.status()
