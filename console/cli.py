@@ -39,6 +39,8 @@ class Target:
     timeout: float
     server_key: str | None
     client_key: str | None
+    state_dir: str | None = None
+    token_file: str | None = None
 
     def curve(self):  # -> fsd.client.CurveKeys | None
         from fsd.client import CurveKeys
@@ -49,10 +51,17 @@ class Target:
             fail("CURVE needs both --server-key and --client-key")
         return CurveKeys(self.server_key, None, self.client_key)
 
+    def token(self) -> str | None:
+        """The operator token: FSD_TOKEN, --token-file, or the daemon's file in --state-dir
+        (None: this user cannot read one, so requests have the client role)."""
+        from fsd.credentials import find_operator_token
+
+        return find_operator_token(self.endpoint, self.state_dir, self.token_file)
+
     def client(self):  # -> fsd.client.Client
         from fsd.client import Client
 
-        return Client(self.endpoint, timeout=self.timeout, curve=self.curve())
+        return Client(self.endpoint, timeout=self.timeout, curve=self.curve(), token=self.token())
 
     def telemetry(self, snapshots: bool, events: bool):  # -> fsd.client.TelemetryClient
         from fsd.client import TelemetryClient
@@ -100,11 +109,29 @@ def main(
         Optional[str],  # noqa: UP045
         typer.Option(envvar="FSD_CLIENT_KEY", help="CURVE: this client's .key_secret file."),
     ] = None,
+    state_dir: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option(
+            envvar="FSD_STATE_DIR",
+            help="The daemon's state folder, where its operator token is "
+            "(default ~/.local/state/fsd).",
+        ),
+    ] = None,
+    token_file: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option(
+            envvar="FSD_TOKEN_FILE",
+            help="Operator token file (default: the daemon's, in --state-dir). FSD_TOKEN "
+            "gives the token itself.",
+        ),
+    ] = None,
 ) -> None:
     """fsctl: inspect and steer a running fsd daemon."""
     if timeout <= 0:
         fail(f"--timeout must be > 0 seconds, got {timeout}")
-    ctx.obj = Target(endpoint, telemetry_endpoint, timeout, server_key, client_key)
+    ctx.obj = Target(
+        endpoint, telemetry_endpoint, timeout, server_key, client_key, state_dir, token_file
+    )
 
 
 def _json(obj: object) -> None:
@@ -269,32 +296,49 @@ def inject(
         typer.Option(help="A scenario TOML file to play instead of a burst."),
     ] = None,
     tag: Annotated[str, typer.Option(help="Tag of the injected jobs.")] = "injected",
+    wait: Annotated[
+        bool,
+        typer.Option(
+            help="Stay until the jobs end (they are this connection's: the daemon aborts "
+            "them when it goes away; Ctrl-C aborts them)."
+        ),
+    ] = True,
 ) -> None:
-    """Inject a burst of tagged jobs (--count/--input-len/--output-len) or a scenario."""
+    """Inject a burst of tagged jobs (--count/--input-len/--output-len) or a scenario.
+
+    The scenario file and the traces it names are read here and sent inline. The jobs
+    belong to this connection, as submitted ones do: fsctl waits for them (--no-wait
+    leaves at once, and the daemon then aborts them after its client_timeout).
+    """
     target = _target(ctx)
     burst = (count, input_len, output_len)
     if scenario is not None and any(v is not None for v in burst):
         fail("give either --scenario or --count/--input-len/--output-len, not both")
     if scenario is None and any(v is None for v in burst):
         fail("inject needs --count, --input-len and --output-len (or --scenario FILE)")
-    with friendly():
-        spec = _scenario_spec(scenario, target.endpoint) if scenario is not None else None
-        with target.client() as c:
-            if spec is not None:
-                ids = c.inject(scenario=spec, tag=tag)
-            else:
-                ids = c.inject(burst=burst, tag=tag)  # type: ignore[arg-type]
-    typer.echo(fmt.injected_summary(ids, tag))
+    with friendly(), target.client() as c:
+        if scenario is not None:
+            ids = c.inject(scenario=scenario, tag=tag)
+        else:
+            ids = c.inject(burst=burst, tag=tag)  # type: ignore[arg-type]
+        typer.echo(fmt.injected_summary(ids, tag))
+        if wait and ids:
+            _wait_injected(c, ids)
 
 
-def _scenario_spec(path: Path, endpoint: str) -> str:
-    """A loopback daemon reads the file itself (relative trace paths keep working);
-    a remote one gets the TOML text."""
-    from fsd.server.security import is_loopback
+def _wait_injected(client, ids: list[str]) -> None:  # noqa: ANN001 - fsd.client.Client
+    """Count the injected jobs down as they end; Ctrl-C aborts the rest (exit 130)."""
+    from collections import Counter
 
-    if not path.is_file():
-        fail(f"scenario file {str(path)!r} does not exist")
-    return str(path.resolve()) if is_loopback(endpoint) else path.read_text()
+    reasons: Counter[str] = Counter()
+    typer.echo(f"waiting for {len(ids)} jobs (Ctrl-C aborts them)", err=True)
+    try:
+        for fin in client.wait_injected(ids).values():
+            reasons[fin.reason] += 1
+    except KeyboardInterrupt:
+        typer.echo("interrupted: the injected jobs still running are aborted", err=True)
+        raise typer.Exit(130) from None
+    typer.echo("ended: " + ", ".join(f"{n} {r}" for r, n in sorted(reasons.items())))
 
 
 @app.command()
@@ -347,6 +391,7 @@ def play(
             json_out,
             target.timeout,
             target.curve(),
+            token=target.token(),
         )
 
 
@@ -361,6 +406,14 @@ def drain(
     with friendly(), _target(ctx).client() as c:
         detail = c.drain(timeout=drain_timeout)
     typer.echo(f"drain: {_detail(detail)}")
+
+
+@app.command()
+def undrain(ctx: typer.Context) -> None:
+    """Accept new jobs again after `fsctl drain` (operator)."""
+    with friendly(), _target(ctx).client() as c:
+        detail = c.undrain()
+    typer.echo(f"undrain: {_detail(detail)}")
 
 
 @app.command()
@@ -479,6 +532,7 @@ def top(
             target.telemetry_endpoint,
             timeout=target.timeout,
             curve=target.curve(),
+            token=None if replay is not None else target.token(),
             once=once,
             replay=replay,
             hz=hz,

@@ -38,6 +38,7 @@ from fsd.client_base import (
     DEFAULT_HEARTBEAT,
     DEFAULT_TELEMETRY_ENDPOINT,
     DEFAULT_TIMEOUT,
+    INJECT_CHECK_TIME,
     Completion,
     CurveKeys,
     DaemonUnavailable,
@@ -90,6 +91,7 @@ class _Out:
     key: str | None = None  # a control call: its future is `sink`
     extra: float = 0.0
     deferred: bool = False
+    call_id: str | None = None  # a call answered by id (Inject)
 
 
 _CLOSE = object()
@@ -199,6 +201,9 @@ class Client:
         self._ctx = context or zmq.Context.instance()
         self._sock = connect(self._ctx, zmq.DEALER, endpoint, self._keys)
         self._outbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._injected: queue.Queue[Any] = queue.Queue()  # injected jobs' Finished
+        self._finished_injected: dict[str, P.Finished] = {}
+        self._core.injected = self._injected
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         self._closed = False
@@ -265,8 +270,38 @@ class Client:
     ) -> list[str]:
         """Inject tagged jobs: `burst=(count, input_len, output_len)` or a scenario
         (a file path or TOML text, read by the daemon). Returns their job ids."""
-        msg = build_inject(burst, scenario, tag)
-        return list(self._call(msg, "ack:inject").detail.get("job_ids", []))
+        msg = build_inject(burst, scenario, tag, self._core.next_req_id())
+        reply = self._call(msg, "ack:inject", INJECT_CHECK_TIME, call_id=msg.req_id)
+        return list(reply.detail.get("job_ids", []))
+
+    def wait_injected(
+        self, job_ids: Sequence[str], timeout: float | None = None
+    ) -> dict[str, P.Finished]:
+        """Wait until each of `job_ids` (from `inject`) has finished; their `Finished`.
+
+        The daemon sends no tokens for injected jobs, only their end; this client
+        heartbeats meanwhile so that they are not reaped. TimeoutError after `timeout`.
+        """
+        want = set(job_ids)
+        got = {
+            j: self._finished_injected.pop(j) for j in list(want) if j in self._finished_injected
+        }
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while len(got) < len(want):
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise TimeoutError(f"{len(want) - len(got)} injected jobs still running")
+            try:
+                item = self._injected.get(timeout=left)
+            except queue.Empty:
+                continue
+            if isinstance(item, BaseException):
+                raise item
+            if item.job_id in want:
+                got[item.job_id] = item
+            else:
+                self._finished_injected[item.job_id] = item
+        return got
 
     def jobs(self) -> list[P.JobInfo]:
         return self._call(P.ListJobs(), "jobs").jobs
@@ -281,13 +316,25 @@ class Client:
         """Stop new jobs; returns once the daemon says in-flight jobs ended (or `timeout`)."""
         return self._call(P.Drain(timeout=timeout), "ack:drain", timeout, deferred=True).detail
 
+    def undrain(self) -> dict[str, Any]:
+        """Accept new jobs again after a drain (operator)."""
+        return self._call(P.Undrain(), "ack:undrain").detail
+
     def shutdown(self, drain: bool = True, timeout: float = 30.0) -> dict[str, Any]:
         msg = P.Shutdown(drain=drain, timeout=timeout)
         return self._call(msg, "ack:shutdown", timeout, deferred=True).detail
 
-    def _call(self, msg: P.Request, key: str, extra: float = 0.0, deferred: bool = False) -> Any:
+    def _call(
+        self,
+        msg: P.Request,
+        key: str,
+        extra: float = 0.0,
+        deferred: bool = False,
+        call_id: str | None = None,
+    ) -> Any:
         fut: Future[Any] = Future()
-        self._put(_Out(self._core.encode(msg), sink=fut, key=key, extra=extra, deferred=deferred))
+        frame = self._core.encode(msg)
+        self._put(_Out(frame, sink=fut, key=key, extra=extra, deferred=deferred, call_id=call_id))
         try:
             reply = fut.result(timeout=self.timeout + extra + _GRACE)
         except FsdError:  # DaemonUnavailable (also a TimeoutError) or the client closed
@@ -377,7 +424,7 @@ class Client:
         if item.req_id is not None:
             core.add_stream(item.req_id, item.sink, now)
         else:
-            core.add_call(item.key or "?", item.sink, now, item.extra, item.deferred)
+            core.add_call(item.key or "?", item.sink, now, item.extra, item.deferred, item.call_id)
         _send(sock, item.frame, core, now)  # if it cannot go, its deadline expires
 
 

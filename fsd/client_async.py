@@ -30,6 +30,7 @@ from fsd.client_base import (
     DEFAULT_ENDPOINT,
     DEFAULT_HEARTBEAT,
     DEFAULT_TIMEOUT,
+    INJECT_CHECK_TIME,
     Completion,
     CurveKeys,
     RequestError,
@@ -205,8 +206,12 @@ class AsyncClient:
         scenario: str | Path | None = None,
         tag: str = "injected",
     ) -> list[str]:
-        msg = build_inject(burst, scenario, tag)
-        return list((await self._call(msg, "ack:inject")).detail.get("job_ids", []))
+        """Inject tagged jobs (see `Client.inject`); they are this client's until it
+        closes (heartbeats keep them alive; closing aborts those still running)."""
+        msg = build_inject(burst, scenario, tag, self._core.next_req_id())
+        reply = await self._call(msg, "ack:inject", INJECT_CHECK_TIME, call_id=msg.req_id)
+        self._kick.set()  # heartbeats from now on: the jobs are held
+        return list(reply.detail.get("job_ids", []))
 
     async def jobs(self) -> list[P.JobInfo]:
         return (await self._call(P.ListJobs(), "jobs")).jobs
@@ -221,17 +226,26 @@ class AsyncClient:
         msg = P.Drain(timeout=timeout)
         return (await self._call(msg, "ack:drain", timeout, deferred=True)).detail
 
+    async def undrain(self) -> dict[str, Any]:
+        return (await self._call(P.Undrain(), "ack:undrain")).detail
+
     async def shutdown(self, drain: bool = True, timeout: float = 30.0) -> dict[str, Any]:
         msg = P.Shutdown(drain=drain, timeout=timeout)
         return (await self._call(msg, "ack:shutdown", timeout, deferred=True)).detail
 
     async def _call(
-        self, msg: P.Request, key: str, extra: float = 0.0, deferred: bool = False
+        self,
+        msg: P.Request,
+        key: str,
+        extra: float = 0.0,
+        deferred: bool = False,
+        call_id: str | None = None,
     ) -> Any:
+        frame = self._core.encode(msg)
         self._start()
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._core.add_call(key, fut, time.monotonic(), extra, deferred)
-        await self._send(self._core.encode(msg))  # if it cannot go, its deadline expires
+        self._core.add_call(key, fut, time.monotonic(), extra, deferred, call_id)
+        await self._send(frame)  # if it cannot go, its deadline expires
         self._kick.set()
         reply = await fut
         if isinstance(reply, P.Error):

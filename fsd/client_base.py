@@ -22,6 +22,7 @@ from fsd.config import ServerConfig
 from fsd.credentials import check_private
 from fsd.errors import ConfigError, FsdError
 from fsd.jobs import SamplingParams
+from fsd.workload.scenario import bundle_scenario, looks_inline
 
 log = logging.getLogger("fsd.client")
 
@@ -30,6 +31,7 @@ DEFAULT_ENDPOINT = _DEFAULTS.endpoint
 DEFAULT_TELEMETRY_ENDPOINT = _DEFAULTS.telemetry_endpoint
 DEFAULT_TIMEOUT = _DEFAULTS.client_timeout
 DEFAULT_HEARTBEAT = _DEFAULTS.client_timeout / 3
+INJECT_CHECK_TIME = 30.0  # extra seconds the daemon may take to check an injected scenario
 
 
 class DaemonUnavailable(FsdError, TimeoutError):
@@ -96,14 +98,14 @@ def _load_key(value: str | Path, name: str, *, secret: bool) -> bytes:
         raise ConfigError(f"{name} is neither a z85 CURVE key nor a key file: {text!r}")
     if not path.is_file():
         raise ConfigError(f"{name}: key file {str(path)!r} does not exist")
-    if secret:
-        check_private(path, f"{name}: CURVE secret key file")
     try:
         public, secret_key = zmq.auth.load_certificate(str(path))
     except (OSError, ValueError) as exc:
         raise ConfigError(f"{name}: cannot read CURVE key file {str(path)!r}: {exc}") from None
     if secret and secret_key is None:
         raise ConfigError(f"{name}: {str(path)!r} holds no secret key (use the .key_secret file)")
+    if secret:
+        check_private(path, f"{name}: CURVE secret key file")
     return secret_key if secret else public
 
 
@@ -122,6 +124,7 @@ class Completion:
     swaps_out: int = 0
     swaps_in: int = 0
     recomputes: int = 0
+    message: str | None = None  # what failed, when finish_reason is "error"
 
     @classmethod
     def of(cls, msg: P.Finished, prompt_tokens: int | None) -> Completion:
@@ -137,6 +140,7 @@ class Completion:
             swaps_out=msg.swaps_out,
             swaps_in=msg.swaps_in,
             recomputes=msg.recomputes,
+            message=msg.message,
         )
 
     @property
@@ -198,14 +202,39 @@ def build_submit(
 
 
 def build_inject(
-    burst: P.Burst | Sequence[int] | dict[str, int] | None, scenario: str | Path | None, tag: str
+    burst: P.Burst | Sequence[int] | dict[str, int] | None,
+    scenario: str | Path | None,
+    tag: str,
+    req_id: str | None = None,
 ) -> P.Inject:
-    """An `Inject` of exactly one of an inline burst and a scenario."""
+    """An `Inject` of exactly one of an inline burst and a scenario.
+
+    A scenario given as a file (a `Path`, or a string that is not TOML text) is read
+    here with the traces it names and sent inline: the daemon opens no client's path.
+    """
     if (burst is None) == (scenario is None):
         raise ConfigError("inject needs exactly one of burst=(count, in, out) and scenario=")
     if burst is not None:
-        return P.Inject(burst=build_burst(burst), tag=tag)
-    return P.Inject(scenario=str(scenario), tag=tag)
+        return P.Inject(burst=build_burst(burst), tag=tag, req_id=req_id)
+    if isinstance(scenario, str) and looks_inline(scenario):
+        if len(scenario.encode()) > P.MAX_SCENARIO_BYTES:
+            raise ConfigError(f"scenario text is over {P.MAX_SCENARIO_BYTES} bytes")
+        return P.Inject(scenario=scenario, tag=tag, req_id=req_id)
+    path = Path(str(scenario)).expanduser()
+    if not path.is_file():
+        raise ConfigError(f"scenario file {str(path)!r} does not exist")
+    text, traces = bundle_scenario(path, P.MAX_SCENARIO_BYTES, P.MAX_TRACE_BYTES)
+    return P.Inject(scenario=text, traces=traces, tag=tag, req_id=req_id)
+
+
+def check_frame(frame: bytes) -> bytes:
+    """Refuse here a frame the daemon could not take (it would drop the connection)."""
+    if len(frame) > P.MAX_FRAME_BYTES:
+        raise ConfigError(
+            f"the request is {len(frame)} bytes encoded, over the protocol's "
+            f"{P.MAX_FRAME_BYTES}-byte frame limit"
+        )
+    return frame
 
 
 def build_burst(burst: P.Burst | Sequence[int] | dict[str, int]) -> P.Burst:

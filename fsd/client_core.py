@@ -11,6 +11,14 @@ frames and the clock, and sends what it asks for. Routing rules:
   `Ack(what="abort")` → abort...), and an id-less `Error` to the oldest call whose
   answer is not deferred (drain and shutdown may answer late).
 
+Injected jobs (`Inject`) belong to the client that injected them: the daemon sends
+no tokens for them, only each one's `Finished` (req_id = job id). The core holds
+their ids from the `Ack` on, heartbeats while any is held, hands each `Finished` to
+the `injected` sink, and aborts them when the client closes, like streams.
+
+An `Error` of code "duplicate-req-id" refuses a second submit under the id of a job
+that streams already: it is logged, and that job's stream goes on.
+
 Liveness: a call or an unaccepted submit without an answer within `timeout` means
 the daemon is gone → every pending request fails with `DaemonUnavailable` and the
 I/O side recreates its socket. While jobs stream, a `Ping` goes out every
@@ -29,7 +37,14 @@ from typing import Any
 import msgspec
 
 from fsd import protocol as P
-from fsd.client_base import Completion, DaemonUnavailable, RequestError, log, unavailable
+from fsd.client_base import (
+    Completion,
+    DaemonUnavailable,
+    RequestError,
+    check_frame,
+    log,
+    unavailable,
+)
 
 # ---- a job's stream, as its handle consumes it ------------------------------------
 
@@ -101,6 +116,7 @@ class _Call:
     future: Any  # concurrent.futures.Future / asyncio.Future; None for the probe
     deadline: float
     deferred: bool = False
+    req_id: str | None = None  # a call whose answer names it (Inject)
 
 
 def reply_key(msg: P.Reply) -> str:
@@ -121,6 +137,8 @@ class ClientCore:
     token: str | None = None  # the operator token, sent with every request
     streams: dict[str, _Stream] = field(default_factory=dict)
     calls: list[_Call] = field(default_factory=list)
+    held: set[str] = field(default_factory=set)  # injected jobs not finished yet
+    injected: Any = None  # sink (put_nowait) of the injected jobs' Finished messages
     last_rx: float = 0.0
     last_tx: float = 0.0
 
@@ -133,7 +151,7 @@ class ClientCore:
         """A request's frame, carrying the operator token when this client has one."""
         if self.token is not None:
             msg.token = self.token
-        return P.encode(msg)
+        return check_frame(P.encode(msg))
 
     def next_req_id(self) -> str:
         return f"{self._prefix}-{next(self._ids)}"
@@ -142,9 +160,15 @@ class ClientCore:
         self.streams[req_id] = _Stream(sink, now + self.timeout)
 
     def add_call(
-        self, key: str, future: Any, now: float, extra: float = 0.0, deferred: bool = False
+        self,
+        key: str,
+        future: Any,
+        now: float,
+        extra: float = 0.0,
+        deferred: bool = False,
+        req_id: str | None = None,
     ) -> None:
-        self.calls.append(_Call(key, future, now + self.timeout + extra, deferred))
+        self.calls.append(_Call(key, future, now + self.timeout + extra, deferred, req_id))
 
     def sent(self, now: float) -> None:
         self.last_tx = now
@@ -174,24 +198,49 @@ class ClientCore:
             if stream is not None:
                 stream.deadline, stream.job_id = None, msg.job_id
                 stream.sink.put_nowait(msg)
-        elif isinstance(msg, P.Finished | P.Error) and msg.req_id is not None:
-            stream = self.streams.pop(msg.req_id, None)
-            if stream is not None:
-                stream.sink.put_nowait(msg)
+        elif isinstance(msg, P.Finished | P.Error | P.Ack) and msg.req_id is not None:
+            self._route_named(msg, msg.req_id)
         else:
             self._answer(msg)
 
+    def _route_named(self, msg: P.Finished | P.Error | P.Ack, req_id: str) -> None:
+        stream = self.streams.get(req_id)
+        if stream is not None and not isinstance(msg, P.Ack):
+            if isinstance(msg, P.Error) and msg.code == "duplicate-req-id":
+                log.warning("the daemon refused a duplicate submit of %s: %s", req_id, msg.message)
+                return  # the job already under that id streams on
+            del self.streams[req_id]
+            stream.sink.put_nowait(msg)
+            return
+        if isinstance(msg, P.Finished) and req_id in self.held:
+            self.held.discard(req_id)
+            if self.injected is not None:
+                self.injected.put_nowait(msg)
+            return
+        call = next((c for c in self.calls if c.req_id == req_id), None)
+        if call is None:
+            log.debug("dropping a reply for %s: %r", req_id, msg)
+            return
+        self._settle(call, msg)
+
     def _answer(self, msg: P.Reply) -> None:
+        # calls answered by id come last: a reply without one is theirs only when no
+        # other call could take it
+        calls = sorted(self.calls, key=lambda c: c.req_id is not None)
         if isinstance(msg, P.Error):
-            candidates = [c for c in self.calls if not c.deferred] or self.calls
+            candidates = [c for c in calls if not c.deferred] or calls
         else:
             key = reply_key(msg)
-            candidates = [c for c in self.calls if c.key == key]
+            candidates = [c for c in calls if c.key == key]
         if not candidates:
             log.debug("dropping an unexpected reply: %r", msg)
             return
-        call = candidates[0]
+        self._settle(candidates[0], msg)
+
+    def _settle(self, call: _Call, msg: P.Reply) -> None:
         self.calls.remove(call)
+        if isinstance(msg, P.Ack) and msg.what == "inject":  # from now on they are ours
+            self.held.update(str(j) for j in msg.detail.get("job_ids", ()))
         if call.future is not None and not call.future.done():
             call.future.set_result(msg)
 
@@ -204,7 +253,7 @@ class ClientCore:
     def tick(self, now: float) -> list[bytes]:
         """Frames due now: a heartbeat while jobs are out, a probe after long silence."""
         out: list[bytes] = []
-        if not self.streams:
+        if not self.streams and not self.held:
             return out
         if now - self.last_tx >= self.heartbeat:
             out.append(self._ping)
@@ -214,14 +263,14 @@ class ClientCore:
         return out
 
     def _probe_due(self, now: float) -> bool:
-        accepted = any(s.deadline is None for s in self.streams.values())
+        accepted = bool(self.held) or any(s.deadline is None for s in self.streams.values())
         return accepted and now - self.last_rx >= self.timeout and not self.calls
 
     def next_wakeup(self, now: float) -> float | None:
         """Seconds until `expired` or `tick` may have something to do (None: never)."""
         times = [c.deadline for c in self.calls]
         times += [s.deadline for s in self.streams.values() if s.deadline is not None]
-        if self.streams:
+        if self.streams or self.held:
             times.append(self.last_tx + self.heartbeat)
             if not self.calls:
                 times.append(self.last_rx + self.timeout)
@@ -229,10 +278,12 @@ class ClientCore:
 
     def fail_all(self, exc: BaseException) -> None:
         """Every pending call and stream ends with `exc` (socket lost or client closed)."""
-        streams, calls = self.streams, self.calls
-        self.streams, self.calls = {}, []
+        streams, calls, held = self.streams, self.calls, self.held
+        self.streams, self.calls, self.held = {}, [], set()
         for stream in streams.values():
             stream.sink.put_nowait(exc)
+        if held and self.injected is not None:
+            self.injected.put_nowait(exc)
         for call in calls:
             if call.future is not None and not call.future.done():
                 call.future.set_exception(exc)
@@ -245,5 +296,7 @@ class ClientCore:
         return exc
 
     def abort_frames(self) -> list[bytes]:
-        """Aborts for the accepted jobs still streaming (sent when the client closes)."""
-        return [self.encode(P.Abort(job_id=s.job_id)) for s in self.streams.values() if s.job_id]
+        """Aborts for the accepted jobs still streaming and the injected ones still held
+        (sent when the client closes)."""
+        ids = [s.job_id for s in self.streams.values() if s.job_id] + sorted(self.held)
+        return [self.encode(P.Abort(job_id=j)) for j in ids]

@@ -43,6 +43,15 @@ class ModelConfig:
             raise ConfigError(f"max_model_len must be >= 1, got {self.max_model_len}")
 
 
+# Upper bounds of the settings a retune can change (and of the config file's values).
+MAX_LEVELS = 256  # queue levels; each is a dict walked every iteration
+MAX_BATCH_SIZE = 65_536  # jobs in one iteration
+MAX_BATCH_TOKENS = 1 << 24  # tokens in one iteration: past any model's context
+MAX_SECONDS = 86_400.0  # q1, quanta and alphas: a day is no limit for a job's turn
+MAX_QUANTUM_RATIO = 1000.0  # q(k+1) / q(k)
+MAX_RESERVE_JOBS = MAX_BATCH_SIZE  # K: room for more new jobs than one batch starts is moot
+
+
 @dataclass(frozen=True)
 class CacheConfig:
     """Paged KV cache: block size and how many blocks each tier holds."""
@@ -66,11 +75,10 @@ class CacheConfig:
         _choice("kv_policy", self.kv_policy, KV_POLICIES)
         if self.host_kv_bytes < 0:
             raise ConfigError(f"host_kv_bytes must be >= 0, got {self.host_kv_bytes}")
-        if self.reserve_min_jobs < 0 or self.reserve_top_levels < 0:
-            raise ConfigError(
-                "reserve_min_jobs (K) and reserve_top_levels (K') must be >= 0, got "
-                f"{self.reserve_min_jobs} and {self.reserve_top_levels}"
-            )
+        # retunable live: each is bounded, so a retune cannot store a value that breaks
+        # the planner's arithmetic or the config's msgpack encoding in telemetry
+        _int_range("reserve_min_jobs (K)", self.reserve_min_jobs, 0, MAX_RESERVE_JOBS)
+        _int_range("reserve_top_levels (K')", self.reserve_top_levels, 0, MAX_LEVELS)
         if not 0.0 < self.admit_fraction <= 1.0:
             raise ConfigError(f"admit_fraction must be in (0, 1], got {self.admit_fraction}")
         if self.block_size < 1 or self.block_size & (self.block_size - 1):
@@ -85,9 +93,6 @@ class CacheConfig:
             raise ConfigError(f"cpu_kv_bytes must be >= 1, got {self.cpu_kv_bytes}")
         if self.num_host_blocks is not None and self.num_host_blocks < 0:
             raise ConfigError(f"num_host_blocks must be >= 0, got {self.num_host_blocks}")
-
-
-MAX_LEVELS = 256  # queue levels; each is a dict walked every iteration
 
 
 @dataclass(frozen=True)
@@ -119,17 +124,27 @@ class SchedConfig:
     profile: str | None = None  # a profile JSON path or a shipped profile name
 
     def __post_init__(self) -> None:
+        """Types, then ranges: every value a retune may set has a lower and an upper bound."""
         _check_types(self)
         for name in ("q1", "quantum_ratio", "starve_limit", "starve_limit_waiting"):
             _finite(name, getattr(self, name))
         if self.quanta is not None:
-            object.__setattr__(self, "quanta", tuple(float(q) for q in self.quanta))
-            for q in self.quanta:
+            for q in self.quanta:  # before float(): an int past a float's range is refused
                 _finite("quanta", q)
+            object.__setattr__(self, "quanta", tuple(float(q) for q in self.quanta))
             if not self.quanta:
                 raise ConfigError("quanta must list at least one quantum")
+            if len(self.quanta) > MAX_LEVELS:
+                raise ConfigError(
+                    f"quanta must list at most {MAX_LEVELS} quanta (levels), got {len(self.quanta)}"
+                )
             if any(q <= 0 for q in self.quanta):
                 raise ConfigError(f"quanta must be > 0, got {list(self.quanta)}")
+            if any(q > MAX_SECONDS for q in self.quanta):
+                raise ConfigError(
+                    f"quanta must be <= {MAX_SECONDS:g} seconds (one day) each, got "
+                    f"{max(self.quanta):g}"
+                )
             if any(b <= a for a, b in zip(self.quanta, self.quanta[1:], strict=False)):
                 raise ConfigError(f"quanta must be strictly increasing, got {list(self.quanta)}")
         _choice("starve_promote", self.starve_promote, ("up1", "top", "entry"))
@@ -138,6 +153,7 @@ class SchedConfig:
             raise ConfigError(f"num_levels must be in 1..{MAX_LEVELS}, got {self.num_levels}")
         if self.q1 is not None and self.q1 <= 0:
             raise ConfigError(f"q1 must be > 0 seconds, got {self.q1}")
+        _at_most("q1", self.q1, MAX_SECONDS, " seconds (one day)")
         if self.quantum_ratio <= 1.0:
             raise ConfigError(f"quantum_ratio must be > 1, got {self.quantum_ratio}")
         try:  # the last level's quantum, q1 x ratio^(levels - 1), must be a number
@@ -149,20 +165,19 @@ class SchedConfig:
                 f"quantum_ratio {self.quantum_ratio} over {self.num_levels} levels overflows "
                 "the last quantum: use fewer levels or a smaller ratio"
             )
+        _at_most("quantum_ratio", self.quantum_ratio, MAX_QUANTUM_RATIO)
         if self.starve_limit is not None and self.starve_limit <= 0:
             raise ConfigError(f"starve_limit (alpha) must be > 0 seconds, got {self.starve_limit}")
         if self.starve_limit_waiting is not None and self.starve_limit_waiting <= 0:
             raise ConfigError(
                 f"starve_limit_waiting (alpha) must be > 0 seconds, got {self.starve_limit_waiting}"
             )
-        if self.preempt_threshold < 0:
-            raise ConfigError(
-                f"preempt_threshold must be >= 0 levels, got {self.preempt_threshold}"
-            )
-        if self.max_batch_size < 1:
-            raise ConfigError(f"max_batch_size must be >= 1, got {self.max_batch_size}")
-        if self.max_batch_tokens < 1:
-            raise ConfigError(f"max_batch_tokens must be >= 1, got {self.max_batch_tokens}")
+        for name in ("starve_limit", "starve_limit_waiting"):
+            _at_most(name, getattr(self, name), MAX_SECONDS, " seconds (one day)")
+        # a threshold of (levels - 1) already lifts every running job to Q1
+        _int_range("preempt_threshold", self.preempt_threshold, 0, MAX_LEVELS, " levels")
+        _int_range("max_batch_size", self.max_batch_size, 1, MAX_BATCH_SIZE)
+        _int_range("max_batch_tokens", self.max_batch_tokens, 1, MAX_BATCH_TOKENS)
 
 
 @dataclass(frozen=True)
@@ -220,7 +235,7 @@ class ServerConfig:
         _check_types(self)
         if self.http is not None:
             host, _ = parse_http_address(self.http)
-            if not self.http_allow_remote and not _loopback_host(host):
+            if not self.http_allow_remote and not loopback_host(host):
                 raise ConfigError(
                     f"refusing to serve HTTP on {self.http} beyond loopback: it is unencrypted; "
                     "set http_allow_remote = true (ideally with http_api_key, behind TLS)"
@@ -356,7 +371,8 @@ def parse_http_address(value: str) -> tuple[str, int]:
     return host, int(port)
 
 
-def _loopback_host(host: str) -> bool:
+def loopback_host(host: str) -> bool:
+    """Whether an HTTP host name or address stays on this machine."""
     if host == "localhost":
         return True
     try:
@@ -396,8 +412,24 @@ def _slice_type(f: dataclasses.Field) -> type:
     return _SLICE_TYPES[f.name]
 
 
+def _int_range(name: str, value: int, low: int, high: int, unit: str = "") -> None:
+    """`value` within [low, high], or a ConfigError naming the field and both bounds."""
+    if not low <= value <= high:
+        raise ConfigError(f"{name} must be in [{low}, {high}]{unit}, got {value}")
+
+
+def _at_most(name: str, value: float | None, high: float, unit: str = "") -> None:
+    """An upper bound for an optional number (its lower bound is checked beside it)."""
+    if value is not None and value > high:
+        raise ConfigError(f"{name} must be <= {high:g}{unit}, got {value:g}")
+
+
 def _finite(name: str, value: float | None) -> None:
-    if value is not None and not math.isfinite(value):
+    try:
+        finite = value is None or math.isfinite(value)
+    except OverflowError:  # an int too large for a float (10**400)
+        finite = False
+    if not finite:
         raise ConfigError(f"{name} must be a finite number, got {value}")
 
 

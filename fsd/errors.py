@@ -24,3 +24,11 @@ class UnknownJobError(FsdError, KeyError):
 
     def __str__(self) -> str:  # KeyError would quote the message
         return str(self.args[0]) if self.args else ""
+
+
+class ForbiddenError(FsdError, PermissionError):
+    """A request that needs a role its sender does not have (code "forbidden")."""
+
+
+class OverloadedError(FsdError):
+    """The daemon holds as many jobs as its limits allow (code "overloaded")."""

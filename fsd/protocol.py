@@ -108,6 +108,7 @@ class Inject(_Req, tag="inject"):
     scenario: str | None = None
     traces: dict[str, str] = {}
     tag: str = "injected"
+    req_id: str | None = None  # echoed in the Ack or Error (a scenario is answered late)
 
 
 class ListJobs(_Req, tag="list_jobs"):
@@ -142,7 +143,17 @@ class Ping(_Req, tag="ping"):
 
 
 Request = (
-    Submit | Abort | Retune | Inject | ListJobs | GetJob | Status | Drain | Undrain | Shutdown | Ping
+    Submit
+    | Abort
+    | Retune
+    | Inject
+    | ListJobs
+    | GetJob
+    | Status
+    | Drain
+    | Undrain
+    | Shutdown
+    | Ping
 )
 
 
@@ -261,6 +272,7 @@ class Ack(_Msg, tag="ack"):
 
     what: str
     detail: dict[str, Any] = {}
+    req_id: str | None = None  # the request's, when it had one (Inject)
 
 
 Reply = Accepted | Tokens | Finished | Error | JobList | JobReply | StatusReply | Ack

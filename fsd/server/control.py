@@ -1,4 +1,10 @@
-"""Answers each request type: submit, abort, retune, inject, jobs, status, drain, shutdown."""
+"""Answers each request type: submit, abort, retune, inject, jobs, status, drain, shutdown.
+
+Every handler takes the `Caller` (connection, role, CURVE key) and the decoded
+message; the operator-only requests were already checked by the service
+(`fsd.server.roles`). A refusal is an `FsdError`, which the service turns into an
+`Error` reply with a stable code.
+"""
 
 from __future__ import annotations
 
@@ -7,15 +13,18 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from fsd import protocol as P
-from fsd.errors import ConfigError, UnknownJobError
+from fsd.errors import ConfigError, ForbiddenError, PromptTooLongError, UnknownJobError
 from fsd.jobs import SamplingParams
 from fsd.server.injector import ScenarioInjector
+from fsd.server.roles import OPERATOR, Caller
 from fsd.server.telemetry import job_info
 
 if TYPE_CHECKING:
     from fsd.server.service import EngineService
 
-MAX_BURST = 10_000
+MAX_REQ_ID = 256  # characters of a client's request id
+MAX_TAGS = 16
+MAX_TAG = 64  # characters of one tag
 
 
 class ControlHandler:
@@ -27,17 +36,17 @@ class ControlHandler:
         self._rng = random.Random(0)
         self.scenarios = ScenarioInjector(service)
 
-    def dispatch(self, ident: bytes, msg: P.Request) -> None:
+    def dispatch(self, caller: Caller, msg: P.Request) -> None:
         handler = getattr(self, f"on_{type(msg).__name__.lower()}")
-        handler(ident, msg)
+        handler(caller, msg)
 
     # ---- jobs ------------------------------------------------------------------
 
-    def on_submit(self, ident: bytes, msg: P.Submit) -> None:
+    def on_submit(self, caller: Caller, msg: P.Submit) -> None:
         svc = self.service
         if svc.draining:
             svc.send(
-                ident,
+                caller.ident,
                 P.Error(
                     code="draining",
                     message="the daemon is draining; it accepts no new jobs",
@@ -45,16 +54,31 @@ class ControlHandler:
                 ),
             )
             return
+        if not msg.req_id or len(msg.req_id) > MAX_REQ_ID:
+            raise ConfigError(f"req_id must be 1 to {MAX_REQ_ID} characters")
+        if msg.req_id in svc.clients[caller.ident].jobs.values():
+            # not tied to the req_id's stream as an ordinary Error would be: the live
+            # job keeps streaming (clients route this code to the refused submit only)
+            svc.send(
+                caller.ident,
+                P.Error(
+                    code="duplicate-req-id",
+                    message=f"req_id {msg.req_id!r} is already in flight on this connection; "
+                    "this submit was refused, the job already running goes on",
+                    req_id=msg.req_id,
+                ),
+            )
+            return
         if (msg.prompt is None) == (msg.prompt_token_ids is None):
             raise ConfigError("give exactly one of prompt and prompt_token_ids")
-        if msg.req_id in svc.clients[ident].jobs.values():
-            raise ConfigError(f"req_id {msg.req_id!r} is already in flight on this connection")
+        check_tags(msg.tags)
         params = msg.sampling.params()
+        svc.check_room(caller.ident, 1)
         prompt = msg.prompt if msg.prompt is not None else msg.prompt_token_ids
-        job = self.engine.add_request(prompt, params, tags=msg.tags)
-        svc.own(job.job_id, ident, msg.req_id)
+        job = self.engine.add_request(prompt, params, tags=msg.tags)  # type: ignore[arg-type]
+        svc.own(job.job_id, caller, msg.req_id)
         svc.send(
-            ident,
+            caller.ident,
             P.Accepted(
                 req_id=msg.req_id,
                 job_id=job.job_id,
@@ -63,70 +87,111 @@ class ControlHandler:
             ),
         )
 
-    def on_abort(self, ident: bytes, msg: P.Abort) -> None:
+    def on_abort(self, caller: Caller, msg: P.Abort) -> None:
+        svc = self.service
+        if self.engine.scheduler.get(msg.job_id) is None:
+            raise UnknownJobError(f"no job with id {msg.job_id!r}")
+        if caller.role != OPERATOR and not caller.owns(svc.owner_of(msg.job_id)):
+            raise ForbiddenError(
+                f"job {msg.job_id!r} is not this client's; aborting another client's job "
+                "needs the operator role"
+            )
         out = self.engine.abort(msg.job_id)  # UnknownJobError -> Error unknown-job
-        self.service.finished(out)
-        self.service.send(
-            ident, P.Ack(what="abort", detail={"job_id": msg.job_id, "tokens": len(out.token_ids)})
+        svc.finished(out)
+        svc.send(
+            caller.ident,
+            P.Ack(what="abort", detail={"job_id": msg.job_id, "tokens": len(out.token_ids)}),
         )
 
-    def on_inject(self, ident: bytes, msg: P.Inject) -> None:
+    def on_inject(self, caller: Caller, msg: P.Inject) -> None:
+        svc = self.service
+        if svc.draining:
+            raise ConfigError("the daemon is draining; it accepts no new jobs")
+        if not msg.tag or len(msg.tag) > MAX_TAG:
+            raise ConfigError(f"tag must be 1 to {MAX_TAG} characters")
         if msg.scenario is not None:
             if msg.burst is not None:
                 raise ConfigError("inject takes a burst or a scenario, not both")
-            if self.service.draining:
-                raise ConfigError("the daemon is draining; it accepts no new jobs")
-            detail = self.scenarios.inject(msg.scenario, msg.tag, time.time())
-            self.service.send(ident, P.Ack(what="inject", detail=detail))
+            self.scenarios.submit(caller, msg)  # answered once checked, off this thread
             return
+        if msg.traces:
+            raise ConfigError("traces come with a scenario")
         if msg.burst is None:
             raise ConfigError("inject needs a burst (count, input_len, output_len) or a scenario")
         b = msg.burst
-        if not 1 <= b.count <= MAX_BURST:
-            raise ConfigError(f"burst count must be in [1, {MAX_BURST}], got {b.count}")
+        cap = svc.cfg.max_burst
+        if not 1 <= b.count <= cap:
+            raise ConfigError(f"burst count must be in [1, {cap}] (max_burst), got {b.count}")
         if b.input_len < 1 or b.output_len < 1:
             raise ConfigError(f"burst lengths must be >= 1, got {b.input_len} and {b.output_len}")
-        params = SamplingParams(max_tokens=b.output_len, ignore_eos=True)
+        if b.input_len >= self.engine.max_model_len:  # before building the prompts
+            raise PromptTooLongError(
+                f"burst input_len {b.input_len} does not fit the model's "
+                f"{self.engine.max_model_len}-token context"
+            )
+        svc.check_room(caller.ident, b.count)
+        params = SamplingParams(max_tokens=min(b.output_len, 2**31 - 1), ignore_eos=True)
         vocab = min(self.engine.loaded.arch.vocab_size, 256)
-        ids = []
+        ids: list[str] = []
         for _ in range(b.count):
             prompt = [self._rng.randrange(1, vocab) for _ in range(b.input_len)]
-            ids.append(self.engine.add_request(prompt, params, tags=[msg.tag]).job_id)
-        self.service.send(ident, P.Ack(what="inject", detail={"job_ids": ids}))
+            job = self.engine.add_request(prompt, params, tags=[msg.tag])  # checked: 1st fails
+            svc.own(job.job_id, caller, job.job_id, stream=False)
+            ids.append(job.job_id)
+        svc.send(caller.ident, P.Ack(what="inject", detail={"job_ids": ids}, req_id=msg.req_id))
 
-    def on_listjobs(self, ident: bytes, msg: P.ListJobs) -> None:
+    def on_listjobs(self, caller: Caller, msg: P.ListJobs) -> None:
         now = time.time()
         jobs = [job_info(j, now) for j in self.engine.scheduler.jobs()]
-        self.service.send(ident, P.JobList(jobs=jobs))
+        self.service.send(caller.ident, P.JobList(jobs=jobs))
 
-    def on_getjob(self, ident: bytes, msg: P.GetJob) -> None:
+    def on_getjob(self, caller: Caller, msg: P.GetJob) -> None:
         job = self.engine.scheduler.get(msg.job_id)
         if job is None:
             raise UnknownJobError(f"no job with id {msg.job_id!r}")
-        self.service.send(ident, P.JobReply(job=job_info(job, time.time())))
+        self.service.send(caller.ident, P.JobReply(job=job_info(job, time.time())))
 
     # ---- settings and life -----------------------------------------------------
 
-    def on_retune(self, ident: bytes, msg: P.Retune) -> None:
+    def on_retune(self, caller: Caller, msg: P.Retune) -> None:
         changes: dict[str, Any] = dict(msg.changes)
         if isinstance(changes.get("quanta"), list):
             changes["quanta"] = tuple(changes["quanta"])
         try:
             config = self.engine.retune(**changes)
         except (ConfigError, TypeError) as exc:
-            self.service.send(ident, P.Error(code="invalid-setting", message=str(exc)))
+            self.service.send(caller.ident, P.Error(code="invalid-setting", message=str(exc)))
             return
-        self.service.send(ident, P.Ack(what="retune", detail={"config": config.to_dict()}))
+        self.service.send(caller.ident, P.Ack(what="retune", detail={"config": config.to_dict()}))
 
-    def on_status(self, ident: bytes, msg: P.Status) -> None:
-        self.service.send(ident, self.service.status())
+    def on_status(self, caller: Caller, msg: P.Status) -> None:
+        self.service.send(caller.ident, self.service.status(caller.role))
 
-    def on_drain(self, ident: bytes, msg: P.Drain) -> None:
-        self.service.begin_drain(ident, msg.timeout)
+    def on_drain(self, caller: Caller, msg: P.Drain) -> None:
+        self.service.begin_drain(caller.ident, check_timeout(msg.timeout))
 
-    def on_shutdown(self, ident: bytes, msg: P.Shutdown) -> None:
-        self.service.send(ident, P.Ack(what="shutdown", detail={"drain": msg.drain}))
-        self.service.begin_shutdown(msg.drain, msg.timeout)
+    def on_undrain(self, caller: Caller, msg: P.Undrain) -> None:
+        self.service.end_drain()
+        self.service.send(caller.ident, P.Ack(what="undrain", detail={"draining": False}))
 
-    def on_ping(self, ident: bytes, msg: P.Ping) -> None:
+    def on_shutdown(self, caller: Caller, msg: P.Shutdown) -> None:
+        timeout = check_timeout(msg.timeout)
+        self.service.send(caller.ident, P.Ack(what="shutdown", detail={"drain": msg.drain}))
+        self.service.begin_shutdown(msg.drain, timeout)
+
+    def on_ping(self, caller: Caller, msg: P.Ping) -> None:
         """Heartbeat: receiving it already refreshed the client's clock."""
+
+
+MAX_TIMEOUT = 86_400.0  # seconds: a drain or shutdown timeout of at most one day
+
+
+def check_timeout(value: float) -> float:
+    if not 0.0 <= value <= MAX_TIMEOUT:  # also refuses NaN
+        raise ConfigError(f"timeout must be in [0, {MAX_TIMEOUT:g}] seconds, got {value}")
+    return value
+
+
+def check_tags(tags: list[str]) -> None:
+    if len(tags) > MAX_TAGS or any(not t or len(t) > MAX_TAG for t in tags):
+        raise ConfigError(f"tags: at most {MAX_TAGS}, each 1 to {MAX_TAG} characters")

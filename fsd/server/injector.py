@@ -1,122 +1,244 @@
-"""Scenario injection inside the daemon: validate once, then feed jobs over time.
+"""Scenario injection inside the daemon: check off the engine thread, then feed jobs.
 
-`Inject(scenario=...)` carries a file path or inline TOML. The whole scenario is
-checked before anything changes (its syntax, that every job fits this engine, that
-every retune names valid settings); a refusal is one `ConfigError` naming the file,
-field and value. An accepted scenario becomes a `Feed`; the service loop calls
-`pump(now)` once per turn, which admits the arrivals that are due (tagged with the
-Inject's tag), applies retunes and aborts the scenario's live jobs on abort-all.
-Nothing here blocks: the loop's poll timeout is bounded by `next_due()`.
+`Inject(scenario=TEXT, traces={name: CSV})` carries everything inline: the daemon
+never opens a path a client names (a path could name a secret, a FIFO that blocks,
+or resolve against the daemon's working folder). Parsing and expanding a scenario
+with a large trace takes long enough to stall iterations, so it runs on a worker
+thread against a frozen copy of the engine's limits; the engine thread only starts
+the feed and answers the client once that is done (`pump`). The whole scenario is
+checked before anything changes: its syntax, that every job fits this engine, and
+that every retune names valid settings; a refusal is one `Error` naming the field.
+
+An accepted scenario becomes a `Feed` owned by the injecting connection: its jobs
+are that client's (reaped with it, each answered by a `Finished`), admitted under the
+same per-client and daemon-wide job caps as submitted ones. Every planned job id
+gets exactly one `Finished`, also when it is skipped or dropped by a drain, so a
+client can count its injection down.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import math
+import time
+from collections.abc import Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from fsd.config import SchedConfig
-from fsd.errors import ConfigError, FsdError, UnknownJobError
+from fsd import protocol as P
+from fsd.config import EngineConfig, SchedConfig
+from fsd.errors import ConfigError, FsdError, OverloadedError, UnknownJobError
 from fsd.jobs import SamplingParams
 from fsd.sched.registry import resolve_policy
+from fsd.server.roles import Caller
 from fsd.workload.feed import Feed
-from fsd.workload.scenario import load_scenario
+from fsd.workload.scenario import INLINE, Scenario, parse_scenario
 from fsd.workload.timeline import Action, Timeline, expand
 
 if TYPE_CHECKING:
-    from fsd.engine.core import Engine
     from fsd.server.service import EngineService
 
 log = logging.getLogger("fsd.server")
 
+MAX_SCENARIO_JOBS = 100_000  # arrivals one injected scenario may plan
+MAX_PENDING = 2  # scenarios being checked at once; more are refused (busy)
+SOURCE = INLINE  # how errors name an injected scenario
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What a scenario is checked against: a frozen copy of the engine's limits."""
+
+    max_model_len: int
+    max_batch_tokens: int
+    device_blocks: int
+    block_size: int
+    config: EngineConfig
+    retunable_cache: tuple[str, ...]
+
+    def blocks_for(self, tokens: int) -> int:
+        return math.ceil(tokens / self.block_size)
+
+
+@dataclass
+class _Owned:
+    """A running feed and who asked for it."""
+
+    feed: Feed
+    rng: np.random.Generator  # the prompts' tokens
+    owner: Caller
+
+
+@dataclass
+class _Pending:
+    future: Future[tuple[Scenario, Timeline]]
+    owner: Caller
+    tag: str
+    req_id: str | None
+
 
 class ScenarioInjector:
-    """The daemon's running scenario feeds."""
+    """The daemon's running scenario feeds and the ones being checked."""
 
     def __init__(self, service: EngineService) -> None:
         self.service = service
-        self.engine: Engine = service.engine
-        self.feeds: list[tuple[Feed, np.random.Generator]] = []  # rng: the prompts' tokens
+        self.engine = service.engine
+        self.feeds: list[_Owned] = []
+        self.pending: list[_Pending] = []
+        self._pool: ThreadPoolExecutor | None = None
         self._count = 0
 
-    def inject(self, spec: str, tag: str, now: float) -> dict[str, Any]:
-        """Validate `spec` and start feeding it; the `Ack` detail (planned job ids...)."""
-        scenario = load_scenario(spec)
-        timeline = expand(scenario)
-        check_fits(self.engine, timeline, scenario.source)
-        for action in timeline.actions:
-            if action.kind == "retune":
-                check_retune(self.engine, action, scenario.source)
+    # ---- accepting -------------------------------------------------------------
+
+    def submit(self, caller: Caller, msg: P.Inject) -> None:
+        """Start checking an inline scenario; `pump` answers once it is done."""
+        text = msg.scenario or ""
+        if len(text.encode()) > P.MAX_SCENARIO_BYTES:
+            raise ConfigError(f"scenario: more than {P.MAX_SCENARIO_BYTES} bytes")
+        size = sum(len(t.encode()) for t in msg.traces.values())
+        if size > P.MAX_TRACE_BYTES:
+            raise ConfigError(f"traces: {size} bytes, more than {P.MAX_TRACE_BYTES}")
+        if len(self.pending) >= MAX_PENDING:
+            raise OverloadedError(
+                f"{len(self.pending)} scenarios are being checked; inject again when they are"
+            )
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fsd-inject")
+        future = self._pool.submit(prepare, text, dict(msg.traces), self.limits())
+        self.pending.append(_Pending(future, caller, msg.tag, msg.req_id))
+
+    def limits(self) -> Limits:
+        e = self.engine
+        return Limits(
+            e.max_model_len,
+            e.config.sched.max_batch_tokens,
+            e.blocks.device.num_blocks,
+            e.blocks.block_size,
+            e.config,
+            tuple(e.RETUNABLE_CACHE),
+        )
+
+    def _start(self, p: _Pending, scenario: Scenario, timeline: Timeline, now: float) -> None:
         self._count += 1
-        feed = Feed(timeline, now, prefix=f"{tag}-s{self._count}-", tag=tag)
-        self.feeds.append((feed, np.random.default_rng(self._count)))
+        feed = Feed(timeline, now, prefix=f"{p.tag}-s{self._count}-", tag=p.tag)
+        self.feeds.append(_Owned(feed, np.random.default_rng(self._count), p.owner))
         log.info(
-            "scenario %s (%s): %d jobs and %d actions over %.1f s, tag %s",
+            "scenario %s: %d jobs and %d actions over %.1f s, tag %s",
             scenario.name,
-            scenario.source,
             len(timeline.arrivals),
             len(timeline.actions),
             timeline.duration,
-            tag,
+            p.tag,
         )
-        return {
+        detail = {
             "job_ids": feed.job_ids,
             "scenario": scenario.name,
             "duration": timeline.duration,
             "actions": len(timeline.actions),
         }
+        self.service.send(p.owner.ident, P.Ack(what="inject", detail=detail, req_id=p.req_id))
+
+    # ---- the loop's turn -------------------------------------------------------
 
     def next_due(self) -> float | None:
-        """Wall time of the earliest pending step of any feed."""
-        times = [t for f, _ in self.feeds if (t := f.next_time()) is not None]
+        """Wall time of the earliest pending step of any feed (soon, while checking)."""
+        times = [t for o in self.feeds if (t := o.feed.next_time()) is not None]
+        if self.pending:
+            times.append(time.time() + 0.02)
         return min(times) if times else None
 
     def pump(self, now: float) -> None:
-        """Take every step that is due; drop all feeds once the daemon drains."""
+        """Answer finished checks; take every step that is due; stop all when draining."""
+        if self.pending:
+            self._answer_checks(now)
         if not self.feeds:
             return
         if self.service.draining:
-            for feed, _ in self.feeds:
-                log.info("draining: %d steps of scenario %s dropped", feed.pending, feed.prefix)
+            for owned in self.feeds:
+                self._drop(owned, "the daemon is draining")
             self.feeds = []
             return
         keep = []
-        for feed, rng in self.feeds:
+        for owned in self.feeds:
+            feed = owned.feed
             try:
                 for when, job_id, step in feed.due(now):
                     if isinstance(step, Action):
-                        self._act(feed, step)
-                    else:
-                        self._admit(feed, job_id, step.prompt_len, step.output_len, when, rng)
+                        self._act(owned, step)
+                    elif job_id is not None:
+                        self._admit(owned, job_id, step.prompt_len, step.output_len, when)
             except Exception:  # noqa: BLE001 - a scenario must never stop the daemon
                 log.exception("scenario %s failed; its remaining steps are dropped", feed.prefix)
+                self._drop(owned, "the scenario failed (see the daemon's log)")
                 continue
             if not feed.done:
-                keep.append((feed, rng))
+                keep.append(owned)
         self.feeds = keep
 
+    def _answer_checks(self, now: float) -> None:
+        keep = []
+        for p in self.pending:
+            if not p.future.done():
+                keep.append(p)
+                continue
+            try:
+                scenario, timeline = p.future.result()
+            except FsdError as exc:
+                self.service.send_error(p.owner.ident, exc, p.req_id)
+                continue
+            except Exception as exc:  # noqa: BLE001 - a bug in checking is the client's Error
+                log.exception("checking an injected scenario failed")
+                self.service.send_error(p.owner.ident, exc, p.req_id)
+                continue
+            if self.service.draining:
+                draining = ConfigError("the daemon is draining; it accepts no new jobs")
+                self.service.send_error(p.owner.ident, draining, p.req_id)
+                continue
+            if p.owner.ident not in self.service.clients:
+                continue  # the client went away while we checked
+            self._start(p, scenario, timeline, now)
+        self.pending = keep
+
+    def cancel(self, ident: bytes) -> None:
+        """Stop the feeds and checks of a client that went away."""
+        self.feeds = [o for o in self.feeds if o.owner.ident != ident]
+        self.pending = [p for p in self.pending if p.owner.ident != ident]
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+
+    # ---- steps -----------------------------------------------------------------
+
     def _admit(
-        self,
-        feed: Feed,
-        job_id: str | None,
-        prompt_len: int,
-        output_len: int,
-        when: float,
-        rng: np.random.Generator,
+        self, owned: _Owned, job_id: str, prompt_len: int, output_len: int, when: float
     ) -> None:
+        svc, feed = self.service, owned.feed
         vocab = min(self.engine.loaded.arch.vocab_size, 256)
-        prompt = rng.integers(1, vocab, prompt_len).tolist()
+        prompt = owned.rng.integers(1, vocab, prompt_len).tolist()
         params = SamplingParams(max_tokens=output_len, ignore_eos=True)
         try:
+            svc.check_room(owned.owner.ident, 1)
             self.engine.add_request(
                 prompt, params, request_id=job_id, arrival_time=when, tags=[feed.tag]
             )
-        except FsdError as exc:  # checked up front; a retune may have changed limits since
+        except FsdError as exc:  # checked up front; a retune or the caps may refuse it now
             log.warning("scenario job %s not admitted: %s", job_id, exc)
+            svc.send(owned.owner.ident, not_run(job_id, f"not admitted: {exc}"))
+            return
+        svc.own(job_id, owned.owner, job_id, stream=False)
 
-    def _act(self, feed: Feed, action: Action) -> None:
+    def _drop(self, owned: _Owned, why: str) -> None:
+        """End a feed early: every planned job not yet admitted is answered."""
+        log.info("%s: %d steps of scenario %s dropped", why, owned.feed.pending, owned.feed.prefix)
+        for job_id in owned.feed.unstarted_ids():
+            self.service.send(owned.owner.ident, not_run(job_id, why))
+
+    def _act(self, owned: _Owned, action: Action) -> None:
         if action.kind == "retune":
             try:
                 self.engine.retune(**_plain_changes(action.changes))
@@ -124,7 +246,7 @@ class ScenarioInjector:
                 log.warning("scenario retune %s refused: %s", action.changes, exc)
             return
         aborted = 0
-        for job_id in feed.started_ids():
+        for job_id in owned.feed.started_ids():
             if self.engine.scheduler.get(job_id) is None:
                 continue  # finished already
             try:
@@ -132,21 +254,53 @@ class ScenarioInjector:
                 aborted += 1
             except UnknownJobError:
                 pass
-        log.info("scenario abort-all: %d jobs of %s aborted", aborted, feed.prefix)
+        log.info("scenario abort-all: %d jobs of %s aborted", aborted, owned.feed.prefix)
 
 
-def check_fits(engine: Engine, timeline: Timeline, source: str) -> None:
+def not_run(job_id: str, why: str) -> P.Finished:
+    """The `Finished` of a planned job that never ran (so the client can count it)."""
+    return P.Finished(
+        req_id=job_id,
+        job_id=job_id,
+        reason="abort",
+        text="",
+        token_ids=[],
+        timings=P.Timings(arrival=0.0),
+        message=why,
+    )
+
+
+# ---- checks (pure: they run on the worker thread) ------------------------------------
+
+
+def prepare(text: str, traces: Mapping[str, str], limits: Limits) -> tuple[Scenario, Timeline]:
+    """Parse, expand and check an injected scenario; ConfigError names what is wrong."""
+    scenario = parse_scenario(text, SOURCE, None, traces=traces)
+    timeline = expand(scenario)
+    if len(timeline.arrivals) > MAX_SCENARIO_JOBS:
+        raise ConfigError(
+            f"{SOURCE}: the scenario plans {len(timeline.arrivals)} jobs, more than "
+            f"{MAX_SCENARIO_JOBS}"
+        )
+    check_fits(limits, timeline, scenario.source)
+    for action in timeline.actions:
+        if action.kind == "retune":
+            check_retune(limits, action, scenario.source)
+    return scenario, timeline
+
+
+def check_fits(limits: Limits, timeline: Timeline, source: str) -> None:
     """Refuse a scenario with a job this engine could never run (named with its origin)."""
-    ctx = engine.max_model_len
-    tokens = engine.config.sched.max_batch_tokens
-    device = engine.blocks.device.num_blocks
+    ctx = limits.max_model_len
+    tokens = limits.max_batch_tokens
+    device = limits.device_blocks
     for k, a in enumerate(timeline.arrivals):
         where = f"{source}: {a.origin}: job {k} (prompt {a.prompt_len}, output {a.output_len})"
         if a.prompt_len >= ctx:
             raise ConfigError(f"{where}: the prompt does not fit the model's {ctx}-token context")
         if a.prompt_len > tokens:
             raise ConfigError(f"{where}: the prompt exceeds max_batch_tokens ({tokens})")
-        need = engine.blocks.blocks_for(a.prompt_len + min(a.output_len, ctx - a.prompt_len))
+        need = limits.blocks_for(a.prompt_len + min(a.output_len, ctx - a.prompt_len))
         if need > device:
             raise ConfigError(
                 f"{where}: needs {need} KV blocks, the device pool has {device} "
@@ -154,12 +308,12 @@ def check_fits(engine: Engine, timeline: Timeline, source: str) -> None:
             )
 
 
-def check_retune(engine: Engine, action: Action, source: str) -> None:
+def check_retune(limits: Limits, action: Action, source: str) -> None:
     """Validate a retune's settings the way `Engine.retune` will, without applying them."""
     where = f"{source}: retune at {action.time:g} s"
     changes = _plain_changes(action.changes)
     sched_fields = {f.name for f in dataclasses.fields(SchedConfig)} - {"profile"}
-    allowed = sched_fields | set(engine.RETUNABLE_CACHE)
+    allowed = sched_fields | set(limits.retunable_cache)
     for key in changes:
         if key not in allowed:
             raise ConfigError(
@@ -168,8 +322,8 @@ def check_retune(engine: Engine, action: Action, source: str) -> None:
     sched_kw = {k: v for k, v in changes.items() if k in sched_fields}
     cache_kw = {k: v for k, v in changes.items() if k not in sched_fields}
     try:
-        sched = dataclasses.replace(engine.config.sched, **sched_kw)
-        dataclasses.replace(engine.config.cache, **cache_kw)
+        sched = dataclasses.replace(limits.config.sched, **sched_kw)
+        dataclasses.replace(limits.config.cache, **cache_kw)
         if resolve_policy(sched.policy) == "srpt":
             raise ConfigError("policy 'srpt' runs in the simulator only")
     except (ConfigError, TypeError) as exc:

@@ -3,8 +3,12 @@
 One thread owns the engine and the ROUTER socket, so nothing about the scheduler
 needs locking; it polls the socket without blocking while there is work and blocks
 on it when there is none (no busy loop). Telemetry is read here and sent from the
-publisher's thread. Bad input of any kind is answered with an `Error` and the loop
-goes on.
+publisher's thread.
+
+Nothing a client sends may end the loop: a frame that does not decode, a request
+that fails, a job whose step fails (the engine fails that job alone) and any bug in
+the loop's other duties are answered or logged, and the loop goes on. Each request
+is checked against the sender's role (`fsd.server.roles`) and the job caps first.
 """
 
 from __future__ import annotations
@@ -14,7 +18,9 @@ import logging
 import os
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import zmq
 
@@ -23,11 +29,19 @@ from fsd import protocol as P
 from fsd.config import ServerConfig
 from fsd.engine.core import Engine
 from fsd.engine.output import RequestOutput, StepDelta
-from fsd.errors import ConfigError, FsdError, PromptTooLongError, UnknownJobError
+from fsd.errors import (
+    ConfigError,
+    ForbiddenError,
+    FsdError,
+    OverloadedError,
+    PromptTooLongError,
+    UnknownJobError,
+)
 from fsd.jobs import JobStatus
 from fsd.metrics import Finish, SLOWindow
 from fsd.sched.registry import SLO_DECODE_STEPS
 from fsd.server.control import ControlHandler
+from fsd.server.roles import Authorizer, Caller
 from fsd.server.security import Security
 from fsd.server.telemetry import JobTablePacer, Publisher, build_snapshot, wire_event
 
@@ -35,7 +49,10 @@ log = logging.getLogger("fsd.server")
 
 _MAX_MESSAGES_PER_TURN = 1000  # then run an iteration, so a flood cannot starve the engine
 _EVENT_FLUSH_S = 0.05  # longest an event waits before it is published
-_HARD_FRAME_LIMIT = 64 * 1024 * 1024  # zmq drops bigger frames outright (memory guard)
+# ZeroMQ drops a bigger frame and the peer's connection without a word (a memory
+# guard); frames between max_frame_bytes and this still get an `Error` "too-large"
+_FRAME_SLACK = 1024 * 1024
+_MAX_ERROR_CHARS = 2000  # an Error never echoes more of a client's input than this
 
 
 @dataclass
@@ -43,33 +60,50 @@ class ClientState:
     """A connected client: when it last spoke and which of its jobs are live."""
 
     last_seen: float
+    user_id: str | None = None  # its CURVE key (z85), None on plain loopback
     jobs: dict[str, str] = field(default_factory=dict)  # job_id -> req_id
+
+
+@dataclass(frozen=True)
+class Owner:
+    """Whose a job is and how it is answered: streamed tokens, or only its `Finished`."""
+
+    caller: Caller
+    req_id: str
+    stream: bool = True
+
+
+class _Once:
+    """Logs each distinct failure once with its traceback, then only counts it."""
+
+    def __init__(self, limit: int = 200) -> None:
+        self.seen: dict[str, int] = {}
+        self.limit = limit
+
+    def exception(self, what: str, exc: BaseException) -> None:
+        key = f"{what}: {type(exc).__name__}: {str(exc)[:200]}"
+        count = self.seen.get(key, 0)
+        if count == 0 and len(self.seen) < self.limit:
+            log.error("%s", key, exc_info=exc)
+        elif count in (10, 100, 1000, 10000):
+            log.error("%s (%d times so far)", key, count)
+        self.seen[key] = count + 1
 
 
 class EngineService:
     """Serves one engine on a ROUTER (requests) and a PUB (telemetry) socket."""
 
     def __init__(self, engine: Engine, cfg: ServerConfig) -> None:
+        """Bind the sockets (and the HTTP port); ConfigError naming the address if one
+        cannot be bound, with everything opened so far closed again."""
         self.engine = engine
         self.cfg = cfg
-        self.ctx = zmq.Context()
-        self.security = Security(self.ctx, cfg)
-        self.router = self.ctx.socket(zmq.ROUTER)
-        self.router.setsockopt(zmq.LINGER, 0)
-        self.router.setsockopt(zmq.SNDHWM, 100_000)
-        self.router.setsockopt(zmq.RCVHWM, 100_000)
-        self.router.setsockopt(zmq.MAXMSGSIZE, max(_HARD_FRAME_LIMIT, cfg.max_frame_bytes))
-        configure = self.security.configure()
-        if configure is not None:
-            configure(self.router)
-        self.router.bind(cfg.endpoint)
-        self.publisher = Publisher(self.ctx, cfg.telemetry_endpoint, configure)
         engine.events.enabled = True
+        self._once = _Once()
         self.clients: dict[bytes, ClientState] = {}
-        self.owners: dict[str, tuple[bytes, str]] = {}  # job_id -> (client, req_id)
+        self.owners: dict[str, Owner] = {}
         slo = SLO_DECODE_STEPS * engine.cost.min_iteration_time
         self.slo = SLOWindow(cfg.slo_window, slo)
-        self.control = ControlHandler(self)
         self.started = time.time()
         self.draining = False
         self.stopping = False
@@ -86,11 +120,56 @@ class EngineService:
         self.step_seconds = 0.0
         self.telemetry_seconds = 0.0
         self.http = None  # the OpenAI-compatible API and /metrics (fsd.server.http_server)
+        self.ctx = zmq.Context()
+        self.security: Security | None = None
+        self._binding = cfg.endpoint
+        try:
+            self._open(cfg)
+        except BaseException as exc:
+            self._abandon()
+            if isinstance(exc, zmq.ZMQError):
+                raise ConfigError(
+                    f"cannot bind {self._binding}: {exc.strerror} (another fsd daemon or "
+                    "program listens there?)"
+                ) from None
+            raise
+
+    def _open(self, cfg: ServerConfig) -> None:
+        self.security = Security(self.ctx, cfg)
+        self.router = self.ctx.socket(zmq.ROUTER)
+        self.router.setsockopt(zmq.LINGER, 0)
+        self.router.setsockopt(zmq.SNDHWM, 100_000)
+        self.router.setsockopt(zmq.RCVHWM, 100_000)
+        self.router.setsockopt(zmq.MAXMSGSIZE, cfg.max_frame_bytes + _FRAME_SLACK)
+        configure = self.security.configure()
+        if configure is not None:
+            configure(self.router)
+        self.router.bind(cfg.endpoint)
+        self._binding = cfg.telemetry_endpoint
+        self.publisher = Publisher(self.ctx, cfg.telemetry_endpoint, configure)
+        # after binding: a daemon that cannot bind must not replace a running one's token
+        self.auth = Authorizer(cfg, self.security.operator_keys)
+        self.control = ControlHandler(self)
         if cfg.http is not None:
             from fsd.server.http_server import HttpFrontend
 
+            self._binding = f"http://{cfg.http}"
             self.http = HttpFrontend(self)
             self.http.start()
+
+    def _abandon(self) -> None:
+        """Close whatever `_open` opened before it failed."""
+        with contextlib.suppress(Exception):
+            if self.http is not None:
+                self.http.stop()
+        if getattr(self, "auth", None) is not None:
+            self.auth.close()
+        if getattr(self, "publisher", None) is not None:
+            with contextlib.suppress(Exception):
+                self.publisher.close()
+        if self.security is not None:
+            self.security.close()
+        self.ctx.destroy(linger=0)
 
     # ---- the loop ------------------------------------------------------------------
 
@@ -103,21 +182,40 @@ class EngineService:
             self.cfg.telemetry_endpoint,
         )
         try:
-            while not self._finished_stopping():
-                self.control.scenarios.pump(time.time())  # injected scenarios' due jobs
+            while not self._guarded("stopping", self._finished_stopping):
+                self._guarded("scenarios", self.control.scenarios.pump, time.time())
                 busy = self.engine.has_unfinished()
-                self._receive(block=not busy)
-                self._reap_silent_clients()
+                self._guarded("receiving", self._receive, not busy)
+                self._guarded("reaping", self._reap_silent_clients)
                 if self.engine.has_unfinished():
                     t0 = time.perf_counter()
-                    self._route(self.engine.step())
+                    self._step()
                     self.step_seconds += time.perf_counter() - t0
                 t0 = time.perf_counter()
-                self._telemetry()
+                self._guarded("telemetry", self._telemetry)
                 self.telemetry_seconds += time.perf_counter() - t0
-                self._answer_drain_waiters()
+                self._guarded("drain", self._answer_drain_waiters)
         finally:
             self.close()
+
+    def _guarded(self, what: str, duty: Callable[..., Any], *args: Any) -> Any:
+        """Run one of the loop's duties; a failure is logged (once) and the loop goes on
+        (the duty's answer is then None)."""
+        try:
+            return duty(*args)
+        except Exception as exc:  # noqa: BLE001 - one duty's bug must not stop serving
+            self._once.exception(f"the loop's {what} failed", exc)
+            return None
+
+    def _step(self) -> None:
+        """One engine iteration; the engine fails a faulty job alone, never raising. If
+        it raises anyway (a bug), its jobs fail rather than the daemon."""
+        try:
+            deltas = self.engine.step()
+        except Exception as exc:  # noqa: BLE001 - last resort
+            self._once.exception("an engine step failed; its jobs are failed", exc)
+            deltas = self.engine.fail_all(f"internal error: {type(exc).__name__}: {exc}")
+        self._guarded("routing tokens", self._route, deltas)
 
     def _receive(self, block: bool) -> None:
         timeout = 0
@@ -133,31 +231,45 @@ class EngineService:
                 timeout = min(timeout, int(max(0.0, due - time.time()) * 1000))
         if not self.router.poll(timeout):
             return
+        curve = self.security.enabled  # frames carry the sender's key (User-Id)
         for _ in range(_MAX_MESSAGES_PER_TURN):
             try:
-                frames = self.router.recv_multipart(zmq.NOBLOCK, copy=True)
+                frames = self.router.recv_multipart(zmq.NOBLOCK, copy=not curve)
             except zmq.Again:
                 return
             self._handle(frames)
 
-    def _handle(self, frames: list[bytes]) -> None:
-        ident = frames[0]
-        client = self.clients.setdefault(ident, ClientState(time.time()))
-        client.last_seen = time.time()
+    def _handle(self, frames: list) -> None:  # bytes, or zmq.Frame with CURVE
+        """Answer one client message; nothing it holds may raise out of here."""
+        ident = bytes(frames[0])
+        try:
+            self._handle_frames(ident, frames)
+        except Exception as exc:  # noqa: BLE001 - bad input must never kill the daemon
+            self._once.exception("handling a request failed", exc)
+            self.send(ident, P.Error(code="internal", message=f"{type(exc).__name__}: {exc}"))
+
+    def _handle_frames(self, ident: bytes, frames: list) -> None:
+        now = time.time()
+        client = self.clients.get(ident)
+        if client is None:
+            user_id = None
+            if isinstance(frames[-1], zmq.Frame):
+                user_id = frames[-1].get("User-Id") or None
+            client = self.clients[ident] = ClientState(now, user_id)
+        client.last_seen = now
         if len(frames) != 2:
             self.send(
                 ident, P.Error(code="malformed", message=f"expected 1 frame, got {len(frames) - 1}")
             )
             return
-        payload = frames[1]
+        payload = frames[1] if isinstance(frames[1], bytes) else frames[1].bytes
         if len(payload) > self.cfg.max_frame_bytes:
             self.send(
                 ident,
                 P.Error(
                     code="too-large",
-                    message=(
-                        f"frame of {len(payload)} bytes exceeds max_frame_bytes {self.cfg.max_frame_bytes}"
-                    ),
+                    message=f"frame of {len(payload)} bytes exceeds max_frame_bytes "
+                    f"{self.cfg.max_frame_bytes}",
                 ),
             )
             return
@@ -166,25 +278,14 @@ class EngineService:
         except P.ProtocolError as exc:
             self.send(ident, P.Error(code=exc.code, message=str(exc)))
             return
+        caller = Caller(ident, self.auth.role(msg, client.user_id), client.user_id)
         try:
-            self.control.dispatch(ident, msg)
-        except FsdError as exc:  # every deliberate refusal lands here
-            self.send(
-                ident,
-                P.Error(
-                    code=error_code(exc), message=str(exc), req_id=getattr(msg, "req_id", None)
-                ),
-            )
-        except Exception as exc:  # noqa: BLE001 - bad input must never kill the daemon
-            log.exception("request %s failed", type(msg).__name__)
-            self.send(
-                ident,
-                P.Error(
-                    code="internal",
-                    message=f"{type(exc).__name__}: {exc}",
-                    req_id=getattr(msg, "req_id", None),
-                ),
-            )
+            self.auth.check(msg, caller.role)
+            self.control.dispatch(caller, msg)
+        except Exception as exc:  # noqa: BLE001 - FsdError is a refusal; others are bugs
+            if not isinstance(exc, FsdError | TypeError):
+                self._once.exception(f"request {type(msg).__name__} failed", exc)
+            self.send_error(ident, exc, getattr(msg, "req_id", None))
 
     def send(self, ident: bytes | None, msg: P.Reply) -> None:
         if ident is None:
@@ -194,13 +295,45 @@ class EngineService:
         except zmq.ZMQError as exc:  # a vanished peer or a full queue loses only its message
             log.debug("dropped a reply to %r: %s", ident, exc)
 
+    def send_error(self, ident: bytes, exc: BaseException, req_id: str | None = None) -> None:
+        """An `Error` for a refusal (stable code) or a failure (code "internal")."""
+        if isinstance(exc, FsdError):
+            code, text = error_code(exc), str(exc)
+        elif isinstance(exc, TypeError):  # a wrong type deep in a request's values
+            code, text = "invalid", str(exc)
+        else:
+            code, text = "internal", f"{type(exc).__name__}: {exc}"
+        if len(text) > _MAX_ERROR_CHARS:
+            text = text[:_MAX_ERROR_CHARS] + "..."
+        self.send(ident, P.Error(code=code, message=text, req_id=req_id))
+
     # ---- jobs ----------------------------------------------------------------------
 
-    def own(self, job_id: str, ident: bytes | None, req_id: str) -> None:
-        if ident is None:
-            return
-        self.owners[job_id] = (ident, req_id)
-        self.clients[ident].jobs[job_id] = req_id
+    def own(self, job_id: str, caller: Caller, req_id: str, stream: bool = True) -> None:
+        """`job_id` is `caller`'s: streamed to it (or only finished), reaped with it."""
+        self.owners[job_id] = Owner(caller, req_id, stream)
+        client = self.clients.get(caller.ident)
+        if client is not None:
+            client.jobs[job_id] = req_id
+
+    def owner_of(self, job_id: str) -> Caller | None:
+        owner = self.owners.get(job_id)
+        return owner.caller if owner is not None else None
+
+    def check_room(self, ident: bytes, count: int) -> None:
+        """Refuse `count` more jobs past the caller's or the daemon's job cap."""
+        client = self.clients.get(ident)
+        mine = len(client.jobs) if client is not None else 0
+        if mine + count > self.cfg.max_client_jobs:
+            raise OverloadedError(
+                f"this connection has {mine} live jobs; max_client_jobs is "
+                f"{self.cfg.max_client_jobs}"
+            )
+        live = len(self.engine.scheduler)
+        if live + count > self.cfg.max_jobs:
+            raise OverloadedError(
+                f"the daemon holds {live} live jobs; max_jobs is {self.cfg.max_jobs}"
+            )
 
     def finished(self, out: RequestOutput) -> None:
         """Record a job's end and tell its client."""
@@ -218,20 +351,20 @@ class EngineService:
         owner = self.owners.pop(out.request_id, None)
         if owner is None:
             return
-        ident, req_id = owner
+        ident = owner.caller.ident
         client = self.clients.get(ident)
         if client is not None:
             client.jobs.pop(out.request_id, None)
-        self.send(ident, finished_message(out, req_id))
+        self.send(ident, finished_message(out, owner.req_id))
 
     def _route(self, deltas: list[StepDelta]) -> None:
         per_client: dict[bytes, list[P.Chunk]] = defaultdict(list)
         for d in deltas:
             owner = self.owners.get(d.job_id)
-            if owner is not None:
-                per_client[owner[0]].append(
+            if owner is not None and owner.stream:
+                per_client[owner.caller.ident].append(
                     P.Chunk(
-                        req_id=owner[1],
+                        req_id=owner.req_id,
                         job_id=d.job_id,
                         token_ids=list(d.new_token_ids),
                         text=d.new_text,
@@ -249,10 +382,12 @@ class EngineService:
         for ident, client in list(self.clients.items()):
             if client.last_seen >= limit:
                 continue
+            if client.jobs:
+                log.info("client %r went silent: aborting its %d jobs", ident, len(client.jobs))
             for job_id in list(client.jobs):
-                log.info("client %r went silent: aborting %s", ident, job_id)
                 with contextlib.suppress(UnknownJobError):  # if alive after all, it hears
                     self.finished(self.engine.abort(job_id))
+            self.control.scenarios.cancel(ident)
             del self.clients[ident]
 
     # ---- drain and shutdown --------------------------------------------------------
@@ -261,6 +396,22 @@ class EngineService:
         self.draining = True
         if ident is not None:
             self.drain_waiters.append((ident, time.time() + timeout))
+
+    def end_drain(self) -> None:
+        """Accept jobs again; drain waiters hear that the drain was called off."""
+        if self.stopping:
+            raise ConfigError("the daemon is shutting down; it cannot undrain")
+        self.draining = False
+        remaining = len(self.engine.scheduler)
+        for ident, _ in self.drain_waiters:
+            self.send(
+                ident,
+                P.Ack(
+                    what="drain",
+                    detail={"drained": False, "undrained": True, "remaining": remaining},
+                ),
+            )
+        self.drain_waiters = []
 
     def begin_shutdown(self, drain: bool, timeout: float) -> None:
         self.draining = True
@@ -318,7 +469,7 @@ class EngineService:
             self.publisher.publish(P.TOPIC_SNAPSHOT, snap)
             self._next_snapshot = now + 1.0 / self.cfg.telemetry_hz
 
-    def status(self) -> P.StatusReply:
+    def status(self, role: str = "client") -> P.StatusReply:
         sched = self.engine.scheduler
         return P.StatusReply(
             pid=os.getpid(),
@@ -335,9 +486,12 @@ class EngineService:
             client_timeout=self.cfg.client_timeout,
             step_seconds=self.step_seconds,
             telemetry_seconds=self.telemetry_seconds,
+            role=role,
         )
 
     def close(self) -> None:
+        self.auth.close()
+        self.control.scenarios.close()
         if self.http is not None:  # its socket must close before the context terminates
             self.http.stop()
         if self._events:
@@ -369,6 +523,7 @@ def finished_message(out: RequestOutput, req_id: str) -> P.Finished:
         swaps_out=out.swaps_out,
         swaps_in=out.swaps_in,
         recomputes=out.recomputes,
+        message=out.error,
     )
 
 
@@ -378,6 +533,10 @@ def error_code(exc: FsdError) -> str:
         return "prompt-too-long"
     if isinstance(exc, UnknownJobError):
         return "unknown-job"
+    if isinstance(exc, ForbiddenError):
+        return "forbidden"
+    if isinstance(exc, OverloadedError):
+        return "overloaded"
     if isinstance(exc, ConfigError):
         return "invalid"
     return "refused"

@@ -68,3 +68,8 @@ class Feed:
     def started_ids(self) -> list[str]:
         """Ids of the arrivals taken so far."""
         return [f"{self.prefix}{k}" for k in range(self._arrived)]
+
+    def unstarted_ids(self) -> list[str]:
+        """Ids of the arrivals not taken yet."""
+        total = len(self.timeline.arrivals)
+        return [f"{self.prefix}{k}" for k in range(self._arrived, total)]

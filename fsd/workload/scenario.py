@@ -13,12 +13,14 @@ Every refusal is a `ConfigError` naming the file, the field and the value, e.g.
 from __future__ import annotations
 
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from fsd.errors import ConfigError
 from fsd.workload.scenario_fields import Fields, parse_lengths
+from fsd.workload.trace import TraceRef
 
 PHASE_ARRIVALS = ("poisson", "gamma", "uniform", "trace")
 EVENT_KINDS = ("burst", "retune", "abort-all")
@@ -37,7 +39,7 @@ class Phase:
     rate_end: float | None = None  # requests/s at its end: a linear ramp
     cv: float = 1.0
     lengths: Any = None  # a LengthModel (None for traces: the trace has lengths)
-    trace: Path | None = None
+    trace: TraceRef | None = None
     trace_offset: float = 0.0  # seconds into the trace where the window starts
     rate_factor: float = 1.0  # the trace's time_scale; sweeps multiply it for every phase
 
@@ -147,6 +149,37 @@ def looks_inline(spec: str) -> bool:
     return "\n" in spec or "=" in spec or spec.lstrip().startswith("[")
 
 
+def bundle_scenario(
+    path: str | Path, max_text: int | None = None, max_traces: int | None = None
+) -> tuple[str, dict[str, str]]:
+    """A scenario file and the traces it names, read here, to send inline.
+
+    Returns (TOML text, {trace name as written in the file: CSV text}). The file is
+    parsed first, so a bad scenario fails here, naming the file. `max_text` and
+    `max_traces` cap the bytes (the daemon's limits: fsd.protocol).
+    """
+    scenario = load_scenario(Path(path))
+    text = Path(path).expanduser().read_text()
+    if max_text is not None and len(text.encode()) > max_text:
+        raise ConfigError(f"scenario file {str(path)!r} is over {max_text} bytes")
+    traces: dict[str, str] = {}
+    for phase in scenario.phases:
+        ref = phase.trace
+        if ref is None or ref.name in traces or ref.path is None:
+            continue
+        try:
+            traces[ref.name] = ref.path.read_text()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"trace file {str(ref.path)!r} cannot be read: {exc}") from None
+    size = sum(len(t.encode()) for t in traces.values())
+    if max_traces is not None and size > max_traces:
+        raise ConfigError(
+            f"the traces of {str(path)!r} hold {size} bytes, over the {max_traces} bytes an "
+            "inject may carry (cut the trace to the window the scenario plays)"
+        )
+    return text, traces
+
+
 def load_scenario(spec: str | Path, base_dir: Path | None = None) -> Scenario:
     """A scenario from a file path or from inline TOML text (as `Inject` carries it).
 
@@ -166,9 +199,17 @@ def load_scenario(spec: str | Path, base_dir: Path | None = None) -> Scenario:
 
 
 def parse_scenario(
-    text: str, source: str, base_dir: Path, default_name: str = "scenario"
+    text: str,
+    source: str,
+    base_dir: Path | None,
+    default_name: str = "scenario",
+    traces: Mapping[str, str] | None = None,
 ) -> Scenario:
-    """Validate TOML text into a `Scenario`; `source` names it in every error."""
+    """Validate TOML text into a `Scenario`; `source` names it in every error.
+
+    Trace phases read files relative to `base_dir`, or, with `traces` (the daemon's
+    case: `base_dir` None), take the text sent under their name and open nothing.
+    """
     try:
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
@@ -200,7 +241,7 @@ def parse_scenario(
                 f"{start:g} s is not before the scenario's end ({duration:g} s); a phase "
                 "without a duration runs to the end, so give the earlier phase one",
             )
-        phase = _phase(table, i, start, duration - start, base_dir)
+        phase = _phase(table, i, start, duration - start, base_dir, traces)
         if phase.end > duration + 1e-9:
             raise table.fail(
                 "duration",
@@ -229,7 +270,14 @@ def parse_scenario(
     )
 
 
-def _phase(t: Fields, i: int, start: float, rest: float, base_dir: Path) -> Phase:
+def _phase(
+    t: Fields,
+    i: int,
+    start: float,
+    rest: float,
+    base_dir: Path | None,
+    traces: Mapping[str, str] | None,
+) -> Phase:
     t.only(
         "name",
         "start",
@@ -251,14 +299,7 @@ def _phase(t: Fields, i: int, start: float, rest: float, base_dir: Path) -> Phas
             "rate", "rate_end", "cv", "lengths", why="a trace brings its own times and lengths"
         )
         path = t.string("trace", required=True)
-        trace = Path(path).expanduser()
-        if not trace.is_absolute():
-            trace = base_dir / trace
-        if not trace.is_file():
-            raise ConfigError(
-                f"{t.source}: {t.where('trace')}: trace file {path!r} does not exist "
-                f"(looked at {str(trace)!r})"
-            )
+        trace = _trace_ref(t, path, base_dir, traces)
         return Phase(
             name,
             start,
@@ -283,6 +324,27 @@ def _phase(t: Fields, i: int, start: float, rest: float, base_dir: Path) -> Phas
             )
     lengths = parse_lengths(t, "lengths", required=True)
     return Phase(name, start, duration, arrival, rate, rate_end, cv, lengths)
+
+
+def _trace_ref(
+    t: Fields, name: str, base_dir: Path | None, traces: Mapping[str, str] | None
+) -> TraceRef:
+    if traces is not None or base_dir is None:
+        if traces is None or name not in traces:
+            raise ConfigError(
+                f"{t.source}: {t.where('trace')}: trace {name!r} was not sent with the "
+                "scenario (fsctl inject --scenario FILE sends the traces the file names)"
+            )
+        return TraceRef(name, text=traces[name])
+    path = Path(name).expanduser()
+    if not path.is_absolute():
+        path = base_dir / path
+    if not path.is_file():
+        raise ConfigError(
+            f"{t.source}: {t.where('trace')}: trace file {name!r} does not exist "
+            f"(looked at {str(path)!r})"
+        )
+    return TraceRef(name, path=path)
 
 
 def _event(t: Fields, duration: float) -> Event:

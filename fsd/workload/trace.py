@@ -20,14 +20,43 @@ from __future__ import annotations
 
 import csv
 import datetime as dt
+import io
 import math
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TextIO
 
 from fsd.errors import ConfigError
 from fsd.workload.spec import Request, Workload, check_time_scale
 
 AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 _EPOCH = dt.datetime(1970, 1, 1)
+
+
+@dataclass(frozen=True)
+class TraceRef:
+    """A trace as a scenario names it: a file on this machine, or its text sent inline.
+
+    The daemon only ever sees inline traces (`path` None): it never opens a path a
+    client names. `name` is the scenario's `trace = "..."` value, used in errors.
+    """
+
+    name: str
+    path: Path | None = None
+    text: str | None = None
+
+    def __post_init__(self) -> None:
+        if (self.path is None) == (self.text is None):
+            raise ValueError("a TraceRef has exactly one of path and text")
+
+    def open(self) -> TextIO:
+        if self.text is not None:
+            return io.StringIO(self.text, newline="")
+        assert self.path is not None
+        return self.path.open(newline="")
+
+    def __str__(self) -> str:
+        return str(self.path) if self.path is not None else self.name
 
 
 def parse_timestamp(text: str) -> float:
@@ -52,7 +81,7 @@ def parse_timestamp(text: str) -> float:
 
 
 def read_trace(
-    path: str | Path,
+    path: str | Path | TraceRef,
     time_scale: float = 1.0,
     limit: int | None = None,
     columns: tuple[str, str, str] = AZURE_COLUMNS,
@@ -65,9 +94,10 @@ def read_trace(
     check_time_scale(time_scale)
     if limit is not None and limit < 1:
         raise ConfigError(f"limit must be >= 1 request, got {limit}")
-    p = Path(path)
+    ref = path if isinstance(path, TraceRef) else TraceRef(str(path), path=Path(path))
+    p = ref.path or Path(ref.name)  # how errors name it
     try:
-        handle = p.open(newline="")
+        handle = ref.open()
     except FileNotFoundError:
         raise ConfigError(f"trace file {str(p)!r} does not exist") from None
     except OSError as exc:

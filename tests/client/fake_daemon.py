@@ -10,7 +10,10 @@ client's jobs, as the real daemon does. Knobs for the tests:
 - `chatter`: run one iteration just before answering a control request, so token
   messages and the control reply interleave on the client's socket;
 - `mute`: read requests but answer nothing (a hung daemon);
-- `reply_delay`: answer control requests that many seconds late.
+- `reply_delay`: answer control requests that many seconds late;
+- `token`: an operator token. Set, a request carrying it has the operator role (its
+  `Status` says so) and retune, inject, drain and shutdown without it get an `Error`
+  "forbidden", as the real daemon answers; unset, every request may do everything.
 """
 
 from __future__ import annotations
@@ -44,11 +47,12 @@ def free_port() -> int:
 
 @dataclass
 class FakeJob:
-    ident: bytes | None  # None: injected, nobody streams it
+    ident: bytes | None  # the client that made it
     req_id: str
     job_id: str
     text: str
     tags: list[str]
+    stream: bool = True  # False: injected: no tokens, only its Finished (req_id = job id)
     arrival: float = field(default_factory=time.time)
     out: list[int] = field(default_factory=list)
     first: float | None = None
@@ -63,6 +67,7 @@ class FakeDaemon:
         tick: float = 0.002,
         telemetry: bool = False,
         curve: tuple[bytes, bytes] | None = None,  # (public, secret): a CURVE server
+        token: str | None = None,
     ):
         self.port = port or free_port()
         self.endpoint = f"tcp://127.0.0.1:{self.port}"
@@ -70,6 +75,7 @@ class FakeDaemon:
         self.telemetry_endpoint = f"tcp://127.0.0.1:{self.telemetry_port}"
         self.tick = tick
         self.curve = curve
+        self.token = token
         self.hold = False
         self.chatter = False
         self.mute = False
@@ -156,9 +162,18 @@ class FakeDaemon:
         else:
             self._send(ident, msg)
 
+    def role(self, msg: P.Request) -> str:
+        """The role a request has: "operator" with the token (or when there is none)."""
+        return "operator" if self.token is None or msg.token == self.token else "client"
+
     def _handle(self, ident: bytes, msg: P.Request) -> None:
         self.received.append((time.monotonic(), msg))
         if self.mute or isinstance(msg, P.Ping):
+            return
+        operator_only = (P.Retune, P.Inject, P.Drain, P.Undrain, P.Shutdown)
+        if isinstance(msg, operator_only) and self.role(msg) != "operator":
+            what = msg.__struct_config__.tag
+            self._reply(ident, P.Error(code="forbidden", message=f"{what} needs the operator role"))
             return
         if isinstance(msg, P.Submit):
             self._submit(ident, msg)
@@ -179,8 +194,13 @@ class FakeDaemon:
             self._reply(ident, P.Ack(what="retune", detail={"config": dict(self.config)}))
         elif isinstance(msg, P.Inject):
             count = msg.burst.count if msg.burst else 2
-            ids = [self._new_job(None, "", "x" * 4, [msg.tag]).job_id for _ in range(count)]
-            self._reply(ident, P.Ack(what="inject", detail={"job_ids": ids}))
+            ids = []
+            for _ in range(count):
+                job = self._new_job(ident, "", "x" * 4, [msg.tag])
+                job.req_id, job.stream = job.job_id, False
+                ids.append(job.job_id)
+            ack = P.Ack(what="inject", detail={"job_ids": ids}, req_id=msg.req_id)
+            self._reply(ident, ack)
         elif isinstance(msg, P.ListJobs):
             self._reply(ident, P.JobList(jobs=[_info(j) for j in self.jobs.values()]))
         elif isinstance(msg, P.GetJob):
@@ -190,10 +210,15 @@ class FakeDaemon:
             else:
                 self._reply(ident, P.JobReply(job=_info(job)))
         elif isinstance(msg, P.Status):
-            self._reply(ident, self.status())
+            status = self.status()
+            status.role = self.role(msg)
+            self._reply(ident, status)
         elif isinstance(msg, P.Drain):
             self.draining = True
             self._reply(ident, P.Ack(what="drain", detail={"jobs": len(self.jobs)}))
+        elif isinstance(msg, P.Undrain):
+            self.draining = False
+            self._reply(ident, P.Ack(what="undrain", detail={"draining": False}))
         elif isinstance(msg, P.Shutdown):
             self._reply(ident, P.Ack(what="shutdown"))
 
@@ -237,7 +262,7 @@ class FakeDaemon:
             char = job.text[len(job.out)]
             job.out.append(ord(char))
             job.first = job.first or time.time()
-            if job.ident is not None:
+            if job.ident is not None and job.stream:
                 chunk = P.Chunk(req_id=job.req_id, job_id=job.job_id, token_ids=[ord(char)],
                                 text=char)  # fmt: skip
                 per_client.setdefault(job.ident, []).append(chunk)
@@ -280,8 +305,8 @@ def snapshot(n_jobs: int = 0, seq: int | None = None) -> P.Snapshot:
                     requests_per_s=2.0, slo_per_token_latency=0.05)  # fmt: skip
     return P.Snapshot(
         time=time.time(), seq=_seq if seq is None else seq, policy="skip-join",
-        levels=[P.LevelInfo(index=0, quantum=0.01, job_ids=[]),
-                P.LevelInfo(index=1, quantum=0.02, job_ids=[])],
+        levels=[P.LevelInfo(index=1, quantum=0.01, job_ids=[]),
+                P.LevelInfo(index=2, quantum=0.02, job_ids=[])],
         jobs=[], kv=kv, iterations=[P.IterationInfo(start=0.0, duration=0.01, batch_size=n_jobs,
                                                     prefill_tokens=0, decode_tokens=n_jobs)],
         slo=slo, config=dict(CONFIG),
@@ -290,7 +315,7 @@ def snapshot(n_jobs: int = 0, seq: int | None = None) -> P.Snapshot:
 
 def _info(job: FakeJob) -> P.JobInfo:
     return P.JobInfo(
-        job_id=job.job_id, state="running", level=0, kv="device", blocks=1, host_blocks=0,
+        job_id=job.job_id, state="running", level=1, kv="device", blocks=1, host_blocks=0,
         enst=0.01, prompt_tokens=len(job.text), output_tokens=len(job.out), waited=0.0,
         attained=0.0, arrival=job.arrival, tags=job.tags,
     )  # fmt: skip

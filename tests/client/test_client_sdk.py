@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 import time
 
@@ -220,6 +221,9 @@ def test_curve_keys_from_files_and_z85(tmp_path):
     client_pub, client_sec = zmq.auth.create_certificates(str(tmp_path), "client")
     spub, ssec = zmq.auth.load_certificate(server_sec)
     cpub, csec = zmq.auth.load_certificate(client_sec)
+    with pytest.raises(ConfigError, match="readable by others"):  # pyzmq writes it 0644
+        CurveKeys(server_pub, None, client_sec).resolve()
+    os.chmod(client_sec, 0o600)
     assert CurveKeys(server_pub, None, client_sec).resolve() == (spub, cpub, csec)
     assert CurveKeys(spub.decode(), cpub.decode(), csec.decode()).resolve() == (spub, cpub, csec)
     with pytest.raises(ConfigError, match="holds no secret key"):
@@ -300,3 +304,29 @@ def test_async_unavailable_then_reconnect():
                 daemon.stop()
 
     asyncio.run(main())
+
+
+def test_a_duplicate_req_id_refusal_leaves_the_live_stream_alone():
+    import queue
+
+    from fsd.client_core import ClientCore
+
+    core = ClientCore("tcp://x", timeout=5.0, heartbeat=1.0)
+    sink: queue.Queue = queue.Queue()
+    core.add_stream("r1", sink, now=0.0)
+    core.route(P.Accepted(req_id="r1", job_id="job-1", prompt_tokens=2))
+    core.route(P.Error(code="duplicate-req-id", message="already in flight", req_id="r1"))
+    fin = P.Finished(req_id="r1", job_id="job-1", reason="length", text="ab", token_ids=[1, 2],
+                     timings=P.Timings(arrival=0.0))  # fmt: skip
+    core.route(fin)
+    got = [sink.get_nowait() for _ in range(sink.qsize())]
+    assert [type(m).__name__ for m in got] == ["Accepted", "Finished"]
+    assert "r1" not in core.streams
+
+
+def test_a_request_over_the_frame_limit_is_refused_before_it_is_sent(fake):
+    with Client(fake.endpoint, timeout=2) as c:
+        with pytest.raises(ConfigError, match="frame limit"):
+            c.submit("x" * (P.MAX_FRAME_BYTES + 1), max_tokens=1)
+        assert c.complete("ab", max_tokens=2).text == "ab"
+    assert len(fake.requests(P.Submit)) == 1

@@ -63,18 +63,19 @@ def test_submit_refused_is_one_line_and_exit_2(fake):
 def test_jobs_job_and_abort(fake):
     assert fsctl(fake, "jobs").stdout == "no jobs\n"
     fake.hold = True
-    with Client(fake.endpoint) as c:
+    with Client(fake.endpoint) as c:  # injected jobs are this connection's while it is open
         ids = c.inject(burst=(2, 4, 4), tag="burst")
-    table = fsctl(fake, "jobs")
-    assert table.exit_code == 0, table.output
-    assert all(job_id in table.stdout for job_id in ids) and "burst" in table.stdout
-    assert [j["job_id"] for j in json.loads(fsctl(fake, "jobs", "--json").stdout)] == ids
-    detail = fsctl(fake, "job", ids[0])
-    assert detail.exit_code == 0 and f"job         {ids[0]}" in detail.stdout
-    assert fsctl(fake, "abort", ids[0]).stdout == f"aborted {ids[0]}\n"
-    missing = fsctl(fake, "job", ids[0])
-    assert missing.exit_code == 2
-    assert missing.stderr == f"error: no job {ids[0]} (unknown-job)\n"
+        table = fsctl(fake, "jobs")
+        assert table.exit_code == 0, table.output
+        assert all(job_id in table.stdout for job_id in ids) and "burst" in table.stdout
+        assert [j["job_id"] for j in json.loads(fsctl(fake, "jobs", "--json").stdout)] == ids
+        detail = fsctl(fake, "job", ids[0])
+        assert detail.exit_code == 0 and f"job         {ids[0]}" in detail.stdout
+        assert fsctl(fake, "abort", ids[0]).stdout == f"aborted {ids[0]}\n"
+        missing = fsctl(fake, "job", ids[0])
+        assert missing.exit_code == 2
+        assert missing.stderr == f"error: no job {ids[0]} (unknown-job)\n"
+    assert fsctl(fake, "jobs").stdout == "no jobs\n"  # closing the client aborted the other
 
 
 def test_retune_parses_values(fake):
@@ -111,22 +112,50 @@ def test_retune_parses_values(fake):
     assert malformed.stderr == "error: expected KEY=VALUE, got 'policy'\n"
 
 
+SCENARIO = """
+[scenario]
+name = "burst"
+duration = 2.0
+[[phase]]
+arrival = "trace"
+trace = "traces/mini.csv"
+"""
+
+
 def test_inject_burst_and_scenario(fake, tmp_path):
     fake.hold = True
     burst = fsctl(fake, "inject", "--count", "2", "--input-len", "4", "--output-len", "3",
-                  "--tag", "b")  # fmt: skip
+                  "--tag", "b", "--no-wait")  # fmt: skip
     assert burst.exit_code == 0, burst.output
     assert burst.stdout == "injected 2 jobs (tag b): job-1 job-2\n"
-    many = fsctl(fake, "inject", "--count", "20", "--input-len", "4", "--output-len", "3")
+    many = fsctl(fake, "inject", "--count", "20", "--input-len", "4", "--output-len", "3",
+                 "--no-wait")  # fmt: skip
     assert many.stdout == "injected 20 jobs (tag injected): job-3 .. job-22\n"
+    (tmp_path / "traces").mkdir()
+    csv = "TIMESTAMP,ContextTokens,GeneratedTokens\n0,4,2\n0.5,8,3\n"
+    (tmp_path / "traces" / "mini.csv").write_text(csv)
     scenario = tmp_path / "burst.toml"
-    scenario.write_text("[[phase]]\nrate = 1.0\n")
-    played = fsctl(fake, "inject", "--scenario", str(scenario))
+    scenario.write_text(SCENARIO)
+    played = fsctl(fake, "inject", "--scenario", str(scenario), "--no-wait")
     assert played.exit_code == 0, played.output
-    assert fake.requests(P.Inject)[2].scenario == str(scenario.resolve())  # loopback: a path
+    sent = fake.requests(P.Inject)[2]
+    # the file and its trace travel inline: the daemon opens no path a client names
+    assert sent.scenario == SCENARIO and sent.traces == {"traces/mini.csv": csv}
     assert fsctl(fake, "inject", "--count", "2").exit_code == 2
     missing = fsctl(fake, "inject", "--scenario", str(tmp_path / "nope.toml"))
     assert missing.exit_code == 2 and "does not exist" in missing.stderr
+    scenario.write_text(SCENARIO.replace("mini.csv", "gone.csv"))
+    no_trace = fsctl(fake, "inject", "--scenario", str(scenario))
+    assert (
+        no_trace.exit_code == 2 and "trace file 'traces/gone.csv' does not exist" in no_trace.stderr
+    )
+    assert len(fake.requests(P.Inject)) == 3  # the refused ones never left
+
+
+def test_inject_waits_for_its_jobs_by_default(fake):
+    result = fsctl(fake, "inject", "--count", "3", "--input-len", "4", "--output-len", "3")
+    assert result.exit_code == 0, result.output
+    assert result.stdout == "injected 3 jobs (tag injected): job-1 job-2 job-3\nended: 3 length\n"
 
 
 def test_drain_and_shutdown(fake):

@@ -15,6 +15,7 @@ import zmq
 from fsd import protocol as P
 from fsd.bench.daemon import stop_process
 from fsd.client import Client, CurveKeys, DaemonUnavailable
+from fsd.credentials import find_operator_token
 
 # a daemon small enough to preempt and swap with a handful of jobs, telemetry at 20 Hz
 SMALL_POOL = """
@@ -44,8 +45,15 @@ class Daemon:
 
     curve: CurveKeys | None = None
 
-    def client(self, timeout: float = 10.0) -> Client:
-        return Client(self.endpoint, timeout=timeout, curve=self.curve)
+    @property
+    def token(self) -> str | None:
+        """The daemon's operator token (its state folder's token file)."""
+        return find_operator_token(self.endpoint, self.state_dir)
+
+    def client(self, timeout: float = 10.0, operator: bool = True) -> Client:
+        """A client; with the operator role unless `operator` is False."""
+        token = self.token if operator else None
+        return Client(self.endpoint, timeout=timeout, curve=self.curve, token=token)
 
     def snapshot(self, timeout: float = 10.0) -> P.Snapshot:
         """The next telemetry snapshot."""
@@ -100,15 +108,19 @@ def start_daemon(
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
     d = Daemon(proc, endpoint, telemetry, state, log, curve)
     deadline = time.time() + wait
-    with Client(endpoint, timeout=1.0, curve=curve) as c:
-        while time.time() < deadline:
-            if proc.poll() is not None:
-                raise RuntimeError(f"daemon exited {proc.returncode}:\n{log.read_text()}")
-            try:
-                c.status()
-                return d
-            except DaemonUnavailable:
-                continue
+    try:
+        with Client(endpoint, timeout=1.0, curve=curve) as c:
+            while time.time() < deadline:
+                if proc.poll() is not None:
+                    raise RuntimeError(f"daemon exited {proc.returncode}:\n{log.read_text()}")
+                try:
+                    c.status()
+                    return d
+                except DaemonUnavailable:
+                    continue
+    except BaseException:  # a client that cannot even be made must not leak the daemon
+        d.stop()
+        raise
     d.stop()
     raise RuntimeError(f"daemon did not answer:\n{log.read_text()}")
 

@@ -81,12 +81,64 @@ def reply(s: zmq.Socket) -> P.Reply:
         ([P.encode(P.Submit(req_id="r"))], "invalid"),
         ([P.encode(P.Abort(job_id="job-none"))], "unknown-job"),
         ([P.encode(P.GetJob(job_id="job-none"))], "unknown-job"),
-        ([P.encode(P.Retune(changes={"quanta": [2.0, 1.0]}))], "invalid-setting"),
-        ([P.encode(P.Retune(changes={"warp": 9}))], "invalid-setting"),
-        ([P.encode(P.Inject(burst=P.Burst(count=0, input_len=1, output_len=1)))], "invalid"),
+        ([P.Retune(changes={"quanta": [2.0, 1.0]})], "invalid-setting"),
+        ([P.Retune(changes={"warp": 9})], "invalid-setting"),
+        ([P.Retune(changes={"preempt_threshold": {"x": [1]}})], "invalid-setting"),
+        ([P.Inject(burst=P.Burst(count=0, input_len=1, output_len=1))], "invalid"),
+        ([P.Inject(burst=P.Burst(count=1, input_len=10**9, output_len=1))], "prompt-too-long"),
+        (
+            [
+                P.Inject(
+                    scenario="[scenario]\nduration = 1\n[[phase]]\narrival = 'trace'\n"
+                    "trace = '/etc/passwd'\n",
+                    req_id="s",
+                )
+            ],
+            "invalid",
+        ),
+        ([P.Drain(timeout=float("nan"))], "invalid"),
+        ([P.Shutdown(timeout=-1.0)], "invalid"),
+        # invalid UTF-8 in the tag: msgspec raised UnicodeDecodeError, which killed the daemon
+        ([b"\x81\xa4type\xa1\xff"], "malformed"),
+        ([b"\x82\xa4type\xa6submit\xa6req_id\xa2\xff\xfe"], "malformed"),
+        (
+            [
+                msgspec.msgpack.encode(
+                    {
+                        "type": "submit",
+                        "v": 2,
+                        "req_id": "r",
+                        "prompt": "x",
+                        "sampling": {"temperature": float("nan")},
+                    }
+                )
+            ],
+            "invalid",
+        ),
+        (
+            [
+                msgspec.msgpack.encode(
+                    {"type": "submit", "v": 2, "req_id": "r" * 300, "prompt": "x"}
+                )
+            ],
+            "invalid",
+        ),
+        (
+            [
+                msgspec.msgpack.encode(
+                    {"type": "submit", "v": 2, "req_id": "r", "prompt": "x", "tags": ["t"] * 100}
+                )
+            ],
+            "invalid",
+        ),
     ],
 )
 def test_bad_input_gets_a_coded_error_and_the_daemon_serves_on(daemon, frames, code):
+    # operator requests carry the token: their refusal must come from the bad value
+    frames = [
+        f if isinstance(f, bytes) else P.encode(msgspec.structs.replace(f, token=daemon.token))
+        for f in frames
+    ]
     s = raw(daemon)
     try:
         s.send_multipart(frames)

@@ -3,11 +3,13 @@ tagged; retune and abort-all act; bad scenarios are refused and change nothing."
 
 from __future__ import annotations
 
+import os
 import time
 
 import pytest
 
 from fsd.client import RequestError, TelemetryClient
+from fsd.errors import ConfigError
 from fsd.workload.scenario import load_scenario
 from fsd.workload.timeline import expand
 from tests.server.daemon_proc import Daemon, daemon_fixture
@@ -114,41 +116,57 @@ def test_a_bad_scenario_is_refused_and_changes_nothing(daemon, change, needle):
         assert c.status().jobs == 0
 
 
-def test_a_missing_scenario_file_is_named(daemon, tmp_path):
-    with daemon.client() as c, pytest.raises(RequestError, match="gone.toml' does not exist"):
+def test_a_missing_scenario_file_is_named_by_the_client(daemon, tmp_path):
+    with daemon.client() as c, pytest.raises(ConfigError, match="gone.toml' does not exist"):
         c.inject(scenario=str(tmp_path / "gone.toml"))
 
 
-def test_retune_and_abort_all_from_a_scenario_file(daemon, tmp_path):
-    path = tmp_path / "act.toml"
-    path.write_text(
-        """
-[scenario]
-name = "act"
-duration = 5.0
-[[phase]]
-arrival = "uniform"
-rate = 0.2
-lengths = { prompt = 8, output = 2 }
-[[event]]
-at = 0.0
-kind = "burst"
-count = 4
-prompt_len = 16
-output_len = 400
-[[event]]
-at = 0.2
-kind = "retune"
-set = { policy = "fcfs" }
-[[event]]
-at = 0.6
-kind = "abort-all"
-"""
+def _trace_scenario(trace: str) -> str:
+    return (
+        f'[scenario]\nname = "t"\nduration = 2.0\n[[phase]]\narrival = "trace"\ntrace = {trace!r}\n'
     )
-    ids, events = inject_and_watch(daemon, str(path), "act")
-    burst = ids[:4]  # at 0 s, before the phase's first job (at 5 s: none)
-    assert len(ids) == 4
-    assert all("abort" in events[i] for i in burst)  # 400 tokens each: still running at 0.6 s
+
+
+def test_the_daemon_never_opens_a_path_a_client_names(daemon, tmp_path):
+    secret = tmp_path / "secret.env"
+    secret.write_text("API_TOKEN=hunter2\n")
+    secret.chmod(0o600)
+    fifo = tmp_path / "fifo.csv"
+    os.mkfifo(fifo)  # opening it for reading would block the daemon for good
+    named = [str(secret), str(fifo), "fsd.toml", "../../etc/passwd"]
     with daemon.client() as c:
-        assert c.status().policy == "fcfs"
-        c.retune(policy="sj-mlfq")
+        for path in named:
+            with pytest.raises(RequestError) as info:
+                c.inject(scenario=_trace_scenario(path))
+            assert info.value.code == "invalid"
+            assert f"trace {path!r} was not sent with the scenario" in info.value.message
+            assert "hunter2" not in info.value.message
+        # and it still serves
+        assert len(c.complete([1, 2, 3], max_tokens=2, ignore_eos=True).token_ids) == 2
+
+
+def test_a_scenario_file_travels_with_its_trace(daemon, tmp_path):
+    (tmp_path / "traces").mkdir()
+    (tmp_path / "traces" / "mini.csv").write_text(
+        "TIMESTAMP,ContextTokens,GeneratedTokens\n0.0,12,3\n0.2,20,2\n0.4,8,4\n"
+    )
+    path = tmp_path / "replay.toml"
+    path.write_text(_trace_scenario("traces/mini.csv"))  # relative to the file, read here
+    ids, events = inject_and_watch(daemon, str(path), "tr")
+    assert len(ids) == 3 and all("finish" in events[i] for i in ids)
+
+
+def test_injected_jobs_end_with_the_client_that_injected_them(daemon):
+    aborted: set[str] = set()
+    with TelemetryClient(daemon.telemetry, snapshots=False, events=True) as tc:
+        time.sleep(0.3)  # PUB/SUB: let the subscription reach the daemon first
+        with daemon.client() as c:
+            ids = c.inject(burst=(3, 8, 900), tag="reap")  # far longer than this test
+        # closing the client aborted them, as the daemon reaps a silent client's
+        deadline = time.time() + 20
+        while aborted != set(ids) and time.time() < deadline:
+            e = tc.recv(timeout=0.5)
+            if e is not None and e.job_id in ids and e.kind in ("abort", "finish"):
+                assert e.kind == "abort", e
+                aborted.add(e.job_id)
+    assert aborted == set(ids)

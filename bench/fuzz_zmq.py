@@ -1,0 +1,107 @@
+"""Fuzz the daemon's ZeroMQ protocol: N hypothesis-generated messages, zero crashes wanted.
+
+    .venv/bin/python bench/fuzz_zmq.py [--count 10000] [--batch 100] [--seed 0]
+
+A real daemon (tiny model, small limits so that oversize frames are cheap); messages
+from tests/server/fuzz_frames.py in batches on fresh connections; after each batch
+the daemon must still be alive and complete a normal request (fuzzed retunes are put
+back first). Prints a table and writes JSON (default bench/results/fuzz-zmq.json).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from rich.console import Console
+from rich.table import Table
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from hypothesis import HealthCheck, given, seed, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+from machine import describe_machine  # noqa: E402
+
+from tests.server.daemon_proc import start_daemon  # noqa: E402
+from tests.server.fuzz_frames import FuzzStats, fire, frames, settings_of  # noqa: E402
+from tests.server.test_protocol_fuzz import CONFIG, MAX_FRAME  # noqa: E402
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--count", type=int, default=10_000, help="messages to send")
+    ap.add_argument("--batch", type=int, default=100, help="messages per connection")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", type=Path, default=Path("bench/results/fuzz-zmq.json"))
+    args = ap.parse_args()
+    stats = FuzzStats()
+    failures: list[str] = []
+    start = time.time()
+    with tempfile.TemporaryDirectory() as tmp:
+        d = start_daemon(Path(tmp), CONFIG)
+        try:
+
+            @seed(args.seed)
+            @settings(
+                max_examples=args.count // args.batch,
+                deadline=None,
+                database=None,
+                suppress_health_check=list(HealthCheck),
+            )
+            @given(batch=st.lists(frames(MAX_FRAME), min_size=args.batch, max_size=args.batch))
+            def one_batch(batch: list) -> None:
+                with d.client() as op:
+                    original = settings_of(op.retune(policy=op.status().policy))
+                    fire(d.endpoint, batch, d.token, stats)
+                    if d.proc.poll() is not None:
+                        failures.append("the daemon died")
+                        raise SystemExit("the daemon died:\n" + d.log.read_text()[-3000:])
+                    op.retune(**original)
+                    op.undrain()
+                    done = op.complete([1, 2, 3], max_tokens=4, ignore_eos=True)
+                    if len(done.token_ids) != 4:
+                        failures.append(f"a normal request ended {done.finish_reason}")
+                    stats.checks += 1
+
+            one_batch()
+            alive = d.proc.poll() is None
+        finally:
+            code = d.stop()
+    elapsed = time.time() - start
+    result = {
+        "machine": describe_machine(torch.device("cpu")),
+        "command": "bench/fuzz_zmq.py " + " ".join(sys.argv[1:]),
+        "messages": stats.messages,
+        "replies": stats.replies,
+        "undecodable_replies": stats.undecodable_replies,
+        "normal_requests_completed": stats.checks,
+        "batches": args.count // args.batch,
+        "crashes": int(not alive) + len(failures),
+        "daemon_exit_code": code,
+        "reply_codes": dict(stats.codes.most_common()),
+        "seconds": round(elapsed, 1),
+    }
+    table = Table(title=f"ZeroMQ fuzz: {stats.messages} messages in {elapsed:.0f} s")
+    table.add_column("figure")
+    table.add_column("value", justify="right")
+    for key in ("messages", "replies", "undecodable_replies", "normal_requests_completed",
+                "batches", "crashes", "daemon_exit_code"):  # fmt: skip
+        table.add_row(key, str(result[key]))
+    for code_name, n in stats.codes.most_common(12):
+        table.add_row(f"  reply {code_name}", str(n))
+    Console().print(table)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {args.out}")
+    if result["crashes"] or stats.undecodable_replies or code != 0:
+        raise SystemExit(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,101 @@
+"""Who may do what: the client and operator roles of the daemon's requests.
+
+Design: a role is decided per request, never per connection, so there is no session
+to hijack. A request has the operator role when it carries the daemon's operator
+token (a random secret written 0600 into the state folder at start, which only the
+user who started the daemon can read) or arrives over a CURVE connection whose key
+is listed in `curve_operators_dir`. Everyone else is a client: it may submit, read
+the job table and status, and abort the jobs its own connection (or CURVE key) made.
+Retune, inject, drain, undrain, shutdown and aborting another client's job need the
+operator role.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+from fsd import protocol as P
+from fsd.config import ServerConfig
+from fsd.credentials import new_token, same_token, token_path, write_secret
+from fsd.errors import ConfigError, ForbiddenError
+
+log = logging.getLogger("fsd.server")
+
+CLIENT = "client"
+OPERATOR = "operator"
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Who sent a request: its connection, its role, and its CURVE key (None without)."""
+
+    ident: bytes
+    role: str = CLIENT
+    user_id: str | None = None
+
+    def owns(self, owner: Caller | None) -> bool:
+        """Whether a job made by `owner` is this caller's (same connection or same key)."""
+        if owner is None:
+            return False
+        if owner.ident == self.ident:
+            return True
+        return owner.user_id is not None and owner.user_id == self.user_id
+
+
+# requests that change the daemon for everyone
+_OPERATOR_ONLY: dict[type, str] = {
+    P.Retune: "retune",
+    P.Inject: "inject",
+    P.Drain: "drain",
+    P.Undrain: "undrain",
+    P.Shutdown: "shutdown",
+}
+
+
+class Authorizer:
+    """The daemon's operator token and operator keys; decides each request's role."""
+
+    def __init__(self, cfg: ServerConfig, operator_keys: frozenset[str] = frozenset()) -> None:
+        self.operator_keys = operator_keys
+        self.token = new_token()
+        self.token_file: Path = token_path(cfg.state_dir, cfg.endpoint)
+        try:
+            write_secret(self.token_file, self.token + "\n")
+        except OSError as exc:
+            raise ConfigError(
+                f"cannot write the operator token {str(self.token_file)!r}: {exc.strerror} "
+                "(set state_dir to a folder this user may write)"
+            ) from None
+
+    def role(self, msg: P.Request, user_id: str | None) -> str:
+        """OPERATOR for the token's holder or an operator CURVE key, else CLIENT."""
+        if same_token(msg.token, self.token):
+            return OPERATOR
+        if user_id is not None and user_id in self.operator_keys:
+            return OPERATOR
+        return CLIENT
+
+    def check(self, msg: P.Request, role: str) -> None:
+        """Raise ForbiddenError when `msg` needs the operator role and `role` lacks it."""
+        what = _OPERATOR_ONLY.get(type(msg))
+        if what is not None and role != OPERATOR:
+            raise ForbiddenError(needs_operator(what))
+
+    def close(self) -> None:
+        """Remove the token file, unless another daemon has replaced it since."""
+        try:
+            if self.token_file.read_text().strip() == self.token:
+                self.token_file.unlink()
+        except OSError:
+            pass
+
+
+def needs_operator(what: str) -> str:
+    """The refusal's text: what was refused and how to get the role."""
+    return (
+        f"{what} needs the operator role: present the daemon's operator token (fsctl reads "
+        "it from the daemon's state folder; --token-file or FSD_TOKEN otherwise) or connect "
+        "with a CURVE key listed in curve_operators_dir"
+    )
