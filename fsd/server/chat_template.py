@@ -78,6 +78,13 @@ class ChatTemplate:
             )
         except TemplateError as exc:  # includes raise_exception() from the template itself
             raise ConfigError(f"the model's chat template refused these messages: {exc}") from None
+        except Exception as exc:  # noqa: BLE001 - a template may trip on any value a client sends
+            # (a number where it adds strings, a deep structure it serializes): the
+            # messages' fault as far as the client can tell, and never the server's
+            raise ConfigError(
+                f"the model's chat template failed on these messages: {type(exc).__name__}: "
+                f"{str(exc)[:200]}"
+            ) from None
 
 
 def normalize_messages(messages: Any) -> list[dict[str, Any]]:
@@ -94,7 +101,9 @@ def normalize_messages(messages: Any) -> list[dict[str, Any]]:
             raise ConfigError(f"messages[{i}] must be an object with role and content")
         role = msg.get("role")
         if role not in ROLES:
-            raise ConfigError(f"messages[{i}].role must be one of {', '.join(ROLES)}; got {role!r}")
+            raise ConfigError(
+                f"messages[{i}].role must be one of {', '.join(ROLES)}; got {_short(role)}"
+            )
         out.append({**msg, "content": _content_text(msg.get("content"), i)})
     return out
 
@@ -110,11 +119,20 @@ def _content_text(content: Any, i: int) -> str:
             if not isinstance(part, dict) or part.get("type") != "text":
                 kind = part.get("type") if isinstance(part, dict) else type(part).__name__
                 raise ConfigError(
-                    f"messages[{i}].content: only text parts are supported, got {kind!r}"
+                    f"messages[{i}].content: only text parts are supported, got {_short(kind)}"
                 )
-            texts.append(str(part.get("text", "")))
+            text = part.get("text", "")
+            if not isinstance(text, str):
+                raise ConfigError(f"messages[{i}].content: a text part's text must be a string")
+            texts.append(text)
         return "".join(texts)
     raise ConfigError(f"messages[{i}].content must be a string or a list of text parts")
+
+
+def _short(value: Any) -> str:
+    """A client's value in an error message, cut short (a body may hold megabytes)."""
+    text = repr(value)
+    return text if len(text) <= 40 else text[:40] + "..."
 
 
 def _pick(value: Any) -> str | None:

@@ -5,19 +5,26 @@ Every job goes to the engine through the asyncio client SDK, so HTTP jobs pass t
 same admission and validation as any other client's and the engine loop does not
 know HTTP exists. Errors come back in OpenAI's format with a fitting status; once a
 stream has started (status 200 sent), an error arrives as a last SSE event
-`{"error": {...}}`, which the openai client raises. A client that disconnects from
-a stream gets its job aborted.
+`{"error": {...}}`, which the openai client raises.
+
+A client that disconnects gets its job aborted, streaming or not: the server runs
+with aiohttp's handler cancellation, so the handler of a request whose connection
+closed is cancelled wherever it waits, and `_serve` aborts the job it leaves behind.
+
+Nothing a body holds answers 500: it is decoded strictly (`openai_schema.decode_body`)
+and checked field by field, and whatever fsd cannot take is a 4xx. A 500 means fsd
+failed (a job the engine ended with an error, or a bug), never the client.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
-import dataclasses
 import hmac
 import json
 import logging
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
@@ -25,6 +32,7 @@ from aiohttp import web
 from fsd.client_async import AsyncClient, AsyncJobHandle
 from fsd.client_base import Completion, DaemonUnavailable, RequestError
 from fsd.errors import ConfigError, FsdError
+from fsd.jobs import SamplingParams
 from fsd.server import openai_schema as oa
 from fsd.server.chat_template import ChatTemplate, normalize_messages
 from fsd.server.prom import CONTENT_TYPE, MetricsCollector
@@ -48,6 +56,10 @@ class Backend:
     template: ChatTemplate
     metrics: MetricsCollector
     api_key: str | None = None
+    metrics_open: bool = False  # /metrics without the API key even when one is set
+    vocab_size: int | None = None  # token ids in prompts and stop_token_ids stay below it
+    # aborts of jobs whose HTTP client left, running on after their handler was cancelled
+    aborts: set[asyncio.Task[None]] = field(default_factory=set)
 
 
 BACKEND = web.AppKey("backend", Backend)
@@ -91,8 +103,13 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
 
 @web.middleware
 async def _auth(request: web.Request, handler: Handler) -> web.StreamResponse:
-    key = request.app[BACKEND].api_key
-    if key is not None and request.path.startswith("/v1/"):
+    """The API key guards /v1/* and /metrics (unless metrics_open); /health stays open."""
+    be = request.app[BACKEND]
+    key = be.api_key
+    guarded = request.path.startswith("/v1/") or (
+        request.path == "/metrics" and not be.metrics_open
+    )
+    if key is not None and guarded:
         given = request.headers.get("Authorization", "")
         if not hmac.compare_digest(given.encode(), f"Bearer {key}".encode()):
             raise oa.APIError(
@@ -106,10 +123,21 @@ def _error_response(exc: oa.APIError) -> web.Response:
 
 
 async def _json(request: web.Request) -> Any:
+    encoding = request.headers.get("Content-Encoding", "identity").strip().lower()
+    if encoding not in ("", "identity"):  # the server does not decompress (http_server)
+        raise oa.APIError(
+            415,
+            f"fsd takes request bodies uncompressed, not with Content-Encoding: {encoding[:40]}",
+            "invalid_request_error",
+        )
+    # the bytes, not request.json(): a body's charset parameter (an unknown one raised
+    # LookupError) does not decide how JSON is read
     try:
-        return await request.json()
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise oa.bad_request(f"the request body is not valid JSON: {exc}") from None
+        raw = await request.read()
+    except web.RequestPayloadError as exc:  # a body aiohttp could not take apart
+        message = " ".join(str(exc).split())  # aiohttp's text spans lines
+        raise oa.bad_request(f"the request body cannot be read: {message}") from None
+    return oa.decode_body(raw)
 
 
 # ---- generation --------------------------------------------------------------------
@@ -117,15 +145,15 @@ async def _json(request: web.Request) -> Any:
 
 async def completions(request: web.Request) -> web.StreamResponse:
     be = request.app[BACKEND]
-    req = oa.parse_completion(await _json(request), be.model)
+    req = oa.parse_completion(await _json(request), be.model, be.vocab_size)
     assert req.prompt is not None
-    handle = be.client.generate(req.prompt, params=req.params)
+    handle = _generate(be, req.prompt, req.params)
     return await _serve(request, be, req, handle, chat=False)
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     be = request.app[BACKEND]
-    req = oa.parse_chat(await _json(request), be.model)
+    req = oa.parse_chat(await _json(request), be.model, be.vocab_size)
     try:
         messages = normalize_messages(req.messages)
         prompt = be.template.render(messages)
@@ -137,29 +165,69 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         raise oa.bad_request("the chat template rendered an empty prompt", "messages")
     params = req.params
     if req.fill_max_tokens:
-        params = dataclasses.replace(params, max_tokens=max(1, be.capacity - len(ids)))
-    handle = be.client.generate(ids, params=params)
+        params = oa.fill_max_tokens(params, be.capacity - len(ids))
+    handle = _generate(be, ids, params)
     return await _serve(request, be, req, handle, chat=True)
+
+
+def _generate(be: Backend, prompt: str | Sequence[int], params: SamplingParams) -> AsyncJobHandle:
+    """The job's handle (not sent yet); what the wire cannot carry is a 400, not a 500."""
+    try:
+        return be.client.generate(prompt, params=params)
+    except ConfigError as exc:
+        raise oa.bad_request(str(exc)) from None
+    except (OverflowError, UnicodeError) as exc:  # the schema's checks should leave none
+        raise oa.bad_request(f"the request cannot be sent to the engine: {exc}") from None
 
 
 async def _serve(
     request: web.Request, be: Backend, req: oa.GenerationRequest, handle: AsyncJobHandle, chat: bool
 ) -> web.StreamResponse:
-    """Submit; refusals before any output are plain HTTP errors."""
+    """Submit and answer; refusals before any output are plain HTTP errors.
+
+    However the handler ends (its client gone and the handler cancelled, a stream cut
+    short, a bug), a job it leaves unfinished is aborted: the engine does not go on
+    generating for a client that has left.
+    """
     try:
-        await handle.accepted()
-        if not req.stream:
-            return _whole(be, await handle.result(), handle, chat)
-    except RequestError as exc:
-        raise oa.from_fsd_error(exc.code, exc.message) from None
-    except DaemonUnavailable as exc:
-        raise oa.APIError(
-            503, str(exc), "service_unavailable", None, "engine_unavailable"
-        ) from None
-    return await _stream(request, be, req, handle, chat)
+        try:
+            await handle.accepted()
+            if not req.stream:
+                return _whole(be, await handle.result(), handle, chat)
+        except RequestError as exc:
+            raise oa.from_fsd_error(exc.code, exc.message) from None
+        except DaemonUnavailable as exc:
+            raise oa.APIError(
+                503, str(exc), "service_unavailable", None, "engine_unavailable"
+            ) from None
+        except FsdError as exc:  # the engine client closed: the daemon is stopping
+            raise oa.APIError(503, str(exc), "service_unavailable", None, None) from None
+        return await _stream(request, be, req, handle, chat)
+    finally:
+        _abandon(be, handle)
+
+
+def _abandon(be: Backend, handle: AsyncJobHandle) -> None:
+    """Abort `handle`'s job if it has not ended, in a task of its own.
+
+    Its own task: the handler may be cancelled (its client disconnected), and a
+    cancelled coroutine should not wait for the daemon's answer.
+    """
+    if handle.done:
+        return
+
+    async def abort() -> None:
+        with contextlib.suppress(FsdError):  # already ended, or the daemon is stopping
+            await handle.abort()
+
+    task = asyncio.get_running_loop().create_task(abort())
+    be.aborts.add(task)  # a strong reference until it is done
+    task.add_done_callback(be.aborts.discard)
 
 
 def _whole(be: Backend, done: Completion, handle: AsyncJobHandle, chat: bool) -> web.Response:
+    if done.finish_reason == "error":
+        raise oa.job_failed(done.message)
     use = oa.usage(handle.prompt_tokens or 0, len(done.token_ids))
     body = oa.chat_body if chat else oa.completion_body
     rid = oa.new_id("chatcmpl" if chat else "cmpl")
@@ -184,36 +252,33 @@ async def _stream(
     resp = web.StreamResponse(
         headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
     )
-    await resp.prepare(request)
-    finished = False
     try:
-        if chat:
-            await _event(resp, chunk(None, None, first=True))
-        async for part in handle:
-            if part.text:
-                await _event(resp, chunk(part.text, None))
-        done = await handle.result()
-        finished = True
-        await _event(resp, chunk(None, done.finish_reason))
-        if req.include_usage:
-            use = oa.usage(handle.prompt_tokens or 0, len(done.token_ids))
-            await _event(resp, oa.usage_chunk(rid, created, be.model, obj, use))
-    except FsdError as exc:  # the job failed mid-stream: tell the client in-band
-        finished = True
-        err = (
-            oa.from_fsd_error(exc.code, exc.message)
-            if isinstance(exc, RequestError)
-            else oa.APIError(503, str(exc), "service_unavailable", None, None)
-        )
-        await _event(resp, err.body())
-    except ConnectionError:  # the HTTP client went away (the job is aborted below)
-        return resp
-    finally:
-        if not finished and not handle.done:  # nobody reads the rest: free the engine
-            with contextlib.suppress(FsdError):
-                await handle.abort()
-    await resp.write(b"data: [DONE]\n\n")
-    await resp.write_eof()
+        await resp.prepare(request)
+        try:
+            if chat:
+                await _event(resp, chunk(None, None, first=True))
+            async for part in handle:
+                if part.text:
+                    await _event(resp, chunk(part.text, None))
+            done = await handle.result()
+            if done.finish_reason == "error":
+                await _event(resp, oa.job_failed(done.message).body())
+            else:
+                await _event(resp, chunk(None, done.finish_reason))
+                if req.include_usage:
+                    use = oa.usage(handle.prompt_tokens or 0, len(done.token_ids))
+                    await _event(resp, oa.usage_chunk(rid, created, be.model, obj, use))
+        except FsdError as exc:  # the job failed mid-stream: tell the client in-band
+            err = (
+                oa.from_fsd_error(exc.code, exc.message)
+                if isinstance(exc, RequestError)
+                else oa.APIError(503, str(exc), "service_unavailable", None, None)
+            )
+            await _event(resp, err.body())
+        await resp.write(b"data: [DONE]\n\n")
+        await resp.write_eof()
+    except ConnectionError:  # the HTTP client went away (`_serve` aborts the job)
+        pass
     return resp
 
 
@@ -267,5 +332,6 @@ async def health(request: web.Request) -> web.Response:
 
 
 async def metrics(request: web.Request) -> web.Response:
+    """The Prometheus exposition (behind the API key unless metrics_open)."""
     body = request.app[BACKEND].metrics.render()
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})

@@ -19,7 +19,7 @@ import zmq.asyncio
 from aiohttp import web
 
 from fsd.client_async import AsyncClient
-from fsd.config import parse_http_address
+from fsd.config import ServerConfig, loopback_host, parse_http_address
 from fsd.engine.output import RequestOutput
 from fsd.errors import ConfigError
 from fsd.server.chat_template import ChatTemplate
@@ -40,6 +40,24 @@ def served_name(service: EngineService) -> str:
     return service.cfg.served_model_name or service.engine.config.model.model
 
 
+def exposure_warning(cfg: ServerConfig) -> str | None:
+    """What to warn about when HTTP listens beyond loopback without an API key (else None).
+
+    Such a server is open to anyone who reaches the port: allowed (http_allow_remote),
+    since a trusted network or a proxy that authenticates may be in front, but said
+    loudly at every start.
+    """
+    if cfg.http is None or cfg.http_api_key is not None:
+        return None
+    host, port = parse_http_address(cfg.http)
+    if loopback_host(host):
+        return None
+    return (
+        f"HTTP on {host}:{port} has no http_api_key: anyone who reaches the port can use "
+        "the API (submit jobs, read /metrics); set http_api_key, and put TLS in front"
+    )
+
+
 class HttpFrontend:
     """The OpenAI-compatible API and /metrics of one `EngineService`; `start()` to serve."""
 
@@ -49,7 +67,11 @@ class HttpFrontend:
         self.host, self.port = parse_http_address(cfg.http)
         self._service = service
         self._inproc = f"inproc://fsd-http-{id(self):x}"
-        self.metrics = MetricsCollector(served_name(service))
+        self.metrics = MetricsCollector(
+            served_name(service),
+            max_model_len=service.engine.max_model_len,
+            events=service.telemetry_enabled,
+        )
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
         self._ready = threading.Event()
@@ -67,7 +89,13 @@ class HttpFrontend:
         if self._error is not None:
             raise ConfigError(f"cannot serve HTTP on {self.host}:{self.port}: {self._error}")
         if not service.telemetry_enabled:
-            log.warning("telemetry_hz = 0: /metrics has counters and histograms but no gauges")
+            log.warning(
+                "telemetry_hz = 0: /metrics has counters and histograms but no gauges "
+                "and no vllm:request_queue_time_seconds"
+            )
+        warning = exposure_warning(service.cfg)
+        if warning is not None:
+            log.warning("%s", warning)
         log.info("OpenAI-compatible API on http://%s:%d/v1", self.host, self.port)
 
     def job_finished(self, out: RequestOutput) -> None:
@@ -113,10 +141,24 @@ class HttpFrontend:
             template=ChatTemplate.for_model(engine.loaded.source),
             metrics=self.metrics,
             api_key=service.cfg.http_api_key,
+            metrics_open=service.cfg.metrics_open,
+            vocab_size=engine.loaded.arch.vocab_size,
         )
         app = build_app(backend, service.cfg.max_frame_bytes)
-        # the engine has drained by the time this stops: open streams get a second, not 60
-        runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
+        # the engine has drained by the time this stops: open streams get a second, not 60.
+        # handler_cancellation: a request whose client disconnects has its handler
+        # cancelled, which aborts its job (http_api._serve), streaming or not.
+        # auto_decompress off: request bodies are taken as sent, as vLLM's server takes
+        # them (http_api answers 415 to a Content-Encoding). aiohttp's decoders bring
+        # nothing an OpenAI client uses, and a risk: a truncated deflate body arriving
+        # after its headers left the handler waiting for ever (aiohttp 3.14).
+        runner = web.AppRunner(
+            app,
+            access_log=None,
+            shutdown_timeout=1.0,
+            handler_cancellation=True,
+            auto_decompress=False,
+        )
         await runner.setup()
         try:
             await web.TCPSite(runner, self.host, self.port).start()

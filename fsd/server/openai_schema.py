@@ -6,10 +6,18 @@ rather than silently ignored, so a client never gets output that differs from wh
 it asked for. vLLM's extra sampling fields (top_k, min_tokens, ignore_eos,
 stop_token_ids) are accepted too. Unknown fields (user, metadata, ...) are ignored,
 as OpenAI's API does.
+
+Bodies are decoded strictly (`decode_body`): UTF-8 JSON without NaN or Infinity,
+every number one the daemon's wire format can carry (integers in [-2**63, 2**64-1],
+finite floats), strings that are valid Unicode, nesting at most `MAX_DEPTH` deep.
+Whatever a body holds, a bad one is a 400 here and never reaches the engine.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import math
 import time
 import uuid
 from dataclasses import dataclass
@@ -49,17 +57,141 @@ class APIError(Exception):
 
 
 def bad_request(message: str, param: str | None = None, code: str | None = None) -> APIError:
+    """A 400 in OpenAI's format, naming the parameter at fault when there is one."""
     return APIError(400, message, "invalid_request_error", param, code)
 
 
-# fsd's stable error codes (protocol Error.code) → HTTP status, OpenAI type and code
+# ---- decoding a body ---------------------------------------------------------------
+
+# the integers msgpack (the daemon's wire format) can carry: a bigger one could not
+# travel to the engine, so it is refused where it is read
+WIRE_INT_MIN, WIRE_INT_MAX = -(2**63), 2**64 - 1
+INT64_MAX = 2**63 - 1  # the bound of the integer parameters (vLLM's torch.long range)
+MAX_DEPTH = 32  # OpenAI bodies nest 4 deep (messages[].content[].text); 32 is plenty
+
+
+class _BadNumber(ValueError):
+    """A JSON number fsd cannot hold (raised from inside json.loads)."""
+
+
+def _json_int(text: str) -> int:
+    # checked on the digits first: Python refuses to convert over 4300 of them anyway
+    if len(text.lstrip("-")) > 20:
+        raise _BadNumber(f"integer {_clip(text)} is out of range")
+    value = int(text)
+    if not WIRE_INT_MIN <= value <= WIRE_INT_MAX:
+        raise _BadNumber(f"integer {text} is out of range")
+    return value
+
+
+def _json_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise _BadNumber(f"number {_clip(text)} is out of range")
+    return value
+
+
+def _json_constant(text: str) -> Any:
+    raise _BadNumber(f"{text} is not a JSON value")
+
+
+def decode_body(raw: bytes) -> Any:
+    """A request body as JSON, or a 400 saying what is wrong with it (see the module doc)."""
+    try:
+        text = raw.decode("utf-8-sig")  # JSON is UTF-8 (RFC 8259), whatever charset claims
+    except UnicodeDecodeError as exc:
+        raise bad_request(
+            f"the request body is not valid UTF-8 (byte {exc.start})", code="invalid_json"
+        ) from None
+    try:
+        body = json.loads(
+            text, parse_int=_json_int, parse_float=_json_float, parse_constant=_json_constant
+        )
+    except _BadNumber as exc:
+        raise bad_request(
+            f"the request body holds a number fsd cannot take: {exc} (integers must be in "
+            f"[-2**63, 2**64-1], numbers finite)",
+            code="invalid_json",
+        ) from None
+    except RecursionError:
+        raise bad_request(
+            f"the request body nests more than {MAX_DEPTH} levels deep", code="invalid_json"
+        ) from None
+    except ValueError as exc:  # JSONDecodeError
+        raise bad_request(
+            f"the request body is not valid JSON: {_clip(str(exc), 200)}", code="invalid_json"
+        ) from None
+    _check_tree(body)
+    return body
+
+
+def _check_tree(body: Any) -> None:
+    """Refuse nesting deeper than MAX_DEPTH and strings that are not valid Unicode.
+
+    A lone surrogate (`"\\ud800"` is valid JSON) cannot be encoded as UTF-8, so it
+    would fail later in the tokenizer or the wire encoder; here it is a clear 400.
+    Iterative: a deep body cannot exhaust the stack.
+    """
+    stack: list[tuple[Any, int]] = [(body, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, str):
+            _check_text(value)
+        elif isinstance(value, dict | list):
+            if depth > MAX_DEPTH:
+                raise bad_request(
+                    f"the request body nests more than {MAX_DEPTH} levels deep",
+                    code="invalid_json",
+                )
+            if isinstance(value, dict):
+                for key in value:
+                    _check_text(key)
+                items = value.values()
+            else:
+                items = value
+            stack.extend((item, depth + 1) for item in items if isinstance(item, str | dict | list))
+
+
+def _check_text(text: str) -> None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise bad_request(
+            f"a string in the request body is not valid Unicode: a lone surrogate "
+            f"(\\u{ord(text[exc.start]):04x}) at character {exc.start}",
+            code="invalid_json",
+        ) from None
+
+
+def _clip(text: str, limit: int = 40) -> str:
+    """`text`, cut so that an error never echoes a large body back."""
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def _show(value: Any) -> str:
+    """A short, safe rendering of a client's value for an error message."""
+    if isinstance(value, dict):
+        return "an object"
+    if isinstance(value, list):
+        return f"a list of {len(value)}"
+    return _clip(repr(value))
+
+
+# fsd's stable error codes (protocol Error.code) → HTTP status, OpenAI type and code.
+# A code not listed is the daemon's own failure ("internal", a worker's): 500.
 _FSD_CODES: dict[str, tuple[int, str, str | None]] = {
     "invalid": (400, "invalid_request_error", None),
     "invalid-setting": (400, "invalid_request_error", None),
+    "malformed": (400, "invalid_request_error", None),
+    "unknown-type": (400, "invalid_request_error", None),
     "prompt-too-long": (400, "invalid_request_error", "context_length_exceeded"),
     "too-large": (413, "invalid_request_error", "request_too_large"),
-    "draining": (503, "service_unavailable", "draining"),
     "refused": (400, "invalid_request_error", None),
+    "unknown-job": (404, "invalid_request_error", None),
+    "forbidden": (403, "permission_error", None),
+    # OpenAI answers "the engine is currently overloaded" with 429: clients retry later
+    "overloaded": (429, "rate_limit_error", "engine_overloaded"),
+    "draining": (503, "service_unavailable", "draining"),
 }
 
 
@@ -67,6 +199,12 @@ def from_fsd_error(code: str, message: str) -> APIError:
     """The HTTP form of a daemon refusal (`fsd.client.RequestError`)."""
     status, kind, oa_code = _FSD_CODES.get(code, (500, "internal_error", None))
     return APIError(status, message, kind, None, oa_code or code)
+
+
+def job_failed(message: str | None) -> APIError:
+    """A job the engine ended with reason "error": the server's failure, a 500."""
+    text = message or "the engine failed while generating this job"
+    return APIError(500, text, "internal_error", None, "engine_error")
 
 
 @dataclass(frozen=True)
@@ -101,26 +239,37 @@ _UNSUPPORTED = {
 }
 
 
-def parse_completion(body: Any, model: str) -> GenerationRequest:
+def parse_completion(body: Any, model: str, vocab_size: int | None = None) -> GenerationRequest:
+    """A /v1/completions body → a request (400/404 APIError when it is not acceptable).
+
+    `vocab_size`: prompt and stop token ids must be below it (any int64 when None).
+    """
     body = _object(body)
-    prompt = _prompt(body.get("prompt"))
-    params = _sampling(body, body.get("max_tokens", 16), "max_tokens")
+    prompt = _prompt(body.get("prompt"), vocab_size)
+    max_tokens = body.get("max_tokens")
+    params = _sampling(body, 16 if max_tokens is None else max_tokens, "max_tokens", vocab_size)
     return GenerationRequest(
         model=_model(body, model), params=params, prompt=prompt, **_stream(body)
     )
 
 
-def parse_chat(body: Any, model: str) -> GenerationRequest:
+def parse_chat(body: Any, model: str, vocab_size: int | None = None) -> GenerationRequest:
+    """A /v1/chat/completions body → a request (the messages are checked when rendered)."""
     body = _object(body)
     fmt = body.get("response_format")
-    if fmt not in (None, {"type": "text"}):
+    if fmt is not None and fmt != {"type": "text"}:
         raise bad_request("response_format other than text is not supported", "response_format")
-    if "max_completion_tokens" in body and body["max_completion_tokens"] is not None:
+    if body.get("max_completion_tokens") is not None:
         max_tokens, name = body["max_completion_tokens"], "max_completion_tokens"
     else:
         max_tokens, name = body.get("max_tokens"), "max_tokens"
     fill = max_tokens is None
-    params = _sampling(body, 1 if fill else max_tokens, name)
+    if fill:
+        # "as many as fit" is known only once the prompt is (`fill_max_tokens`); until
+        # then a stand-in that any valid min_tokens fits under
+        floor = body.get("min_tokens")
+        max_tokens = floor if _is_int(floor) and 1 <= floor <= INT64_MAX else 1
+    params = _sampling(body, max_tokens, name, vocab_size)
     if not isinstance(body.get("messages"), list) or not body["messages"]:
         raise bad_request("messages must be a non-empty list of {role, content}", "messages")
     return GenerationRequest(
@@ -130,6 +279,25 @@ def parse_chat(body: Any, model: str) -> GenerationRequest:
         fill_max_tokens=fill,
         **_stream(body),
     )
+
+
+def fill_max_tokens(params: SamplingParams, room: int) -> SamplingParams:
+    """`params` with max_tokens = the `room` left after the prompt (chat without max_tokens).
+
+    With no room left the job asks for 1 token, and the daemon refuses the prompt as
+    too long, as it would with any max_tokens.
+    """
+    room = max(1, room)
+    if params.min_tokens > room:
+        raise bad_request(
+            f"min_tokens={params.min_tokens} is more than the {room} tokens that fit after "
+            "the prompt",
+            "min_tokens",
+        )
+    try:
+        return dataclasses.replace(params, max_tokens=room)
+    except ConfigError as exc:
+        raise bad_request(str(exc)) from None
 
 
 def _object(body: Any) -> dict[str, Any]:
@@ -142,10 +310,12 @@ def _model(body: dict[str, Any], served: str) -> str:
     name = body.get("model")
     if name is None:
         return served
+    if not isinstance(name, str):
+        raise bad_request(f"model must be a string, got {_show(name)}", "model")
     if name != served:
         raise APIError(
             404,
-            f"The model `{name}` does not exist; this server serves `{served}`.",
+            f"The model `{_clip(name, 100)}` does not exist; this server serves `{served}`.",
             "invalid_request_error",
             "model",
             "model_not_found",
@@ -153,14 +323,14 @@ def _model(body: dict[str, Any], served: str) -> str:
     return served
 
 
-def _prompt(prompt: Any) -> str | list[int]:
+def _prompt(prompt: Any, vocab_size: int | None) -> str | list[int]:
     # OpenAI takes a batch (a list of prompts); fsd takes one prompt per request
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
         prompt = prompt[0]
     if isinstance(prompt, str):
         return prompt
     if isinstance(prompt, list) and prompt and all(_is_int(t) for t in prompt):
-        return list(prompt)
+        return list(_token_ids(prompt, "prompt", vocab_size))
     if isinstance(prompt, list) and len(prompt) > 1:
         raise bad_request(
             "fsd takes one prompt per request; send a batch as separate requests", "prompt"
@@ -168,31 +338,49 @@ def _prompt(prompt: Any) -> str | list[int]:
     raise bad_request("prompt must be a string or a non-empty list of token ids", "prompt")
 
 
+def _token_ids(ids: list[Any], name: str, vocab_size: int | None) -> tuple[int, ...]:
+    """Integer token ids, each in [0, vocab_size) (a 400 naming `name` otherwise)."""
+    top = INT64_MAX if vocab_size is None else vocab_size - 1
+    for t in ids:
+        if not _is_int(t) or not 0 <= t <= top:
+            raise bad_request(
+                f"{name} token ids must be integers in [0, {top}], got {_show(t)}", name
+            )
+    return tuple(ids)
+
+
 def _stream(body: dict[str, Any]) -> dict[str, bool]:
-    stream = body.get("stream") or False
+    stream = body.get("stream")
+    if stream is None:
+        stream = False
     if not isinstance(stream, bool):
-        raise bad_request("stream must be a boolean", "stream")
+        raise bad_request(f"stream must be a boolean, got {_show(stream)}", "stream")
     options = body.get("stream_options")
     if options is not None and not stream:
         raise bad_request("stream_options is only allowed when stream is true", "stream_options")
     if options is not None and not isinstance(options, dict):
         raise bad_request("stream_options must be an object", "stream_options")
-    return {"stream": stream, "include_usage": bool((options or {}).get("include_usage"))}
+    usage = (options or {}).get("include_usage")
+    if usage is not None and not isinstance(usage, bool):
+        raise bad_request("stream_options.include_usage must be a boolean", "stream_options")
+    return {"stream": stream, "include_usage": bool(usage)}
 
 
-def _sampling(body: dict[str, Any], max_tokens: Any, max_name: str) -> SamplingParams:
+def _sampling(
+    body: dict[str, Any], max_tokens: Any, max_name: str, vocab_size: int | None
+) -> SamplingParams:
     for name, fine in _UNSUPPORTED.items():
         value = body.get(name)
         if not any(type(value) is type(f) and value == f for f in fine):  # True is not 1
             raise bad_request(
-                f"{name}={value!r} is not supported by fsd", name, "unsupported_parameter"
+                f"{name}={_show(value)} is not supported by fsd", name, "unsupported_parameter"
             )
     kw: dict[str, Any] = {"max_tokens": _int(max_tokens, max_name, 1)}
     for name, lo, hi in (("temperature", 0.0, 2.0), ("top_p", 0.0, 1.0)):
         if body.get(name) is not None:
             kw[name] = _number(body[name], name, lo, hi)
     if body.get("seed") is not None:
-        kw["seed"] = _int(body["seed"], "seed", None)
+        kw["seed"] = _int(body["seed"], "seed", -(2**63))
     stop = body.get("stop")
     if stop is not None:
         if isinstance(stop, str):
@@ -209,12 +397,17 @@ def _sampling(body: dict[str, Any], max_tokens: Any, max_name: str) -> SamplingP
         kw["ignore_eos"] = body["ignore_eos"]
     if body.get("stop_token_ids") is not None:
         ids = body["stop_token_ids"]
-        if not isinstance(ids, list) or not all(_is_int(t) for t in ids):
+        if not isinstance(ids, list):
             raise bad_request("stop_token_ids must be a list of integers", "stop_token_ids")
-        kw["stop_token_ids"] = tuple(ids)
+        kw["stop_token_ids"] = _token_ids(ids, "stop_token_ids", vocab_size)
+    if kw.get("min_tokens", 0) > kw["max_tokens"]:
+        raise bad_request(
+            f"min_tokens={kw['min_tokens']} must not exceed {max_name}={kw['max_tokens']}",
+            "min_tokens",
+        )
     try:
         return SamplingParams(**kw)
-    except ConfigError as exc:
+    except ConfigError as exc:  # fsd's own checks (SamplingParams) name the field first
         field = str(exc).split(" ", 1)[0]
         raise bad_request(str(exc), field if field in kw else None) from None
 
@@ -223,16 +416,15 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _int(value: Any, name: str, lo: int | None) -> int:
-    if not _is_int(value) or (lo is not None and value < lo):
-        floor = "" if lo is None else f" >= {lo}"
-        raise bad_request(f"{name} must be an integer{floor}, got {value!r}", name)
+def _int(value: Any, name: str, lo: int, hi: int = INT64_MAX) -> int:
+    if not _is_int(value) or not lo <= value <= hi:
+        raise bad_request(f"{name} must be an integer in [{lo}, {hi}], got {_show(value)}", name)
     return int(value)
 
 
 def _number(value: Any, name: str, lo: float, hi: float) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or not lo <= value <= hi:
-        raise bad_request(f"{name} must be a number in [{lo:g}, {hi:g}], got {value!r}", name)
+        raise bad_request(f"{name} must be a number in [{lo:g}, {hi:g}], got {_show(value)}", name)
     return float(value)
 
 

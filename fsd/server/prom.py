@@ -1,9 +1,17 @@
 """Prometheus metrics of the daemon, served at /metrics by the HTTP frontend.
 
-Names follow vLLM where vLLM has the metric (running / waiting requests, KV usage,
-TTFT, inter-token and end-to-end latency, preemptions, token and request counts),
-so existing dashboards work; fsd's own carry the `fsd_` prefix (per-level queues,
-swaps and their bytes, promotions, demotions, the next swap-in's ENST, the reserve).
+Names follow vLLM where vLLM has the metric (running / waiting requests, KV usage
+under its current and its older name, TTFT, time per output token, inter-token,
+queue and end-to-end latency, per-request prompt and generation tokens, preemptions,
+token and request counts), with vLLM's buckets, so existing dashboards work; fsd's
+own carry the `fsd_` prefix (per-level queues, swaps and their bytes, promotions,
+demotions, the next swap-in's ENST, the reserve). Every metric carries the
+`model_name` label, as vLLM's do.
+
+Time per output token is observed per token gap, as vLLM v1 does (the same samples
+as the inter-token latency, which later vLLM versions renamed it to). Queue time is
+arrival to first scheduled: the job's arrival (its result) to its `start` telemetry
+event (the iteration that first scheduled it), so it needs telemetry on.
 
 Feeding is cheap and thread-safe: the telemetry publisher hands over every snapshot
 and event it sends, the engine hands over every finished job, and each is only put
@@ -15,7 +23,8 @@ which exists only while telemetry is on (`telemetry_hz > 0`).
 from __future__ import annotations
 
 import queue
-from collections.abc import Iterator
+from collections import OrderedDict
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from prometheus_client import (
@@ -60,6 +69,24 @@ E2E_BUCKETS = (
     7680.0,
 )
 
+# vLLM's time per output token buckets are its inter-token ones
+TPOT_BUCKETS = ITL_BUCKETS
+QUEUE_BUCKETS = E2E_BUCKETS  # vLLM's request_latency_buckets, as for e2e latency
+_PENDING_CAP = 65_536  # jobs waiting for their start event or result (one may be lost)
+
+
+def build_1_2_5_buckets(max_value: int) -> tuple[int, ...]:
+    """1, 2, 5, 10, 20, 50, ... up to `max_value`: vLLM's token-count buckets."""
+    buckets: list[int] = []
+    scale = 1
+    while True:
+        for m in (1, 2, 5):
+            if m * scale > max_value:
+                return tuple(buckets)
+            buckets.append(m * scale)
+        scale *= 10
+
+
 # telemetry event kind → (counter attribute, label value or None)
 _EVENT_COUNTERS = {
     "preempt": ("preemptions", None),
@@ -74,31 +101,57 @@ _EVENT_COUNTERS = {
 class MetricsCollector:
     """All metrics of one daemon in a private registry; `render()` is the /metrics body."""
 
-    def __init__(self, model_name: str) -> None:
+    def __init__(self, model_name: str, max_model_len: int = 2048, events: bool = True) -> None:
+        """`max_model_len` bounds the token-count buckets; `events`: telemetry is on, so
+        `start` events come (queue time is observed only then)."""
         self.model_name = model_name
         self.registry = CollectorRegistry()
         self._inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._events = events
+        # queue time pairs a job's start event with its arrival (in its result); either
+        # may come first, so each waits here for the other (bounded: one may be lost)
+        self._started: OrderedDict[str, float] = OrderedDict()  # job id -> start time
+        self._arrived: OrderedDict[str, float] = OrderedDict()  # job id -> arrival time
         reg, m = self.registry, ["model_name"]
-        self.ttft = Histogram(
+
+        def histogram(name: str, doc: str, buckets: Sequence[float]) -> Histogram:
+            return Histogram(name, doc, m, buckets=buckets, registry=reg)
+
+        token_buckets = build_1_2_5_buckets(max_model_len)
+        self.ttft = histogram(
             "vllm:time_to_first_token_seconds",
             "Time to first token (arrival to first output).",
-            m,
-            buckets=TTFT_BUCKETS,
-            registry=reg,
+            TTFT_BUCKETS,
         )
-        self.itl = Histogram(
+        self.itl = histogram(
             "vllm:inter_token_latency_seconds",
             "Time between consecutive output tokens of a job.",
-            m,
-            buckets=ITL_BUCKETS,
-            registry=reg,
+            ITL_BUCKETS,
         )
-        self.e2e = Histogram(
+        self.tpot = histogram(
+            "vllm:time_per_output_token_seconds",
+            "Time per output token: each gap between consecutive output tokens of a job.",
+            TPOT_BUCKETS,
+        )
+        self.e2e = histogram(
             "vllm:e2e_request_latency_seconds",
             "Arrival to the last output token.",
-            m,
-            buckets=E2E_BUCKETS,
-            registry=reg,
+            E2E_BUCKETS,
+        )
+        self.queue_time = histogram(
+            "vllm:request_queue_time_seconds",
+            "Arrival to first scheduled (the start event; needs telemetry on).",
+            QUEUE_BUCKETS,
+        )
+        self.request_prompt_tokens = histogram(
+            "vllm:request_prompt_tokens",
+            "Prompt tokens of each finished request.",
+            token_buckets,
+        )
+        self.request_generation_tokens = histogram(
+            "vllm:request_generation_tokens",
+            "Output tokens of each finished request.",
+            token_buckets,
         )
         self.success = Counter(
             "vllm:request_success",
@@ -119,18 +172,18 @@ class MetricsCollector:
             registry=reg,
         )
         self.promotions = Counter(
-            "fsd_promotions", "Starvation promotions to a higher MLFQ level.", registry=reg
+            "fsd_promotions", "Starvation promotions to a higher MLFQ level.", m, registry=reg
         )
         self.demotions = Counter(
-            "fsd_demotions", "Demotions to a lower MLFQ level (quantum used up).", registry=reg
+            "fsd_demotions", "Demotions to a lower MLFQ level (quantum used up).", m, registry=reg
         )
         self.recomputes = Counter(
-            "fsd_recomputes", "KV caches dropped to be recomputed later.", registry=reg
+            "fsd_recomputes", "KV caches dropped to be recomputed later.", m, registry=reg
         )
         self.swaps = Counter(
             "fsd_swaps",
             "KV swaps started, by direction (out to host, in to device).",
-            ["direction"],
+            [*m, "direction"],
             registry=reg,
         )
         self.gauges = SnapshotGauges(model_name)
@@ -139,16 +192,28 @@ class MetricsCollector:
         for metric in (
             self.ttft,
             self.itl,
+            self.tpot,
             self.e2e,
+            self.queue_time,
+            self.request_prompt_tokens,
+            self.request_generation_tokens,
             self.prompt_tokens,
             self.generation_tokens,
             self.preemptions,
+            self.promotions,
+            self.demotions,
+            self.recomputes,
         ):
             metric.labels(model_name)
-        for reason in ("stop", "length", "abort"):
+        for reason in ("stop", "length", "abort", "error"):
             self.success.labels(model_name, reason)
         for direction in ("out", "in"):
-            self.swaps.labels(direction)
+            self.swaps.labels(model_name, direction)
+
+    @property
+    def unpaired(self) -> int:
+        """Jobs whose queue time waits for its other half (a start event or a result)."""
+        return len(self._started) + len(self._arrived)
 
     # ---- feeding: any thread, a queue put each --------------------------------------
 
@@ -181,31 +246,61 @@ class MetricsCollector:
         return generate_latest(self.registry)
 
     def _event(self, e: P.Event) -> None:
+        if e.job_id is not None:
+            if e.kind == "start":
+                self._job_started(e.job_id, e.time)
+            elif e.kind in ("finish", "abort"):
+                # its result came before this event (the engine thread queues results
+                # at once, events later): whatever still waits for a pair never gets one
+                self._started.pop(e.job_id, None)
+                self._arrived.pop(e.job_id, None)
         target = _EVENT_COUNTERS.get(e.kind)
         if target is None:
             return
         name, label = target
         counter: Counter = getattr(self, name)
-        if name == "preemptions":
-            counter.labels(self.model_name).inc()
-        elif label is not None:
-            counter.labels(label).inc()
+        if label is not None:
+            counter.labels(self.model_name, label).inc()
         else:
-            counter.inc()
+            counter.labels(self.model_name).inc()
+
+    def _job_started(self, job_id: str, when: float) -> None:
+        arrival = self._arrived.pop(job_id, None)
+        if arrival is not None:
+            self.queue_time.labels(self.model_name).observe(max(0.0, when - arrival))
+        else:
+            _put_bounded(self._started, job_id, when)
 
     def _finished(self, out: RequestOutput) -> None:
         name = self.model_name
         self.success.labels(name, out.finish_reason or "abort").inc()
         self.prompt_tokens.labels(name).inc(len(out.prompt_token_ids))
         self.generation_tokens.labels(name).inc(len(out.token_ids))
+        self.request_prompt_tokens.labels(name).observe(len(out.prompt_token_ids))
+        self.request_generation_tokens.labels(name).observe(len(out.token_ids))
         if out.ttft is not None:
             self.ttft.labels(name).observe(max(0.0, out.ttft))
         if out.latency is not None and out.token_ids:
             self.e2e.labels(name).observe(max(0.0, out.latency))
-        itl = self.itl.labels(name)
+        if self._events:
+            start = self._started.pop(out.request_id, None)
+            if start is not None:
+                self.queue_time.labels(name).observe(max(0.0, start - out.arrival_time))
+            elif out.first_token_time is not None:  # it ran, so its start event is on its way
+                _put_bounded(self._arrived, out.request_id, out.arrival_time)
+        itl, tpot = self.itl.labels(name), self.tpot.labels(name)
         times = out.token_times
         for prev, cur in zip(times, times[1:], strict=False):
-            itl.observe(max(0.0, cur - prev))
+            gap = max(0.0, cur - prev)
+            itl.observe(gap)
+            tpot.observe(gap)
+
+
+def _put_bounded(table: OrderedDict[str, float], key: str, value: float) -> None:
+    """Remember `key`, forgetting the oldest entry past _PENDING_CAP (a lost event)."""
+    table[key] = value
+    if len(table) > _PENDING_CAP:
+        table.popitem(last=False)
 
 
 class SnapshotGauges(Collector):
@@ -243,11 +338,15 @@ class SnapshotGauges(Collector):
             min(self.swapped, live),
         )
         kv = snap.kv
+        usage = kv.device_used / kv.device_total if kv.device_total else 0.0
         yield _gauge(
-            "vllm:kv_cache_usage_perc",
-            "Share of device KV blocks in use (1 = full).",
+            "vllm:kv_cache_usage_perc", "Share of device KV blocks in use (1 = full).", m, usage
+        )
+        yield _gauge(
+            "vllm:gpu_cache_usage_perc",
+            "Share of device KV blocks in use (1 = full); vLLM's older name of kv_cache_usage_perc.",
             m,
-            kv.device_used / kv.device_total if kv.device_total else 0.0,
+            usage,
         )
         yield from self._levels(snap)
         yield from self._kv(kv)
@@ -255,7 +354,7 @@ class SnapshotGauges(Collector):
             yield _gauge(
                 "fsd_next_swap_in_enst_seconds",
                 "Smallest ENST among jobs on the host: when the next swap-in is due.",
-                None,
+                m,
                 self.next_swap_in,
             )
         yield from self._slo(snap.slo)
@@ -266,74 +365,76 @@ class SnapshotGauges(Collector):
         info.add_metric([self.model_name, snap.policy, kv_policy], 1.0)
         yield info
         yield _gauge(
-            "fsd_snapshot_timestamp_seconds", "When the latest snapshot was taken.", None, snap.time
+            "fsd_snapshot_timestamp_seconds", "When the latest snapshot was taken.", m, snap.time
         )
 
     def _levels(self, snap: P.Snapshot) -> Iterator[Metric]:
-        length = GaugeMetricFamily("fsd_queue_length", "Jobs in each MLFQ level.", labels=["level"])
+        labels = ["model_name", "level"]
+        length = GaugeMetricFamily("fsd_queue_length", "Jobs in each MLFQ level.", labels=labels)
         quantum = GaugeMetricFamily(
-            "fsd_queue_quantum_seconds", "Each level's quantum.", labels=["level"]
+            "fsd_queue_quantum_seconds", "Each level's quantum.", labels=labels
         )
         for lv in snap.levels:
             level = str(lv.index)  # 1-based on the wire: Q1..Qn, as the paper and fsctl name them
-            length.add_metric([level], len(lv.job_ids))
+            length.add_metric([self.model_name, level], len(lv.job_ids))
             if lv.quantum is not None:
-                quantum.add_metric([level], lv.quantum)
+                quantum.add_metric([self.model_name, level], lv.quantum)
         yield length
         yield quantum
 
     def _kv(self, kv: P.KVInfo) -> Iterator[Metric]:
+        name, m = self.model_name, [self.model_name]
         device = GaugeMetricFamily(
-            "fsd_kv_device_blocks", "Device KV blocks by state.", labels=["state"]
+            "fsd_kv_device_blocks", "Device KV blocks by state.", labels=["model_name", "state"]
         )
         for state, value in (
             ("total", kv.device_total),
             ("used", kv.device_used),
             ("free", kv.device_free),
         ):
-            device.add_metric([state], value)
+            device.add_metric([name, state], value)
         yield device
-        host = GaugeMetricFamily("fsd_kv_host_blocks", "Host KV blocks by state.", labels=["state"])
-        host.add_metric(["total"], kv.host_total)
-        host.add_metric(["used"], kv.host_used)
+        host = GaugeMetricFamily(
+            "fsd_kv_host_blocks", "Host KV blocks by state.", labels=["model_name", "state"]
+        )
+        host.add_metric([name, "total"], kv.host_total)
+        host.add_metric([name, "used"], kv.host_used)
         yield host
         yield _gauge(
             "fsd_kv_reserve_blocks",
             "Free device blocks the proactive swapper keeps for arrivals.",
-            None,
+            m,
             kv.device_reserved,
         )
-        yield _gauge(
-            "fsd_kv_bytes_in_flight", "KV bytes being copied now.", None, kv.bytes_in_flight
-        )
+        yield _gauge("fsd_kv_bytes_in_flight", "KV bytes being copied now.", m, kv.bytes_in_flight)
         swapped = CounterMetricFamily(
-            "fsd_swap_bytes", "KV bytes swapped, by direction.", labels=["direction"]
+            "fsd_swap_bytes", "KV bytes swapped, by direction.", labels=["model_name", "direction"]
         )
-        swapped.add_metric(["out"], kv.swapped_out_bytes)
-        swapped.add_metric(["in"], kv.swapped_in_bytes)
+        swapped.add_metric([name, "out"], kv.swapped_out_bytes)
+        swapped.add_metric([name, "in"], kv.swapped_in_bytes)
         yield swapped
 
     def _slo(self, slo: P.SLOInfo) -> Iterator[Metric]:
+        m = [self.model_name]
         ptl = GaugeMetricFamily(
             "fsd_per_token_latency_seconds",
             "Per-token latency (latency / output tokens) over the SLO window.",
-            labels=["stat"],
+            labels=["model_name", "stat"],
         )
         for stat, value in (("avg", slo.avg_per_token_latency), ("p95", slo.p95_per_token_latency)):
             if value is not None:
-                ptl.add_metric([stat], value)
+                ptl.add_metric([*m, stat], value)
         yield ptl
         yield _gauge(
             "fsd_slo_per_token_latency_seconds",
             "The per-token latency SLO.",
-            None,
+            m,
             slo.slo_per_token_latency,
         )
 
 
-def _gauge(name: str, doc: str, model: list[str] | None, value: float) -> GaugeMetricFamily:
-    if model is None:
-        return GaugeMetricFamily(name, doc, value=value)
+def _gauge(name: str, doc: str, model: list[str], value: float) -> GaugeMetricFamily:
+    """A gauge with one sample labelled by `model` (the served model name)."""
     g = GaugeMetricFamily(name, doc, labels=["model_name"])
     g.add_metric(model, value)
     return g

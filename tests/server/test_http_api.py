@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import time
 import urllib.error
 import urllib.request
@@ -14,11 +15,14 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client.parser import text_string_to_metric_families
 
+from fsd import protocol as P
+from fsd.client_base import Completion
 from fsd.config import ServerConfig, build_configs
 from fsd.errors import ConfigError
 from fsd.server import openai_schema as oa
 from fsd.server.chat_template import PLAIN_TEMPLATE, ChatTemplate
 from fsd.server.http_api import Backend, build_app
+from fsd.server.http_server import exposure_warning
 from fsd.server.prom import MetricsCollector
 from fsd.tokenizer import ByteTokenizer
 from tests.server.daemon_proc import daemon_fixture
@@ -35,9 +39,11 @@ client_timeout = 5.0
 daemon = daemon_fixture(CONFIG, "http", http=True)
 
 
-def http(method: str, url: str, body: bytes | None = None) -> tuple[int, Any]:
+def http(
+    method: str, url: str, body: bytes | None = None, headers: dict[str, str] | None = None
+) -> tuple[int, Any]:
     """(status, JSON body) of one plain HTTP request."""
-    req = urllib.request.Request(url, data=body, method=method)
+    req = urllib.request.Request(url, data=body, method=method, headers=headers or {})
     try:
         with urllib.request.urlopen(req, timeout=30) as resp:
             return resp.status, json.loads(resp.read())
@@ -188,6 +194,100 @@ def test_a_client_that_leaves_a_stream_gets_its_job_aborted(api, daemon):
         assert c.jobs() == []
 
 
+# bodies that each answered 500 before (an exception escaped the handler)
+BIG = 2**64  # one past what msgpack, the daemon's wire format, can carry
+_COMPLETION = {"model": "tiny", "prompt": "x", "max_tokens": 2}
+
+
+@pytest.mark.parametrize(
+    ("path", "fields", "param"),
+    [
+        ("/v1/completions", {"max_tokens": BIG}, None),
+        ("/v1/completions", {"seed": BIG}, None),
+        ("/v1/completions", {"seed": -BIG}, None),
+        ("/v1/completions", {"top_k": BIG}, None),
+        ("/v1/completions", {"max_tokens": BIG, "min_tokens": BIG}, None),
+        ("/v1/completions", {"stop_token_ids": [BIG]}, None),
+        ("/v1/completions", {"prompt": [1, BIG]}, None),
+        ("/v1/completions", {"prompt": [[BIG]]}, None),
+        ("/v1/chat/completions", {"max_completion_tokens": BIG}, None),
+        # in the range the wire carries, and still more than a parameter takes
+        ("/v1/completions", {"max_tokens": 2**63}, "max_tokens"),
+        ("/v1/completions", {"stop_token_ids": [2**40]}, "stop_token_ids"),
+        ("/v1/completions", {"prompt": [1, 2**40]}, "prompt"),
+    ],
+    ids=lambda v: json.dumps(v) if isinstance(v, dict) else str(v),
+)
+def test_integers_too_large_are_400_not_500(daemon, path, fields, param):
+    body = {**_COMPLETION, **fields}
+    if path.endswith("chat/completions"):
+        body = {"model": "tiny", "messages": [{"role": "user", "content": "x"}], **fields}
+    status, reply = http("POST", daemon.http + path, json.dumps(body).encode())
+    assert status == 400, reply
+    err = reply["error"]
+    assert err["type"] == "invalid_request_error"
+    if param is None:  # refused as the body is decoded: it says which number and why
+        assert "out of range" in err["message"] and "2**64" in err["message"]
+    else:
+        assert err["param"] == param
+
+
+@pytest.mark.parametrize(
+    ("body", "headers", "says"),
+    [
+        # an unknown charset raised LookupError
+        (
+            json.dumps(_COMPLETION).encode(),
+            {"Content-Type": "application/json; charset=nope"},
+            None,
+        ),
+        # a lone surrogate is valid JSON, and no tokenizer or encoder takes it
+        (b'{"prompt": "ab\\ud800", "max_tokens": 2}', {}, "surrogate"),
+        # more digits than Python converts (ValueError)
+        (b'{"prompt": "x", "max_tokens": ' + b"9" * 5000 + b"}", {}, "out of range"),
+        # deeper than the JSON decoder's recursion (RecursionError)
+        (b'{"prompt": "x", "user": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", {}, "nests"),
+        # NaN is no JSON value, even where it is ignored
+        (b'{"prompt": "x", "max_tokens": 2, "user": NaN}', {}, "NaN"),
+        (b'{"prompt": "x", "max_tokens": 2, "user": 1e400}', {}, "out of range"),
+    ],
+    ids=["bad-charset", "lone-surrogate", "5000-digits", "deep-nesting", "nan", "1e400"],
+)
+def test_bodies_fsd_cannot_read_are_400_not_500(daemon, body, headers, says):
+    status, reply = http("POST", f"{daemon.http}/v1/completions", body, headers)
+    if says is None:  # the charset is ignored: JSON is UTF-8
+        assert status == 200 and reply["usage"]["completion_tokens"] >= 1
+        return
+    assert status == 400 and reply["error"]["code"] == "invalid_json"
+    assert says in reply["error"]["message"]
+
+
+def test_a_client_that_leaves_a_whole_completion_gets_its_job_aborted(daemon):
+    """Non-streaming: nothing is written until the end, so only the closed connection
+    tells; the job must not run on for nobody."""
+    before = aborted(daemon)
+    body = json.dumps(
+        {"model": "tiny", "prompt": "long", "max_tokens": 600, "ignore_eos": True}
+    ).encode()
+    host, port = daemon.http.removeprefix("http://").rsplit(":", 1)
+    head = (
+        f"POST /v1/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    )
+    with daemon.client() as c:
+        with socket.create_connection((host, int(port))) as sock:
+            sock.sendall(head.encode() + body)
+            deadline = time.time() + 60
+            while time.time() < deadline and not c.jobs():  # running now
+                time.sleep(0.05)
+            assert len(c.jobs()) == 1
+        # the connection is closed: the job ends (aborted) without its 600 tokens
+        while time.time() < deadline and c.jobs():
+            time.sleep(0.05)
+        assert c.jobs() == []
+    assert aborted(daemon) == before + 1
+
+
 def test_chat_without_max_tokens_fills_what_the_pool_holds(api):
     out = api.chat.completions.create(
         model="tiny", messages=[{"role": "user", "content": "go"}], extra_body={"ignore_eos": True}
@@ -222,9 +322,10 @@ def test_fsd_error_codes_map_to_http_statuses():
     assert oa.from_fsd_error("something-new", "no").status == 500
 
 
-def test_an_api_key_guards_v1_but_not_health_or_metrics():
-    backend = Backend(
-        client=None,  # type: ignore[arg-type]  # these routes never reach the engine
+def offline_backend(**kw: Any) -> Backend:
+    """A Backend for the routes that never reach the engine."""
+    return Backend(
+        client=None,  # type: ignore[arg-type]
         model="tiny",
         created=0,
         max_model_len=64,
@@ -232,21 +333,85 @@ def test_an_api_key_guards_v1_but_not_health_or_metrics():
         tokenizer=ByteTokenizer(),
         template=ChatTemplate(PLAIN_TEMPLATE),
         metrics=MetricsCollector("tiny"),
-        api_key="k3y",
+        **kw,
     )
 
-    async def run() -> None:
+
+def test_an_api_key_guards_v1_and_metrics_but_not_health():
+    key = {"Authorization": "Bearer k3y"}
+
+    async def run(backend: Backend, metrics_status: int) -> None:
         async with TestClient(TestServer(build_app(backend, 1 << 20))) as http:
             r = await http.get("/v1/models")
             assert r.status == 401 and (await r.json())["error"]["code"] == "invalid_api_key"
-            r = await http.get("/v1/models", headers={"Authorization": "Bearer k3y"})
-            assert r.status == 200
-            assert (await http.get("/metrics")).status == 200
-            r = await http.post(
-                "/v1/completions",
-                data=b"x" * (2 << 20),
-                headers={"Authorization": "Bearer k3y"},
-            )
+            assert (await http.get("/v1/models", headers=key)).status == 200
+            r = await http.get("/metrics")
+            assert r.status == metrics_status
+            if r.status == 401:
+                assert (await r.json())["error"]["code"] == "invalid_api_key"
+            assert (await http.get("/metrics", headers=key)).status == 200
+            r = await http.get("/metrics", headers={"Authorization": "Bearer wrong"})
+            assert r.status == metrics_status
+            r = await http.post("/v1/completions", data=b"x" * (2 << 20), headers=key)
             assert r.status == 413 and "error" in await r.json()
 
+    asyncio.run(run(offline_backend(api_key="k3y"), 401))
+    asyncio.run(run(offline_backend(api_key="k3y", metrics_open=True), 200))
+
+
+class FailingJob:
+    """A job handle whose job the engine ended with reason "error"."""
+
+    prompt_tokens = 1
+    done = True
+
+    async def accepted(self) -> str:
+        return "job-1"
+
+    async def result(self) -> Completion:
+        timings = P.Timings(arrival=0.0)
+        return Completion("job-1", "r-1", "", [], "error", timings, prompt_tokens=1)
+
+    def __aiter__(self) -> Any:
+        return self._chunks()
+
+    async def _chunks(self) -> Any:
+        yield P.Chunk(req_id="r-1", job_id="job-1", token_ids=[65], text="A")
+
+
+class FailingClient:
+    """An engine client whose every job fails on the engine."""
+
+    def generate(self, prompt: Any, params: Any = None) -> FailingJob:
+        return FailingJob()
+
+
+def test_a_job_the_engine_failed_is_a_500_or_an_in_band_error():
+    backend = offline_backend()
+    backend.client = FailingClient()  # type: ignore[assignment]
+    body = {"model": "tiny", "prompt": "x", "max_tokens": 2}
+
+    async def run() -> None:
+        async with TestClient(TestServer(build_app(backend, 1 << 20))) as http:
+            r = await http.post("/v1/completions", json=body)  # not "finish_reason: error"
+            assert r.status == 500
+            error = (await r.json())["error"]
+            assert error["type"] == "internal_error" and error["code"] == "engine_error"
+            r = await http.post("/v1/completions", json={**body, "stream": True})
+            assert r.status == 200  # sent before the job failed: the error comes in-band
+            events = (await r.text()).strip().split("\n\n")
+            assert json.loads(events[0].removeprefix("data: "))["choices"][0]["text"] == "A"
+            assert json.loads(events[1].removeprefix("data: "))["error"]["type"] == "internal_error"
+            assert events[2:] == ["data: [DONE]"]
+
     asyncio.run(run())
+
+
+def test_http_beyond_loopback_without_a_key_is_warned_about():
+    remote = ServerConfig(http="0.0.0.0:8000", http_allow_remote=True)
+    warning = exposure_warning(remote)
+    assert warning is not None and "anyone who reaches the port" in warning
+    keyed = ServerConfig(http="0.0.0.0:8000", http_allow_remote=True, http_api_key="k")
+    assert exposure_warning(keyed) is None
+    assert exposure_warning(ServerConfig(http="127.0.0.1:8000", http_allow_remote=True)) is None
+    assert exposure_warning(ServerConfig()) is None

@@ -28,7 +28,7 @@ def job(job_id: str, state: str, kv: str, enst: float | None) -> P.JobInfo:
     return P.JobInfo(
         job_id=job_id,
         state=state,
-        level=0,
+        level=1,
         kv=kv,
         blocks=1,
         host_blocks=0,
@@ -47,8 +47,8 @@ def snapshot(jobs: list[P.JobInfo] | None) -> P.Snapshot:
         seq=1,
         policy="sj-mlfq",
         levels=[
-            P.LevelInfo(index=0, quantum=0.01, job_ids=["a", "b"]),
-            P.LevelInfo(index=1, quantum=0.02, job_ids=["c"]),
+            P.LevelInfo(index=1, quantum=0.01, job_ids=["a", "b"]),  # 1-based: Q1
+            P.LevelInfo(index=2, quantum=0.02, job_ids=["c"]),
         ],
         jobs=jobs,
         kv=P.KVInfo(
@@ -76,6 +76,22 @@ def snapshot(jobs: list[P.JobInfo] | None) -> P.Snapshot:
             slo_per_token_latency=0.1,
         ),
         config={"cache": {"kv_policy": "proactive"}},
+    )
+
+
+def output(job_id: str, arrival: float, times: list[float], prompt: int = 3) -> RequestOutput:
+    """A finished job's result: one output token at each of `times`."""
+    return RequestOutput(
+        request_id=job_id,
+        prompt=None,
+        prompt_token_ids=list(range(1, prompt + 1)),
+        text="x" * len(times),
+        token_ids=[4] * len(times),
+        finish_reason="length",
+        arrival_time=arrival,
+        first_token_time=times[0] if times else None,
+        finish_time=times[-1] if times else None,
+        token_times=times,
     )
 
 
@@ -122,6 +138,7 @@ def test_the_collector_turns_telemetry_into_vllm_and_fsd_metrics():
     assert got[("vllm:num_requests_waiting", ())] == 2
     assert got[("vllm:num_requests_swapped", ())] == 2
     assert got[("vllm:kv_cache_usage_perc", ())] == 0.25
+    assert got[("vllm:gpu_cache_usage_perc", ())] == 0.25  # vLLM's older name
     assert got[("vllm:num_preemptions_total", ())] == 2
     assert got[("fsd_promotions_total", ())] == 1 and got[("fsd_demotions_total", ())] == 1
     assert got[("fsd_swaps_total", (("direction", "out"),))] == 1
@@ -140,7 +157,50 @@ def test_the_collector_turns_telemetry_into_vllm_and_fsd_metrics():
     assert got[("vllm:e2e_request_latency_seconds_sum", ())] == 1.5
     assert got[("vllm:inter_token_latency_seconds_count", ())] == 2
     assert got[("vllm:inter_token_latency_seconds_bucket", (("le", "0.5"),))] == 2
+    # vLLM v1 observes time per output token per token gap, like the inter-token latency
+    assert got[("vllm:time_per_output_token_seconds_count", ())] == 2
+    assert got[("vllm:time_per_output_token_seconds_sum", ())] == 1.0
+    assert got[("vllm:request_prompt_tokens_count", ())] == 1
+    assert got[("vllm:request_prompt_tokens_bucket", (("le", "2.0"),))] == 0
+    assert got[("vllm:request_prompt_tokens_bucket", (("le", "5.0"),))] == 1
+    assert got[("vllm:request_generation_tokens_sum", ())] == 3
     assert got[("fsd_info", (("kv_policy", "proactive"), ("policy", "sj-mlfq")))] == 1
+
+
+def test_queue_time_pairs_arrival_with_the_start_event_in_either_order():
+    m = MetricsCollector("tiny")
+    # "a": its start event before its result; "b": its result first (the engine thread
+    # queues a result at once, events come in batches from the publisher)
+    m.telemetry(P.TOPIC_EVENT, P.Event(time=10.25, kind="start", job_id="a"))
+    m.job_finished(output("a", 10.0, [10.5, 11.0]))
+    m.job_finished(output("b", 20.0, [21.5]))
+    m.render()
+    m.telemetry(P.TOPIC_EVENT, P.Event(time=21.0, kind="start", job_id="b"))
+    m.telemetry(P.TOPIC_EVENT, P.Event(time=21.5, kind="finish", job_id="b"))
+    # "c" was aborted before it ran: no start event comes, and nothing waits for one
+    m.job_finished(output("c", 30.0, []))
+    m.telemetry(P.TOPIC_EVENT, P.Event(time=30.1, kind="abort", job_id="c"))
+    got = samples(m.render().decode())
+    assert got[("vllm:request_queue_time_seconds_count", ())] == 2
+    assert got[("vllm:request_queue_time_seconds_sum", ())] == 0.25 + 1.0
+    assert got[("vllm:request_queue_time_seconds_bucket", (("le", "0.3"),))] == 1
+    assert m.unpaired == 0
+
+
+def test_every_metric_carries_the_model_name():
+    m = MetricsCollector("tiny")
+    m.telemetry(P.TOPIC_SNAPSHOT, snapshot([job("a", "host", "host", 0.5)]))
+    for kind in ("preempt", "promote", "demote", "recompute", "swap-out-begin", "start"):
+        m.telemetry(P.TOPIC_EVENT, P.Event(time=1.0, kind=kind, job_id="a"))
+    m.job_finished(output("a", 0.5, [1.5, 2.0]))
+    names = set()
+    for family in text_string_to_metric_families(m.render().decode()):
+        for s in family.samples:
+            assert s.labels.get("model_name") == "tiny", s
+            names.add(family.name)
+    fsd = {n for n in names if n.startswith("fsd_")}
+    assert {"fsd_promotions", "fsd_queue_length", "fsd_kv_device_blocks", "fsd_info"} <= fsd
+    assert "fsd_next_swap_in_enst_seconds" in fsd and "fsd_swap_bytes" in fsd
 
 
 def test_no_gauges_before_the_first_snapshot():
@@ -181,9 +241,13 @@ def test_metrics_reflect_the_work_done(daemon):
     api.close()
     deadline = time.time() + 30  # the pump applies what telemetry fed every half second
     after = scrape(daemon)
-    while time.time() < deadline and after.get(stop, 0) - before.get(stop, 0) < 4:
+    queued = ("vllm:request_queue_time_seconds_count", ())
+    while time.time() < deadline and (
+        after.get(stop, 0) - before.get(stop, 0) < 4 or after[queued] - before[queued] < 4
+    ):
         time.sleep(0.2)
         after = scrape(daemon)
+    assert after[queued] - before[queued] == 4  # each job's start event paired with it
     assert after[stop] - before.get(stop, 0) == 4
     ttft = ("vllm:time_to_first_token_seconds_count", ())
     assert after[ttft] - before[ttft] == 4
@@ -191,9 +255,16 @@ def test_metrics_reflect_the_work_done(daemon):
     assert after[gen] - before[gen] == 24
     itl = ("vllm:inter_token_latency_seconds_count", ())
     assert after[itl] - before[itl] == 4 * 5
+    tpot = ("vllm:time_per_output_token_seconds_count", ())
+    assert after[tpot] - before[tpot] == 4 * 5
+    for name in ("vllm:request_prompt_tokens_count", "vllm:request_generation_tokens_count"):
+        assert after[(name, ())] - before[(name, ())] == 4
+    generated = ("vllm:request_generation_tokens_bucket", (("le", "5.0"),))
+    assert after[generated] == before[generated]  # six tokens each: above 5
     levels = {dict(lab)["level"] for name, lab in after if name == "fsd_queue_length"}
     assert levels == {str(i) for i in range(1, 9)}  # Q1..Q8 of the default sj-mlfq
     assert after[("fsd_kv_device_blocks", (("state", "total"),))] == 48
     assert ("fsd_kv_reserve_blocks", ()) in after
     assert ("vllm:num_requests_running", ()) in after
     assert after[("vllm:kv_cache_usage_perc", ())] >= 0
+    assert after[("vllm:gpu_cache_usage_perc", ())] == after[("vllm:kv_cache_usage_perc", ())]
