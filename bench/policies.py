@@ -228,7 +228,10 @@ def tuning_variants(step: float) -> dict[str, dict]:
         "always demote": {"demote_rule": "always"},
         "no admission control": {"admit_fraction": 1.0},
         "promote=entry": {"starve_promote": "entry"},
-        "no promotion": {"starve_limit": 1e9, "starve_limit_waiting": 1e9},
+        "no promotion": {
+            "starve_limit": 86_400.0,
+            "starve_limit_waiting": 86_400.0,
+        },  # one day: never
         "q1=4 steps": {"q1": 4 * step},
         "ratio=4": {"quantum_ratio": 4.0},
         "levels=12": {"num_levels": 12},

@@ -8,6 +8,7 @@ from typing import Any
 from rich.table import Table
 
 from fsd import protocol as P
+from fsd.client_telemetry import generation_rate
 from fsd.console.top.forms import FormError, parse_quanta, parse_seconds
 from fsd.errors import ConfigError
 
@@ -46,7 +47,7 @@ def parse_assignments(items: list[str]) -> dict[str, Any]:
     """['policy=fcfs', 'quanta=10ms,20ms'] → {'policy': 'fcfs', 'quanta': [0.01, 0.02]}.
 
     Durations (SECONDS_KEYS) take a unit as the console's retune form does: 0.01, 10ms,
-    250us, 1.5s; quanta is always a list.
+    250us, 1.5s; quanta is a list, or none. `KEY=none` resets an optional setting.
     """
     changes: dict[str, Any] = {}
     for item in items:
@@ -59,8 +60,9 @@ def parse_assignments(items: list[str]) -> dict[str, Any]:
 
 
 def _seconds(key: str, text: str) -> Any:
-    """The retune form's own parsers; 'none' puts q1 or an alpha back to the default."""
-    if key != "quanta" and parse_scalar(text) is None:
+    """The retune form's own parsers; 'none' puts the setting back to its default (for
+    quanta: the levels q1 and quantum_ratio derive, as when quanta was never set)."""
+    if parse_scalar(text) is None:
         return None
     try:
         return parse_quanta(key, text) if key == "quanta" else parse_seconds(key, text)
@@ -84,6 +86,11 @@ def find_setting(config: dict[str, Any], key: str) -> tuple[bool, Any]:
             if found:
                 return True, inner
     return False, None
+
+
+def level_name(level: int) -> str:
+    """A wire level (1-based since protocol v2) as operators name it: 1 → 'Q1'."""
+    return f"Q{level}"
 
 
 def duration(seconds: float | None) -> str:
@@ -120,7 +127,7 @@ def jobs_table(jobs: list[P.JobInfo]) -> Table:
         table.add_row(
             j.job_id,
             j.state,
-            str(j.level),
+            level_name(j.level),
             j.kv,
             f"{j.blocks}/{j.host_blocks}",
             duration(j.enst),
@@ -137,7 +144,7 @@ def job_lines(j: P.JobInfo) -> list[str]:
     rows = [
         ("job", j.job_id),
         ("state", j.state),
-        ("level", j.level),
+        ("level", level_name(j.level)),
         ("kv", f"{j.kv} ({j.blocks} device blocks, {j.host_blocks} host blocks)"),
         ("enst", duration(j.enst)),
         ("tokens", f"{j.prompt_tokens} prompt, {j.output_tokens} output"),
@@ -167,12 +174,12 @@ def snapshot_line(s: P.Snapshot) -> str:
         f"{clock(s.time)} snapshot #{s.seq} policy={s.policy} jobs={jobs} "
         f"running={running} queues=[{queues}] kv={kv.device_used}/{kv.device_total} "
         f"reserved={kv.device_reserved} host={kv.host_used}/{kv.host_total} "
-        f"inflight={kv.bytes_in_flight}B tok/s={slo.tokens_per_s:.1f} p95-ptl={ptl}"
+        f"inflight={kv.bytes_in_flight}B tok/s={generation_rate(s):.1f} p95-ptl={ptl}"
     )
 
 
 def event_line(e: P.Event) -> str:
-    detail = " ".join(f"{k}={v}" for k, v in e.detail.items())
+    detail = " ".join(f"{k}={level_name(v) if k == 'level' else v}" for k, v in e.detail.items())
     return " ".join(p for p in (clock(e.time), "event", e.kind, e.job_id or "", detail) if p)
 
 

@@ -81,9 +81,16 @@ def play(
     timeout: float = 10.0,
     curve: CurveKeys | None = None,
     console: Console | None = None,
+    token: str | None = None,
 ) -> PlayResult:
-    """Play `timeline` against the daemon at `endpoint` (blocking)."""
-    return asyncio.run(_play(timeline, endpoint, telemetry_endpoint, opts, timeout, curve, console))
+    """Play `timeline` against the daemon at `endpoint` (blocking).
+
+    `token`: the daemon's operator token, which the scenario's retune and inject events
+    need (without it the daemon refuses them and the summary lists them as failed).
+    """
+    return asyncio.run(
+        _play(timeline, endpoint, telemetry_endpoint, opts, timeout, curve, console, token)
+    )
 
 
 async def _play(
@@ -94,6 +101,7 @@ async def _play(
     timeout: float,
     curve: CurveKeys | None,
     console: Console | None,
+    token: str | None = None,
 ) -> PlayResult:
     records = [
         JobRecord(i, a.origin, a.time, a.prompt_len, a.output_len)
@@ -102,7 +110,7 @@ async def _play(
     tlog = TelemetryLog()
     live: dict[int, Any] = {}
     actions: list[dict[str, Any]] = []
-    async with AsyncClient(endpoint, timeout=timeout, curve=curve) as client:
+    async with AsyncClient(endpoint, timeout=timeout, curve=curve, token=token) as client:
         await client.status()  # no daemon: DaemonUnavailable now, not at the first job
         tel = AsyncTelemetryClient(telemetry_endpoint, curve=curve)
         stop = asyncio.Event()
@@ -295,8 +303,11 @@ def run_play_command(
     json_path: Path | None,
     timeout: float,
     curve: CurveKeys | None,
+    token: str | None = None,
 ) -> PlayResult:
-    """`fsctl play`: load, play, write the records (and JSON), print the summary."""
+    """`fsctl play`: load, play, write the records (and JSON), print the summary.
+
+    `token`: the operator token (the scenario's retune and inject events need it)."""
     from fsd.workload.scenario import load_scenario
 
     scenario = load_scenario(scenario_path)
@@ -308,7 +319,14 @@ def run_play_command(
         highlight=False,
     )
     result = play(
-        timeline, endpoint, telemetry_endpoint, opts, timeout=timeout, curve=curve, console=err
+        timeline,
+        endpoint,
+        telemetry_endpoint,
+        opts,
+        timeout=timeout,
+        curve=curve,
+        console=err,
+        token=token,
     )
     path = records_path or Path(f"play-{scenario.name}.jsonl")
     write_records(path, result)

@@ -6,12 +6,16 @@ The daemon publishes two-frame messages `[topic, msgpack payload]` with topics
 
 Recording format (`fsctl record`, read back by `read_recording`): UTF-8 JSON Lines.
 The first line of each recording session is a header,
-    {"format": "fsd-telemetry", "version": 1, "protocol": 1, "endpoint": ..., "started": T}
+    {"format": "fsd-telemetry", "version": 1, "protocol": 2, "endpoint": ..., "started": T}
 and every other line one received frame,
     {"t": 1700000000.125, "topic": "snapshot" | "event", "payload": {...}}
 where `t` is the wall-clock receive time and `payload` the message as JSON (the
 fields of `Snapshot` / `Event`). Appending to an existing file adds a new header;
 a truncated last line (a recorder killed mid-write) is ignored.
+
+`protocol` is the telemetry's protocol version. Sessions of protocol 1 counted levels
+from 0; they are read as protocol 2 (levels + 1: 1 = Q1), so old recordings replay
+with the same level names. A newer protocol than this fsd's is refused.
 """
 
 from __future__ import annotations
@@ -46,6 +50,28 @@ class Frame(NamedTuple):
     t: float
     topic: str
     message: Telemetry
+
+
+RATE_WINDOW = 2.0  # seconds of iterations `generation_rate` averages over
+
+
+def generation_rate(s: P.Snapshot, window: float = RATE_WINDOW) -> float:
+    """Tokens the engine generated per second in the last `window` seconds of `s`.
+
+    Every job of an iteration's batch gets one token (a prefill its first, a decode its
+    next), so an iteration makes `batch_size` tokens. Counted over the iterations that
+    ended between `start` = max(s.time - window, the first listed one's start) and the
+    snapshot's time: streaming jobs count as they stream (`SLOInfo.tokens_per_s` counts
+    finished jobs only), and an idle engine falls to 0 once `window` has passed.
+    """
+    its = s.iterations
+    if not its:
+        return 0.0
+    start = max(s.time - window, its[0].start)
+    span = s.time - start
+    if span <= 0:
+        return 0.0
+    return sum(it.batch_size for it in its if it.start + it.duration > start) / span
 
 
 def decode_frame(topic: bytes, payload: bytes) -> Telemetry:
@@ -181,6 +207,7 @@ class AsyncTelemetryClient:
 class _Line(msgspec.Struct):
     format: str | None = None
     version: int | None = None
+    protocol: int | None = None
     t: float | None = None
     topic: str | None = None
     payload: msgspec.Raw = msgspec.Raw()
@@ -235,29 +262,55 @@ def read_records(path: str | Path) -> Iterator[Frame]:
     except OSError as exc:
         raise RecordingError(f"cannot open recording {str(p)!r}: {exc.strerror}") from None
     with f:
+        protocol = P.PROTOCOL_VERSION  # frames before any header: this version's
         for lineno, raw in enumerate(f, 1):
             if not raw.strip():
                 continue
             try:
-                frame = _parse_line(raw)
-            except (msgspec.DecodeError, RecordingError) as exc:
+                line = _line_decoder.decode(raw)
+                if line.format is not None:
+                    protocol = _header_protocol(line)
+                    continue
+                frame = _frame(line, protocol)
+            except (msgspec.DecodeError, RecordingError, UnicodeDecodeError) as exc:
                 if not raw.endswith(b"\n"):
                     return  # the truncated last line of a killed recorder
                 raise RecordingError(f"{p}:{lineno}: not a telemetry record: {exc}") from None
-            if frame is not None:
-                yield frame
+            yield frame
 
 
-def _parse_line(raw: bytes) -> Frame | None:
-    line = _line_decoder.decode(raw)
-    if line.format is not None:
-        if line.format != RECORDING_FORMAT or (line.version or 0) > RECORDING_VERSION:
-            raise RecordingError(f"unsupported recording format {line.format} v{line.version}")
-        return None
+def _header_protocol(line: _Line) -> int:
+    """The protocol version of the session a header line starts (RecordingError if unknown)."""
+    if line.format != RECORDING_FORMAT or (line.version or 0) > RECORDING_VERSION:
+        raise RecordingError(f"unsupported recording format {line.format} v{line.version}")
+    protocol = P.PROTOCOL_VERSION if line.protocol is None else line.protocol
+    if not 1 <= protocol <= P.PROTOCOL_VERSION:
+        raise RecordingError(
+            f"recorded with telemetry protocol v{protocol}; this fsd reads v1 to "
+            f"v{P.PROTOCOL_VERSION}"
+        )
+    return protocol
+
+
+def _frame(line: _Line, protocol: int) -> Frame:
     decoder = _json_decoders.get(line.topic or "")
     if decoder is None or not len(line.payload) or line.t is None:
         raise RecordingError(f"unknown topic {line.topic!r} or missing t/payload")
-    return Frame(line.t, line.topic or "", decoder.decode(line.payload))
+    msg = decoder.decode(line.payload)
+    return Frame(line.t, line.topic or "", _from_v1(msg) if protocol == 1 else msg)
+
+
+def _from_v1(msg: Telemetry) -> Telemetry:
+    """A protocol-1 message as protocol 2 says it: levels 1-based (Q1 = 1)."""
+    msg.v = P.PROTOCOL_VERSION
+    if isinstance(msg, P.Snapshot):
+        for lv in msg.levels:
+            lv.index += 1
+        for job in msg.jobs or ():
+            job.level += 1
+    elif isinstance(msg.detail.get("level"), int):
+        msg.detail = {**msg.detail, "level": msg.detail["level"] + 1}
+    return msg
 
 
 def read_recording(path: str | Path) -> Iterator[Telemetry]:

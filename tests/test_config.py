@@ -74,3 +74,40 @@ def test_sampling_params_accept_lists_and_stay_hashable():
     p = SamplingParams(stop=["a", "b"], stop_token_ids=[1])
     assert p.stop == ("a", "b") and p.stop_token_ids == (1,)
     hash(p)
+
+
+# every setting a retune can change, with 2**62 (accepted before: preempt_threshold=2**62
+# went through) and the bound its message names
+RETUNE_BOUNDS = [
+    (SchedConfig, "max_batch_size", 2**62, r"max_batch_size must be in \[1, 65536\]"),
+    (SchedConfig, "max_batch_tokens", 2**62, r"max_batch_tokens must be in \[1, 16777216\]"),
+    (SchedConfig, "num_levels", 2**62, "num_levels must be in 1..256"),
+    (SchedConfig, "preempt_threshold", 2**62, r"preempt_threshold must be in \[0, 256\] levels"),
+    (CacheConfig, "reserve_min_jobs", 2**62, r"reserve_min_jobs \(K\) must be in \[0, 65536\]"),
+    (CacheConfig, "reserve_top_levels", 2**62, r"reserve_top_levels \(K'\) must be in \[0, 256\]"),
+    (SchedConfig, "q1", 2**62, r"q1 must be <= 86400 seconds \(one day\)"),
+    (SchedConfig, "q1", 10**400, "q1 must be a finite number"),
+    (SchedConfig, "starve_limit", 2**62, r"starve_limit must be <= 86400 seconds \(one day\)"),
+    (SchedConfig, "starve_limit_waiting", 1e9, "starve_limit_waiting must be <= 86400 seconds"),
+    (SchedConfig, "quanta", (0.01, 2**62), r"quanta must be <= 86400 seconds \(one day\) each"),
+    (SchedConfig, "quanta", tuple(range(1, 258)), "quanta must list at most 256 quanta"),
+    (SchedConfig, "quantum_ratio", 2**62, "quantum_ratio must be <= 1000, got 4.61169e"),
+    (CacheConfig, "admit_fraction", 2**62, r"admit_fraction must be in \(0, 1\]"),
+]
+
+
+@pytest.mark.parametrize(("cls", "name", "value", "message"), RETUNE_BOUNDS)
+def test_every_retunable_value_has_an_upper_bound_that_its_error_names(cls, name, value, message):
+    with pytest.raises(ConfigError, match=message):
+        cls(**{name: value})
+
+
+def test_a_single_level_ratio_is_bounded_too_and_the_bounds_themselves_are_accepted():
+    with pytest.raises(ConfigError, match="quantum_ratio must be <= 1000, got 2000"):
+        SchedConfig(quantum_ratio=2000.0, num_levels=1)
+    top = SchedConfig(
+        max_batch_size=65536, max_batch_tokens=1 << 24, num_levels=256, preempt_threshold=256,
+        q1=86400.0, starve_limit=86400.0, starve_limit_waiting=86400.0, quantum_ratio=1.0001,
+    )  # fmt: skip
+    assert top.preempt_threshold == 256
+    assert CacheConfig(reserve_min_jobs=65536, reserve_top_levels=256).reserve_top_levels == 256

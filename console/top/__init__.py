@@ -20,8 +20,14 @@ def run(
     replay: Path | None = None,
     hz: float = 4.0,
     speed: float = 1.0,
+    token: str | None = None,
 ) -> None:
-    """Run the console (or print one snapshot with `once`); FsdError on bad input."""
+    """Run the console (or print one snapshot with `once`); FsdError on bad input.
+
+    `token`: the operator token its control requests carry (None: the client role,
+    which may watch but not retune or inject). A recording that cannot be read raises
+    FsdError, before the console starts or, for a bad line further on, once it closed.
+    """
     if once:
         import sys
 
@@ -42,12 +48,11 @@ def run(
     source: Source
     control = None
     if replay is not None:
-        if not replay.is_file():
-            from fsd.errors import FsdError
-
-            raise FsdError(f"recording {str(replay)!r} does not exist")
-        source = ReplaySource(replay, speed)
+        source = ReplaySource(replay, speed)  # reads the first frame: a bad file fails here
     else:
         source = LiveSource(telemetry_endpoint, curve)
-        control = ControlTarget(endpoint, timeout, curve)
-    TopApp(source, control, hz=hz).run()
+        control = ControlTarget(endpoint, timeout, curve, token)
+    app = TopApp(source, control, hz=hz)
+    app.run()
+    if app.error is not None:  # the feed stopped on a bad recording: the CLI's exit 2
+        raise app.error

@@ -4,6 +4,10 @@ A thread worker runs the telemetry `Feed` (receive, decode, fold into `TopState`
 and posts `TelemetryUpdated` views; consecutive ones coalesce in the message queue,
 so a busy UI only ever renders the latest. Control actions (abort, retune, inject)
 go through one `AsyncClient` on the UI's event loop and show the daemon's answer.
+
+Roles: the console asks the daemon (`Status`) which role its requests have and shows
+it in the title; with the client role retune and inject are refused up front, with
+what to do about it, rather than sent for the daemon's "forbidden".
 """
 
 from __future__ import annotations
@@ -24,9 +28,9 @@ from textual.worker import get_current_worker
 from fsd import protocol as P
 from fsd.config import KV_POLICIES
 from fsd.console.cli_format import find_setting, injected_summary
-from fsd.console.top import forms, panels
+from fsd.console.top import forms, panels, render
 from fsd.console.top.data import TopState, TopView
-from fsd.console.top.dialogs import InjectScreen, RetuneScreen
+from fsd.console.top.dialogs import Forbidden, InjectScreen, RetuneScreen, forbidden
 from fsd.console.top.jobtable import JobTable
 from fsd.console.top.screens import ConfirmScreen, HelpScreen, JobDetailScreen
 from fsd.console.top.source import Feed, Source
@@ -63,6 +67,7 @@ class ControlTarget:
     endpoint: str
     timeout: float = 10.0
     curve: Any = None  # fsd.client.CurveKeys | None
+    token: str | None = None  # the operator token; None: the client role
 
 
 class TopApp(App[None]):
@@ -104,6 +109,9 @@ class TopApp(App[None]):
         self.paused = False
         self.feed: Feed | None = None
         self._client: Any = None  # fsd.client.AsyncClient, made on first use
+        self.role: str | None = None  # the daemon's answer: "operator" | "client"; None: not yet
+        self._asking_role = False
+        self.error: FsdError | None = None  # what stopped the feed (a bad recording line)
 
     # ---- layout --------------------------------------------------------------------
 
@@ -135,6 +143,7 @@ class TopApp(App[None]):
                 silence=self.silence,
             )
             self._run_feed()
+        self._ask_role()
 
     def on_resize(self, event: Any) -> None:
         self._layout(event.size.width)
@@ -149,8 +158,15 @@ class TopApp(App[None]):
         assert self.feed is not None
         try:
             self.feed.run(lambda: worker.is_cancelled)
+        except FsdError as exc:  # a bad line further into a recording: close, `run` says it
+            self.call_from_thread(self._stop, exc)
         finally:
             self.feed.source.close()
+
+    def _stop(self, error: FsdError) -> None:
+        """Close the console because of `error` (exit status 2 once `run` raises it)."""
+        self.error = error
+        self.exit(return_code=2)
 
     # ---- rendering -----------------------------------------------------------------
 
@@ -190,6 +206,8 @@ class TopApp(App[None]):
         title = bar.first()
         title.status = message.text
         title.show()
+        if message.ok:  # the daemon is there: learn the role if it was not answered yet
+            self._ask_role()
 
     def say(self, text: str, error: bool = False) -> None:
         """The message line under the table: the last action's outcome."""
@@ -244,12 +262,16 @@ class TopApp(App[None]):
         try:
             detail = await self._daemon().abort(job_id)
         except FsdError as exc:
-            self.say(f"abort {job_id}: {exc}", error=True)
+            hint = ""
+            if forbidden(exc):  # another client's job (the console submits none itself)
+                self.show_role("client")
+                hint = f"; {render.ROLE_HINT}"
+            self.say(f"abort {job_id}: {exc}{hint}", error=True)
             return
         self.say(f"aborted {job_id} after {detail.get('tokens', '?')} tokens")
 
     def action_retune(self) -> None:
-        if self._no_control():
+        if self._no_control() or self._read_only("retune"):
             return
         config = self.view.snapshot.config if self.view.snapshot is not None else {}
         dialog = RetuneScreen(forms.RetuneForm.from_config(config), self._retune, POLICIES, KV_POLICIES)  # fmt: skip
@@ -269,7 +291,7 @@ class TopApp(App[None]):
         return "retuned: " + " ".join(shown)
 
     def action_inject(self) -> None:
-        if self._no_control():
+        if self._no_control() or self._read_only("inject"):
             return
         files = sorted(self.scenario_dir.glob("*.toml")) if self.scenario_dir.is_dir() else []
         self.push_screen(InjectScreen(files, self.scenario_dir, self._inject), self._answered)
@@ -303,13 +325,55 @@ class TopApp(App[None]):
             return True
         return False
 
+    def _read_only(self, what: str) -> bool:
+        """Refuse `what` when the daemon said this console has the client role."""
+        if self.role is None or self.role == "operator":
+            return False  # unknown: let the daemon decide (a refusal says why)
+        self.say(f"{what}: {render.ROLE_HINT}", error=True)
+        return True
+
+    def _ask_role(self) -> None:
+        """Ask the daemon for this console's role, once it answers (a background call)."""
+        if self.control is None or self.role is not None or self._asking_role:
+            return
+        self._asking_role = True
+        # the title's role is a courtesy (the daemon enforces roles): no failure of the
+        # call may close the console
+        self.run_worker(self._fetch_role(), group="role", exit_on_error=False)
+
+    async def _fetch_role(self) -> None:
+        try:
+            status = await self._daemon().status()
+        except FsdError:
+            return  # no daemon yet: asked again when its telemetry arrives
+        finally:
+            self._asking_role = False
+        self.show_role(status.role)
+
+    def show_role(self, role: str) -> None:
+        """Show `role` in the title; the client role also says what it cannot do."""
+        known = self.role
+        self.role = role
+        bar = self._main.query(panels.TitleBar)
+        if not self.is_running or not bar:
+            return
+        title = bar.first()
+        title.role = role
+        title.show()
+        if role != "operator" and known != role:
+            self.say(render.ROLE_HINT)
+
+    def on_forbidden(self, message: Forbidden) -> None:
+        """A dialog's request was refused for its role: the role is the client's."""
+        self.show_role("client")
+
     def _daemon(self) -> Any:
         if self._client is None:
             from fsd.client import AsyncClient
 
             c = self.control
             assert c is not None
-            self._client = AsyncClient(c.endpoint, timeout=c.timeout, curve=c.curve)
+            self._client = AsyncClient(c.endpoint, timeout=c.timeout, curve=c.curve, token=c.token)
         return self._client
 
     async def on_unmount(self) -> None:

@@ -19,14 +19,19 @@ from operator import attrgetter
 from typing import Any, NamedTuple
 
 from fsd import protocol as P
+from fsd.client_telemetry import generation_rate
 
 HISTORY = 120  # points per sparkline
 JOB_HISTORY = 64  # transitions / token samples kept per job
 ENDED_KEPT = 500  # histories of ended jobs kept for the detail screen
+TOP_LEVEL = 1  # Q1: levels are 1-based on the wire (protocol v2) and in the console
 
 
 class JobRow(NamedTuple):
-    """One job of the table, as plain data (level follows the latest snapshot)."""
+    """One job of the table, as plain data (level follows the latest snapshot).
+
+    Levels are 1-based here as on the wire (1 = Q1, the top level): shown as is.
+    """
 
     job_id: str
     level: int
@@ -146,7 +151,7 @@ class TopView:
     swap_out_rate: tuple[float, ...]  # bytes/s between consecutive snapshots
     swap_in_rate: tuple[float, ...]
     device_used: tuple[float, ...]  # fraction of the device pool
-    tokens_per_s: tuple[float, ...]
+    tokens_per_s: tuple[float, ...]  # tokens generated per second (fsd.client_telemetry)
     frames: int
     last_event: P.Event | None
 
@@ -218,7 +223,7 @@ class TopState:
     def _rates(self, prev: P.Snapshot | None, s: P.Snapshot) -> None:
         kv = s.kv
         self._rings["device"].append(kv.device_used / kv.device_total if kv.device_total else 0.0)
-        self._rings["tps"].append(s.slo.tokens_per_s)
+        self._rings["tps"].append(generation_rate(s))  # streaming jobs count, not just ended
         if prev is None or s.time <= prev.time:
             return
         dt = s.time - prev.time
@@ -268,7 +273,7 @@ class TopState:
                 return  # a late event of a job whose end we already saw
             h = self._histories[e.job_id] = JobHistory(e.job_id)
         last = h.transitions[-1] if h.transitions else None
-        level = int(e.detail.get("level", last.level if last else 0))
+        level = int(e.detail.get("level", last.level if last else TOP_LEVEL))
         state = _EVENT_STATE.get(e.kind)
         if state is None and e.kind in ("demote", "promote"):
             state = last.state if last else "waiting"

@@ -14,15 +14,26 @@ from textual import on
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Grid, Horizontal, Vertical
+from textual.message import Message
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Select, Static
 
 from fsd import protocol as P
 from fsd.console.top import forms
-from fsd.errors import FsdError
+from fsd.console.top.render import ROLE_HINT
+from fsd.errors import ForbiddenError, FsdError
 
 RetuneSend = Callable[[dict], Awaitable[str]]
 InjectSend = Callable[[P.Burst | None, Path | None, str], Awaitable[str]]
+
+
+def forbidden(exc: FsdError) -> bool:
+    """Whether the daemon refused a request for its role (Error code "forbidden")."""
+    return isinstance(exc, ForbiddenError) or getattr(exc, "code", None) == "forbidden"
+
+
+class Forbidden(Message):
+    """Posted to the app when the daemon refused a dialog's request for its role."""
 
 
 class _Dialog(ModalScreen[str | None]):
@@ -47,7 +58,11 @@ class _Dialog(ModalScreen[str | None]):
         try:
             answer = await request
         except FsdError as exc:
-            self.show_error(f"daemon: {exc}")
+            if forbidden(exc):  # say what would make it work, and show the role
+                self.app.post_message(Forbidden())
+                self.show_error(f"daemon: {exc}\n{ROLE_HINT}")
+            else:
+                self.show_error(f"daemon: {exc}")
             return
         self.dismiss(answer)
 
@@ -55,9 +70,14 @@ class _Dialog(ModalScreen[str | None]):
         return self.query_one(f"#{widget_id}", Input).value
 
 
+# A Select with nothing chosen: Select.NULL since Textual 1.0, Select.BLANK before (on
+# Textual 1.0+ `Select.BLANK` is Widget.BLANK, False, which Select refuses as a value)
+NO_CHOICE = Select.NULL if hasattr(Select, "NULL") else Select.BLANK
+
+
 def _select(widget_id: str, choices: Sequence[str], value: str) -> Select[str]:
     options = list(choices) if value in choices or not value else [value, *choices]
-    return Select([(c, c) for c in options], value=value or Select.BLANK, id=widget_id, allow_blank=not value, compact=True)  # fmt: skip
+    return Select([(c, c) for c in options], value=value or NO_CHOICE, id=widget_id, allow_blank=not value, compact=True)  # fmt: skip
 
 
 class RetuneScreen(_Dialog):
@@ -128,7 +148,7 @@ class RetuneScreen(_Dialog):
     def form(self) -> forms.RetuneForm:
         def choice(widget_id: str) -> str:
             value = self.query_one(f"#{widget_id}", Select).value
-            return "" if value is Select.BLANK else str(value)
+            return "" if value is NO_CHOICE else str(value)
 
         return forms.RetuneForm(
             mode=choice("mode"),

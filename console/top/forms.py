@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fsd import protocol as P
+from fsd.config import MAX_LEVELS, MAX_QUANTUM_RATIO, MAX_RESERVE_JOBS, MAX_SECONDS
 
 _PER_SECOND = {"": 1.0, "s": 1.0, "ms": 1e3, "us": 1e6, "µs": 1e6}  # divide: 9/1e3 == 0.009
 _SECONDS = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[-+]?[0-9]+)?)\s*(s|ms|us|µs)?\s*$", re.I)
@@ -29,13 +30,15 @@ class FormError(ValueError):
 
 
 def parse_seconds(field: str, text: str) -> float:
-    """'0.01', '10ms', '250us', '1.5s' → seconds (> 0)."""
+    """'0.01', '10ms', '250us', '1.5s' → seconds (> 0, at most a day as fsd.config says)."""
     m = _SECONDS.match(text)
     if m is None:
         raise FormError(field, f"{text.strip()!r} is not a duration (e.g. 0.01, 10ms, 250us)")
     value = float(m.group(1)) / _PER_SECOND[(m.group(2) or "").lower()]
     if not value > 0 or not math.isfinite(value):
         raise FormError(field, "must be > 0")
+    if value > MAX_SECONDS:
+        raise FormError(field, f"must be <= {MAX_SECONDS:g}s (one day), got {fmt_seconds(value)}")
     return value
 
 
@@ -72,7 +75,10 @@ def _parse_number(field: str, text: str, ok: Callable[[float], bool], rule: str)
 
 
 def parse_ratio(field: str, text: str) -> float:
-    return _parse_number(field, text, lambda v: v > 1 and math.isfinite(v), "> 1")
+    value = _parse_number(field, text, lambda v: v > 1 and math.isfinite(v), "> 1")
+    if value > MAX_QUANTUM_RATIO:
+        raise FormError(field, f"must be <= {MAX_QUANTUM_RATIO:g}, got {text.strip()}")
+    return value
 
 
 def parse_fraction(field: str, text: str) -> float:
@@ -133,8 +139,8 @@ class RetuneForm:
         else:
             raise FormError("mode", f"unknown mode {self.mode!r}")
         out["starve_limit"] = parse_seconds("alpha", self.alpha) if self.alpha.strip() else None
-        out["reserve_min_jobs"] = parse_int("K", self.k, 0)
-        out["reserve_top_levels"] = parse_int("K'", self.k_prime, 0)
+        out["reserve_min_jobs"] = parse_int("K", self.k, 0, MAX_RESERVE_JOBS)
+        out["reserve_top_levels"] = parse_int("K'", self.k_prime, 0, MAX_LEVELS)
         out["admit_fraction"] = parse_fraction("admit", self.admit)
         return out
 

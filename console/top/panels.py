@@ -106,7 +106,7 @@ class Summary(Static):
             Text("ttft ", style="bold"),
             Text(f"{render.duration(slo.avg_ttft)}  "),
             Text("tok/s ", style="bold"),
-            Text(f"{slo.tokens_per_s:.0f}  "),
+            Text(f"{render.tokens_per_s(view):.0f}  "),
             Text("iter ", style="bold"),
             Text("-" if it is None else f"{it:.1f}ms"),
         ]
@@ -114,17 +114,19 @@ class Summary(Static):
 
 
 class TitleBar(Static):
-    """The top line: source, policy, snapshot number and time, connection status."""
+    """The top line: source, role, policy, snapshot number and time, connection status."""
 
     def __init__(self, source: str, *, id: str) -> None:
         super().__init__(id=id)
         self.source = source
         self.status = ""
         self.paused = False
+        self.role: str | None = None  # the daemon's answer (operator / client)
         self._view = EMPTY_VIEW
 
     def show(self, view: TopView | None = None) -> None:
         if view is not None:
             self._view = view
         status = ("PAUSED " if self.paused else "") + self.status
-        self.update(render.header_text(self._view, self.source, status.strip()), layout=False)
+        text = render.header_text(self._view, self.source, status.strip(), self.role)
+        self.update(text, layout=False)

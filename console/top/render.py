@@ -14,7 +14,7 @@ from rich.table import Table
 from rich.text import Text
 
 from fsd import protocol as P
-from fsd.console.cli_format import SECONDS_KEYS, clock, duration
+from fsd.console.cli_format import SECONDS_KEYS, clock, duration, level_name
 from fsd.console.top.data import JobRow, TopView
 
 _TICKS = "▁▂▃▄▅▆▇█"
@@ -57,6 +57,11 @@ def latest(values: Sequence[float]) -> float | None:
     return values[-1] if values else None
 
 
+def tokens_per_s(view: TopView) -> float:
+    """Tokens the engine generates per second now (its recent iterations, not ended jobs)."""
+    return latest(view.tokens_per_s) or 0.0
+
+
 # ---- panels ------------------------------------------------------------------------
 
 
@@ -85,7 +90,7 @@ def levels_panel(view: TopView, bar_width: int = 16) -> RenderableType:
         n = len(lv.job_ids)
         quantum = "-" if lv.quantum is None else duration(lv.quantum)
         rows.append([
-            (f"Q{lv.index + 1:<2}", "bold"), (f"{quantum:>8} ", ""),
+            (f"{level_name(lv.index):<3}", "bold"), (f"{quantum:>8} ", ""),
             (bar(n / most, bar_width), "cyan"), (f" {n:>5}", ""),
         ])  # fmt: skip
     return _lines(rows)
@@ -130,7 +135,7 @@ def iterations_panel(view: TopView, spark: int = 24) -> RenderableType:
     return _lines([
         [("time  ", "bold"), (sparkline(view.iter_ms, spark), "green"), (" -" if it is None else f" {it:.1f}ms", "")],  # fmt: skip
         [("batch ", "bold"), (sparkline(view.batch, spark), "green"), (" -" if b is None else f" {b:.0f}", "")],  # fmt: skip
-        [("tok/s ", "bold"), (sparkline(view.tokens_per_s, spark), "green"), (f" {s.slo.tokens_per_s:.1f}", "")],  # fmt: skip
+        [("tok/s ", "bold"), (sparkline(view.tokens_per_s, spark), "green"), (f" {tokens_per_s(view):.1f}", "")],  # fmt: skip
     ])  # fmt: skip
 
 
@@ -161,7 +166,7 @@ def slo_panel(view: TopView) -> RenderableType:
          ("  p95 ", "bold"), (f"{duration(p95):>8}", latency_style(p95, limit))],
         [("ttft avg", "bold"), (f"{duration(slo.avg_ttft):>8}", ""),
          ("  p95 ", "bold"), (f"{duration(slo.p95_ttft):>8}", "")],
-        [("tok/s   ", "bold"), (f"{slo.tokens_per_s:>8.1f}", ""),
+        [("tok/s   ", "bold"), (f"{tokens_per_s(view):>8.1f}", ""),
          ("  req/s ", "bold"), (f"{slo.requests_per_s:.2f}", "")],
         [("slo     ", "bold"), (f"{duration(limit):>8}", ""),
          ("  done ", "bold"), (f"{slo.finished} in {slo.window:g}s", "")],
@@ -228,7 +233,7 @@ def job_cells(r: JobRow) -> list[tuple[str, str]]:
     tokens = f"{r.output_tokens}/{r.prompt_tokens}" if r.in_table else "-"
     return [
         (f"{mark}{r.job_id}", "bold cyan" if r.injected else ""),
-        (f"Q{r.level + 1}", ""),
+        (level_name(r.level), ""),
         (r.state, _STATE_STYLE.get(r.state, "")),
         (r.kv, _KV_STYLE.get(r.kv, "")),
         (duration(r.enst) if r.in_table else "-", ""),
@@ -255,10 +260,29 @@ def jobs_table(view: TopView, rows: Sequence[JobRow], limit: int) -> Table:
     return table
 
 
-def header_text(view: TopView, source: str, status: str = "") -> Text:
-    """'fsd top — tcp://... — sj-mlfq — #123 12:00:01.250 — status'."""
+ROLE_HINT = (
+    "client role (read-only): retune/inject need the operator token "
+    "(run fsctl as the daemon's user, or give --token-file or FSD_TOKEN)"
+)
+
+
+def role_text(role: str) -> Text:
+    """The console's role as the title shows it: operator, or client (read-only)."""
+    if role == "operator":
+        return Text("operator", style="bold green")
+    return Text(f"{role} (read-only)", style="yellow")
+
+
+def header_text(view: TopView, source: str, status: str = "", role: str | None = None) -> Text:
+    """'fsd top — tcp://... — operator — sj-mlfq — #123 12:00:01.250 — status'.
+
+    `role`: what the daemon said this console's requests are (None: not asked, or no
+    answer yet; a replay has none).
+    """
     s = view.snapshot
     parts = [Text("fsd top", style="bold"), Text(source)]
+    if role is not None:
+        parts.append(role_text(role))
     if s is not None:
         parts.append(Text(s.policy, style="bold cyan"))
         parts.append(Text(f"#{s.seq} {clock(s.time)}"))

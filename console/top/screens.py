@@ -13,7 +13,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Button, Label, Static
 
 from fsd import protocol as P
-from fsd.console.cli_format import clock, duration
+from fsd.console.cli_format import clock, duration, level_name
 from fsd.console.top.data import JobHistory
 from fsd.console.top.render import sparkline
 
@@ -25,7 +25,7 @@ def history_table(h: JobHistory) -> Table:
     for name in ("AT", "STATE", "LEVEL", "SEEN BY"):
         table.add_column(name, justify="right" if name == "AT" else "left", no_wrap=True)
     for tr in h.transitions:
-        table.add_row(f"+{tr.time - t0:.3f}s", tr.state, f"Q{tr.level + 1}", tr.cause)
+        table.add_row(f"+{tr.time - t0:.3f}s", tr.state, level_name(tr.level), tr.cause)
     return table
 
 
@@ -43,7 +43,7 @@ def latency_text(h: JobHistory, width: int = 40) -> Text:
 
 def info_lines(j: P.JobInfo) -> list[str]:
     rows = [
-        ("state", f"{j.state} at Q{j.level + 1}"),
+        ("state", f"{j.state} at {level_name(j.level)}"),
         ("kv", f"{j.kv} ({j.blocks} device blocks, {j.host_blocks} host blocks)"),
         ("enst", duration(j.enst)),
         ("tokens", f"{j.prompt_tokens} prompt, {j.output_tokens} output"),

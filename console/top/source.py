@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Protocol
 
-from fsd.client_telemetry import Frame, TelemetryClient, read_records
+from fsd.client_telemetry import Frame, RecordingError, TelemetryClient, read_records
 from fsd.console.top.data import TopState, TopView
 
 
@@ -55,14 +55,21 @@ class LiveSource:
 
 
 class ReplaySource:
-    """A recording played back at `speed` × its recorded pace (0: as fast as possible)."""
+    """A recording played back at `speed` × its recorded pace (0: as fast as possible).
+
+    The first frame is read at once, so a missing, unreadable or malformed file is a
+    RecordingError (an FsdError) here rather than in the telemetry worker; a bad line
+    further on raises from `recv`, which `Feed.run` lets through to the console.
+    """
 
     def __init__(self, path: str | Path, speed: float = 1.0) -> None:
         self.label = f"replay {Path(path).name}"
         self.done = False
         self.speed = speed
         self._frames: Iterator[Frame] = read_records(path)
-        self._next: Frame | None = None
+        self._next: Frame | None = next(self._frames, None)
+        if self._next is None:
+            raise RecordingError(f"recording {str(path)!r} holds no telemetry")
         self._t0: float | None = None  # recorded time of the first frame
         self._start = time.monotonic()
         self._paused_at: float | None = None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -13,6 +14,22 @@ from fsd.errors import FsdError
 
 bench_app = typer.Typer(help="Benchmarks against real daemons.", no_args_is_help=True)
 err = Console(stderr=True)
+
+
+def default_prefix(device: str, now: float | None = None, folder: Path = Path(".")) -> Path:
+    """Where a run writes without --out: slo-DEVICE-YYYYmmdd-HHMMSS in the working folder.
+
+    Why not bench/results/slo-DEVICE: that is the committed run the README shows, and a
+    trial run must not replace it (regenerating it takes `--out bench/results/slo-cpu`).
+    A name already taken (two runs in one second) gets -2, -3, ...
+    """
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now))
+    base = folder / f"slo-{device}-{stamp}"
+    prefix, n = base, 1
+    while prefix.with_name(prefix.name + ".json").exists():
+        n += 1
+        prefix = base.with_name(f"{base.name}-{n}")
+    return prefix
 
 
 def _floats(text: str, name: str) -> tuple[float, ...]:
@@ -56,7 +73,8 @@ def slo_command(
     out: Annotated[
         Optional[Path],  # noqa: UP045
         typer.Option(
-            help="Output prefix: PREFIX.json and PREFIX-*.png (default bench/results/slo-DEVICE)."
+            help="Output prefix: PREFIX.json and PREFIX-*.png (default: a new "
+            "slo-DEVICE-YYYYmmdd-HHMMSS in the working folder; an existing PREFIX is replaced)."
         ),
     ] = None,
     plots: Annotated[bool, typer.Option(help="Write the PNG plots.")] = True,
@@ -103,7 +121,7 @@ def slo_command(
     except FsdError as exc:
         err.print(f"[bold red]error:[/] {exc}", highlight=False)
         raise typer.Exit(2) from None
-    prefix = out or Path("bench/results") / f"slo-{report['machine']['device']}"
+    prefix = out or default_prefix(report["machine"]["device"])
     prefix.parent.mkdir(parents=True, exist_ok=True)
     path = prefix.with_name(prefix.name + ".json")
     path.write_text(json.dumps(report, indent=1, default=float) + "\n")

@@ -20,6 +20,7 @@ from fsd.bench import machine
 from fsd.bench.daemon import BenchDaemon, DaemonSpec
 from fsd.console.play import PlayOptions, play, prepare, summary_table
 from fsd.console.play_stats import summarize
+from fsd.credentials import read_secret, token_path
 from fsd.errors import ConfigError
 from fsd.workload.scenario import Scenario
 
@@ -47,6 +48,14 @@ def base_rate(scenario: Scenario, opts: PlayOptions) -> float:
     return n / timeline.duration
 
 
+def operator_token(d: BenchDaemon) -> str | None:
+    """The bench daemon's own operator token (from its state folder), so that a scenario's
+    retune and inject events are allowed; not FSD_TOKEN, which names another daemon's.
+    None when the daemon wrote none."""
+    path = token_path(d.state_dir, d.endpoint)
+    return read_secret(path, "operator token file") if path.is_file() else None
+
+
 def run(bench: SloBench, console: Console) -> dict[str, Any]:
     """Every policy at every rate; the report that `write_report` saves."""
     if bench.metric not in ("avg", "p95"):
@@ -58,10 +67,11 @@ def run(bench: SloBench, console: Console) -> dict[str, Any]:
         runs = []
         console.print(f"[bold]{policy}[/]: starting a fresh daemon", highlight=False)
         with BenchDaemon(replace(bench.daemon, policy=policy)) as d:
+            token = operator_token(d)
             for rate in bench.rates:
                 opts = replace(bench.play, rate_factor=rate / base, tag=f"bench-{policy}")
                 timeline = prepare(bench.scenario, opts)
-                result = play(timeline, d.endpoint, d.telemetry, opts, timeout=30.0)
+                result = play(timeline, d.endpoint, d.telemetry, opts, timeout=30.0, token=token)
                 if slo is None:
                     slo = result.telemetry.slo
                 d.wait_idle()

@@ -2,6 +2,10 @@
 
 Recording is off by default (the offline API has no reader); the daemon turns it
 on and drains the log after every iteration, so it stays short.
+
+Levels: the scheduler counts them from 0 (`Job.level`), operators from Q1. An event's
+`level` detail is recorded 1-based (1 = Q1, the top level), as every level a user or a
+client sees is (protocol v2): callers pass the job's own `level`, `add` converts it.
 """
 
 from __future__ import annotations
@@ -14,10 +18,15 @@ from fsd.kv.swap import SwapOp
 from fsd.sched.scheduler import SchedulerOutput
 
 
+def wire_level(level: int) -> int:
+    """The level a user or a client sees (1 = Q1) of a scheduler level (0 = the top)."""
+    return level + 1
+
+
 @dataclass(frozen=True)
 class EngineEvent:
     """arrive, start, preempt, demote, promote, recompute, swap-out-begin/-end,
-    swap-in-begin/-end, finish, abort, retune."""
+    swap-in-begin/-end, finish, abort, retune. `detail["level"]` is 1-based (Q1 = 1)."""
 
     time: float
     kind: str
@@ -33,7 +42,10 @@ class EventLog:
         self._items: list[EngineEvent] = []
 
     def add(self, now: float, kind: str, job: Job | None = None, **detail: Any) -> None:
+        """Record an event; a `level` detail is the scheduler's 0-based level."""
         if self.enabled:
+            if "level" in detail:  # one place turns it into Q-numbering for every caller
+                detail["level"] = wire_level(detail["level"])
             self._items.append(EngineEvent(now, kind, job.job_id if job else None, detail))
 
     def drain(self) -> list[EngineEvent]:

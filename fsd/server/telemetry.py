@@ -2,7 +2,8 @@
 
 The snapshot is read on the engine thread between iterations (the state is only
 consistent there) into plain structs; encoding and sending happen on a publisher
-thread so the engine loop pays only for the read.
+thread so the engine loop pays only for the read. Levels leave the engine 1-based
+(`LevelInfo.index`, `JobInfo.level`: 1 = Q1), the scheduler's own count plus one.
 """
 
 from __future__ import annotations
@@ -18,16 +19,17 @@ import zmq
 
 from fsd import protocol as P
 from fsd.engine.core import Engine
-from fsd.engine.events import EngineEvent
+from fsd.engine.events import EngineEvent, wire_level
 from fsd.jobs import Job
 from fsd.metrics import SLOWindow
 
 
 def job_info(job: Job, now: float) -> P.JobInfo:
+    """A live job as clients see it; its level is 1-based (1 = Q1, the top)."""
     return P.JobInfo(
         job_id=job.job_id,
         state=job.status.value,
-        level=job.level,
+        level=wire_level(job.level),
         kv=job.kv.value,
         blocks=len(job.block_table),
         host_blocks=len(job.host_block_table),
@@ -55,7 +57,7 @@ def build_snapshot(
     sched.refresh_enst()
     blocks = engine.blocks
     levels = [
-        P.LevelInfo(index=lv.index, quantum=lv.quantum, job_ids=list(lv.job_ids))
+        P.LevelInfo(index=wire_level(lv.index), quantum=lv.quantum, job_ids=list(lv.job_ids))
         for lv in sched.queue.levels()
     ]
     kv = P.KVInfo(

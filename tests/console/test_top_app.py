@@ -24,6 +24,7 @@ from fsd.console.top.jobtable import JobTable
 from fsd.console.top.panels import TitleBar
 from fsd.console.top.screens import ConfirmScreen, HelpScreen, JobDetailScreen
 from fsd.console.top.source import LiveSource, ReplaySource
+from tests.client.fake_daemon import running
 from tests.console.conftest import RECORDING
 from tests.server.daemon_proc import SMALL_POOL, Daemon, daemon_fixture, free_port
 
@@ -34,8 +35,10 @@ daemon = daemon_fixture(CONFIG, "top-daemon")
 
 
 def live_app(d: Daemon, scenario_dir=None) -> TopApp:
+    """The console on `d` with its operator token (retune and inject need the role)."""
     kw = {} if scenario_dir is None else {"scenario_dir": scenario_dir}
-    return TopApp(LiveSource(d.telemetry), ControlTarget(d.endpoint, timeout=5.0), hz=20, **kw)
+    control = ControlTarget(d.endpoint, timeout=5.0, token=d.token)
+    return TopApp(LiveSource(d.telemetry), control, hz=20, **kw)
 
 
 async def wait_for(pilot: Pilot, cond: Callable[[], object], timeout: float = 20.0) -> None:
@@ -135,23 +138,24 @@ async def test_inject_creates_marked_jobs_and_a_scenario_gets_an_answer(daemon, 
 
 @sync
 async def test_abort_ends_the_selected_job(daemon):
-    with daemon.client() as c:
-        ids = c.inject(burst=(2, 8, 900), tag="victim")
-    app = live_app(daemon)
-    async with app.run_test(size=(160, 48)) as pilot:
-        table = app.query_one(JobTable)
-        await wait_for(pilot, lambda: ids[0] in {r.job_id for r in table.rows})
-        table.sort_by("id")
-        table.action_jump(next(i for i, r in enumerate(table.rows) if r.job_id == ids[0]))
-        assert table.selected_job == ids[0]
-        await pilot.press("a")
-        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen))
-        await pilot.press("y")
-        await wait_for(pilot, lambda: message(app).startswith(f"aborted {ids[0]}"))
-        await wait_for(pilot, lambda: ids[0] not in {r.job_id for r in table.rows})
-        assert app.state.job_history(ids[0]).ended == "aborted"
-        await pilot.press("a", "y")  # the cursor is now on another job (or none)
-        await wait_for(pilot, lambda: "abort" in message(app))
+    # injected jobs belong to the connection that injected them: it stays open meanwhile
+    with daemon.client() as owner:
+        ids = owner.inject(burst=(2, 8, 900), tag="victim")
+        app = live_app(daemon)
+        async with app.run_test(size=(160, 48)) as pilot:
+            table = app.query_one(JobTable)
+            await wait_for(pilot, lambda: ids[0] in {r.job_id for r in table.rows})
+            table.sort_by("id")
+            table.action_jump(next(i for i, r in enumerate(table.rows) if r.job_id == ids[0]))
+            assert table.selected_job == ids[0]
+            await pilot.press("a")
+            await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen))
+            await pilot.press("y")
+            await wait_for(pilot, lambda: message(app).startswith(f"aborted {ids[0]}"))
+            await wait_for(pilot, lambda: ids[0] not in {r.job_id for r in table.rows})
+            assert app.state.job_history(ids[0]).ended == "aborted"
+            await pilot.press("a", "y")  # the cursor is now on another job (or none)
+            await wait_for(pilot, lambda: "abort" in message(app))
     with daemon.client() as c, pytest.raises(RequestError):
         c.job(ids[0])
 
@@ -256,3 +260,47 @@ async def test_a_message_that_lands_while_closing_is_dropped():
         app.render_view(view)
         app.on_feed_status(FeedStatus("telemetry lost", ok=False))
         assert not app.screen_stack[0].query(TitleBar)
+
+
+def title_of(app: TopApp) -> str:
+    return app.query_one(TitleBar).render().plain  # type: ignore[union-attr]
+
+
+@sync
+async def test_a_console_without_the_token_shows_the_client_role_and_says_why_it_cannot_steer():
+    with running(telemetry=True, token="s3cret") as fake:
+        control = ControlTarget(fake.endpoint, timeout=5.0)
+        app = TopApp(LiveSource(fake.telemetry_endpoint), control, hz=20)
+        async with app.run_test(size=(160, 40)) as pilot:
+            await wait_for(pilot, lambda: app.role is not None)
+            assert app.role == "client" and "client (read-only)" in title_of(app)
+            assert "retune/inject need the operator token" in message(app)
+            for key, what in (("t", "retune"), ("i", "inject")):
+                await pilot.press(key)
+                await pilot.pause()
+                assert not isinstance(app.screen, RetuneScreen | InjectScreen)
+                assert message(app).startswith(f"{what}: client role (read-only)")
+        assert not fake.requests(P.Retune) and not fake.requests(P.Inject)
+
+
+@sync
+async def test_an_operator_console_says_so_and_a_forbidden_answer_explains_itself():
+    with running(telemetry=True, token="s3cret") as fake:
+        control = ControlTarget(fake.endpoint, timeout=5.0, token="s3cret")
+        app = TopApp(LiveSource(fake.telemetry_endpoint), control, hz=20)
+        async with app.run_test(size=(160, 40)) as pilot:
+            await wait_for(pilot, lambda: app.role is not None)
+            assert app.role == "operator" and "operator" in title_of(app)
+            assert "read-only" not in title_of(app)
+            await wait_for(pilot, lambda: app.view.snapshot is not None)
+            fake.token = "rotated"  # the daemon's token changed: it now says "forbidden"
+            await pilot.press("t")
+            await wait_for(pilot, lambda: isinstance(app.screen, RetuneScreen))
+            dialog = app.screen
+            dialog.query_one("#ratio", Input).value = "3"
+            await pilot.press("ctrl+s")
+            error = dialog.query_one("#error")
+            await wait_for(pilot, lambda: "forbidden" in text_of(error))
+            assert "retune/inject need the operator token" in text_of(error)
+            await wait_for(pilot, lambda: app.role == "client")
+            assert "client (read-only)" in title_of(app)

@@ -8,10 +8,12 @@ import pytest
 from typer.testing import CliRunner
 
 from fsd import protocol as P
+from fsd.console import cli_format as fmt
 from fsd.console.cli import app as fsctl
 from fsd.console.top import forms, render
 from fsd.console.top.data import JobRow, TopState, fold, sort_rows
 from fsd.console.top.source import Feed, ReplaySource
+from fsd.errors import ConfigError
 from tests.console.conftest import RECORDING
 
 
@@ -30,7 +32,7 @@ def slo(avg: float | None = None, p95: float | None = None, limit: float = 0.05)
     )  # fmt: skip
 
 
-def job(jid: str, level: int = 0, state: str = "waiting", out: int = 0, enst: float | None = 0.1, tags=()) -> P.JobInfo:  # fmt: skip
+def job(jid: str, level: int = 1, state: str = "waiting", out: int = 0, enst: float | None = 0.1, tags=()) -> P.JobInfo:  # fmt: skip
     return P.JobInfo(
         job_id=jid, state=state, level=level, kv="device", blocks=1, host_blocks=0, enst=enst,
         prompt_tokens=8, output_tokens=out, waited=0.0, attained=0.0, arrival=100.0,
@@ -41,7 +43,7 @@ def job(jid: str, level: int = 0, state: str = "waiting", out: int = 0, enst: fl
 def snap(t: float, levels: list[list[str]], jobs: list[P.JobInfo] | None, **kw) -> P.Snapshot:
     return P.Snapshot(
         time=t, seq=int(t), policy="sj-mlfq",
-        levels=[P.LevelInfo(index=i, quantum=0.01 * 2**i, job_ids=ids) for i, ids in enumerate(levels)],  # fmt: skip
+        levels=[P.LevelInfo(index=i, quantum=0.01 * 2 ** (i - 1), job_ids=ids) for i, ids in enumerate(levels, 1)],  # fmt: skip
         jobs=jobs, jobs_time=t if jobs is not None else None, kv=kw.get("kv", kv()),
         iterations=kw.get("iterations", []), slo=kw.get("slo", slo()), config=kw.get("config", {}),
     )  # fmt: skip
@@ -65,13 +67,13 @@ def test_recording_folds_into_rows_of_the_live_jobs(recording):
 
 def test_a_snapshot_without_a_table_keeps_the_last_one_and_follows_the_levels():
     state = TopState()
-    state.apply(snap(1.0, [["a", "b"], []], [job("a", 0, out=3), job("b", 0)]))
+    state.apply(snap(1.0, [["a", "b"], []], [job("a", 1, out=3), job("b", 1)]))
     v1 = state.view()
     state.apply(snap(2.0, [["b"], ["a", "c"]], None))  # a demoted, c new, table not sent
     v2 = state.view()
     rows = {r.job_id: r for r in v2.rows}
-    assert rows["a"].level == 1 and rows["a"].output_tokens == 3 and rows["a"].in_table
-    assert rows["c"].in_table is False and rows["c"].level == 1
+    assert rows["a"].level == 2 and rows["a"].output_tokens == 3 and rows["a"].in_table
+    assert rows["c"].in_table is False and rows["c"].level == 2
     assert v2.rows_version != v1.rows_version and v2.jobs_time == 1.0 and v2.table_age == 1.0
     state.apply(snap(3.0, [[], ["c"]], None))  # a and b finished
     assert [r.job_id for r in state.view().rows] == ["c"]
@@ -91,10 +93,10 @@ def test_events_and_tables_make_a_job_history_with_per_token_latency():
     state = TopState()
     state.apply(P.Event(time=1.0, kind="arrive", job_id="a", detail={"level": 2}))
     state.apply(P.Event(time=1.1, kind="start", job_id="a", detail={"level": 2}))
-    state.apply(snap(1.2, [[], [], ["a"]], [job("a", 2, "running", out=10)]))
+    state.apply(snap(1.2, [[], ["a"]], [job("a", 2, "running", out=10)]))
     state.apply(P.Event(time=1.25, kind="demote", job_id="a", detail={"level": 3}))
     state.apply(P.Event(time=1.3, kind="preempt", job_id="a", detail={"level": 3}))
-    state.apply(snap(1.7, [[], [], [], ["a"]], [job("a", 3, "preempted", out=15)]))
+    state.apply(snap(1.7, [[], [], ["a"]], [job("a", 3, "preempted", out=15)]))
     state.apply(P.Event(time=1.9, kind="finish", job_id="a", detail={"reason": "length"}))
     h = state.job_history("a")
     assert [(t.state, t.level, t.cause) for t in h.transitions] == [
@@ -131,7 +133,7 @@ def test_sorting_puts_unknown_enst_last_and_reverses():
     ]
     assert [r.job_id for r in sort_rows(rows, "enst")] == ["c", "b", "a"]
     assert [r.job_id for r in sort_rows(rows, "enst", reverse=True)] == ["a", "b", "c"]
-    assert math.isinf(JobRow.pending("x", 0).arrival)
+    assert math.isinf(JobRow.pending("x", 1).arrival)
 
 
 # ---- forms -------------------------------------------------------------------------
@@ -151,7 +153,12 @@ def test_durations_accept_units(text, seconds):
         ("q1", {"q1": "fast"}, "not a duration"),
         ("ratio", {"ratio": "0.5"}, "must be > 1"),
         ("alpha", {"alpha": "-1"}, "not a duration"),
-        ("K", {"k": "-1"}, "must be >= 0"),
+        ("K", {"k": "-1"}, "must be in [0, 65536], got -1"),
+        ("K", {"k": str(2**62)}, f"must be in [0, 65536], got {2**62}"),
+        ("K'", {"k_prime": "257"}, "must be in [0, 256], got 257"),
+        ("ratio", {"ratio": "5000"}, "must be <= 1000, got 5000"),
+        ("alpha", {"alpha": "90000s"}, "must be <= 86400s (one day)"),
+        ("quanta", {"mode": "quanta", "quanta": "1ms,2e9"}, "must be <= 86400s (one day)"),
         ("K'", {"k_prime": "x"}, "not a whole number"),
         ("admit", {"admit": "1.5"}, "must be in (0, 1]"),
         ("admit", {"admit": "lots"}, "not a number"),
@@ -162,6 +169,16 @@ def test_bad_retune_fields_are_named(field, kw, message):
     with pytest.raises(forms.FormError) as err:
         forms.retune_changes(_replace(current, **kw), current)
     assert err.value.field == field and message in err.value.message
+
+
+def test_retune_assignments_reset_to_the_default_with_none_quanta_included():
+    # quanta=none puts back the levels that q1 and quantum_ratio derive
+    assert fmt.parse_assignments(["quanta=none", "q1=None", "starve_limit=none"]) == {
+        "quanta": None, "q1": None, "starve_limit": None,
+    }  # fmt: skip
+    assert fmt.parse_assignments(["quanta=1ms,2ms"]) == {"quanta": [0.001, 0.002]}
+    with pytest.raises(ConfigError, match=r"starve_limit: must be <= 86400s \(one day\)"):
+        fmt.parse_assignments(["starve_limit=1e9"])
 
 
 def _replace(form: forms.RetuneForm, **kw) -> forms.RetuneForm:
@@ -212,6 +229,32 @@ def test_sparkline_scales_to_its_max_and_pads():
     assert render.sparkline([0, 1, 2, 4], 6) == "  ▁▃▅█"
     assert render.sparkline([], 3) == "   "
     assert render.bar(0.5, 4) == "██  " and render.bar(1.0, 3) == "███"
+
+
+def test_tok_s_counts_streaming_jobs_before_any_has_finished():
+    # 32 jobs stream and none has finished: the SLO window's throughput is still 0, but
+    # the engine makes 32 tokens per 25 ms iteration
+    none_done = P.SLOInfo(
+        window=60.0, finished=0, avg_per_token_latency=None, p95_per_token_latency=None,
+        avg_ttft=None, p95_ttft=None, tokens_per_s=0.0, requests_per_s=0.0,
+        slo_per_token_latency=0.05,
+    )  # fmt: skip
+    ids = [f"j{i}" for i in range(32)]
+    state = TopState()
+    for k in range(1, 4):
+        t = 100.0 + 0.25 * k
+        its = [
+            P.IterationInfo(start=t - 0.25 + 0.025 * i, duration=0.025, batch_size=32,
+                            prefill_tokens=0, decode_tokens=32)
+            for i in range(10)
+        ]  # fmt: skip
+        jobs = [job(j, state="running", out=10 * k) for j in ids]
+        state.apply(snap(t, [ids], jobs, iterations=its, slo=none_done))
+    view = state.view()
+    assert view.tokens_per_s == pytest.approx((1280.0,) * 3)
+    assert render.iterations_panel(view).plain.splitlines()[2].endswith(" 1280.0")
+    assert "tok/s     1280.0" in render.slo_panel(view).plain
+    assert "tok/s=1280.0" in fmt.snapshot_line(view.snapshot)  # fsctl watch
 
 
 def test_over_the_slo_is_highlighted():
@@ -303,4 +346,37 @@ def test_once_without_a_daemon_fails_clearly(tmp_path):
     assert out.exit_code == 2
     assert f"no telemetry from {endpoint}" in out.output
     missing = CliRunner().invoke(fsctl, ["top", "--replay", str(tmp_path / "nope.jsonl")])
-    assert missing.exit_code == 2 and "does not exist" in missing.output
+    assert missing.exit_code == 2 and "cannot open recording" in missing.output
+
+
+# ---- fsctl top --replay: a bad recording ---------------------------------------------
+
+GOOD_START = RECORDING.read_bytes().splitlines(keepends=True)[:4]
+
+
+@pytest.mark.parametrize(
+    ("content", "error"),
+    [
+        (None, "cannot open recording"),
+        (b"", "holds no telemetry"),
+        (b"\x00\xffnot a recording\n", "bad.jsonl:1: not a telemetry record"),
+        # good frames, then a bad one: the console has started, closes and says why
+        (b"".join(GOOD_START) + b'{"t": 1, "topic": "snapshot", "payload": {}}\n', "bad.jsonl:5"),
+    ],
+)
+def test_replaying_a_bad_recording_is_one_error_line_and_exit_2(tmp_path, content, error):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    path = tmp_path / "bad.jsonl"
+    if content is not None:
+        path.write_bytes(content)
+    cmd = [sys.executable, "-m", "fsd.console.cli", "top", "--replay", str(path), "--speed", "0"]
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.run(
+        cmd, cwd=root, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr + proc.stdout
+    assert proc.stderr.count("error: ") == 1 and error in proc.stderr

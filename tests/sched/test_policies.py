@@ -29,7 +29,7 @@ def test_sj_mlfq_lets_a_short_job_pass_a_long_one(rule):
         "sj-mlfq",
         max_batch_size=1,
         quanta=(1.0, 2.0, 4.0, 8.0),
-        starve_limit=1e9,
+        starve_limit=86_400.0,  # a day: no promotion in these runs
         demote_rule=rule,
         preempt_threshold=0,
     )
@@ -47,7 +47,7 @@ def test_a_running_job_is_preempted_only_by_a_job_far_enough_ahead(threshold, fi
         "sj-mlfq",
         max_batch_size=1,
         quanta=(1.0, 2.0, 4.0, 8.0),
-        starve_limit=1e9,
+        starve_limit=86_400.0,  # a day: no promotion in these runs
         demote_rule="always",
         preempt_threshold=threshold,
     )
@@ -59,7 +59,7 @@ def test_a_running_job_is_preempted_only_by_a_job_far_enough_ahead(threshold, fi
 
 def test_a_fresh_gittins_queue_runs_alike_jobs_first_come_first_served():
     # nothing finished yet: a job that has generated tokens keeps its place (cold start)
-    s = scheduler("sj-mlfq", max_batch_size=1, quanta=(1.0, 2.0, 4.0, 8.0), starve_limit=1e9)
+    s = scheduler("sj-mlfq", max_batch_size=1, quanta=(1.0, 2.0, 4.0, 8.0), starve_limit=86_400.0)
     run = drive(s, make_jobs([(4, 20), (4, 20), (4, 20)]))
     assert run.finished == ["j0", "j1", "j2"]
     assert all(b == ["j0"] for b in run.batches[:20])
@@ -151,7 +151,9 @@ def test_config_errors_name_the_field():
         SchedConfig(starve_limit=0)
     with pytest.raises(ConfigError, match="starve_limit_waiting"):
         SchedConfig(starve_limit_waiting=-1.0)
-    with pytest.raises(ConfigError, match="preempt_threshold must be >= 0"):
+    with pytest.raises(
+        ConfigError, match=r"preempt_threshold must be in \[0, 256\] levels, got -1"
+    ):
         SchedConfig(preempt_threshold=-1)
 
 
@@ -160,7 +162,7 @@ def test_admission_holds_new_jobs_while_started_ones_fill_the_share(fraction, e_
     # 4 jobs of 7 blocks (28 tokens) start first; e (8 blocks) arrives at iteration 1.
     # Under admit_fraction 0.5 of 64 blocks, 28 + 8 > 32: e waits for the four to
     # finish (their 10th token is at iteration 9), though the device has room.
-    s = scheduler("sj-mlfq", device=64, host=0, admit_fraction=fraction, starve_limit=1e9)
+    s = scheduler("sj-mlfq", device=64, host=0, admit_fraction=fraction, starve_limit=86_400.0)
     jobs = make_jobs([(28, 10)] * 4 + [(28, 2)])
     run = drive(s, jobs, arrivals={"j4": 1})
     first = next(i for i, b in enumerate(run.batches) if "j4" in b)
@@ -232,3 +234,15 @@ def test_a_dropped_job_too_long_to_re_prefill_with_others_runs_alone():
     run = drive(s, jobs)
     assert sorted(run.finished) == ["j0", "j1"]
     assert any(j.recomputes for j in jobs)
+
+
+def test_retuning_quanta_to_none_puts_back_the_levels_q1_and_the_ratio_derive():
+    # explicit quanta override q1 x ratio; `quanta=none` (fsctl retune) undoes that
+    s = scheduler("sj-mlfq", quanta=(1.0, 2.0), q1=0.5, quantum_ratio=3.0, num_levels=4)
+    jobs = make_jobs([(4, 40)])
+    s.add(jobs[0], 0.0)
+    jobs[0].level = 1
+    assert s.queue.quanta == [1.0, 2.0]
+    s.retune(1.0, dataclasses.replace(s.config, quanta=None))
+    assert s.queue.quanta == pytest.approx([0.5, 1.5, 4.5, 13.5])
+    assert s.config.quanta is None and jobs[0].level == 1 and jobs[0] in s.queue
