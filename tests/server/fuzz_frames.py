@@ -251,7 +251,7 @@ def frames(max_frame_bytes: int) -> st.SearchStrategy[list[bytes | dict[str, Any
         single.map(lambda f: [f]),
         single.map(lambda f: [f]),
         single.map(lambda f: [f]),
-        st.lists(one, min_size=0, max_size=3),
+        st.lists(one, min_size=1, max_size=3),
     )
 
 
