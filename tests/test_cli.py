@@ -25,6 +25,10 @@ def test_generate_streams_the_same_text_as_the_offline_api():
     expected = LLM("tiny").generate("Hello", SamplingParams(max_tokens=12, ignore_eos=True))[0]
     assert proc.stdout == expected.text + "\n"
     assert "12 tokens, finish=length" in proc.stderr
+    # a temperature below the greedy floor used to divide the logits into inf: greedy now
+    tiny = fsd("generate", "Hello", "--max-tokens", "12", "--ignore-eos", "--temperature", "1e-300")
+    assert tiny.returncode == 0, tiny.stderr
+    assert tiny.stdout == expected.text + "\n"
 
 
 @pytest.mark.parametrize(
@@ -33,6 +37,7 @@ def test_generate_streams_the_same_text_as_the_offline_api():
         (["--model", "gpt-17"], "unknown model 'gpt-17'"),
         (["--model", "/nonexistent/dir"], "/nonexistent/dir"),
         (["--top-p", "0"], "top_p must be in (0, 1]"),
+        (["--temperature", "nan"], "temperature must be"),  # the engine thread died of it
         (["--block-size", "12"], "block_size must be a power of two"),
     ],
 )

@@ -299,18 +299,12 @@ class TopApp(App[None]):
     async def _inject(self, burst: P.Burst | None, scenario: Path | None, tag: str) -> str:
         self.state.add_inject_tag(tag)
         client = self._daemon()
-        if scenario is not None:
-            ids = await client.inject(scenario=self._scenario_spec(scenario), tag=tag)
+        if scenario is not None:  # read here with its traces and sent inline
+            ids = await client.inject(scenario=scenario, tag=tag)
         else:
             ids = await client.inject(burst=burst, tag=tag)
+        # the jobs are this console's connection's: they run while it stays open
         return injected_summary(ids, tag, show=3)
-
-    def _scenario_spec(self, path: Path) -> str:
-        """A loopback daemon reads the file itself; a remote one gets its text."""
-        from fsd.server.security import is_loopback
-
-        assert self.control is not None
-        return str(path.resolve()) if is_loopback(self.control.endpoint) else path.read_text()
 
     def _answered(self, answer: str | None) -> None:
         if answer:

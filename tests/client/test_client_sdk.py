@@ -98,6 +98,11 @@ def test_sampling_is_validated_before_sending(fake):
             c.submit("x", temp=1.0)
         with pytest.raises(ConfigError, match="token ids"):
             c.submit([])
+        for bad in (float("nan"), float("inf")):  # used to reach the daemon and kill it
+            with pytest.raises(ConfigError, match="temperature"):
+                c.submit("x", temperature=bad)
+        with pytest.raises(ConfigError, match="temperature"):
+            c.submit("x", temperature=float("inf"), min_tokens=1)
     assert fake.requests(P.Submit) == []
 
 

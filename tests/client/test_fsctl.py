@@ -57,6 +57,9 @@ def test_submit_refused_is_one_line_and_exit_2(fake):
     assert result.stderr == "error: prompt of 200 tokens exceeds 100 (prompt-too-long)\n"
     bad = fsctl(fake, "submit", "x", "--top-p", "0")
     assert bad.exit_code == 2 and "top_p must be in (0, 1]" in bad.stderr
+    for value in ("nan", "inf", "-1"):  # NaN used to reach the daemon and kill it
+        bad = fsctl(fake, "submit", "x", "--temperature", value)
+        assert bad.exit_code == 2 and bad.stderr.startswith("error: temperature"), bad.stderr
     assert fake.requests(P.Submit) == [fake.requests(P.Submit)[0]]  # the bad one never left
 
 

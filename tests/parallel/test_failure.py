@@ -43,6 +43,7 @@ def test_a_killed_worker_fails_its_jobs_then_fresh_workers_serve(ray_cluster, pr
                 if d.output is not None:
                     finals[d.job_id] = d.output
         assert [finals[j.job_id].finish_reason for j in running] == ["error", "error"]
+        assert all("worker failure" in finals[j.job_id].error for j in running)
         assert finals[waiting.job_id].finish_reason == "length"
         assert finals[waiting.job_id].token_ids == want  # ran on the restarted workers
         assert "worker stage 0 tp rank 1 died" in eng.degraded
@@ -114,7 +115,9 @@ telemetry_hz = 0.0
             assert len(names) == 1, names
             victim = ray_cluster.get_actor(names[0], namespace="fsd")
             ray_cluster.kill(victim)
-            assert long.result(timeout=60).finish_reason == "error"
+            lost = long.result(timeout=60)
+            assert lost.finish_reason == "error"  # and its Finished says why
+            assert lost.message and "worker stage 0 tp rank 1 died" in lost.message
             status = client.status()
             assert status.degraded and "worker stage 0 tp rank 1 died" in status.degraded
             after = client.complete(PROMPTS[2], max_tokens=8, ignore_eos=True)

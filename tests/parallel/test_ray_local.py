@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import os
 from pathlib import Path
@@ -123,3 +124,7 @@ def test_two_ray_backed_llms_coexist_in_one_process(ray_cluster, profile_path):
         a = first.generate([5, 6, 7], PARAMS)[0].token_ids
         b = second.generate([5, 6, 7], PARAMS)[0].token_ids
         assert a == b and len(a) == 6
+        # --tp 2 samples on the driver: a temperature below the greedy floor (it made
+        # torch.multinomial raise there) is greedy
+        tiny = dataclasses.replace(PARAMS, temperature=1e-300)
+        assert first.generate([5, 6, 7], tiny)[0].token_ids == a

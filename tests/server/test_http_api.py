@@ -76,6 +76,16 @@ def test_completion_matches_the_sdk_and_counts_tokens(api, daemon):
     assert out.usage.total_tokens == 12
     with daemon.client() as c:  # greedy: the same job through the ZeroMQ SDK
         assert c.complete("Hello", max_tokens=7, ignore_eos=True).text == choice.text
+    # 1e-300 passes the API's [0, 2] check; it divided the logits into inf and killed
+    # the daemon's engine thread: below the greedy floor it is greedy now
+    tiny = api.completions.create(
+        model="tiny",
+        prompt="Hello",
+        max_tokens=7,
+        temperature=1e-300,
+        extra_body={"ignore_eos": True},
+    )
+    assert tiny.choices[0].text == choice.text
 
 
 def test_streamed_completion_adds_up_to_the_whole_one(api):
