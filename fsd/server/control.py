@@ -56,7 +56,7 @@ class ControlHandler:
             return
         if not msg.req_id or len(msg.req_id) > MAX_REQ_ID:
             raise ConfigError(f"req_id must be 1 to {MAX_REQ_ID} characters")
-        if msg.req_id in svc.clients[caller.ident].jobs.values():
+        if msg.req_id in svc.clients[caller.ident].req_ids:
             # not tied to the req_id's stream as an ordinary Error would be: the live
             # job keeps streaming (clients route this code to the refused submit only)
             svc.send(

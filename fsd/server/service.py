@@ -62,6 +62,16 @@ class ClientState:
     last_seen: float
     user_id: str | None = None  # its CURVE key (z85), None on plain loopback
     jobs: dict[str, str] = field(default_factory=dict)  # job_id -> req_id
+    req_ids: set[str] = field(default_factory=set)  # the req_ids of `jobs`
+
+    def add(self, job_id: str, req_id: str) -> None:
+        self.jobs[job_id] = req_id
+        self.req_ids.add(req_id)
+
+    def remove(self, job_id: str) -> None:
+        req_id = self.jobs.pop(job_id, None)
+        if req_id is not None:
+            self.req_ids.discard(req_id)
 
 
 @dataclass(frozen=True)
@@ -314,7 +324,7 @@ class EngineService:
         self.owners[job_id] = Owner(caller, req_id, stream)
         client = self.clients.get(caller.ident)
         if client is not None:
-            client.jobs[job_id] = req_id
+            client.add(job_id, req_id)
 
     def owner_of(self, job_id: str) -> Caller | None:
         owner = self.owners.get(job_id)
@@ -354,7 +364,7 @@ class EngineService:
         ident = owner.caller.ident
         client = self.clients.get(ident)
         if client is not None:
-            client.jobs.pop(out.request_id, None)
+            client.remove(out.request_id)
         self.send(ident, finished_message(out, owner.req_id))
 
     def _route(self, deltas: list[StepDelta]) -> None:
