@@ -17,6 +17,7 @@ from typing import Annotated, NoReturn, Optional
 import msgspec
 import typer
 
+from fsd.cli_options import ClientKey, ServerKey, curve_keys
 from fsd.console import cli_format as fmt
 from fsd.errors import FsdError
 
@@ -43,13 +44,8 @@ class Target:
     token_file: str | None = None
 
     def curve(self):  # -> fsd.client.CurveKeys | None
-        from fsd.client import CurveKeys
-
-        if self.server_key is None and self.client_key is None:
-            return None
-        if self.server_key is None or self.client_key is None:
-            fail("CURVE needs both --server-key and --client-key")
-        return CurveKeys(self.server_key, None, self.client_key)
+        with friendly():
+            return curve_keys(self.server_key, self.client_key)
 
     def token(self) -> str | None:
         """The operator token: FSD_TOKEN, --token-file, or the daemon's file in --state-dir
@@ -89,6 +85,25 @@ def _target(ctx: typer.Context) -> Target:
     return ctx.obj  # set by `main`, which runs before every command
 
 
+# the options that say how to reach the daemon and which role to claim
+_StateDir = Annotated[
+    Optional[str],  # noqa: UP045
+    typer.Option(
+        envvar="FSD_STATE_DIR",
+        help="The daemon's state folder, where its operator token is (default "
+        "~/.local/state/fsd).",
+    ),
+]
+_TokenFile = Annotated[
+    Optional[str],  # noqa: UP045
+    typer.Option(
+        envvar="FSD_TOKEN_FILE",
+        help="Operator token file (default: the daemon's, in --state-dir). FSD_TOKEN gives "
+        "the token itself.",
+    ),
+]
+
+
 @app.callback()
 def main(
     ctx: typer.Context,
@@ -101,30 +116,10 @@ def main(
     timeout: Annotated[
         float, typer.Option(envvar="FSD_TIMEOUT", help="Seconds to wait for an answer.")
     ] = 10.0,
-    server_key: Annotated[
-        Optional[str],  # noqa: UP045
-        typer.Option(envvar="FSD_SERVER_KEY", help="CURVE: the daemon's public key file."),
-    ] = None,
-    client_key: Annotated[
-        Optional[str],  # noqa: UP045
-        typer.Option(envvar="FSD_CLIENT_KEY", help="CURVE: this client's .key_secret file."),
-    ] = None,
-    state_dir: Annotated[
-        Optional[str],  # noqa: UP045
-        typer.Option(
-            envvar="FSD_STATE_DIR",
-            help="The daemon's state folder, where its operator token is "
-            "(default ~/.local/state/fsd).",
-        ),
-    ] = None,
-    token_file: Annotated[
-        Optional[str],  # noqa: UP045
-        typer.Option(
-            envvar="FSD_TOKEN_FILE",
-            help="Operator token file (default: the daemon's, in --state-dir). FSD_TOKEN "
-            "gives the token itself.",
-        ),
-    ] = None,
+    server_key: ServerKey = None,
+    client_key: ClientKey = None,
+    state_dir: _StateDir = None,
+    token_file: _TokenFile = None,
 ) -> None:
     """fsctl: inspect and steer a running fsd daemon."""
     if timeout <= 0:

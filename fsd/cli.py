@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from fsd.bench.cli import bench_app
+from fsd.cli_options import ClientKey, ServerKey, curve_keys
 from fsd.errors import FsdError
 from fsd.sim.cli import simulate_command
 
@@ -25,27 +26,6 @@ def fail(exc: FsdError | str) -> NoReturn:
     """
     err.print(f"[bold red]error:[/] {escape(str(exc))}", soft_wrap=True)
     raise typer.Exit(2)
-
-
-ServerKey = Annotated[
-    Optional[str],  # noqa: UP045
-    typer.Option(envvar="FSD_SERVER_KEY", help="CURVE: the daemon's public key file."),
-]
-ClientKey = Annotated[
-    Optional[str],  # noqa: UP045
-    typer.Option(envvar="FSD_CLIENT_KEY", help="CURVE: this client's .key_secret file."),
-]
-
-
-def _curve(server_key: str | None, client_key: str | None):  # -> fsd.client.CurveKeys | None
-    """The client's CURVE keys from --server-key/--client-key (both or neither)."""
-    from fsd.client import CurveKeys
-
-    if server_key is None and client_key is None:
-        return None
-    if server_key is None or client_key is None:
-        fail("CURVE needs both --server-key and --client-key")
-    return CurveKeys(server_key, None, client_key)
 
 
 @app.command()
@@ -199,7 +179,7 @@ def stop(
     try:
         _, cfg = build_configs(None, endpoint=endpoint, state_dir=state_dir)
         token = find_operator_token(cfg.endpoint, cfg.state_dir)
-        pid = daemon.stop(cfg, timeout, curve=_curve(server_key, client_key), token=token)
+        pid = daemon.stop(cfg, timeout, curve=curve_keys(server_key, client_key), token=token)
     except FsdError as exc:
         fail(exc)
     typer.echo(f"fsd stopped{f' (pid {pid})' if pid else ''}")
@@ -222,7 +202,7 @@ def status(
     try:
         _, cfg = build_configs(None, endpoint=endpoint, state_dir=state_dir)
         token = find_operator_token(cfg.endpoint, cfg.state_dir)
-        curve = _curve(server_key, client_key)
+        curve = curve_keys(server_key, client_key)
         try:
             with Client(endpoint, timeout=timeout, curve=curve, token=token) as client:
                 st = client.status()

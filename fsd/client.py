@@ -49,7 +49,7 @@ from fsd.client_base import (
     log,
     unavailable,
 )
-from fsd.client_core import ClientCore, JobState
+from fsd.client_core import ClientCore, JobState, answered_by_id
 from fsd.client_telemetry import (
     AsyncTelemetryClient,
     RecordingWriter,
@@ -271,7 +271,7 @@ class Client:
         """Inject tagged jobs: `burst=(count, input_len, output_len)` or a scenario
         (a file path or TOML text, read by the daemon). Returns their job ids."""
         msg = build_inject(burst, scenario, tag, self._core.next_req_id())
-        reply = self._call(msg, "ack:inject", INJECT_CHECK_TIME, call_id=msg.req_id)
+        reply = self._call(msg, "ack:inject", INJECT_CHECK_TIME)
         return list(reply.detail.get("job_ids", []))
 
     def wait_injected(
@@ -324,16 +324,10 @@ class Client:
         msg = P.Shutdown(drain=drain, timeout=timeout)
         return self._call(msg, "ack:shutdown", timeout, deferred=True).detail
 
-    def _call(
-        self,
-        msg: P.Request,
-        key: str,
-        extra: float = 0.0,
-        deferred: bool = False,
-        call_id: str | None = None,
-    ) -> Any:
+    def _call(self, msg: P.Request, key: str, extra: float = 0.0, deferred: bool = False) -> Any:
         fut: Future[Any] = Future()
         frame = self._core.encode(msg)
+        call_id = answered_by_id(msg)
         self._put(_Out(frame, sink=fut, key=key, extra=extra, deferred=deferred, call_id=call_id))
         try:
             reply = fut.result(timeout=self.timeout + extra + _GRACE)

@@ -39,7 +39,7 @@ from fsd.client_base import (
     connect,
     log,
 )
-from fsd.client_core import ClientCore, JobState
+from fsd.client_core import ClientCore, JobState, answered_by_id
 from fsd.errors import ConfigError, FsdError
 from fsd.jobs import SamplingParams
 
@@ -209,7 +209,7 @@ class AsyncClient:
         """Inject tagged jobs (see `Client.inject`); they are this client's until it
         closes (heartbeats keep them alive; closing aborts those still running)."""
         msg = build_inject(burst, scenario, tag, self._core.next_req_id())
-        reply = await self._call(msg, "ack:inject", INJECT_CHECK_TIME, call_id=msg.req_id)
+        reply = await self._call(msg, "ack:inject", INJECT_CHECK_TIME)
         self._kick.set()  # heartbeats from now on: the jobs are held
         return list(reply.detail.get("job_ids", []))
 
@@ -234,17 +234,12 @@ class AsyncClient:
         return (await self._call(msg, "ack:shutdown", timeout, deferred=True)).detail
 
     async def _call(
-        self,
-        msg: P.Request,
-        key: str,
-        extra: float = 0.0,
-        deferred: bool = False,
-        call_id: str | None = None,
+        self, msg: P.Request, key: str, extra: float = 0.0, deferred: bool = False
     ) -> Any:
         frame = self._core.encode(msg)
         self._start()
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._core.add_call(key, fut, time.monotonic(), extra, deferred, call_id)
+        self._core.add_call(key, fut, time.monotonic(), extra, deferred, answered_by_id(msg))
         await self._send(frame)  # if it cannot go, its deadline expires
         self._kick.set()
         reply = await fut

@@ -119,6 +119,12 @@ class _Call:
     req_id: str | None = None  # a call whose answer names it (Inject)
 
 
+def answered_by_id(msg: P.Request) -> str | None:
+    """The id a request's answer will carry, for requests answered by id (Inject: a
+    scenario is answered once checked, after other calls' answers)."""
+    return msg.req_id if isinstance(msg, P.Inject) else None
+
+
 def reply_key(msg: P.Reply) -> str:
     """Which control call a reply answers: "status", "jobs", "job" or "ack:<what>"."""
     if isinstance(msg, P.Ack):

@@ -13,6 +13,19 @@ PROMPTS = [
 PARAMS = SamplingParams(max_tokens=40, ignore_eos=True)
 
 
+def small_pool(kv_policy: str, **options: object) -> LLM:
+    """sj-mlfq on 14 device blocks, batch of 4: the seven prompts must preempt."""
+    return LLM(
+        "tiny",
+        policy="sj-mlfq",
+        kv_policy=kv_policy,
+        num_gpu_blocks=14,
+        num_host_blocks=64,
+        max_batch_size=4,
+        **options,
+    )
+
+
 @pytest.fixture(scope="module")
 def alone() -> list[list[int]]:
     llm = LLM("tiny", policy="fcfs", num_gpu_blocks=512)
@@ -23,15 +36,7 @@ def alone() -> list[list[int]]:
 def test_sj_mlfq_under_a_small_device_pool_matches_each_prompt_run_alone(alone, kv_policy):
     # demotion at every quantum's end (a fresh Gittins rule keeps alike jobs in place)
     # is the churn that forces preemption here
-    llm = LLM(
-        "tiny",
-        policy="sj-mlfq",
-        demote_rule="always",
-        kv_policy=kv_policy,
-        num_gpu_blocks=14,
-        num_host_blocks=64,
-        max_batch_size=4,
-    )
+    llm = small_pool(kv_policy, demote_rule="always")
     outs = llm.generate(PROMPTS, PARAMS)
     assert [o.token_ids for o in outs] == alone
     assert sum(o.preemptions for o in outs) > 0
@@ -70,14 +75,7 @@ def test_a_swapped_out_job_really_leaves_the_device_and_comes_back_intact():
 
 
 def test_proactive_copies_run_asynchronously_beside_the_step():
-    llm = LLM(
-        "tiny",
-        policy="sj-mlfq",
-        kv_policy="proactive",
-        num_gpu_blocks=14,
-        num_host_blocks=64,
-        max_batch_size=4,
-    )
+    llm = small_pool("proactive")
     eng = llm.engine
     for p in PROMPTS:
         eng.add_request(p, PARAMS)
@@ -129,15 +127,7 @@ def test_a_sync_swap_out_into_host_blocks_a_swap_in_just_left_copies_after_it():
 def test_a_failed_async_copy_fails_its_job_only(alone, monkeypatch):
     from fsd.engine.swapper import Swapper
 
-    llm = LLM(
-        "tiny",
-        policy="sj-mlfq",
-        demote_rule="always",
-        kv_policy="proactive",
-        num_gpu_blocks=14,
-        num_host_blocks=64,
-        max_batch_size=4,
-    )
+    llm = small_pool("proactive", demote_rule="always")
     real = Swapper._copy
     doomed: list[str] = []
 
