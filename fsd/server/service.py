@@ -293,7 +293,7 @@ class EngineService:
             self.auth.check(msg, caller.role)
             self.control.dispatch(caller, msg)
         except Exception as exc:  # noqa: BLE001 - FsdError is a refusal; others are bugs
-            if not isinstance(exc, FsdError | TypeError):
+            if not isinstance(exc, FsdError):  # a TypeError is answered "invalid", but logged
                 self._once.exception(f"request {type(msg).__name__} failed", exc)
             self.send_error(ident, exc, getattr(msg, "req_id", None))
 
