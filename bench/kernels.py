@@ -207,7 +207,7 @@ def run_row(
     copy_gbps: float,
 ) -> dict:
     """Time paged decode and SDPA for one shape; return the row (see the table columns)."""
-    from fsd.kernels.paged_decode import choose_num_splits, num_sms_of
+    from fsd.kernels.launch import choose_num_splits, num_sms_of
 
     num_heads, num_kv_heads = heads
     dtype = DTYPES[args.dtype]

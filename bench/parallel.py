@@ -31,8 +31,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from machine import describe_machine  # noqa: E402
 
 from fsd import LLM, SamplingParams  # noqa: E402
+from fsd.cost import CostModel  # noqa: E402
 from fsd.engine.ray_cluster import ensure_ray  # noqa: E402
-from fsd.sched.profile import CostModel  # noqa: E402
 
 LAYOUTS = [(1, 1, False), (1, 1, True), (2, 1, True), (1, 2, True), (2, 2, True)]
 

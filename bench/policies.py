@@ -45,9 +45,12 @@ from machine import describe_machine  # noqa: E402
 
 from fsd.config import CacheConfig, SchedConfig  # noqa: E402
 from fsd.sched.profiles import load_profile  # noqa: E402
-from fsd.sched.registry import DEFAULT_POLICY, POLICIES  # noqa: E402
+from fsd.sched.registry import (  # noqa: E402
+    DEFAULT_POLICY,
+    POLICIES,
+    default_slo,  # noqa: E402
+)
 from fsd.sim.capacity import max_context_of  # noqa: E402
-from fsd.sim.engine import default_slo  # noqa: E402
 from fsd.sim.runner import RunSpec, run_many  # noqa: E402
 from fsd.sim.sweep import sweep_many  # noqa: E402
 from fsd.workload import Workload, gamma, length_model, poisson, read_trace, synthetic  # noqa: E402

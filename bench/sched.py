@@ -35,7 +35,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from machine import describe_machine  # noqa: E402
 
 from fsd.config import CacheConfig, SchedConfig  # noqa: E402
-from fsd.jobs import FinishReason  # noqa: E402
 from fsd.kv.block_manager import BlockManager  # noqa: E402
 from fsd.sched.profiles import load_profile  # noqa: E402
 from fsd.sched.registry import POLICIES, make_scheduler  # noqa: E402
@@ -91,10 +90,10 @@ class Case:
             (prefills if job.num_new_tokens > 1 else contexts).append(job.num_new_tokens)
         end = self.now + max(self.cost.iteration_time(prefills, contexts), 1e-3)
         for job in out.batch:
-            job.num_computed_tokens = job.num_tokens
-            job.output_token_ids.append(0)
-            if len(job.output_token_ids) >= job.max_output:
-                job.finish(FinishReason.LENGTH, end)
+            job.append_token(0, end)  # the engine's and the simulator's rule
+            reason, _ = job.stop_after(0, (), 1 << 62)
+            if reason is not None:
+                job.finish(reason, end)
                 finished += 1
         t2 = time.perf_counter()
         self.sched.update(out, end)

@@ -8,7 +8,7 @@ from typing import Any
 from rich.table import Table
 
 from fsd import protocol as P
-from fsd.client_telemetry import generation_rate
+from fsd.client import generation_rate
 from fsd.console.top.forms import FormError, parse_quanta, parse_seconds
 from fsd.errors import ConfigError
 
@@ -140,7 +140,13 @@ def jobs_table(jobs: list[P.JobInfo]) -> Table:
     return table
 
 
+def detail_line(key: str, value: object) -> str:
+    """One `key  value` line of a job's detail (the key in a column of 12)."""
+    return f"{key:<12}{value}"
+
+
 def job_lines(j: P.JobInfo) -> list[str]:
+    """One job in detail, a line per figure: `fsctl job` and the console's job screen."""
     rows = [
         ("job", j.job_id),
         ("state", j.state),
@@ -156,7 +162,7 @@ def job_lines(j: P.JobInfo) -> list[str]:
         ("moves", f"{j.promotions} promotions, {j.demotions} demotions"),
         ("tags", ", ".join(j.tags) or "-"),
     ]
-    return [f"{k:<12}{v}" for k, v in rows]
+    return [detail_line(k, v) for k, v in rows]
 
 
 def clock(t: float) -> str:

@@ -140,18 +140,10 @@ async def _play(
                     if isinstance(step, Arrival):
                         rec = records[sent]
                         sent += 1
-                        prompt = rng.integers(1, opts.vocab, rec.prompt_len).tolist()
-                        handle = await client.submit(
-                            prompt, max_tokens=rec.output_len, ignore_eos=True, tags=[opts.tag]
-                        )
-                        jobs.append(asyncio.create_task(_follow(handle, rec, live)))
+                        jobs.append(await _submit(client, rec, rng, opts, live))
                     else:
                         actions.append(await _act(client, step, live, loop.time() - t0))
-                if jobs:
-                    _, pending = await asyncio.wait(jobs, timeout=opts.drain_timeout)
-                    if pending:  # stragglers: abort, then collect their (aborted) results
-                        await _abort_live(client, live)
-                        await asyncio.wait(pending, timeout=timeout)
+                await _drain(client, jobs, live, opts.drain_timeout, timeout)
             finally:
                 ticker.cancel()
                 show()
@@ -164,6 +156,33 @@ async def _play(
     result = PlayResult(timeline.name, timeline, records, tlog, started, wall, actions)
     result.summary = summarize(records, slo)
     return result
+
+
+async def _submit(
+    client: Any, rec: JobRecord, rng: np.random.Generator, opts: PlayOptions, live: dict[int, Any]
+) -> asyncio.Task[None]:
+    """Submit one arrival's job (random prompt ids, EOS ignored) and start following it."""
+    prompt = rng.integers(1, opts.vocab, rec.prompt_len).tolist()
+    handle = await client.submit(
+        prompt, max_tokens=rec.output_len, ignore_eos=True, tags=[opts.tag]
+    )
+    return asyncio.create_task(_follow(handle, rec, live))
+
+
+async def _drain(
+    client: Any,
+    jobs: list[asyncio.Task[None]],
+    live: dict[int, Any],
+    drain_timeout: float,
+    timeout: float,
+) -> None:
+    """Wait up to `drain_timeout` for the jobs; abort the stragglers and collect their
+    (aborted) results."""
+    if jobs:
+        _, pending = await asyncio.wait(jobs, timeout=drain_timeout)
+        if pending:
+            await _abort_live(client, live)
+            await asyncio.wait(pending, timeout=timeout)
 
 
 def _progress(console: Console | None, enabled: bool) -> Progress:

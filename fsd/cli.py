@@ -3,89 +3,112 @@
 from __future__ import annotations
 
 import sys
-from typing import Annotated, NoReturn, Optional
+from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
-from rich.markup import escape
 
 from fsd.bench.cli import bench_app
-from fsd.cli_options import ClientKey, ServerKey, curve_keys
-from fsd.errors import FsdError
+from fsd.cli_errors import fail, friendly
+from fsd.cli_options import (
+    CLI_MAX_TOKENS,
+    CONFIG_FIELDS,
+    ClientKey,
+    ServerKey,
+    curve_keys,
+    default_of,
+    given_argv,
+    one_of,
+)
+from fsd.config import (
+    DEVICES,
+    DTYPES,
+    KV_POLICIES,
+    CacheConfig,
+    ModelConfig,
+    ParallelConfig,
+    ServerConfig,
+)
+from fsd.errors import ConfigError
+from fsd.jobs import SamplingParams
+from fsd.sched.registry import POLICIES, engine_policy
 from fsd.sim.cli import simulate_command
 
 app = typer.Typer(help="fsd: a FastServe-style LLM serving daemon.", no_args_is_help=True)
 err = Console(stderr=True)
 
 
-def fail(exc: FsdError | str) -> NoReturn:
-    """Print one `error:` line and exit 2.
+def _runs_in_engine(name: str) -> bool:
+    try:
+        engine_policy(name)
+    except ConfigError:
+        return False
+    return True
 
-    The message is escaped (a config error names its `[section]`, which rich would
-    take for markup and drop) and never wrapped (scripts and `fsd start` read it).
-    """
-    err.print(f"[bold red]error:[/] {escape(str(exc))}", soft_wrap=True)
-    raise typer.Exit(2)
+
+# what the daemon serves with: the registry's policies, less the simulator's oracle
+ENGINE_POLICIES = ("default", *(p for p in POLICIES if _runs_in_engine(p)))
+# the options of `fsd start` that are not config fields (every other one is, by name)
+START_OWN_OPTIONS = ("foreground", "config", "log_level", "wait")
+
+_MODEL_HELP = "Preset name or local HuggingFace directory."
+_DEVICE_HELP = f"{one_of(DEVICES)}."
+_DTYPE_HELP = f"{one_of(DTYPES)}."
 
 
 @app.command()
 def generate(
     prompt: Annotated[str, typer.Argument(help="Prompt text.")],
-    model: Annotated[
-        str, typer.Option(help="Preset name or local HuggingFace directory.")
-    ] = "tiny",
-    max_tokens: Annotated[int, typer.Option(help="Most tokens to generate.")] = 64,
-    temperature: Annotated[float, typer.Option(help="0 = greedy.")] = 0.0,
-    top_k: Annotated[int, typer.Option(help="Keep the k most likely tokens (0 = all).")] = 0,
-    top_p: Annotated[float, typer.Option(help="Nucleus sampling mass.")] = 1.0,
-    seed: Annotated[Optional[int], typer.Option(help="Seed of this request's draws.")] = None,  # noqa: UP045
+    model: Annotated[str, typer.Option(help=_MODEL_HELP)] = default_of(ModelConfig, "model"),
+    max_tokens: Annotated[int, typer.Option(help="Most tokens to generate.")] = CLI_MAX_TOKENS,
+    temperature: Annotated[float, typer.Option(help="0 = greedy.")] = default_of(SamplingParams, "temperature"),
+    top_k: Annotated[int, typer.Option(help="Keep the k most likely tokens (0 = all).")] = default_of(SamplingParams, "top_k"),
+    top_p: Annotated[float, typer.Option(help="Nucleus sampling mass.")] = default_of(SamplingParams, "top_p"),
+    seed: Annotated[Optional[int], typer.Option(help="Seed of this request's draws.")] = default_of(SamplingParams, "seed"),  # noqa: UP045
     stop: Annotated[Optional[list[str]], typer.Option(help="Stop string (repeatable).")] = None,  # noqa: UP045
-    ignore_eos: Annotated[bool, typer.Option(help="Keep going past EOS.")] = False,
-    device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = "auto",
-    dtype: Annotated[str, typer.Option(help="auto, float32, float16 or bfloat16.")] = "auto",
-    num_gpu_blocks: Annotated[Optional[int], typer.Option(help="KV blocks on the device.")] = None,  # noqa: UP045
-    block_size: Annotated[int, typer.Option(help="Tokens per KV block.")] = 16,
-    tp: Annotated[int, typer.Option(help="Tensor-parallel degree (Ray workers).")] = 1,
-    pp: Annotated[int, typer.Option(help="Pipeline-parallel degree (Ray workers).")] = 1,
-    ray_address: Annotated[Optional[str], typer.Option(help="Join this Ray cluster (default: start one when tp*pp > 1).")] = None,  # noqa: UP045
+    ignore_eos: Annotated[bool, typer.Option(help="Keep going past EOS.")] = default_of(SamplingParams, "ignore_eos"),
+    device: Annotated[str, typer.Option(help=_DEVICE_HELP)] = default_of(ModelConfig, "device"),
+    dtype: Annotated[str, typer.Option(help=_DTYPE_HELP)] = default_of(ModelConfig, "dtype"),
+    num_gpu_blocks: Annotated[Optional[int], typer.Option(help="KV blocks on the device.")] = default_of(CacheConfig, "num_gpu_blocks"),  # noqa: UP045
+    block_size: Annotated[int, typer.Option(help="Tokens per KV block.")] = default_of(CacheConfig, "block_size"),
+    tp: Annotated[int, typer.Option(help="Tensor-parallel degree (Ray workers).")] = default_of(ParallelConfig, "tp"),
+    pp: Annotated[int, typer.Option(help="Pipeline-parallel degree (Ray workers).")] = default_of(ParallelConfig, "pp"),
+    ray_address: Annotated[Optional[str], typer.Option(help="Join this Ray cluster (default: start one when tp*pp > 1).")] = default_of(ParallelConfig, "ray_address"),  # noqa: UP045
     stats: Annotated[bool, typer.Option(help="Print timings to stderr at the end.")] = False,
 ) -> None:
     """Generate from PROMPT in this process, streaming tokens to stdout."""
-    from fsd.jobs import SamplingParams
     from fsd.llm import LLM
 
-    llm = None
-    try:
-        llm = LLM(
-            model=model,
-            device=device,
-            dtype=dtype,
-            num_gpu_blocks=num_gpu_blocks,
-            block_size=block_size,
-            tp=tp,
-            pp=pp,
-            ray_address=ray_address,
-        )
-        params = SamplingParams(
-            max_tokens=max_tokens,
-            temperature=temperature,
-            top_k=top_k,
-            top_p=top_p,
-            seed=seed,
-            stop=tuple(stop or ()),
-            ignore_eos=ignore_eos,
-        )
-        final = None
-        for delta in llm.stream(prompt, params):
-            sys.stdout.write(delta.new_text)
-            sys.stdout.flush()
-            final = delta.output
-        sys.stdout.write("\n")
-    except FsdError as exc:
-        fail(exc)
-    finally:
-        if llm is not None:
-            llm.close()
+    llm = final = None
+    with friendly():
+        try:
+            llm = LLM(
+                model=model,
+                device=device,
+                dtype=dtype,
+                num_gpu_blocks=num_gpu_blocks,
+                block_size=block_size,
+                tp=tp,
+                pp=pp,
+                ray_address=ray_address,
+            )
+            params = SamplingParams(
+                max_tokens=max_tokens,
+                temperature=temperature,
+                top_k=top_k,
+                top_p=top_p,
+                seed=seed,
+                stop=tuple(stop or ()),
+                ignore_eos=ignore_eos,
+            )
+            for delta in llm.stream(prompt, params):
+                sys.stdout.write(delta.new_text)
+                sys.stdout.flush()
+                final = delta.output
+            sys.stdout.write("\n")
+        finally:
+            if llm is not None:
+                llm.close()
     if stats and final is not None and final.ttft is not None and final.latency is not None:
         n = len(final.token_ids)
         err.print(
@@ -96,31 +119,22 @@ def generate(
         fail(f"the job failed: {final.error}")
 
 
-_START_FLAGS = {
-    "config": "--config", "model": "--model", "endpoint": "--endpoint",
-    "telemetry_endpoint": "--telemetry-endpoint", "policy": "--policy",
-    "kv_policy": "--kv-policy", "num_gpu_blocks": "--num-gpu-blocks",
-    "num_host_blocks": "--num-host-blocks", "max_batch_size": "--max-batch-size",
-    "device": "--device", "dtype": "--dtype", "telemetry_hz": "--telemetry-hz",
-    "profile": "--profile", "state_dir": "--state-dir", "log_level": "--log-level",
-    "http": "--http", "tp": "--tp", "pp": "--pp", "ray_address": "--ray-address",
-}
-
-
 @app.command()
 def start(
+    ctx: typer.Context,
     foreground: Annotated[bool, typer.Option(help="Serve in this process (systemd, containers).")] = False,
     config: Annotated[Optional[str], typer.Option(help="fsd.toml to read first.")] = None,  # noqa: UP045
-    model: Annotated[Optional[str], typer.Option(help="Preset name or local HuggingFace directory.")] = None,  # noqa: UP045
+    # config fields, by name: None keeps the file's value (or the config's default)
+    model: Annotated[Optional[str], typer.Option(help=_MODEL_HELP)] = None,  # noqa: UP045
     endpoint: Annotated[Optional[str], typer.Option(help="Requests and control, e.g. tcp://127.0.0.1:5557.")] = None,  # noqa: UP045
     telemetry_endpoint: Annotated[Optional[str], typer.Option(help="Telemetry PUB, e.g. tcp://127.0.0.1:5558.")] = None,  # noqa: UP045
-    policy: Annotated[Optional[str], typer.Option(help="default, fcfs, priority, mlfq or sj-mlfq.")] = None,  # noqa: UP045
-    kv_policy: Annotated[Optional[str], typer.Option(help="defer, recompute, reactive or proactive.")] = None,  # noqa: UP045
+    policy: Annotated[Optional[str], typer.Option(help=f"{one_of(ENGINE_POLICIES)}.")] = None,  # noqa: UP045
+    kv_policy: Annotated[Optional[str], typer.Option(help=f"{one_of(KV_POLICIES)}.")] = None,  # noqa: UP045
     num_gpu_blocks: Annotated[Optional[int], typer.Option(help="KV blocks on the device.")] = None,  # noqa: UP045
     num_host_blocks: Annotated[Optional[int], typer.Option(help="KV blocks in host memory.")] = None,  # noqa: UP045
     max_batch_size: Annotated[Optional[int], typer.Option(help="Most jobs in one iteration.")] = None,  # noqa: UP045
-    device: Annotated[Optional[str], typer.Option(help="auto, cpu or cuda.")] = None,  # noqa: UP045
-    dtype: Annotated[Optional[str], typer.Option(help="auto, float32, float16 or bfloat16.")] = None,  # noqa: UP045
+    device: Annotated[Optional[str], typer.Option(help=_DEVICE_HELP)] = None,  # noqa: UP045
+    dtype: Annotated[Optional[str], typer.Option(help=_DTYPE_HELP)] = None,  # noqa: UP045
     telemetry_hz: Annotated[Optional[float], typer.Option(help="Snapshots per second (0 = off).")] = None,  # noqa: UP045
     profile: Annotated[Optional[str], typer.Option(help="Cost-model JSON (fsd profile) or shipped name.")] = None,  # noqa: UP045
     state_dir: Annotated[Optional[str], typer.Option(help="Where the pidfile and log file go.")] = None,  # noqa: UP045
@@ -137,11 +151,10 @@ def start(
     prints the daemon's own error (a busy port, a bad key) and exits 2.
     """
     from fsd import daemon
-    from fsd.config import build_configs
+    from fsd.config_file import build_configs
 
-    values = {k: v for k, v in locals().items() if k in _START_FLAGS and k != "config"}
-    options = {k: v for k, v in values.items() if k != "log_level"}
-    try:
+    options = {k: v for k, v in ctx.params.items() if k in CONFIG_FIELDS}
+    with friendly():
         engine_cfg, server_cfg = build_configs(config, **options)
         if foreground:
             daemon.setup_logging(log_level)
@@ -149,11 +162,8 @@ def start(
             return
         if wait <= 0:
             fail(f"--wait must be > 0 seconds, got {wait}")
-        argv = [a for k, v in {**values, "config": config}.items() if v is not None
-                for a in (_START_FLAGS[k], str(v))]
-        pid = daemon.start_background(argv, server_cfg, wait)
-    except FsdError as exc:
-        fail(exc)
+        # the child is `fsd start --foreground` with the options given here, as given
+        pid = daemon.start_background(given_argv(ctx, skip=("foreground", "wait")), server_cfg, wait)
     _, logfile = daemon.state_files(server_cfg)
     http = f", http://{server_cfg.http}/v1" if server_cfg.http else ""
     typer.echo(f"fsd started: pid {pid}, {server_cfg.endpoint}{http} (log {logfile})")
@@ -161,7 +171,7 @@ def start(
 
 @app.command()
 def stop(
-    endpoint: Annotated[str, typer.Option(help="The daemon's endpoint.")] = "tcp://127.0.0.1:5557",
+    endpoint: Annotated[str, typer.Option(help="The daemon's endpoint.")] = default_of(ServerConfig, "endpoint"),
     timeout: Annotated[float, typer.Option(help="Seconds in-flight jobs get to finish.")] = 30.0,
     state_dir: Annotated[Optional[str], typer.Option(help="Where its pidfile and operator token are.")] = None,  # noqa: UP045
     server_key: ServerKey = None,
@@ -173,21 +183,19 @@ def stop(
     a daemon of this state dir that does not answer gets SIGTERM, then SIGKILL.
     """
     from fsd import daemon
-    from fsd.config import build_configs
+    from fsd.config_file import build_configs
     from fsd.credentials import find_operator_token
 
-    try:
+    with friendly():
         _, cfg = build_configs(None, endpoint=endpoint, state_dir=state_dir)
         token = find_operator_token(cfg.endpoint, cfg.state_dir)
         pid = daemon.stop(cfg, timeout, curve=curve_keys(server_key, client_key), token=token)
-    except FsdError as exc:
-        fail(exc)
     typer.echo(f"fsd stopped{f' (pid {pid})' if pid else ''}")
 
 
 @app.command()
 def status(
-    endpoint: Annotated[str, typer.Option(help="The daemon's endpoint.")] = "tcp://127.0.0.1:5557",
+    endpoint: Annotated[str, typer.Option(help="The daemon's endpoint.")] = default_of(ServerConfig, "endpoint"),
     timeout: Annotated[float, typer.Option(help="Seconds to wait for an answer.")] = 5.0,
     state_dir: Annotated[Optional[str], typer.Option(help="Where its pidfile and operator token are.")] = None,  # noqa: UP045
     server_key: ServerKey = None,
@@ -196,10 +204,10 @@ def status(
     """Print the daemon's pid, model, policy, load and this client's role."""
     from fsd import daemon
     from fsd.client import Client, DaemonUnavailable
-    from fsd.config import build_configs
+    from fsd.config_file import build_configs
     from fsd.credentials import find_operator_token
 
-    try:
+    with friendly():
         _, cfg = build_configs(None, endpoint=endpoint, state_dir=state_dir)
         token = find_operator_token(cfg.endpoint, cfg.state_dir)
         curve = curve_keys(server_key, client_key)
@@ -216,8 +224,6 @@ def status(
                 f"{exc}; pid {running.get('pid', '?')} holds its pidfile ({state}); "
                 f"see {running.get('log') or daemon.state_files(cfg)[1]}"
             ) from None
-    except FsdError as exc:
-        fail(exc)
     role = getattr(st, "role", None)
     typer.echo(
         f"pid {st.pid}  fsd {st.version}  model {st.model}  policy {st.policy}/{st.kv_policy}  "
@@ -245,10 +251,8 @@ def keys_generate(
     """
     from fsd.server.security import generate_keys
 
-    try:
+    with friendly():
         made = generate_keys(directory, clients, operators)
-    except FsdError as exc:
-        fail(exc)
     for name, path in made.items():
         typer.echo(f"{name:18s} {path}")
     typer.echo("\n# fsd.toml of the daemon:\n[server]")
@@ -280,15 +284,13 @@ def profile(
     out: Annotated[
         str, typer.Option("--out", "-o", help="Where to write the profile JSON.")
     ] = "profile.json",
-    model: Annotated[
-        str, typer.Option(help="Preset name or local HuggingFace directory.")
-    ] = "tiny",
+    model: Annotated[str, typer.Option(help=_MODEL_HELP)] = default_of(ModelConfig, "model"),
     quick: Annotated[
         bool, typer.Option(help="A few points only (the start-up calibration).")
     ] = False,
-    device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = "auto",
-    dtype: Annotated[str, typer.Option(help="auto, float32, float16 or bfloat16.")] = "auto",
-    num_gpu_blocks: Annotated[Optional[int], typer.Option(help="KV blocks on the device.")] = None,  # noqa: UP045
+    device: Annotated[str, typer.Option(help=_DEVICE_HELP)] = default_of(ModelConfig, "device"),
+    dtype: Annotated[str, typer.Option(help=_DTYPE_HELP)] = default_of(ModelConfig, "dtype"),
+    num_gpu_blocks: Annotated[Optional[int], typer.Option(help="KV blocks on the device.")] = default_of(CacheConfig, "num_gpu_blocks"),  # noqa: UP045
 ) -> None:
     """Measure prefill and decode times on the running engine, fit the cost model, write JSON.
 
@@ -296,15 +298,13 @@ def profile(
     """
     from pathlib import Path
 
-    from fsd.engine.profiler import run_profile_command
+    from fsd.profile_command import run_profile_command
 
     options = {"device": device, "dtype": dtype}
     if num_gpu_blocks is not None:
         options["num_gpu_blocks"] = num_gpu_blocks
-    try:
+    with friendly():
         run_profile_command(model, Path(out), quick, options)
-    except FsdError as exc:
-        fail(exc)
 
 
 @app.command()
@@ -323,10 +323,8 @@ def man_page(
     """Show a manual page (with man(1) when there is one, else as plain text)."""
     from fsd import manual
 
-    try:
+    with friendly():
         manual.show(page, raw)
-    except FsdError as exc:
-        fail(exc)
 
 
 app.command("simulate")(simulate_command)

@@ -1,15 +1,37 @@
-"""Command-line options that `fsd` and `fsctl` share: how to reach a daemon's keys."""
+"""Command-line options that `fsd` and `fsctl` share, and where their defaults come from.
+
+An option that sets a config field takes its default from the config dataclass
+(`default_of`), and an option that names one of a registry's entries lists them in
+its help (`one_of`), so a default or a policy changes in one place: the way vLLM's
+EngineArgs takes its defaults from its config classes. tests/test_cli_defaults.py
+holds every command to it.
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated, Optional
+import dataclasses
+from collections.abc import Collection, Iterable
+from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 
+from fsd.config import CacheConfig, ModelConfig, ParallelConfig, SchedConfig, ServerConfig
 from fsd.errors import ConfigError
 
 if TYPE_CHECKING:
     from fsd.client import CurveKeys
+
+# every dataclass whose fields a command-line option may set, by the field's own name
+CONFIG_CLASSES: tuple[type, ...] = (
+    ModelConfig,
+    CacheConfig,
+    SchedConfig,
+    ParallelConfig,
+    ServerConfig,
+)
+CONFIG_FIELDS = frozenset(f.name for cls in CONFIG_CLASSES for f in dataclasses.fields(cls))
+# `fsd generate` and `fsctl submit` answer at more length than SamplingParams' default
+CLI_MAX_TOKENS = 64
 
 ServerKey = Annotated[
     Optional[str],  # noqa: UP045 - typer reads the annotation at run time
@@ -19,6 +41,48 @@ ClientKey = Annotated[
     Optional[str],  # noqa: UP045
     typer.Option(envvar="FSD_CLIENT_KEY", help="CURVE: this client's .key_secret file."),
 ]
+
+
+def default_of(config: type, name: str) -> Any:
+    """The default of field `name` of `config` (a dataclass, or a msgspec Struct of the
+    wire such as `protocol.Sampling`): a CLI option's default."""
+    if dataclasses.is_dataclass(config):
+        fields = [(f.name, f.default, f.default_factory) for f in dataclasses.fields(config)]
+        missing: Any = dataclasses.MISSING
+    else:
+        import msgspec
+
+        fields = [(f.name, f.default, f.default_factory) for f in msgspec.structs.fields(config)]
+        missing = msgspec.NODEFAULT
+    for field, default, factory in fields:
+        if field != name:
+            continue
+        if default is not missing:
+            return default
+        if factory is not missing:
+            return factory()
+        raise TypeError(f"{config.__name__}.{name} has no default")
+    raise TypeError(f"{config.__name__} has no field {name!r}")
+
+
+def one_of(names: Iterable[str], last: str = "or") -> str:
+    """('a', 'b', 'c') → 'a, b or c': a registry's entries in a help string."""
+    items = list(names)
+    if len(items) < 2:
+        return "".join(items)
+    return f"{', '.join(items[:-1])} {last} {items[-1]}"
+
+
+def given_argv(ctx: typer.Context, skip: Collection[str] = ()) -> list[str]:
+    """The options of this invocation that have a value, as FLAG VALUE pairs again
+    (e.g. for the same command in a child process); flags named in `skip` stay out."""
+    argv: list[str] = []
+    for param in ctx.command.params:
+        value = ctx.params.get(param.name or "")
+        if param.name in skip or value is None or param.param_type_name != "option":
+            continue
+        argv += [param.opts[0], str(value)]
+    return argv
 
 
 def curve_keys(server_key: str | None, client_key: str | None) -> CurveKeys | None:

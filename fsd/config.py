@@ -2,23 +2,40 @@
 
 Each component takes only its own slice. `EngineConfig.from_kwargs` builds all of
 them from keyword arguments named after the fields, so `fsd.LLM(num_gpu_blocks=64)`
-and a TOML file or CLI flag use the same names.
+and a TOML file or CLI flag use the same names. The bounds and checks the slices
+share are in `fsd.config_checks`; `fsd.config_file.build_configs` reads fsd.toml and
+CLI overrides into them.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import ipaddress
 import math
-import tomllib
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
+from fsd.config_checks import (
+    MAX_BATCH_SIZE,
+    MAX_BATCH_TOKENS,
+    MAX_LEVELS,
+    MAX_QUANTUM_RATIO,
+    MAX_RESERVE_JOBS,
+    MAX_SECONDS,
+    at_most,
+    check_quanta,
+    check_types,
+    choice,
+    finite,
+    int_range,
+    loopback_host,
+    parse_http_address,
+)
 from fsd.errors import ConfigError
+from fsd.kv.registry import KV_POLICY_CLASSES
+from fsd.sched.registry import DEFAULT_POLICY, POLICIES  # noqa: F401 (the console reads them here)
 
 DTYPES = ("auto", "float32", "float16", "bfloat16")
-KV_POLICIES = ("defer", "recompute", "reactive", "proactive")
+KV_POLICIES = tuple(KV_POLICY_CLASSES)  # the KV policies' registry is the one list
 DEVICES = ("auto", "cpu", "cuda")
 ATTN_BACKENDS = ("auto", "torch", "triton")
 
@@ -35,21 +52,12 @@ class ModelConfig:
     attn_backend: str = "auto"
 
     def __post_init__(self) -> None:
-        _check_types(self)
-        _choice("dtype", self.dtype, DTYPES)
-        _choice("device", self.device, DEVICES)
-        _choice("attn_backend", self.attn_backend, ATTN_BACKENDS)
+        check_types(self)
+        choice("dtype", self.dtype, DTYPES)
+        choice("device", self.device, DEVICES)
+        choice("attn_backend", self.attn_backend, ATTN_BACKENDS)
         if self.max_model_len is not None and self.max_model_len < 1:
             raise ConfigError(f"max_model_len must be >= 1, got {self.max_model_len}")
-
-
-# Upper bounds of the settings a retune can change (and of the config file's values).
-MAX_LEVELS = 256  # queue levels; each is a dict walked every iteration
-MAX_BATCH_SIZE = 65_536  # jobs in one iteration
-MAX_BATCH_TOKENS = 1 << 24  # tokens in one iteration: past any model's context
-MAX_SECONDS = 86_400.0  # q1, quanta and alphas: a day is no limit for a job's turn
-MAX_QUANTUM_RATIO = 1000.0  # q(k+1) / q(k)
-MAX_RESERVE_JOBS = MAX_BATCH_SIZE  # K: room for more new jobs than one batch starts is moot
 
 
 @dataclass(frozen=True)
@@ -71,14 +79,14 @@ class CacheConfig:
     admit_fraction: float = 0.9
 
     def __post_init__(self) -> None:
-        _check_types(self)
-        _choice("kv_policy", self.kv_policy, KV_POLICIES)
+        check_types(self)
+        choice("kv_policy", self.kv_policy, KV_POLICIES)
         if self.host_kv_bytes < 0:
             raise ConfigError(f"host_kv_bytes must be >= 0, got {self.host_kv_bytes}")
         # retunable live: each is bounded, so a retune cannot store a value that breaks
         # the planner's arithmetic or the config's msgpack encoding in telemetry
-        _int_range("reserve_min_jobs (K)", self.reserve_min_jobs, 0, MAX_RESERVE_JOBS)
-        _int_range("reserve_top_levels (K')", self.reserve_top_levels, 0, MAX_LEVELS)
+        int_range("reserve_min_jobs (K)", self.reserve_min_jobs, 0, MAX_RESERVE_JOBS)
+        int_range("reserve_top_levels (K')", self.reserve_top_levels, 0, MAX_LEVELS)
         if not 0.0 < self.admit_fraction <= 1.0:
             raise ConfigError(f"admit_fraction must be in (0, 1], got {self.admit_fraction}")
         if self.block_size < 1 or self.block_size & (self.block_size - 1):
@@ -125,35 +133,18 @@ class SchedConfig:
 
     def __post_init__(self) -> None:
         """Types, then ranges: every value a retune may set has a lower and an upper bound."""
-        _check_types(self)
+        check_types(self)
         for name in ("q1", "quantum_ratio", "starve_limit", "starve_limit_waiting"):
-            _finite(name, getattr(self, name))
+            finite(name, getattr(self, name))
         if self.quanta is not None:
-            for q in self.quanta:  # before float(): an int past a float's range is refused
-                _finite("quanta", q)
-            object.__setattr__(self, "quanta", tuple(float(q) for q in self.quanta))
-            if not self.quanta:
-                raise ConfigError("quanta must list at least one quantum")
-            if len(self.quanta) > MAX_LEVELS:
-                raise ConfigError(
-                    f"quanta must list at most {MAX_LEVELS} quanta (levels), got {len(self.quanta)}"
-                )
-            if any(q <= 0 for q in self.quanta):
-                raise ConfigError(f"quanta must be > 0, got {list(self.quanta)}")
-            if any(q > MAX_SECONDS for q in self.quanta):
-                raise ConfigError(
-                    f"quanta must be <= {MAX_SECONDS:g} seconds (one day) each, got "
-                    f"{max(self.quanta):g}"
-                )
-            if any(b <= a for a, b in zip(self.quanta, self.quanta[1:], strict=False)):
-                raise ConfigError(f"quanta must be strictly increasing, got {list(self.quanta)}")
-        _choice("starve_promote", self.starve_promote, ("up1", "top", "entry"))
-        _choice("demote_rule", self.demote_rule, ("always", "gittins"))
+            object.__setattr__(self, "quanta", check_quanta(self.quanta))
+        choice("starve_promote", self.starve_promote, ("up1", "top", "entry"))
+        choice("demote_rule", self.demote_rule, ("always", "gittins"))
         if not 1 <= self.num_levels <= MAX_LEVELS:
             raise ConfigError(f"num_levels must be in 1..{MAX_LEVELS}, got {self.num_levels}")
         if self.q1 is not None and self.q1 <= 0:
             raise ConfigError(f"q1 must be > 0 seconds, got {self.q1}")
-        _at_most("q1", self.q1, MAX_SECONDS, " seconds (one day)")
+        at_most("q1", self.q1, MAX_SECONDS, " seconds (one day)")
         if self.quantum_ratio <= 1.0:
             raise ConfigError(f"quantum_ratio must be > 1, got {self.quantum_ratio}")
         try:  # the last level's quantum, q1 x ratio^(levels - 1), must be a number
@@ -165,7 +156,7 @@ class SchedConfig:
                 f"quantum_ratio {self.quantum_ratio} over {self.num_levels} levels overflows "
                 "the last quantum: use fewer levels or a smaller ratio"
             )
-        _at_most("quantum_ratio", self.quantum_ratio, MAX_QUANTUM_RATIO)
+        at_most("quantum_ratio", self.quantum_ratio, MAX_QUANTUM_RATIO)
         if self.starve_limit is not None and self.starve_limit <= 0:
             raise ConfigError(f"starve_limit (alpha) must be > 0 seconds, got {self.starve_limit}")
         if self.starve_limit_waiting is not None and self.starve_limit_waiting <= 0:
@@ -173,11 +164,11 @@ class SchedConfig:
                 f"starve_limit_waiting (alpha) must be > 0 seconds, got {self.starve_limit_waiting}"
             )
         for name in ("starve_limit", "starve_limit_waiting"):
-            _at_most(name, getattr(self, name), MAX_SECONDS, " seconds (one day)")
+            at_most(name, getattr(self, name), MAX_SECONDS, " seconds (one day)")
         # a threshold of (levels - 1) already lifts every running job to Q1
-        _int_range("preempt_threshold", self.preempt_threshold, 0, MAX_LEVELS, " levels")
-        _int_range("max_batch_size", self.max_batch_size, 1, MAX_BATCH_SIZE)
-        _int_range("max_batch_tokens", self.max_batch_tokens, 1, MAX_BATCH_TOKENS)
+        int_range("preempt_threshold", self.preempt_threshold, 0, MAX_LEVELS, " levels")
+        int_range("max_batch_size", self.max_batch_size, 1, MAX_BATCH_SIZE)
+        int_range("max_batch_tokens", self.max_batch_tokens, 1, MAX_BATCH_TOKENS)
 
 
 @dataclass(frozen=True)
@@ -193,7 +184,7 @@ class ParallelConfig:
     ray_address: str | None = None  # e.g. "ray://head:10001" or "head:6379"; None = start one
 
     def __post_init__(self) -> None:
-        _check_types(self)
+        check_types(self)
         for name in ("tp", "pp"):
             value = getattr(self, name)
             if value < 1:
@@ -232,7 +223,7 @@ class ServerConfig:
     served_model_name: str | None = None  # the model's name in the API; None = as --model
 
     def __post_init__(self) -> None:
-        _check_types(self)
+        check_types(self)
         if self.http is not None:
             host, _ = parse_http_address(self.http)
             if not self.http_allow_remote and not loopback_host(host):
@@ -282,7 +273,7 @@ class EngineConfig:
         owners = {
             fld.name: slice_field.name
             for slice_field in dataclasses.fields(cls)
-            for fld in dataclasses.fields(_slice_type(slice_field))
+            for fld in dataclasses.fields(SLICE_TYPES[slice_field.name])
         }
         for key, value in kwargs.items():
             if key not in owners:
@@ -291,7 +282,7 @@ class EngineConfig:
                 )
             slices[owners[key]][key] = value
         built = {
-            slice_field.name: _slice_type(slice_field)(**slices[slice_field.name])
+            slice_field.name: SLICE_TYPES[slice_field.name](**slices[slice_field.name])
             for slice_field in dataclasses.fields(cls)
         }
         return cls(**built)
@@ -300,139 +291,9 @@ class EngineConfig:
         return dataclasses.asdict(self)
 
 
-_SLICE_TYPES = {
+SLICE_TYPES: dict[str, type] = {
     "model": ModelConfig,
     "cache": CacheConfig,
     "sched": SchedConfig,
     "parallel": ParallelConfig,
-}
-
-
-def load_toml(path: str | Path) -> dict[str, dict[str, Any]]:
-    """Read fsd.toml: tables [model], [cache], [sched], [parallel], [server]."""
-    p = Path(path).expanduser()
-    try:
-        data = tomllib.loads(p.read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"config file {str(p)!r} does not exist") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"config file {str(p)!r} is not valid TOML: {exc}") from None
-    tables = {**_SLICE_TYPES, "server": ServerConfig}
-    for section, values in data.items():
-        if section not in tables:
-            raise ConfigError(f"{p}: unknown section [{section}]; known: {', '.join(tables)}")
-        if not isinstance(values, dict):
-            raise ConfigError(f"{p}: [{section}] must be a table")
-        known = {f.name for f in dataclasses.fields(tables[section])}
-        for key in values:
-            if key not in known:
-                raise ConfigError(
-                    f"{p}: unknown key {key!r} in [{section}]; known: {', '.join(sorted(known))}"
-                )
-    return data
-
-
-def build_configs(
-    path: str | Path | None = None, **overrides: Any
-) -> tuple[EngineConfig, ServerConfig]:
-    """Engine and server configs from an optional TOML file, then keyword overrides.
-
-    Overrides use the field names (e.g. policy="fcfs", endpoint="tcp://..."); None
-    values are ignored so unset CLI flags keep the file's value.
-    """
-    data = load_toml(path) if path else {}
-    flat: dict[str, Any] = {}
-    for section in _SLICE_TYPES:
-        flat.update(data.get(section, {}))
-    server_kw = dict(data.get("server", {}))
-    server_fields = {f.name for f in dataclasses.fields(ServerConfig)}
-    for key, value in overrides.items():
-        if value is None:
-            continue
-        if key in server_fields:
-            server_kw[key] = value
-        else:
-            flat[key] = value
-    if "quanta" in flat and isinstance(flat["quanta"], list):
-        flat["quanta"] = tuple(flat["quanta"])
-    try:
-        server = ServerConfig(**server_kw)
-    except TypeError as exc:
-        raise ConfigError(f"[server]: {exc}") from None
-    return EngineConfig.from_kwargs(**flat), server
-
-
-def parse_http_address(value: str) -> tuple[str, int]:
-    """("127.0.0.1", 8000) from "127.0.0.1:8000" ("[::1]:8000" for IPv6)."""
-    host, sep, port = value.rpartition(":")
-    host = host.strip("[]")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ConfigError(f"http must look like HOST:PORT (e.g. 127.0.0.1:8000), got {value!r}")
-    return host, int(port)
-
-
-def loopback_host(host: str) -> bool:
-    """Whether an HTTP host name or address stays on this machine."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False  # a host name may resolve to anything: treated as remote
-
-
-_KINDS: dict[str, tuple[str, Any]] = {
-    "int": ("an integer", lambda v: isinstance(v, int) and not isinstance(v, bool)),
-    "float": ("a number", lambda v: isinstance(v, int | float) and not isinstance(v, bool)),
-    "str": ("a string", lambda v: isinstance(v, str)),
-    "bool": ("true or false", lambda v: isinstance(v, bool)),
-    "None": ("none", lambda v: v is None),
-    "tuple[float, ...]": (
-        "a list of numbers",
-        lambda v: isinstance(v, tuple | list) and all(_KINDS["float"][1](x) for x in v),
-    ),
-}
-
-
-def _check_types(config: Any) -> None:
-    """Each field's value has its annotated type (TOML, CLI, wire and Python all land here).
-
-    Why: a value of the wrong type (q1 = "5ms") would otherwise fail later inside a
-    comparison with a message that names neither the field nor what it wants.
-    """
-    for f in dataclasses.fields(config):
-        kinds = [_KINDS[k.strip()] for k in str(f.type).split("|")]
-        value = getattr(config, f.name)
-        if not any(ok(value) for _, ok in kinds):
-            wanted = " or ".join(name for name, _ in kinds)
-            raise ConfigError(f"{f.name} must be {wanted}, got {value!r}")
-
-
-def _slice_type(f: dataclasses.Field) -> type:
-    return _SLICE_TYPES[f.name]
-
-
-def _int_range(name: str, value: int, low: int, high: int, unit: str = "") -> None:
-    """`value` within [low, high], or a ConfigError naming the field and both bounds."""
-    if not low <= value <= high:
-        raise ConfigError(f"{name} must be in [{low}, {high}]{unit}, got {value}")
-
-
-def _at_most(name: str, value: float | None, high: float, unit: str = "") -> None:
-    """An upper bound for an optional number (its lower bound is checked beside it)."""
-    if value is not None and value > high:
-        raise ConfigError(f"{name} must be <= {high:g}{unit}, got {value:g}")
-
-
-def _finite(name: str, value: float | None) -> None:
-    try:
-        finite = value is None or math.isfinite(value)
-    except OverflowError:  # an int too large for a float (10**400)
-        finite = False
-    if not finite:
-        raise ConfigError(f"{name} must be a finite number, got {value}")
-
-
-def _choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
-    if value not in allowed:
-        raise ConfigError(f"{name} must be one of {', '.join(allowed)}; got {value!r}")
+}  # EngineConfig's fields and the fsd.toml tables they read

@@ -1,188 +1,46 @@
-"""Process life of the daemon: foreground serving, background start, stop, pidfile, logs.
+"""Process life of the daemon: foreground serving, signals, graceful drain, logging.
 
-The pidfile is also the daemon's lock. A daemon holds an exclusive `flock` on it for
-its whole life, so "a daemon runs here" means "the lock is held", never "some process
-has the pid written in the file" (pids are reused: a stale pidfile may name an
-unrelated process, which `fsd stop` must never signal). The kernel drops the lock
-when the process dies, however it dies. The file says `"state": "starting"` while the
-model loads and `"serving"` once the sockets are bound and signals are handled.
-
-`fsd start` re-runs itself as `fsd start --foreground` in a new session (so it
-outlives the shell), with stdout and stderr appended to a log file, and waits until
-the pidfile names the child and says it serves: no socket probe, so it needs no keys
-and a daemon of someone else answering on the endpoint cannot be mistaken for ours.
-If the child exits first, its error (from the lines it wrote during this start) is
-shown. SIGTERM and SIGINT drain: no new jobs, in-flight jobs finish (up to a
-timeout), then the process exits; a second signal stops at once.
+`serve_foreground` holds the pidfile lock (`fsd.pidfile`) for the daemon's whole
+life, checks its addresses before the model loads, and serves until a signal:
+SIGTERM and SIGINT drain (no new jobs, in-flight jobs finish up to a timeout, then
+the process exits); a second signal stops at once. Starting a detached daemon and
+stopping one from the `fsd` command are in `fsd.daemon_control`; this module
+re-exports them, and the pidfile helpers, under their old names.
 """
 
 from __future__ import annotations
 
-import contextlib
 import errno
-import fcntl
-import json
 import logging
 import os
 import signal
 import socket
-import subprocess
 import sys
 import time
-from pathlib import Path
 from types import FrameType
 from typing import Any
 
 from fsd.config import EngineConfig, ServerConfig, parse_http_address
-from fsd.credentials import private_dir, state_stem
-from fsd.errors import FsdError
+from fsd.daemon_control import DRAIN_TIMEOUT, START_TIMEOUT, start_background, stop
+from fsd.pidfile import DaemonError, PidLock, probe_pidfile, read_pidfile, state_files
+
+__all__ = [
+    "DRAIN_TIMEOUT",
+    "START_TIMEOUT",
+    "DaemonError",
+    "PidLock",
+    "bind_error",
+    "check_addresses",
+    "probe_pidfile",
+    "read_pidfile",
+    "serve_foreground",
+    "setup_logging",
+    "start_background",
+    "state_files",
+    "stop",
+]
 
 log = logging.getLogger("fsd.daemon")
-DRAIN_TIMEOUT = 30.0
-START_TIMEOUT = 300.0  # seconds `fsd start` waits for the model to load and the sockets to bind
-_LOCK_RETRY = 1.0  # seconds a starting daemon retries the lock (a reader may hold it briefly)
-_POLL = 0.1
-
-
-class DaemonError(FsdError):
-    """The daemon could not be started, reached or stopped."""
-
-
-def state_files(cfg: ServerConfig) -> tuple[Path, Path]:
-    """(pidfile, logfile) for the daemon serving cfg.endpoint."""
-    root = Path(cfg.state_dir).expanduser()
-    stem = state_stem(cfg.endpoint)
-    return root / f"{stem}.pid", root / f"{stem}.log"
-
-
-# ---- the pidfile lock ----------------------------------------------------------------
-
-
-def probe_pidfile(pidfile: Path) -> tuple[bool, dict[str, Any]]:
-    """(whether a live daemon holds `pidfile`'s lock, what the file says).
-
-    Takes the shared lock for an instant: it is free unless a daemon holds it.
-    """
-    try:
-        fd = os.open(pidfile, os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
-        return False, {}
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except BlockingIOError:
-            held = True
-        else:
-            held = False
-            fcntl.flock(fd, fcntl.LOCK_UN)
-        return held, _parse(os.pread(fd, 1 << 16, 0))
-    finally:
-        os.close(fd)
-
-
-def _parse(raw: bytes) -> dict[str, Any]:
-    try:
-        info = json.loads(raw)
-    except ValueError:  # empty or half-written: the daemon is starting
-        return {}
-    return info if isinstance(info, dict) else {}
-
-
-def read_pidfile(cfg: ServerConfig) -> dict[str, Any] | None:
-    """What the pidfile of the daemon serving cfg.endpoint says, or None if none runs.
-
-    A live daemon's file may still be empty for an instant after it took the lock
-    (then the dict has no "pid").
-    """
-    held, info = probe_pidfile(state_files(cfg)[0])
-    return info if held else None
-
-
-def remove_stale(pidfile: Path) -> bool:
-    """Remove `pidfile` if no daemon holds it (left by a killed one); True if removed."""
-    try:
-        fd = os.open(pidfile, os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
-        return False
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return False  # a daemon holds it: not stale
-        if not _same_file(fd, pidfile):
-            return False  # replaced meanwhile by a starting daemon: leave it
-        pidfile.unlink(missing_ok=True)
-        return True
-    finally:
-        os.close(fd)
-
-
-def _open_state(path: Path, flags: int) -> int:
-    """Open a file of the state folder (made 0700 if missing); DaemonError if we may not."""
-    try:
-        private_dir(path.parent)
-        return os.open(path, flags, 0o644)
-    except OSError as exc:
-        raise DaemonError(
-            f"cannot open {path}: {exc.strerror} (set state_dir to a folder this user may write)"
-        ) from None
-
-
-def _same_file(fd: int, path: Path) -> bool:
-    try:
-        st = os.stat(path)
-    except OSError:
-        return False
-    mine = os.fstat(fd)
-    return (st.st_dev, st.st_ino) == (mine.st_dev, mine.st_ino)
-
-
-class PidLock:
-    """The running daemon's pidfile, exclusively locked until `release` (or death)."""
-
-    def __init__(self, pidfile: Path, endpoint: str) -> None:
-        self.path = pidfile
-        deadline = time.monotonic() + _LOCK_RETRY
-        while True:
-            fd = _open_state(pidfile, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                os.close(fd)
-                if time.monotonic() < deadline:  # maybe a reader's instant: try again
-                    time.sleep(0.02)
-                    continue
-                try:
-                    info = _parse(pidfile.read_bytes())
-                except OSError:
-                    info = {}
-                who = f"a daemon (pid {info['pid']})" if info.get("pid") else "a daemon"
-                raise DaemonError(f"{who} already serves {endpoint} (pidfile {pidfile})") from None
-            # a stopping daemon unlinks its file while it holds the lock: if we locked
-            # that unlinked file, the lock guards nothing; open the path again
-            if _same_file(fd, pidfile):
-                self.fd: int | None = fd
-                return
-            os.close(fd)
-
-    def write(self, info: dict[str, Any]) -> None:
-        """Replace the file's content (readers retry a half-written file)."""
-        assert self.fd is not None
-        data = json.dumps(info).encode()
-        os.ftruncate(self.fd, 0)
-        os.pwrite(self.fd, data, 0)
-
-    def release(self) -> None:
-        """Remove the pidfile, then drop the lock (in that order: see __init__)."""
-        if self.fd is None:
-            return
-        if _same_file(self.fd, self.path):
-            self.path.unlink(missing_ok=True)
-        os.close(self.fd)
-        self.fd = None
-
-
-# ---- foreground --------------------------------------------------------------------
 
 
 def bind_error(address: str, exc: OSError | Exception) -> str:
@@ -306,126 +164,6 @@ def serve_foreground(engine_cfg: EngineConfig, server_cfg: ServerConfig) -> None
             log.info("stopped")
     finally:
         lock.release()
-
-
-# ---- background control ------------------------------------------------------------
-
-
-def start_background(argv: list[str], server_cfg: ServerConfig, wait: float = START_TIMEOUT) -> int:
-    """Spawn `fsd start --foreground ARGV` detached; return its pid once it serves."""
-    pidfile, logfile = state_files(server_cfg)
-    held, info = probe_pidfile(pidfile)
-    if held:
-        who = f"a daemon (pid {info['pid']})" if info.get("pid") else "a daemon"
-        raise DaemonError(f"{who} already serves {server_cfg.endpoint} (pidfile {pidfile})")
-    log_fd = _open_state(logfile, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC)
-    offset = os.fstat(log_fd).st_size  # this start's lines follow
-    with open(log_fd, "ab") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "fsd.cli", "start", "--foreground", *argv],
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-
-    def serving() -> bool:
-        held, info = probe_pidfile(pidfile)
-        return held and info.get("pid") == proc.pid and info.get("state") == "serving"
-
-    deadline = time.monotonic() + wait
-    while time.monotonic() < deadline:
-        if serving():
-            return proc.pid
-        code = proc.poll()
-        if code is not None:
-            raise DaemonError(_start_failure(code, logfile, offset))
-        time.sleep(_POLL)
-    if serving():  # never stop a daemon that made it
-        return proc.pid
-    proc.terminate()  # it never served: do not leave it loading in the background
-    raise DaemonError(f"the daemon did not start within {wait:.0f} s (stopped it); see {logfile}")
-
-
-def _start_failure(code: int, logfile: Path, offset: int) -> str:
-    """Why the child exited: its `error:` line, else the tail of what it logged this time."""
-    lines = _new_lines(logfile, offset)
-    errors = [ln for ln in lines if ln.startswith("error:")]
-    if errors:
-        return f"the daemon did not start: {errors[-1].removeprefix('error:').strip()}"
-    tail = "\n".join(lines[-20:]) or "(it wrote nothing)"
-    return f"the daemon exited with code {code} while starting; its log ({logfile}) says:\n{tail}"
-
-
-def _new_lines(path: Path, offset: int) -> list[str]:
-    try:
-        with open(path, "rb") as f:
-            f.seek(offset)
-            return f.read().decode(errors="replace").splitlines()
-    except OSError:
-        return []
-
-
-def stop(
-    server_cfg: ServerConfig,
-    timeout: float = DRAIN_TIMEOUT,
-    curve: Any = None,
-    token: str | None = None,
-) -> int | None:
-    """Ask the daemon to drain and exit; SIGTERM, then SIGKILL, if it does not.
-
-    Signals go only to the pid a held pidfile lock names (that process is the
-    daemon); a stale pidfile is removed. Without a held lock the daemon is still
-    asked on its socket (one started with another state_dir, or a remote one with
-    CURVE operator keys); then there is no pid to wait for and None is returned.
-    """
-    from fsd.client import Client, DaemonUnavailable, RequestError
-
-    pidfile, _ = state_files(server_cfg)
-    held, info = probe_pidfile(pidfile)
-    if not held and remove_stale(pidfile):
-        log.info("removed the stale pidfile %s", pidfile)
-    pid = info.get("pid") if held else None
-    asked = False
-    try:
-        # a short Status first: the Shutdown's own wait includes the whole drain
-        with Client(
-            server_cfg.endpoint, timeout=5.0 if held else 2.0, curve=curve, token=token
-        ) as client:
-            client.status()
-            client.shutdown(drain=True, timeout=timeout)
-        asked = True
-    except DaemonUnavailable:
-        if not held:
-            hint = " (or it did not accept these CURVE keys)" if curve is not None else ""
-            raise DaemonError(f"no fsd daemon runs for {server_cfg.endpoint}{hint}") from None
-    except RequestError as exc:
-        if not held:
-            raise DaemonError(f"the daemon at {server_cfg.endpoint} refused: {exc}") from None
-        log.info("the daemon refused to shut down (%s); sending SIGTERM", exc)
-    if not held:
-        return None
-    if not asked:
-        _signal(pidfile, signal.SIGTERM)
-    for sig in (None, signal.SIGKILL):
-        if sig is not None:
-            _signal(pidfile, sig)
-        deadline = time.monotonic() + (timeout + 5.0 if sig is None else 10.0)
-        while time.monotonic() < deadline:
-            if not probe_pidfile(pidfile)[0]:
-                return pid
-            time.sleep(_POLL)
-    raise DaemonError(f"the daemon (pid {pid}) did not exit")
-
-
-def _signal(pidfile: Path, sig: int) -> None:
-    """Send `sig` to the daemon that holds `pidfile` (nothing if none holds it)."""
-    held, info = probe_pidfile(pidfile)
-    pid = info.get("pid")
-    if not held or not isinstance(pid, int) or pid <= 0:
-        return
-    with contextlib.suppress(ProcessLookupError):  # it exited meanwhile
-        os.kill(pid, sig)
 
 
 def setup_logging(level: str) -> None:

@@ -13,6 +13,7 @@ import itertools
 import math
 import numbers
 import time
+from collections.abc import Collection
 from dataclasses import dataclass, field
 
 from fsd.errors import ConfigError
@@ -237,6 +238,40 @@ class Job:
     @property
     def is_prefill(self) -> bool:
         return self.num_new_tokens > 1
+
+    def append_token(self, token: int, now: float) -> None:
+        """The model produced `token` at `now`: every token fed so far is in the cache.
+
+        The one rule the engine and the simulator share for a produced token.
+        """
+        self.num_computed_tokens = self.num_tokens
+        self._store_token(token, now)
+        if self.first_token_time is None:
+            self.first_token_time = now
+
+    def _store_token(self, token: int, now: float) -> None:
+        self.output_token_ids.append(token)
+        self.token_times.append(now)
+
+    def stop_after(
+        self, token: int, eos_ids: Collection[int], max_model_len: int
+    ) -> tuple[FinishReason | None, str | int | None]:
+        """Why the job ends after producing `token` (None: it goes on), and the stop.
+
+        EOS and stop tokens count from `min_tokens` on; the length limit is
+        `max_output` or the model's context, whichever comes first. Stop strings are
+        the detokenizer's business (they can span tokens).
+        """
+        p = self.params
+        n = self.num_output_tokens
+        if n >= p.min_tokens:
+            if not p.ignore_eos and token in eos_ids:
+                return FinishReason.STOP, token
+            if token in p.stop_token_ids:
+                return FinishReason.STOP, token
+        if n >= self.max_output or self.num_tokens >= max_model_len:
+            return FinishReason.LENGTH, None
+        return None, None
 
     def finish(
         self,

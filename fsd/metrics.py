@@ -3,20 +3,21 @@ the paper defines it: end-to-end latency divided by output tokens)."""
 
 from __future__ import annotations
 
-import math
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 
-def percentile(values: Sequence[float], q: float) -> float | None:
-    """The q-th percentile (0..100) by linear interpolation; None for no values."""
-    if not values:
+
+def percentile(values: Sequence[float] | np.ndarray, q: float) -> float | None:
+    """The q-th percentile (0..100), numpy's linear interpolation; None for no values.
+
+    The one percentile of fsd: the daemon's SLO window, the simulator and the benches.
+    """
+    if len(values) == 0:
         return None
-    ordered = sorted(values)
-    pos = (len(ordered) - 1) * q / 100.0
-    lo, hi = math.floor(pos), math.ceil(pos)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+    return float(np.percentile(values, q))
 
 
 def mean(values: Sequence[float]) -> float | None:

@@ -13,6 +13,9 @@ operator role (the token, or a CURVE key listed as an operator).
 Version 2: levels are 1-based everywhere (Q1 is the top level), `token`, `Undrain`,
 `Finished.message`, `StatusReply.role`, and `Inject` carries a scenario's text and
 its traces inline (the daemon never opens a path a client names).
+
+The version, the size limits, `encode` and `ProtocolError` (an `FsdError` whose
+instances carry their code) live in `fsd.wire` and are re-exported here.
 """
 
 from __future__ import annotations
@@ -23,13 +26,20 @@ from typing import Any
 import msgspec
 
 from fsd.jobs import SamplingParams
-
-PROTOCOL_VERSION = 2
-MAX_FRAME_BYTES = 8 * 1024 * 1024
-MAX_SCENARIO_BYTES = 1024 * 1024  # an injected scenario's TOML text
-MAX_TRACE_BYTES = 6 * 1024 * 1024  # the traces an injected scenario brings, together
-TOPIC_SNAPSHOT = b"snapshot"
-TOPIC_EVENT = b"event"
+from fsd.wire import (  # noqa: F401 - re-exported: code reads the wire as fsd.protocol
+    DEFAULT_ENDPOINT,
+    DEFAULT_TELEMETRY_ENDPOINT,
+    MAX_FRAME_BYTES,
+    MAX_SCENARIO_BYTES,
+    MAX_TRACE_BYTES,
+    PROTOCOL_VERSION,
+    TOPIC_EVENT,
+    TOPIC_SNAPSHOT,
+    ProtocolError,
+    check_version,
+    decode_strict,
+    encode,
+)
 
 
 class _Msg(msgspec.Struct, tag_field="type", kw_only=True, omit_defaults=True):
@@ -355,72 +365,26 @@ class Event(msgspec.Struct, kw_only=True, omit_defaults=True):
     detail: dict[str, Any] = {}
 
 
-# ---- codecs ------------------------------------------------------------------------
+# ---- codecs (fsd.wire) ---------------------------------------------------------------
 
-_encoder = msgspec.msgpack.Encoder()
 _request_decoder = msgspec.msgpack.Decoder(Request)
 _reply_decoder = msgspec.msgpack.Decoder(Reply)
 _snapshot_decoder = msgspec.msgpack.Decoder(Snapshot)
 _event_decoder = msgspec.msgpack.Decoder(Event)
 
 
-class ProtocolError(ValueError):
-    """A frame that is not a valid message of this protocol version."""
-
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-
-
-def encode(msg: msgspec.Struct) -> bytes:
-    return _encoder.encode(msg)
-
-
-def _check_version(msg: Any) -> Any:
-    if msg.v != PROTOCOL_VERSION:
-        raise ProtocolError(
-            "bad-version", f"protocol version {msg.v} is not supported (this is {PROTOCOL_VERSION})"
-        )
-    return msg
-
-
 def decode_request(frame: bytes) -> Request:
-    """Decode a client frame or raise ProtocolError with a stable code.
-
-    Any failure of the decoder is a ProtocolError, whatever msgspec raised (invalid
-    UTF-8 in a string surfaces as UnicodeDecodeError, deep nesting as RecursionError).
-    """
-    if len(frame) > MAX_FRAME_BYTES:
-        raise ProtocolError(
-            "too-large", f"frame of {len(frame)} bytes exceeds the {MAX_FRAME_BYTES}-byte limit"
-        )
-    try:
-        msg = _request_decoder.decode(frame)
-    except msgspec.ValidationError as exc:
-        code = "unknown-type" if "Invalid value" in str(exc) and "type" in str(exc) else "invalid"
-        raise ProtocolError(code, f"invalid request: {_short(exc)}") from None
-    except msgspec.DecodeError as exc:
-        raise ProtocolError("malformed", f"malformed frame: {_short(exc)}") from None
-    except Exception as exc:  # noqa: BLE001 - no frame may escape as another exception
-        raise ProtocolError(
-            "malformed", f"malformed frame: {type(exc).__name__}: {_short(exc)}"
-        ) from None
-    return _check_version(msg)
-
-
-def _short(exc: BaseException, limit: int = 300) -> str:
-    """An error's text, cut so that a reply never echoes a large frame back."""
-    text = str(exc)
-    return text if len(text) <= limit else text[:limit] + "..."
+    """Decode a client frame or raise ProtocolError with a stable code (any failure)."""
+    return decode_strict(_request_decoder, frame)
 
 
 def decode_reply(frame: bytes) -> Reply:
-    return _check_version(_reply_decoder.decode(frame))
+    return check_version(_reply_decoder.decode(frame))
 
 
 def decode_snapshot(frame: bytes) -> Snapshot:
-    return _check_version(_snapshot_decoder.decode(frame))
+    return check_version(_snapshot_decoder.decode(frame))
 
 
 def decode_event(frame: bytes) -> Event:
-    return _check_version(_event_decoder.decode(frame))
+    return check_version(_event_decoder.decode(frame))

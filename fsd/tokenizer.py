@@ -193,14 +193,9 @@ class IncrementalDetokenizer:
         self.tokenizer = tokenizer
         self.skip_special_tokens = skip_special_tokens
         self._ids = list(prompt_ids)
-        self._num_prompt = len(self._ids)
         self._prefix_offset = max(len(self._ids) - self.WINDOW, 0)
         self._read_offset = len(self._ids)
         self.text = ""  # everything emitted so far
-
-    @property
-    def output_ids(self) -> list[int]:
-        return self._ids[self._num_prompt :]
 
     def add(self, new_ids: int | Iterable[int]) -> str:
         """Append ids; return the text they complete (possibly '')."""

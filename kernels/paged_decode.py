@@ -30,9 +30,10 @@ from typing import Any
 
 import torch
 
+from fsd.kernels.launch import choose_num_splits, next_pow2, num_sms_of
+
 tl: Any = None  # triton.language, bound on first use
 
-DEFAULT_NUM_SMS = 132  # H100 SXM; used when no CUDA device can be asked
 LOG2E = 1.4426950408889634
 
 
@@ -219,45 +220,6 @@ def _kernels() -> tuple[Any, Any]:
     return triton.jit(_decode_split_kernel), triton.jit(_decode_merge_kernel)
 
 
-def _next_pow2(n: int) -> int:
-    return 1 << max(0, int(n) - 1).bit_length()
-
-
-@functools.cache
-def _num_sms(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
-
-
-def num_sms_of(device: torch.device) -> int:
-    """Streaming multiprocessors of a CUDA device (``DEFAULT_NUM_SMS`` elsewhere)."""
-    if device.type != "cuda":
-        return DEFAULT_NUM_SMS
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    return _num_sms(index)
-
-
-def choose_num_splits(
-    batch: int,
-    num_kv_heads: int,
-    max_context: int,
-    num_sms: int = DEFAULT_NUM_SMS,
-    waves: int = 3,
-    min_tokens_per_split: int = 256,
-    max_splits: int = 64,
-) -> int:
-    """How many ranges to cut each context into so the GPU has enough programs.
-
-    Aims for about ``waves * num_sms`` stage-1 programs (B * Hkv * splits), but gives
-    no split fewer than ``min_tokens_per_split`` tokens, so each one reads a few tiles
-    to amortise its partial-result write and its share of the merge, and uses at most
-    ``max_splits``. A batch that already fills the GPU gets 1 (no merge pass at all).
-    """
-    programs = max(1, batch * num_kv_heads)
-    want = -(-waves * num_sms // programs)
-    by_length = max(1, -(-max_context // min_tokens_per_split))
-    return max(1, min(want, by_length, max_splits))
-
-
 def paged_decode(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -282,38 +244,20 @@ def paged_decode(
     device); ``block_n`` (keys per tile), ``num_warps`` and ``num_stages`` are tuning
     knobs.
     """
-    batch, num_heads, head_dim = q.shape
-    _, block_size, num_kv_heads, cache_dim = k_cache.shape
-    if cache_dim != head_dim or v_cache.shape != k_cache.shape:
-        raise ValueError(f"caches {tuple(k_cache.shape)} do not match q {tuple(q.shape)}")
-    if num_heads % num_kv_heads:
-        raise ValueError(f"{num_heads} query heads do not group onto {num_kv_heads} KV heads")
-    if block_tables.shape[0] < batch or context_lens.shape[0] < batch:
-        raise ValueError("block_tables / context_lens have fewer rows than q")
+    batch, num_heads, head_dim, block_size, num_kv_heads = _checked_dims(
+        q, k_cache, v_cache, block_tables, context_lens
+    )
     out = torch.empty_like(q)
     if batch == 0:
         return out
-    group = num_heads // num_kv_heads
     if num_splits is None:
         max_context = block_tables.shape[1] * block_size
         num_splits = choose_num_splits(batch, num_kv_heads, max_context, num_sms_of(q.device))
     num_splits = max(1, int(num_splits))
-
-    block_d = max(16, _next_pow2(head_dim))
-    block_g = max(16, _next_pow2(group))
-    if block_n is None:
-        block_n = 64 if block_d <= 128 else 32
-    upcast = q.device.type != "cuda"  # the interpreter's tl.dot mis-multiplies bf16
-    precision = "ieee" if q.dtype == torch.float32 else "tf32"
+    consts = _split_constants(q, k_cache, num_splits, block_n)
 
     split_kernel, merge_kernel = _kernels()
-    direct = num_splits == 1
-    if direct:
-        o_part = out.new_empty((1, 1, 1, 1), dtype=torch.float32)
-        lse_part = out.new_empty((1, 1, 1), dtype=torch.float32)
-    else:
-        o_part = out.new_empty((batch, num_heads, num_splits, head_dim), dtype=torch.float32)
-        lse_part = out.new_empty((batch, num_heads, num_splits), dtype=torch.float32)
+    o_part, lse_part = _partials(out, num_splits)
     split_kernel[(batch, num_kv_heads, num_splits)](
         q,
         k_cache,
@@ -332,30 +276,92 @@ def paged_decode(
         *o_part.stride(),
         *lse_part.stride(),
         *out.stride(),
-        HEAD_DIM=head_dim,
-        GROUP=group,
-        BLOCK_SIZE=block_size,
-        BLOCK_G=block_g,
-        BLOCK_D=block_d,
-        BLOCK_N=block_n,
-        UPCAST=upcast,
-        DOT_PRECISION=precision,
-        DIRECT=direct,
+        **consts,
         num_warps=num_warps,
         num_stages=num_stages,
     )
-    if not direct:
-        merge_kernel[(batch, num_heads)](
-            o_part,
-            lse_part,
-            out,
-            num_splits,
-            *o_part.stride(),
-            *lse_part.stride(),
-            *out.stride(),
-            HEAD_DIM=head_dim,
-            BLOCK_S=max(2, _next_pow2(num_splits)),
-            BLOCK_D=block_d,
-            num_warps=4 if block_d >= 128 else 2,
-        )
+    if not consts["DIRECT"]:
+        _merge(merge_kernel, o_part, lse_part, out, num_splits, head_dim, consts["BLOCK_D"])
     return out
+
+
+def _checked_dims(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+) -> tuple[int, int, int, int, int]:
+    """(batch, query heads, head dim, block size, KV heads), once the shapes agree."""
+    batch, num_heads, head_dim = q.shape
+    _, block_size, num_kv_heads, cache_dim = k_cache.shape
+    if cache_dim != head_dim or v_cache.shape != k_cache.shape:
+        raise ValueError(f"caches {tuple(k_cache.shape)} do not match q {tuple(q.shape)}")
+    if num_heads % num_kv_heads:
+        raise ValueError(f"{num_heads} query heads do not group onto {num_kv_heads} KV heads")
+    if block_tables.shape[0] < batch or context_lens.shape[0] < batch:
+        raise ValueError("block_tables / context_lens have fewer rows than q")
+    return batch, num_heads, head_dim, block_size, num_kv_heads
+
+
+def _split_constants(
+    q: torch.Tensor, k_cache: torch.Tensor, num_splits: int, block_n: int | None
+) -> dict[str, Any]:
+    """The stage-1 kernel's compile-time constants (tiles padded to powers of two)."""
+    _, num_heads, head_dim = q.shape
+    _, block_size, num_kv_heads, _ = k_cache.shape
+    group = num_heads // num_kv_heads
+    block_d = max(16, next_pow2(head_dim))
+    if block_n is None:
+        block_n = 64 if block_d <= 128 else 32
+    return {
+        "HEAD_DIM": head_dim,
+        "GROUP": group,
+        "BLOCK_SIZE": block_size,
+        "BLOCK_G": max(16, next_pow2(group)),
+        "BLOCK_D": block_d,
+        "BLOCK_N": block_n,
+        "UPCAST": q.device.type != "cuda",  # the interpreter's tl.dot mis-multiplies bf16
+        "DOT_PRECISION": "ieee" if q.dtype == torch.float32 else "tf32",
+        "DIRECT": num_splits == 1,  # one split: stage 1 writes `out`, no merge
+    }
+
+
+def _partials(out: torch.Tensor, num_splits: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Stage 1's per-split outputs and log-sum-exps (fp32; 1-element stand-ins when direct)."""
+    if num_splits == 1:
+        return (
+            out.new_empty((1, 1, 1, 1), dtype=torch.float32),
+            out.new_empty((1, 1, 1), dtype=torch.float32),
+        )
+    batch, num_heads, head_dim = out.shape
+    return (
+        out.new_empty((batch, num_heads, num_splits, head_dim), dtype=torch.float32),
+        out.new_empty((batch, num_heads, num_splits), dtype=torch.float32),
+    )
+
+
+def _merge(
+    merge_kernel: Any,
+    o_part: torch.Tensor,
+    lse_part: torch.Tensor,
+    out: torch.Tensor,
+    num_splits: int,
+    head_dim: int,
+    block_d: int,
+) -> None:
+    """Stage 2: merge the splits into `out`, one program per (sequence, query head)."""
+    batch, num_heads, _ = out.shape
+    merge_kernel[(batch, num_heads)](
+        o_part,
+        lse_part,
+        out,
+        num_splits,
+        *o_part.stride(),
+        *lse_part.stride(),
+        *out.stride(),
+        HEAD_DIM=head_dim,
+        BLOCK_S=max(2, next_pow2(num_splits)),
+        BLOCK_D=block_d,
+        num_warps=4 if block_d >= 128 else 2,
+    )

@@ -23,6 +23,8 @@ from typing import Any
 
 import torch
 
+from fsd.kernels.launch import next_pow2
+
 tl: Any = None  # triton.language, bound on first use
 
 LOG2E = 1.4426950408889634
@@ -154,10 +156,6 @@ def _kernel() -> Any:
     return triton.jit(_prefill_kernel)
 
 
-def _next_pow2(n: int) -> int:
-    return 1 << max(0, int(n) - 1).bit_length()
-
-
 def paged_prefill(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -203,10 +201,10 @@ def paged_prefill(
         return out
 
     group = num_heads // num_kv_heads
-    block_g = _next_pow2(group)
-    block_d = max(16, _next_pow2(head_dim))
-    block_q = max(1, _next_pow2(max(16, block_m)) // block_g)
-    block_q = min(block_q, max(1, _next_pow2(max_query_len)))  # short chunks: smaller tiles
+    block_g = next_pow2(group)
+    block_d = max(16, next_pow2(head_dim))
+    block_q = max(1, next_pow2(max(16, block_m)) // block_g)
+    block_q = min(block_q, max(1, next_pow2(max_query_len)))  # short chunks: smaller tiles
     if block_q * block_g < 16:
         block_q = -(-16 // block_g)  # tl.dot needs at least 16 rows
     if block_n is None:

@@ -17,6 +17,8 @@ from typing import Any
 
 import torch
 
+from fsd.kernels.launch import next_pow2
+
 tl: Any = None  # triton.language, bound on first use
 
 
@@ -88,10 +90,6 @@ def _kernel() -> Any:
     return triton.jit(_store_kv_kernel)
 
 
-def _next_pow2(n: int) -> int:
-    return 1 << max(0, int(n) - 1).bit_length()
-
-
 def store_kv(
     key: torch.Tensor,
     value: torch.Tensor,
@@ -115,8 +113,8 @@ def store_kv(
         raise ValueError("slot_mapping is shorter than the batch")
     if num_tokens == 0:
         return
-    block_d = max(16, _next_pow2(head_dim))
-    block_h = min(_next_pow2(num_kv_heads), max(1, 4096 // block_d))
+    block_d = max(16, next_pow2(head_dim))
+    block_h = min(next_pow2(num_kv_heads), max(1, 4096 // block_d))
     grid = (num_tokens, -(-num_kv_heads // block_h))
     _kernel()[grid](
         key,

@@ -61,3 +61,37 @@ def test_a_config_error_keeps_its_section_name(tmp_path):
     assert proc.returncode == 2
     assert "unknown key 'max_batch_szie' in [server]" in proc.stderr  # not eaten as markup
     assert "Traceback" not in proc.stderr
+
+
+def test_start_in_the_background_forwards_the_given_options_by_their_flags(tmp_path, monkeypatch):
+    """The child `fsd start --foreground` gets each option given here under its own flag
+    (typer's), the config fields go to build_configs by name, --wait stays here."""
+    from typer.testing import CliRunner
+
+    from fsd import daemon
+    from fsd.cli import app
+
+    seen = {}
+
+    def start_background(argv, server_cfg, wait):
+        seen.update(argv=argv, cfg=server_cfg, wait=wait)
+        return 4242
+
+    monkeypatch.setattr(daemon, "start_background", start_background)
+    state = str(tmp_path / "s")
+    args = ["start", "--max-batch-size", "4", "--kv-policy", "defer", "--telemetry-hz", "2.5"]
+    out = CliRunner().invoke(app, [*args, "--state-dir", state, "--wait", "7"])
+    assert out.exit_code == 0, out.output
+    assert "fsd started: pid 4242" in out.stdout
+    argv = seen["argv"]
+    pairs = dict(zip(argv[::2], argv[1::2], strict=True))
+    assert pairs == {
+        "--max-batch-size": "4",
+        "--kv-policy": "defer",
+        "--telemetry-hz": "2.5",
+        "--state-dir": state,
+        "--log-level": "info",
+    }
+    assert seen["wait"] == 7.0 and seen["cfg"].telemetry_hz == 2.5
+    bad = CliRunner().invoke(app, ["start", "--state-dir", state, "--wait", "0"])
+    assert bad.exit_code == 2 and bad.stderr == "error: --wait must be > 0 seconds, got 0.0\n"

@@ -12,8 +12,8 @@ from fsd.config import (
     ParallelConfig,
     SchedConfig,
     ServerConfig,
-    build_configs,
 )
+from fsd.config_file import build_configs
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "fsd.example.toml"
 SECTIONS = {

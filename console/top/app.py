@@ -1,6 +1,6 @@
 """`fsctl top`: the Textual operator console.
 
-A thread worker runs the telemetry `Feed` (receive, decode, fold into `TopState`)
+A thread worker runs the `TelemetryFeed` (receive, decode, fold into `TopState`)
 and posts `TelemetryUpdated` views; consecutive ones coalesce in the message queue,
 so a busy UI only ever renders the latest. Control actions (abort, retune, inject)
 go through one `AsyncClient` on the UI's event loop and show the daemon's answer.
@@ -26,16 +26,15 @@ from textual.widgets import Footer, Static
 from textual.worker import get_current_worker
 
 from fsd import protocol as P
-from fsd.config import KV_POLICIES
+from fsd.config import KV_POLICIES, POLICIES
 from fsd.console.cli_format import find_setting, injected_summary
 from fsd.console.top import forms, panels, render
 from fsd.console.top.data import TopState, TopView
 from fsd.console.top.dialogs import Forbidden, InjectScreen, RetuneScreen, forbidden
 from fsd.console.top.jobtable import JobTable
 from fsd.console.top.screens import ConfirmScreen, HelpScreen, JobDetailScreen
-from fsd.console.top.source import Feed, Source
+from fsd.console.top.source import Source, TelemetryFeed
 from fsd.errors import FsdError
-from fsd.sched.registry import POLICIES
 
 NARROW = 120  # terminals narrower than this show the compact layout
 
@@ -107,7 +106,7 @@ class TopApp(App[None]):
         self.label = label or (source.label if source else "offline")
         self.view = self.state.view()
         self.paused = False
-        self.feed: Feed | None = None
+        self.feed: TelemetryFeed | None = None
         self._client: Any = None  # fsd.client.AsyncClient, made on first use
         self.role: str | None = None  # the daemon's answer: "operator" | "client"; None: not yet
         self._asking_role = False
@@ -134,7 +133,7 @@ class TopApp(App[None]):
         self._layout(self.size.width)
         self.render_view(self.view)
         if self.source is not None:
-            self.feed = Feed(
+            self.feed = TelemetryFeed(
                 self.source,
                 self.state,
                 lambda v: self.post_message(TelemetryUpdated(v)),

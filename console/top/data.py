@@ -19,7 +19,7 @@ from operator import attrgetter
 from typing import Any, NamedTuple
 
 from fsd import protocol as P
-from fsd.client_telemetry import generation_rate
+from fsd.client import generation_rate
 
 HISTORY = 120  # points per sparkline
 JOB_HISTORY = 64  # transitions / token samples kept per job
@@ -151,7 +151,7 @@ class TopView:
     swap_out_rate: tuple[float, ...]  # bytes/s between consecutive snapshots
     swap_in_rate: tuple[float, ...]
     device_used: tuple[float, ...]  # fraction of the device pool
-    tokens_per_s: tuple[float, ...]  # tokens generated per second (fsd.client_telemetry)
+    tokens_per_s: tuple[float, ...]  # tokens generated per second (fsd.client.generation_rate)
     frames: int
     last_event: P.Event | None
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from rich.console import Console
 
 from fsd import protocol as P
-from fsd.client_telemetry import TelemetryClient, read_recording
+from fsd.client import TelemetryClient, read_recording
 from fsd.console.top import render
 from fsd.console.top.data import TopState, TopView, fold, sort_rows
 from fsd.console.top.source import silence_message

@@ -12,8 +12,7 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Button, Label, Static
 
-from fsd import protocol as P
-from fsd.console.cli_format import clock, duration, level_name
+from fsd.console.cli_format import detail_line, duration, job_lines, level_name
 from fsd.console.top.data import JobHistory
 from fsd.console.top.render import sparkline
 
@@ -39,23 +38,6 @@ def latency_text(h: JobHistory, width: int = 40) -> Text:
         (sparkline(lat, min(width, len(lat))), "green"),
         f"  last {duration(lat[-1])}  avg {duration(avg)}  max {duration(max(lat))}",
     )
-
-
-def info_lines(j: P.JobInfo) -> list[str]:
-    rows = [
-        ("state", f"{j.state} at {level_name(j.level)}"),
-        ("kv", f"{j.kv} ({j.blocks} device blocks, {j.host_blocks} host blocks)"),
-        ("enst", duration(j.enst)),
-        ("tokens", f"{j.prompt_tokens} prompt, {j.output_tokens} output"),
-        ("waited", duration(j.waited)),
-        ("attained", duration(j.attained)),
-        ("arrival", clock(j.arrival)),
-        ("preemptions", str(j.preemptions)),
-        ("swaps", f"{j.swaps_out} out, {j.swaps_in} in, {j.recomputes} recomputes"),
-        ("moves", f"{j.promotions} promotions, {j.demotions} demotions"),
-        ("tags", ", ".join(j.tags) or "-"),
-    ]
-    return [f"{k:<12}{v}" for k, v in rows]
 
 
 class JobDetailScreen(ModalScreen[None]):
@@ -92,10 +74,10 @@ class JobDetailScreen(ModalScreen[None]):
         if h is None:
             info.update(Text(f"{self.job_id}: not seen in telemetry (yet)", style="dim"))
             return
-        lines = info_lines(h.info) if h.info is not None else ["not in a job table yet"]
+        lines = job_lines(h.info) if h.info is not None else ["not in a job table yet"]
         if h.ended:
-            lines.append(f"{'ended':<12}{h.ended}")
-        info.update("\n".join(lines))
+            lines.append(detail_line("ended", h.ended))
+        info.update(Text("\n".join(lines)))  # as it is: a tag may hold [brackets]
         self.query_one("#detail-latency", Static).update(latency_text(h))
         self.query_one("#detail-history", Static).update(history_table(h))
 

@@ -2,7 +2,7 @@
 
 `LiveSource` subscribes to a daemon (ZeroMQ SUB reconnects by itself, so an absent
 daemon only means silence); `ReplaySource` plays a `fsctl record` file at its
-recorded pace. `Feed.run` is the telemetry worker's body: it folds every frame into
+recorded pace. `TelemetryFeed.run` is the telemetry worker's body: it folds every frame into
 the `TopState` and hands the UI at most `hz` views a second, so a UI slower than
 the telemetry renders only the latest state.
 """
@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Protocol
 
-from fsd.client_telemetry import Frame, RecordingError, TelemetryClient, read_records
+from fsd.client import Frame, RecordingError, TelemetryClient, read_records
 from fsd.console.top.data import TopState, TopView
 
 
@@ -59,7 +59,7 @@ class ReplaySource:
 
     The first frame is read at once, so a missing, unreadable or malformed file is a
     RecordingError (an FsdError) here rather than in the telemetry worker; a bad line
-    further on raises from `recv`, which `Feed.run` lets through to the console.
+    further on raises from `recv`, which `TelemetryFeed.run` lets through to the console.
     """
 
     def __init__(self, path: str | Path, speed: float = 1.0) -> None:
@@ -115,7 +115,7 @@ def silence_message(label: str, seconds: float) -> str:
     )
 
 
-class Feed:
+class TelemetryFeed:
     """Folds a source's frames into a state; reports views and connection status."""
 
     def __init__(

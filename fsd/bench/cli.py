@@ -10,10 +10,9 @@ from typing import Annotated, Optional
 import typer
 from rich.console import Console
 
-from fsd.errors import FsdError
+from fsd.cli_errors import friendly
 
 bench_app = typer.Typer(help="Benchmarks against real daemons.", no_args_is_help=True)
-err = Console(stderr=True)
 
 
 def default_prefix(device: str, now: float | None = None, folder: Path = Path(".")) -> Path:
@@ -88,7 +87,7 @@ def slo_command(
     from fsd.workload.scenario import load_scenario
 
     console = Console() if Console().is_terminal else Console(width=200)
-    try:
+    with friendly():
         names = tuple(dict.fromkeys(p.strip() for p in policies.split(",") if p.strip()))
         if not names:
             raise ConfigError("--policies names no policy")
@@ -118,9 +117,6 @@ def slo_command(
             metric=metric,
         )
         report = run(bench, console)
-    except FsdError as exc:
-        err.print(f"[bold red]error:[/] {exc}", highlight=False)
-        raise typer.Exit(2) from None
     prefix = out or default_prefix(report["machine"]["device"])
     prefix.parent.mkdir(parents=True, exist_ok=True)
     path = prefix.with_name(prefix.name + ".json")

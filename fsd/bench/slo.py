@@ -64,31 +64,7 @@ def run(bench: SloBench, console: Console) -> dict[str, Any]:
     slo = bench.slo
     policies: dict[str, dict[str, Any]] = {}
     for policy in bench.policies:
-        runs = []
-        console.print(f"[bold]{policy}[/]: starting a fresh daemon", highlight=False)
-        with BenchDaemon(replace(bench.daemon, policy=policy)) as d:
-            token = operator_token(d)
-            for rate in bench.rates:
-                opts = replace(bench.play, rate_factor=rate / base, tag=f"bench-{policy}")
-                timeline = prepare(bench.scenario, opts)
-                result = play(timeline, d.endpoint, d.telemetry, opts, timeout=30.0, token=token)
-                if slo is None:
-                    slo = result.telemetry.slo
-                d.wait_idle()
-                row = {
-                    "rate": rate,
-                    "offered_rate": len(timeline.arrivals) / timeline.duration,
-                    "wall_s": result.wall_s,
-                    "records": result.records,
-                    "kv_series": result.telemetry.kv_series(result.started),
-                }
-                runs.append(row)
-                done = sum(1 for r in result.records if r.completed)
-                console.print(
-                    f"  {policy} @ {rate:g}/s: {done}/{len(result.records)} jobs, "
-                    f"avg {result.summary['avg'] * 1e3:.1f} ms/token, wall {result.wall_s:.0f} s",
-                    highlight=False,
-                )
+        runs, slo = _run_policy(bench, policy, base, slo, console)
         policies[policy] = {"runs": runs}
     if slo is None:
         raise ConfigError("no SLO: the daemon sent no telemetry; give --slo")
@@ -96,6 +72,49 @@ def run(bench: SloBench, console: Console) -> dict[str, Any]:
         for r in row["runs"]:
             r.update(summarize(r.pop("records"), slo))
         row.update(max_rate_under(row["runs"], slo, bench.metric))
+    report = _report(bench, base, slo, policies)
+    _print_summary(bench, slo, report, console)
+    return report
+
+
+def _run_policy(
+    bench: SloBench, policy: str, base: float, slo: float | None, console: Console
+) -> tuple[list[dict[str, Any]], float | None]:
+    """One policy at every rate on a fresh daemon: its runs (records not yet summarised),
+    and the SLO (the daemon's when none was given yet)."""
+    runs = []
+    console.print(f"[bold]{policy}[/]: starting a fresh daemon", highlight=False)
+    with BenchDaemon(replace(bench.daemon, policy=policy)) as d:
+        token = operator_token(d)
+        for rate in bench.rates:
+            opts = replace(bench.play, rate_factor=rate / base, tag=f"bench-{policy}")
+            timeline = prepare(bench.scenario, opts)
+            result = play(timeline, d.endpoint, d.telemetry, opts, timeout=30.0, token=token)
+            if slo is None:
+                slo = result.telemetry.slo
+            d.wait_idle()
+            runs.append(
+                {
+                    "rate": rate,
+                    "offered_rate": len(timeline.arrivals) / timeline.duration,
+                    "wall_s": result.wall_s,
+                    "records": result.records,
+                    "kv_series": result.telemetry.kv_series(result.started),
+                }
+            )
+            done = sum(1 for r in result.records if r.completed)
+            console.print(
+                f"  {policy} @ {rate:g}/s: {done}/{len(result.records)} jobs, "
+                f"avg {result.summary['avg'] * 1e3:.1f} ms/token, wall {result.wall_s:.0f} s",
+                highlight=False,
+            )
+    return runs, slo
+
+
+def _report(
+    bench: SloBench, base: float, slo: float, policies: dict[str, dict[str, Any]]
+) -> dict[str, Any]:
+    """The saved report; with two policies or more, the last's max rate over the first's."""
     report = {
         "machine": describe_machine(bench.daemon.device),
         "scenario": bench.scenario.name,
@@ -114,6 +133,12 @@ def run(bench: SloBench, console: Console) -> dict[str, Any]:
             "of": f"{names[-1]} / {names[0]}",
             "value": b / a if a and a > 0 and not math.isnan(b) else None,
         }
+    return report
+
+
+def _print_summary(bench: SloBench, slo: float, report: dict[str, Any], console: Console) -> None:
+    """The table of every run, each policy's max rate under the SLO, and the ratio."""
+    policies = report["policies"]
     table_rows = {f"{p} @ {r['rate']:g}/s": r for p, row in policies.items() for r in row["runs"]}
     console.print(summary_table(table_rows, f"{bench.scenario.name}: SLO {slo * 1e3:.1f} ms/token"))
     for p, row in policies.items():
@@ -122,7 +147,6 @@ def run(bench: SloBench, console: Console) -> dict[str, Any]:
         console.print(f"{p}: max rate under the SLO {sign}{shown:.2f} jobs/s", highlight=False)
     if report.get("ratio", {}).get("value"):
         console.print(f"ratio {report['ratio']['of']}: {report['ratio']['value']:.2f}x")
-    return report
 
 
 def max_rate_under(runs: list[dict[str, Any]], slo: float, metric: str) -> dict[str, Any]:

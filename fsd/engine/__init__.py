@@ -1,0 +1,18 @@
+"""The engine: runs the model on what the scheduler chose, and streams the tokens.
+
+Owns: the engine loop (`core.Engine`: admission, one iteration per `step()`,
+retune, finishing jobs; `failures` for what ends jobs when something breaks);
+executors (`executor.LocalExecutor` in process, `ray_executor.RayExecutor` for
+tensor x pipeline parallel Ray actors), both driving the same `worker.Worker` over
+the same `plan.StepPlan`; pipeline stages (`stage`); the paged KV tensors
+(`kv_cache`) and the copies between tiers (`swapper`); sampling (`sampler`, the only
+place a token is drawn); incremental detokenization with stop strings
+(`detokenizer`); events and results handed to the daemon (`events`, `output`); and
+the profiler that measures iterations and fits the cost model (`profiler`,
+`profile_fit`).
+
+May import: `fsd.sched`, `fsd.kv`, `fsd.models`, `fsd.layers`, `fsd.kernels`,
+`fsd.jobs`, `fsd.config`, `fsd.errors` and the shared leaves (`fsd.cost`,
+`fsd.tokenizer`). Never `fsd.server` or the console: the daemon drives the engine,
+not the other way round.
+"""

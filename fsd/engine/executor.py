@@ -1,8 +1,10 @@
 """Executors: where a micro-batch (a batch plus its swap plan) runs.
 
-The engine keeps the scheduler, the block manager and the jobs; an executor owns the
-model and the KV tensors. `LocalExecutor` is the single-device path, in process;
-`fsd.engine.ray_executor.RayExecutor` runs tensor x pipeline parallel shards on Ray
+The engine keeps the scheduler, the block manager and the jobs; an executor owns
+the workers, which hold the model and the KV tensors. Both executors lay a batch
+out as the same `StepPlan` and run the same `Worker.step` over it:
+`LocalExecutor` on one in-process worker that holds the whole model;
+`fsd.engine.ray_executor.RayExecutor` on tensor x pipeline parallel workers as Ray
 actors. `make_executor` picks one and never imports Ray for tp = pp = 1.
 
 Protocol, per micro-batch: `submit(batch, sync_ops, async_ops)` returns a ticket;
@@ -24,16 +26,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+
 from fsd.config import EngineConfig
-from fsd.engine.kv_cache import KVCachePool, KVShape, num_device_blocks, num_host_blocks
-from fsd.engine.model_runner import ModelRunner
 from fsd.engine.output import JobFault, describe
-from fsd.engine.sampler import Sampler
-from fsd.engine.swapper import HostKVPool, Swapper
+from fsd.engine.plan import StepPlan, build_plan, unorder
+from fsd.engine.worker import Worker, WorkerSpec
 from fsd.errors import FsdError
 from fsd.jobs import Job
 from fsd.kv.swap import SwapOp
-from fsd.models.loader import load_model
+from fsd.models.arch import ModelArch
+from fsd.tokenizer import Tokenizer
 
 log = logging.getLogger("fsd.engine")
 
@@ -53,26 +56,48 @@ class StepResult:
     swaps_done: list[SwapOp] = field(default_factory=list)
 
 
+@dataclass
+class ModelSummary:
+    """What the engine knows of its model, wherever the weights live."""
+
+    arch: ModelArch
+    tokenizer: Tokenizer
+    dtype: torch.dtype
+    device: torch.device  # where this process times steps: the model's, or the CPU (Ray)
+    max_model_len: int
+    source: str  # "preset:<name>" or the checkpoint directory
+    weight_bytes: int = 0  # every shard together
+
+
 class Executor(abc.ABC):
     """Runs micro-batches on the model, wherever its shards live.
 
-    Attributes the engine reads: `loaded` (arch, tokenizer, dtype, device, source,
-    max_model_len, weight_bytes), `num_device_blocks` / `num_host_blocks` (the block
-    manager's sizes), `sampler`, `runner` (execute(jobs) -> tokens, for the profiler),
-    `swapper` (poll / wait / busy / byte counters / close).
+    Attributes the engine reads: `loaded` (a ModelSummary), `num_device_blocks` /
+    `num_host_blocks` (the block manager's sizes), `eos_ids` (banned before a job's
+    min_tokens), `swapper` (poll / wait / busy / byte counters / close).
     """
 
-    loaded: Any
+    loaded: ModelSummary
     num_device_blocks: int
     num_host_blocks: int
-    sampler: Sampler
-    runner: Any
+    eos_ids: tuple[int, ...]
     swapper: Any
     max_in_flight: int = 1
     # True when a micro-batch's asynchronous copies end with its result
     # (StepResult.swaps_done); False when they end through swapper.poll(). The engine
     # reads it to account the copies of a micro-batch whose result was lost.
     copies_end_with_result: bool = True
+
+    def plan(
+        self,
+        seq: int,
+        batch: Sequence[Job],
+        sync_ops: Sequence[SwapOp] = (),
+        async_ops: Sequence[SwapOp] = (),
+        forget: Sequence[str] = (),
+    ) -> StepPlan:
+        """The StepPlan of `batch` (with its tokens banned before min_tokens)."""
+        return build_plan(seq, batch, sync_ops, async_ops, self.eos_ids, forget)
 
     @abc.abstractmethod
     def submit(
@@ -84,6 +109,16 @@ class Executor(abc.ABC):
     def result(self, ticket: int, timeout: float | None = None) -> StepResult | None:
         """The micro-batch's tokens, waiting up to `timeout` (None: until done)."""
 
+    @abc.abstractmethod
+    def forget(self, job_id: str) -> None:
+        """The job ended: its sampling state (a seeded generator) can go."""
+
+    def execute(self, batch: Sequence[Job]) -> list[int | JobFault]:
+        """One blocking step without copies (the profiler's timing call)."""
+        step = self.result(self.submit(batch, (), ()))
+        assert step is not None
+        return step.tokens
+
     def restart(self) -> None:
         """Replace failed workers (weights reloaded, KV empty); raise when impossible."""
         raise WorkerFailure("this executor cannot restart its workers")
@@ -94,26 +129,31 @@ class Executor(abc.ABC):
 
 
 class LocalExecutor(Executor):
-    """The model in this process on one device: today's single-device path, unchanged."""
+    """One in-process worker holding the whole model on one device."""
 
     copies_end_with_result = False
 
     def __init__(self, config: EngineConfig) -> None:
-        self.loaded = load_model(config.model)
-        self.device = self.loaded.device
-        arch = self.loaded.arch
-        shape = KVShape(arch.num_layers, arch.num_kv_heads, arch.head_dim, self.loaded.dtype)
-        self.num_device_blocks = num_device_blocks(config.cache, shape, self.device)
-        self.num_host_blocks = num_host_blocks(config.cache, shape)
-        block_size = config.cache.block_size
-        self.pool = KVCachePool(shape, self.num_device_blocks, block_size, self.device)
-        self.host_pool = HostKVPool(
-            shape, self.num_host_blocks, block_size, pin=self.device.type == "cuda"
+        spec = WorkerSpec(config.model, config.cache, device=config.model.device)
+        self.worker = worker = Worker(spec)
+        weight_bytes = worker.setup()
+        self.num_device_blocks, self.num_host_blocks = worker.capacity()
+        worker.allocate(self.num_device_blocks, self.num_host_blocks)
+        assert worker.pool is not None and worker.swapper is not None
+        info = worker.info
+        self.loaded = ModelSummary(
+            info.arch,
+            info.tokenizer,
+            info.dtype,
+            worker.device,
+            info.max_model_len,
+            info.source,
+            weight_bytes,
         )
-        self.swapper = Swapper(self.pool, self.host_pool)
-        self.sampler = Sampler(config.model.seed, self.device)
-        eos_ids = frozenset(self.loaded.tokenizer.eos_token_ids)
-        self.runner = ModelRunner(self.loaded.model, self.pool, self.sampler, self.device, eos_ids)
+        self.eos_ids = tuple(sorted(info.tokenizer.eos_token_ids))
+        self.pool = worker.pool  # the KV tensors themselves (tests look inside)
+        self.swapper = worker.swapper
+        self.host_pool = worker.swapper.host_pool
         self._results: dict[int, StepResult] = {}
         self._seq = 0
 
@@ -121,6 +161,7 @@ class LocalExecutor(Executor):
         self, batch: Sequence[Job], sync_ops: Sequence[SwapOp], async_ops: Sequence[SwapOp]
     ) -> int:
         # sync copies block before the step; async ones overlap it (side stream / thread)
+        # and may outlive it: they end through swapper.poll(), with their jobs
         self.swapper.run_sync(sync_ops)
         self.swapper.start(list(async_ops))
         self._seq += 1
@@ -136,13 +177,13 @@ class LocalExecutor(Executor):
         other job its token (k culprits cost about 2k log n extra steps; a failure
         that needs several jobs together, such as running out of memory, ends with
         every job served by smaller steps). Re-running is safe: a step rewrites the
-        same KV slots and changes no job; and the runner never raises once sampling
-        has begun (a sampling fault is a JobFault row), so an exception means no job
-        has drawn: a seeded job's generator advances exactly once, in the step that
-        returns its token.
+        same KV slots and changes no job; and sampling never raises (a sampling
+        fault is a JobFault row), so an exception means no job has drawn: a seeded
+        job's generator advances exactly once, in the step that returns its token.
         """
         try:
-            return self.runner.execute(batch)
+            plan = self.plan(self._seq, batch)
+            return unorder(plan, self.worker.step(plan))
         except WorkerFailure:
             raise
         except Exception as exc:  # noqa: BLE001 - isolated below, reported per job
@@ -159,6 +200,9 @@ class LocalExecutor(Executor):
 
     def result(self, ticket: int, timeout: float | None = None) -> StepResult | None:
         return self._results.pop(ticket)
+
+    def forget(self, job_id: str) -> None:
+        self.worker.forget((job_id,))
 
 
 def make_executor(config: EngineConfig) -> Executor:

@@ -1,4 +1,5 @@
-"""What the engine hands back: per-iteration deltas and the whole result of a job."""
+"""What the engine hands back: per-iteration deltas, the whole result of a job, and
+what each iteration did."""
 
 from __future__ import annotations
 
@@ -39,6 +40,17 @@ def describe(what: str, exc: BaseException) -> str:
         said = "(unprintable)"
     text = " ".join(f"{what}: {type(exc).__name__}: {said}".split())
     return text if len(text) <= _MAX_MESSAGE else text[: _MAX_MESSAGE - 3] + "..."
+
+
+@dataclass(frozen=True)
+class IterationStats:
+    """What one iteration did (kept for benches and telemetry)."""
+
+    start: float
+    duration: float
+    batch_size: int
+    prefill_tokens: int
+    decode_tokens: int
 
 
 @dataclass(frozen=True)

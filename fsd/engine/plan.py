@@ -1,21 +1,25 @@
-"""The step plan: what every distributed worker needs to run one micro-batch.
+"""The step plan: everything a worker needs to run one micro-batch, and nothing more.
 
 The driver (the engine process) keeps the scheduler, the block manager and the
-jobs; workers see none of them. A `StepPlan` carries, as plain lists, exactly what a
-model step reads -- the flat batch (decodes first, as `ModelRunner` lays it out),
-positions, block tables -- and the swap instructions that travel with it. Every
-worker receives the same plan; each applies it to its own shard (its heads, its
+jobs; workers see none of them. A `StepPlan` carries, as plain values, exactly what
+a model step reads -- the flat batch (decodes first), positions, block tables --
+what the sampler needs per row (its parameters, its job id for a seeded
+generator, the tokens it may not produce yet), the swap instructions that travel
+with it, and the job ids whose sampling state can go. Every worker receives the
+same plan, in process or on Ray; each applies it to its own shard (its heads, its
 stage's layers).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import Literal
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+from typing import Literal, TypeVar
 
-from fsd.jobs import Job
+from fsd.jobs import Job, SamplingParams
 from fsd.kv.swap import SwapOp
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -37,11 +41,11 @@ class SwapInstr:
 
 @dataclass(frozen=True)
 class StepPlan:
-    """One micro-batch: the flat token batch plus the swap copies that go with it.
+    """One micro-batch: the flat token batch, its sampling rows and its swap copies.
 
-    `order[k]` is the index in the scheduler's batch of the k-th sequence here.
-    `banned` is set when every row is greedy: the last stage then returns token ids
-    (argmax after banning) instead of logits, so only a few ints cross the wire.
+    Per-sequence fields are in the plan's order (decodes first); `order[k]` is the
+    index in the scheduler's batch of the k-th sequence here (see `unorder`).
+    `forget`: jobs that ended, whose seeded generators the sampler drops first.
     """
 
     seq: int
@@ -51,9 +55,12 @@ class StepPlan:
     context_lens: tuple[int, ...] = ()
     block_tables: tuple[tuple[int, ...], ...] = ()
     order: tuple[int, ...] = ()
+    job_ids: tuple[str, ...] = ()
+    params: tuple[SamplingParams, ...] = ()
+    banned: tuple[tuple[int, ...], ...] = ()
     sync_swaps: tuple[SwapInstr, ...] = ()
     async_swaps: tuple[SwapInstr, ...] = ()
-    banned: tuple[tuple[int, ...], ...] | None = field(default=None)
+    forget: tuple[str, ...] = ()
 
     @property
     def num_seqs(self) -> int:
@@ -64,19 +71,27 @@ class StepPlan:
         return bool(self.query_lens)
 
 
-@dataclass(frozen=True)
-class FlatBatch:
-    """A batch laid out for one model step: decodes (one new token) first."""
-
-    order: tuple[int, ...]  # position in the batch of each laid-out job
-    jobs: tuple[Job, ...]
-    input_ids: tuple[int, ...]
-    positions: tuple[int, ...]
+def banned_tokens(job: Job, eos_ids: Collection[int]) -> tuple[int, ...]:
+    """Tokens that would end the job before its min_tokens."""
+    if len(job.output_token_ids) >= job.params.min_tokens:
+        return ()
+    eos = () if job.params.ignore_eos else tuple(eos_ids)
+    return eos + job.params.stop_token_ids
 
 
-def flatten(batch: Sequence[Job]) -> FlatBatch:
-    """Every job's new tokens and their positions, decodes first (the layout the
-    attention metadata and every worker expect)."""
+def build_plan(
+    seq: int,
+    batch: Sequence[Job],
+    sync_ops: Sequence[SwapOp] = (),
+    async_ops: Sequence[SwapOp] = (),
+    eos_ids: Collection[int] = (),
+    forget: Sequence[str] = (),
+) -> StepPlan:
+    """Lay out `batch` for one model step: one-token (decode) sequences first.
+
+    Sync copies keep the scheduler's issue order: a later copy may write the blocks
+    an earlier one read.
+    """
     order = sorted(range(len(batch)), key=lambda i: batch[i].num_new_tokens > 1)
     jobs = [batch[i] for i in order]
     input_ids: list[int] = []
@@ -85,39 +100,26 @@ def flatten(batch: Sequence[Job]) -> FlatBatch:
         start = job.num_computed_tokens
         input_ids.extend(job.all_token_ids[start:])
         positions.extend(range(start, job.num_tokens))
-    return FlatBatch(tuple(order), tuple(jobs), tuple(input_ids), tuple(positions))
-
-
-def build_plan(
-    seq: int,
-    batch: Sequence[Job],
-    sync_ops: Sequence[SwapOp] = (),
-    async_ops: Sequence[SwapOp] = (),
-    banned: Sequence[tuple[int, ...]] | None = None,
-) -> StepPlan:
-    """Lay out `batch` as ModelRunner does: one-token (decode) sequences first.
-
-    `banned`, given per job in batch order, asks for sampled ids instead of logits.
-    """
-    flat = flatten(batch)
-    order, jobs = flat.order, flat.jobs
     return StepPlan(
         seq=seq,
-        input_ids=flat.input_ids,
-        positions=flat.positions,
+        input_ids=tuple(input_ids),
+        positions=tuple(positions),
         query_lens=tuple(j.num_new_tokens for j in jobs),
         context_lens=tuple(j.num_tokens for j in jobs),
         block_tables=tuple(tuple(j.block_table) for j in jobs),
-        order=order,
-        sync_swaps=tuple(SwapInstr.of(op) for op in sync_ops),  # in issue order
+        order=tuple(order),
+        job_ids=tuple(j.job_id for j in jobs),
+        params=tuple(j.params for j in jobs),
+        banned=tuple(banned_tokens(j, eos_ids) for j in jobs),
+        sync_swaps=tuple(SwapInstr.of(op) for op in sync_ops),
         async_swaps=tuple(SwapInstr.of(op) for op in async_ops),
-        banned=None if banned is None else tuple(tuple(banned[i]) for i in order),
+        forget=tuple(forget),
     )
 
 
-def unorder(plan: StepPlan, rows: Sequence[int]) -> list[int]:
+def unorder(plan: StepPlan, rows: Sequence[T]) -> list[T]:
     """Per-sequence results in the plan's order -> the scheduler's batch order."""
-    out = [0] * len(rows)
+    out: list[T] = list(rows)
     for k, i in enumerate(plan.order):
         out[i] = rows[k]
     return out

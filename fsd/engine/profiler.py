@@ -2,17 +2,19 @@
 
 Skip-join and the quanta rest on iteration time being predictable from shapes
 (paper §4.1), so the profiler runs real iterations of the engine's model through
-`engine.runner.execute` -- prefills across input lengths, decode steps across batch
-sizes and context lengths -- and fits prefill(n) = base + a*n + b*n^2 and
-decode(b, C) = base + per_seq*b + per_ctx*C by non-negative least squares on relative
-error (a 16-token prefill matters as much as a 2k-token one). Repeats run
-round-robin over the points and a point's cost is its fastest repeat (the median is
-kept beside it in the notes). It also times a KV-sized host copy for the swap bandwidth.
+`engine.executor.execute` -- prefills across input lengths, decode steps across
+batch sizes and context lengths -- and hands the timings to
+`fsd.engine.profile_fit`. Repeats run round-robin over the points, and a point
+whose repeats disagree is measured again. It also times a KV-sized host copy for
+the swap bandwidth. `calibrate` is the engine's start-up: a saved profile, or a
+quick one measured now. (`fsd profile` prints and saves a full one:
+`fsd.profile_command`.)
 
-Jobs are built by hand and run directly on the runner, not through the scheduler:
-the engine calls `calibrate` before its scheduler exists (the scheduler needs the cost
-model), and a decode point at context C only needs C tokens' worth of blocks, not a
-real C-token prefill first (attention reads the blocks whatever they hold).
+Jobs are built by hand and run directly on the executor, not through the
+scheduler: the engine calls `calibrate` before its scheduler exists (the scheduler
+needs the cost model), and a decode point at context C only needs C tokens' worth
+of blocks, not a real C-token prefill first (attention reads the blocks whatever
+they hold).
 """
 
 from __future__ import annotations
@@ -24,199 +26,33 @@ import platform
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
 
-import numpy as np
 import torch
 
+from fsd.cost import CostModel
+from fsd.engine.profile_fit import DecodeSample, PrefillSample, fit_cost_model
 from fsd.errors import ConfigError
 from fsd.jobs import Job, SamplingParams
-from fsd.sched.profile import CostModel
 from fsd.sched.profiles import load_profile
 
 Progress = Callable[[int, int, str], None]
 """progress(done, total, label): called after each timed sample (and the swap copy)."""
 
-_PARAMS = SamplingParams(max_tokens=1, ignore_eos=True)
+_PARAMS = SamplingParams(max_tokens=1, ignore_eos=True)  # greedy: no sampling state
 log = logging.getLogger(__name__)
-# Timing noise is one-sided: another process, a preempted intra-op thread or a page
-# fault only ever adds time (on a busy 2-core machine a 2 ms step can read 150 ms).
-# So a point's cost is the fastest of its repeats, and a point whose median is more
-# than _NOISE x its fastest is measured again, up to `extra_rounds` more times.
-_NOISE = 1.5
 
 
 class ProfiledEngine(Protocol):
     """What the profiler needs of an engine (`fsd.engine.core.Engine` has it)."""
 
-    loaded: Any  # LoadedModel: arch, dtype, device, source, weight_bytes
-    runner: Any  # ModelRunner: execute(jobs) -> tokens
+    loaded: Any  # ModelSummary: arch, dtype, device, source, weight_bytes
+    executor: Any  # Executor: execute(jobs) -> tokens
     blocks: Any  # BlockManager: allocate / free / num_free / block_size
     config: Any  # EngineConfig
     max_model_len: int
-
-
-# ---- samples and the fit ---------------------------------------------------------
-
-
-class _Timed:
-    """Repeated timings of one measurement point."""
-
-    times: list[float]
-
-    @property
-    def seconds(self) -> float:
-        """The fastest repeat: the step's own cost (see `_NOISE` below)."""
-        return min(self.times)
-
-    @property
-    def median(self) -> float:
-        return statistics.median(self.times)
-
-    @property
-    def noisy(self) -> bool:
-        return len(self.times) < 2 or statistics.median(self.times) > _NOISE * min(self.times)
-
-
-@dataclass
-class PrefillSample(_Timed):
-    """Timed prefills of one job of `num_tokens` tokens."""
-
-    num_tokens: int
-    times: list[float] = field(default_factory=list)
-
-
-@dataclass
-class DecodeSample(_Timed):
-    """Timed decode steps of `batch_size` jobs, each with `context_len` cached tokens."""
-
-    batch_size: int
-    context_len: int
-    times: list[float] = field(default_factory=list)
-
-    @property
-    def context_tokens(self) -> int:
-        return self.batch_size * self.context_len
-
-
-def nnls(a: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """min ||a x - y|| subject to x >= 0, exactly, for a handful of unknowns.
-
-    The optimum is the unconstrained least-squares solution on its own support, so
-    trying every support (2^k - 1 of them; k = 3 here) and keeping the best feasible
-    one is exact and needs no iterative solver. Columns are scaled to unit norm first
-    because 1, n and n^2 differ by orders of magnitude.
-    """
-    a = np.asarray(a, dtype=np.float64)
-    y = np.asarray(y, dtype=np.float64)
-    k = a.shape[1]
-    norms = np.linalg.norm(a, axis=0)
-    norms[norms == 0] = 1.0
-    scaled = a / norms
-    best = np.zeros(k)
-    best_err = float(y @ y)
-    for mask in range(1, 2**k):
-        cols = [j for j in range(k) if mask >> j & 1]
-        x, *_ = np.linalg.lstsq(scaled[:, cols], y, rcond=None)
-        if (x < 0).any():
-            continue
-        err = float(np.sum((scaled[:, cols] @ x - y) ** 2))
-        if err < best_err * (1 - 1e-12):
-            best = np.zeros(k)
-            best[cols] = x
-            best_err = err
-    return best / norms
-
-
-def _relative_fit(rows: list[list[float]], times: list[float]) -> np.ndarray:
-    # Divide each row by its time: the fit minimises relative error, so short steps
-    # (q1 is the shortest) are predicted as well as long ones.
-    a = np.array(rows, dtype=np.float64)
-    t = np.array(times, dtype=np.float64)
-    return nnls(a / t[:, None], np.ones_like(t))
-
-
-def fit_prefill(samples: Sequence[PrefillSample]) -> tuple[float, float, float]:
-    """(base, per_token, per_token2) >= 0 fitted to the samples' fastest repeats."""
-    if not samples:
-        raise ConfigError("no prefill measurements to fit")
-    rows = [[1.0, s.num_tokens, float(s.num_tokens) ** 2] for s in samples]
-    base, a, b = _relative_fit(rows, [s.seconds for s in samples])
-    return float(base), float(a), float(b)
-
-
-def fit_decode(samples: Sequence[DecodeSample]) -> tuple[float, float, float]:
-    """(base, per_seq, per_ctx_token) >= 0 fitted to the samples' fastest repeats."""
-    if not samples:
-        raise ConfigError("no decode measurements to fit")
-    rows = [[1.0, s.batch_size, s.context_tokens] for s in samples]
-    base, per_seq, per_ctx = _relative_fit(rows, [s.seconds for s in samples])
-    return float(base), float(per_seq), float(per_ctx)
-
-
-def _residuals(measured: list[float], fitted: list[float]) -> dict[str, float]:
-    rel = [(f - m) / m for m, f in zip(measured, fitted, strict=True)]
-    return {
-        "rel_rms": float(np.sqrt(np.mean(np.square(rel)))) if rel else 0.0,
-        "max_abs_rel": float(max((abs(r) for r in rel), default=0.0)),
-    }
-
-
-def fit_cost_model(
-    prefill: Sequence[PrefillSample],
-    decode: Sequence[DecodeSample],
-    *,
-    name: str = "measured",
-    kv_bytes_per_token: int = 0,
-    swap_bytes_per_s: float = 16e9,
-    notes: dict[str, object] | None = None,
-) -> CostModel:
-    """Fit both phases and return a CostModel whose notes hold every point and residual."""
-    p_base, p_a, p_b = fit_prefill(prefill)
-    d_base, d_seq, d_ctx = fit_decode(decode)
-    cost = CostModel(
-        name=name,
-        prefill_base=p_base,
-        prefill_per_token=p_a,
-        prefill_per_token2=p_b,
-        decode_base=d_base,
-        decode_per_seq=d_seq,
-        decode_per_ctx_token=d_ctx,
-        kv_bytes_per_token=kv_bytes_per_token,
-        swap_bytes_per_s=swap_bytes_per_s,
-    )
-    p_fit = [cost.prefill_time(s.num_tokens) for s in prefill]
-    d_fit = [cost.decode_time(s.batch_size, s.context_tokens) for s in decode]
-    all_notes: dict[str, object] = dict(notes or {})
-    all_notes["prefill"] = [
-        {
-            "tokens": s.num_tokens,
-            "measured_s": s.seconds,
-            "median_s": s.median,
-            "fitted_s": f,
-            "samples_s": s.times,
-        }
-        for s, f in zip(prefill, p_fit, strict=True)
-    ]
-    all_notes["decode"] = [
-        {
-            "batch": s.batch_size,
-            "context": s.context_len,
-            "measured_s": s.seconds,
-            "median_s": s.median,
-            "fitted_s": f,
-            "samples_s": s.times,
-        }
-        for s, f in zip(decode, d_fit, strict=True)
-    ]
-    all_notes["fit"] = {
-        "method": "non-negative least squares on relative error, fastest of the repeats",
-        "prefill": _residuals([s.seconds for s in prefill], p_fit),
-        "decode": _residuals([s.seconds for s in decode], d_fit),
-    }
-    return replace(cost, notes=all_notes)
 
 
 # ---- the measurement plan ------------------------------------------------------------
@@ -298,7 +134,7 @@ def _sync(device: torch.device) -> None:
 
 
 class _Timer:
-    """Runs hand-built batches on the engine's runner and always gives the blocks back."""
+    """Runs hand-built (greedy) batches on the engine's executor; gives the blocks back."""
 
     def __init__(self, engine: ProfiledEngine) -> None:
         self.engine = engine
@@ -325,16 +161,12 @@ class _Timer:
                 held.append(job)
             _sync(self.device)
             start = time.perf_counter()
-            self.engine.runner.execute(jobs)
+            self.engine.executor.execute(jobs)
             _sync(self.device)
             elapsed = time.perf_counter() - start
         finally:
             for job in held:
                 blocks.free(job)
-            sampler = getattr(self.engine.runner, "sampler", None)
-            for job in jobs:
-                if sampler is not None:
-                    sampler.forget(job.job_id)
         self.iterations += 1
         return elapsed
 
@@ -400,27 +232,10 @@ def machine_info(device: torch.device) -> dict[str, object]:
     return info
 
 
-def profile_engine(
-    engine: ProfiledEngine, quick: bool = True, progress: Progress | None = None
-) -> CostModel:
-    """Measure `engine`'s iterations and return the fitted CostModel.
-
-    quick: a calibration of 26-42 iterations (about 0.2 s for the tiny model on two
-    idle CPU cores); otherwise a geometric sweep of prefill lengths and a grid of batch sizes
-    x contexts, five repeats each, for `fsd profile`. Every KV block is free afterwards.
-    """
-    plan = make_plan(engine, quick)
-    timer = _Timer(engine)
-    loaded = engine.loaded
-    total = plan.num_points
-    done = 0
-
-    def tick(label: str) -> None:
-        nonlocal done
-        done += 1
-        if progress is not None:
-            progress(done, total, label)
-
+def _time_points(
+    plan: ProfilePlan, timer: _Timer, tick: Callable[[str], None]
+) -> tuple[list[PrefillSample], list[DecodeSample]]:
+    """Every point's repeats, round-robin, then the noisy points again."""
     prefill = [PrefillSample(n) for n in plan.prefill_lengths]
     decode = [DecodeSample(b, c) for b, c in plan.decode_points]
     # Warm up once (lazy allocations, kernel selection / JIT) outside any sample.
@@ -449,6 +264,30 @@ def profile_engine(
             p.times.append(timer.prefill(p.num_tokens))
         for d in again_d:
             d.times.append(timer.decode(d.batch_size, d.context_len))
+    return prefill, decode
+
+
+def profile_engine(
+    engine: ProfiledEngine, quick: bool = True, progress: Progress | None = None
+) -> CostModel:
+    """Measure `engine`'s iterations and return the fitted CostModel.
+
+    quick: a calibration of 26-42 iterations (about 0.2 s for the tiny model on two
+    idle CPU cores); otherwise a geometric sweep of prefill lengths and a grid of batch sizes
+    x contexts, five repeats each, for `fsd profile`. Every KV block is free afterwards.
+    """
+    plan = make_plan(engine, quick)
+    timer = _Timer(engine)
+    loaded = engine.loaded
+    done = 0
+
+    def tick(label: str) -> None:
+        nonlocal done
+        done += 1
+        if progress is not None:
+            progress(done, plan.num_points, label)
+
+    prefill, decode = _time_points(plan, timer, tick)
     swap = measure_swap_bandwidth(loaded.device, loaded.dtype, plan.swap_bytes, plan.swap_repeats)
     tick("swap copy")
 
@@ -519,83 +358,4 @@ def calibrate(engine: ProfiledEngine, cache_path: str | Path | None = None) -> C
             warning = f"profile {cache_path} was taken for another {', '.join(diff)}"
             log.warning("%s; using it as given", warning)
             cost = replace(cost, notes={**cost.notes, "warning": warning})
-    return cost
-
-
-# ---- `fsd profile` ----------------------------------------------------------------------
-
-
-def comparison_rows(cost: CostModel) -> list[tuple[str, str, float, float, float]]:
-    """(phase, shape, fastest s, median s, fitted s) for each measured point in the notes."""
-    rows: list[tuple[str, str, float, float, float]] = []
-    for p in cost.notes.get("prefill", []):  # type: ignore[union-attr]
-        shape = f"{p['tokens']} tokens"
-        rows.append(("prefill", shape, p["measured_s"], p["median_s"], p["fitted_s"]))
-    for d in cost.notes.get("decode", []):  # type: ignore[union-attr]
-        shape = f"b={d['batch']} ctx={d['context']}"
-        rows.append(("decode", shape, d["measured_s"], d["median_s"], d["fitted_s"]))
-    return rows
-
-
-def run_profile_command(
-    model: str,
-    out: Path,
-    quick: bool,
-    engine_options: dict[str, Any],
-    console: Any | None = None,
-) -> CostModel:
-    """`fsd profile`: build an engine, profile it with a progress bar, print, save JSON."""
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-    from rich.table import Table
-
-    from fsd.config import EngineConfig
-    from fsd.engine.core import Engine
-
-    console = console or Console()
-    config = EngineConfig.from_kwargs(model=model, **engine_options)
-    with console.status(f"loading {model}"):
-        # the profile below replaces any calibration, so skip the one at start
-        engine = Engine(config, cost=CostModel(name="uncalibrated"))
-    columns = (
-        TextColumn("[bold]{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-    )
-    with Progress(*columns, console=console, transient=True) as bar:
-        task = bar.add_task("profiling", total=make_plan(engine, quick).num_points)
-
-        def progress(done: int, total: int, label: str) -> None:
-            bar.update(task, completed=done, total=total, description=label)
-
-        cost = profile_engine(engine, quick=quick, progress=progress)
-
-    table = Table(title=f"{cost.name}: measured vs fitted ({cost.notes.get('mode')} profile)")
-    table.add_column("phase")
-    table.add_column("shape", no_wrap=True)
-    for col in ("fastest ms", "median ms", "fitted ms", "fit error"):
-        table.add_column(col, justify="right")
-    for phase, shape, fastest, median, fitted in comparison_rows(cost):
-        table.add_row(
-            phase,
-            shape,
-            f"{fastest * 1e3:.3f}",
-            f"{median * 1e3:.3f}",
-            f"{fitted * 1e3:.3f}",
-            f"{(fitted - fastest) / fastest:+.1%}",
-        )
-    console.print(table)
-    console.print(
-        f"prefill(n) = {cost.prefill_base * 1e3:.3f} ms + {cost.prefill_per_token * 1e6:.3f} us*n"
-        f" + {cost.prefill_per_token2 * 1e9:.4f} ns*n^2\n"
-        f"decode(b, C) = {cost.decode_base * 1e3:.3f} ms + {cost.decode_per_seq * 1e6:.3f} us*b"
-        f" + {cost.decode_per_ctx_token * 1e9:.3f} ns*C\n"
-        f"q1 (min iteration) = {cost.min_iteration_time * 1e3:.3f} ms; "
-        f"swap {cost.swap_bytes_per_s / 1e9:.2f} GB/s; KV {cost.kv_bytes_per_token} B/token"
-    )
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    cost.save(out)
-    console.print(f"wrote {out}")
     return cost

@@ -1,7 +1,7 @@
 """Tensor x pipeline parallel execution on Ray actors (paper §4.3, DESIGN.md §5).
 
 tp x pp workers (`fsd.engine.worker.Worker` as Ray actors): stage s holds layers
-`split_layers(L, pp)[s]`, and its tp ranks shard heads and MLP with torch.distributed
+`stage_spans(L, pp)[s]`, and its tp ranks shard heads and MLP with torch.distributed
 (NCCL on GPU, gloo on CPU). The driver -- this process -- keeps the scheduler and
 the block manager and sends every worker the same `StepPlan`.
 
@@ -9,9 +9,10 @@ A micro-batch is one chain of actor calls submitted at once: every rank of stage
 gets the plan; every rank of stage s gets the plan and an unresolved reference to
 stage s-1's activations (from its TP rank 0), so it starts its swap copies and then
 receives them. Ray runs each actor's calls in order, so with up to `pp` micro-batches
-submitted, stage 0 works on micro-batch i+1 while stage 1 works on i. The last
-stage's TP rank 0 returns token ids (every row greedy) or logits, which the driver
-samples with the same `Sampler` a single device uses, so per-job seeds behave alike.
+submitted, stage 0 works on micro-batch i+1 while stage 1 works on i. Each worker
+runs the same `Worker.step` as the in-process executor; the last stage's TP rank 0
+samples there and returns only token ids. Job ids whose sampling state can go
+travel with the next plan.
 
 A worker that dies fails its micro-batch: `result` raises WorkerFailure, naming it.
 `restart` kills every worker (a TP group cannot re-admit one rank) and starts a
@@ -32,19 +33,17 @@ from typing import Any
 import torch
 
 from fsd.config import CacheConfig, EngineConfig
-from fsd.engine.executor import Executor, StepResult, WorkerFailure
-from fsd.engine.model_runner import banned_tokens
-from fsd.engine.plan import StepPlan, build_plan, unorder
+from fsd.engine.executor import Executor, ModelSummary, StepResult, WorkerFailure
+from fsd.engine.plan import StepPlan, unorder
 from fsd.engine.ray_cluster import ensure_ray, worker_env
-from fsd.engine.sampler import Sampler
-from fsd.engine.stage import split_layers
+from fsd.engine.stage import stage_spans
 from fsd.engine.worker import Worker, WorkerSpec
 from fsd.errors import ConfigError, FsdError
 from fsd.jobs import Job
 from fsd.kv.swap import SwapOp
 from fsd.models.arch import ModelArch
 from fsd.models.loader import describe_model, resolve_dtype
-from fsd.tokenizer import Tokenizer
+from fsd.sched.pipeline import split_layers
 
 log = logging.getLogger("fsd.engine")
 
@@ -80,20 +79,6 @@ def shard_budgets(cache: CacheConfig, world: int) -> CacheConfig:
         cpu_kv_bytes=max(1, cache.cpu_kv_bytes // world),
         host_kv_bytes=cache.host_kv_bytes // world,
     )
-
-
-@dataclass
-class RemoteModel:
-    """What the driver knows of a model whose weights live in the workers."""
-
-    arch: ModelArch
-    tokenizer: Tokenizer
-    dtype: torch.dtype
-    device: torch.device  # the driver's (sampling, profiling): the CPU
-    worker_device: str  # "cpu" | "cuda"
-    max_model_len: int
-    source: str
-    weight_bytes: int = 0  # all shards together
 
 
 @dataclass
@@ -134,7 +119,7 @@ class RayExecutor(Executor):
         self.tp, self.pp = par.tp, par.pp
         info = describe_model(config.model, torch.device("cpu"))
         validate_parallel(info.arch, self.tp, self.pp)  # before Ray starts: fail fast
-        self.spans = split_layers(info.arch.num_layers, self.pp)
+        self.spans = stage_spans(info.arch.num_layers, self.pp)
         # in every actor name: two executors in one process (two LLMs) must not clash
         self.uid = uuid.uuid4().hex[:8]
         self.ray, self._owns_ray = ensure_ray(par.ray_address)
@@ -144,23 +129,18 @@ class RayExecutor(Executor):
             dtype = resolve_dtype(
                 config.model.dtype, torch.device("cuda"), info.arch.checkpoint_dtype
             )
-        self.loaded = RemoteModel(
-            info.arch,
-            info.tokenizer,
-            dtype,
-            torch.device("cpu"),
-            self.worker_device,
-            info.max_model_len,
-            info.source,
+        # the driver times steps on the CPU: ray.get waits for the workers' devices
+        cpu = torch.device("cpu")
+        self.loaded = ModelSummary(
+            info.arch, info.tokenizer, dtype, cpu, info.max_model_len, info.source
         )
         self.eos_ids = tuple(sorted(info.tokenizer.eos_token_ids))
         self.max_in_flight = self.pp
-        self.sampler = Sampler(config.model.seed, torch.device("cpu"))
-        self.runner = self  # the profiler times `execute` like a ModelRunner's
         self.swapper = RemoteSwapTotals()
         self.restarts = 0
         self.workers: list[list[Any]] = []
         self._flight: dict[int, _InFlight] = {}
+        self._forget: list[str] = []  # sent with the next plan
         self._seq = 0
         self._bytes_per_block = 0
         try:
@@ -279,10 +259,9 @@ class RayExecutor(Executor):
         self, batch: Sequence[Job], sync_ops: Sequence[SwapOp], async_ops: Sequence[SwapOp]
     ) -> int:
         self._seq += 1
-        greedy = all(j.params.greedy for j in batch)
-        banned = [banned_tokens(j, self.eos_ids) for j in batch] if greedy else None
-        plan = build_plan(self._seq, batch, sync_ops, async_ops, banned)
+        plan = self.plan(self._seq, batch, sync_ops, async_ops, self._forget)
         plan_ref = self.ray.put(plan)
+        self._forget = []
         status: dict[Any, str] = {}
         prev: list[Any] | None = None
         final = None
@@ -327,7 +306,7 @@ class RayExecutor(Executor):
         self.swapper.bytes_out += f.copy_bytes["out"]
         self.swapper.bytes_in += f.copy_bytes["in"]
         self.swapper.bytes_in_flight -= f.copy_bytes["out"] + f.copy_bytes["in"]
-        return StepResult(self._tokens(f, rows), f.async_ops)
+        return StepResult(unorder(f.plan, rows) if f.batch else [], f.async_ops)
 
     def _failure(self, f: _InFlight, label: str, exc: BaseException) -> WorkerFailure:
         """Name the root cause: a dead actor rather than its peers' broken collectives."""
@@ -345,31 +324,15 @@ class RayExecutor(Executor):
         verb = "died" if isinstance(exc, died) else "failed"
         return WorkerFailure(f"worker {label} {verb}: {_describe(exc)}")
 
-    def _tokens(self, f: _InFlight, rows: Any) -> list[int]:
-        if not f.batch:
-            return []
-        plan = f.plan
-        if plan.banned is None:  # logits: sample here, as a single device would
-            jobs = [f.batch[i] for i in plan.order]
-            rows = self.sampler.sample(
-                rows,
-                [j.params for j in jobs],
-                [j.job_id for j in jobs],
-                banned=[banned_tokens(j, self.eos_ids) for j in jobs],
-            )
-        return unorder(plan, rows)
-
-    def execute(self, batch: Sequence[Job]) -> list[int]:
-        """One blocking step without copies (the profiler's timing call)."""
-        step = self.result(self.submit(batch, (), ()))
-        assert step is not None
-        return step.tokens
+    def forget(self, job_id: str) -> None:
+        self._forget.append(job_id)
 
     # ---- failure and shutdown -----------------------------------------------------
 
     def restart(self) -> None:
         """Kill every worker and start a fresh set (weights reloaded, KV empty)."""
         self._flight.clear()
+        self._forget = []  # fresh workers hold no sampling state
         self.swapper.bytes_in_flight = 0
         self._kill_workers()
         self.restarts += 1

@@ -11,7 +11,12 @@ loop never dies from one job):
 - a random row whose probabilities are not a distribution (NaN or inf logits, every
   token banned, an overflow at a low temperature) draws its argmax instead;
 - if the batched pass raises, each row is redone alone, and a row that still raises,
-  or whose draw raises, comes back as a `JobFault` in place of its token.
+  or whose draw raises, comes back as a `JobFault` in place of its token;
+- anything else that goes wrong turns every row into a JobFault: `sample` never
+  raises, so a caller that sees an exception knows no row has drawn.
+
+This is the only place a token is drawn: the worker that holds the last pipeline
+stage (in process, or TP rank 0 of the last stage on Ray) samples its logits here.
 """
 
 from __future__ import annotations
@@ -57,13 +62,17 @@ class Sampler:
 
         `banned[i]` lists token ids row i may not produce yet (EOS before min_tokens).
         Each row draws at most once, so a seeded job's generator advances one step.
+        Never raises (see the module docstring).
         """
-        ban: list[Sequence[int]] = list(banned) or [()] * len(params)
         try:
-            tokens, probs, random_rows = _prepare(logits, params, ban)
-        except Exception:  # noqa: BLE001 - one row's bad input must not fail the others
-            return self._rows_alone(logits, params, job_ids, ban)
-        return self._draw(tokens, probs, random_rows, params, job_ids)
+            ban: list[Sequence[int]] = list(banned) or [()] * len(params)
+            try:
+                tokens, probs, random_rows = _prepare(logits, params, ban)
+            except Exception:  # noqa: BLE001 - one row's bad input must not fail the others
+                return self._rows_alone(logits, params, job_ids, ban)
+            return self._draw(tokens, probs, random_rows, params, job_ids)
+        except Exception as exc:  # noqa: BLE001 - some rows may have drawn: never re-run
+            return [JobFault.of("sampling", exc)] * len(params)
 
     def _rows_alone(
         self,
@@ -105,7 +114,7 @@ class Sampler:
         return out
 
 
-def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
+def _argmax(logits: torch.Tensor) -> torch.Tensor:
     """The argmax of each row, where a NaN never wins (a row of NaN gives token 0)."""
     return logits.masked_fill(logits.isnan(), float("-inf")).argmax(dim=-1)
 
@@ -122,7 +131,7 @@ def _prepare(
     for i, ids in enumerate(banned):
         if ids:
             logits[i, list(ids)] = float("-inf")
-    tokens = greedy_tokens(logits)
+    tokens = _argmax(logits)
     random_rows = [i for i, p in enumerate(params) if not p.greedy]
     if not random_rows:
         return tokens, None, []

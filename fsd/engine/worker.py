@@ -1,12 +1,16 @@
-"""A distributed worker: one tensor-parallel rank of one pipeline stage.
+"""A worker: one tensor-parallel rank of one pipeline stage, and the one step function.
 
 It owns its model shard (its heads and MLP slice of its stage's layers), its device
 KV shard ([stage layers, 2, blocks, block_size, kv heads / tp, head_dim]), its host
-KV shard and its own swapper. Block ids are global: the driver's block manager
-hands the same plan to every worker and each moves its own slice of those blocks.
+KV shard, its own swapper and -- on the rank that returns the last stage's result
+-- the sampler. Block ids are global: the driver's block manager hands the same plan
+to every worker and each moves its own slice of those blocks.
 
-`fsd.engine.ray_executor` runs this class as a Ray actor; nothing here imports Ray
-except `execute`, which fetches the previous stage's activations.
+`step(plan, hidden)` is the one model step of the engine: the local executor calls
+it in process on a worker that holds the whole model; `fsd.engine.ray_executor`
+runs this class as a Ray actor and calls `execute`, which adds the plan's copies
+and the hop between stages. Nothing here imports Ray except `rendezvous` and
+`execute` (which fetches the previous stage's activations).
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from __future__ import annotations
 import datetime
 import os
 import socket
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,11 +27,13 @@ import torch
 from fsd.config import CacheConfig, ModelConfig
 from fsd.engine.kv_cache import KVCachePool, KVShape, num_device_blocks, num_host_blocks
 from fsd.engine.plan import StepPlan
-from fsd.engine.sampler import greedy_tokens
-from fsd.engine.stage import StageModel, StageSpan, build_stage, stage_weights
+from fsd.engine.sampler import Sampler
+from fsd.engine.stage import StageSpan, build_stage, stage_weights
 from fsd.engine.swapper import HostKVPool, Swapper
+from fsd.errors import ModelLoadError
 from fsd.layers.attention import AttentionMetadata
 from fsd.layers.parallel_state import set_tp_group
+from fsd.models.base import CausalLM
 from fsd.models.loader import describe_model, param_defaults, resolve_device
 
 # A collective that waits this long means a peer is gone without its socket closing.
@@ -39,29 +46,35 @@ class WorkerSpec:
 
     model: ModelConfig
     cache: CacheConfig
-    tp: int
-    tp_rank: int
-    span: StageSpan
-    device: str  # "cpu" | "cuda"
-    threads: int  # torch intra-op threads (CPU actors share the cores)
-
-    @property
-    def label(self) -> str:
-        return f"stage {self.span.index} tp rank {self.tp_rank}"
+    tp: int = 1
+    tp_rank: int = 0
+    span: StageSpan | None = None  # None: the whole model, one stage
+    device: str = "auto"  # "auto" | "cpu" | "cuda"
+    threads: int | None = None  # torch intra-op threads (CPU actors share the cores)
 
 
 class Worker:
-    """One model shard with its KV shards and swapper; runs step plans."""
+    """One model shard with its KV shards, swapper and (last stage, rank 0) sampler."""
 
     def __init__(self, spec: WorkerSpec) -> None:
         self.spec = spec
-        torch.set_num_threads(max(1, spec.threads))
+        if spec.threads is not None:
+            torch.set_num_threads(max(1, spec.threads))
         self.device = resolve_device(spec.device)
         self.info = describe_model(spec.model, self.device)
-        self.stage: StageModel | None = None
+        self.span = spec.span or StageSpan.whole(self.info.arch.num_layers)
+        self.model: CausalLM | None = None
         self.pool: KVCachePool | None = None
         self.swapper: Swapper | None = None
+        # only the rank whose result leaves the last stage draws tokens
+        self.sampler: Sampler | None = None
+        if self.span.last and spec.tp_rank == 0:
+            self.sampler = Sampler(spec.model.seed, self.device)
         self._store_socket: socket.socket | None = None  # TP rank 0: its group's store
+
+    @property
+    def label(self) -> str:
+        return f"stage {self.span.index} tp rank {self.spec.tp_rank}"
 
     # ---- set-up ----------------------------------------------------------------
 
@@ -75,48 +88,45 @@ class Worker:
         self._store_socket = socket.create_server((host, 0))
         return host, self._store_socket.getsockname()[1]
 
-    def setup(self, master: tuple[str, int] | None) -> int:
-        """Join the stage's TP group (when tp > 1), build and load the shard; weight bytes."""
-        spec = self.spec
-        if spec.tp > 1:
-            import torch.distributed as dist
+    def _join_group(self, master: tuple[str, int] | None) -> None:
+        import torch.distributed as dist
 
-            assert master is not None
-            backend = "nccl" if self.device.type == "cuda" else "gloo"
-            host, port = master
-            leader = spec.tp_rank == 0
-            store = dist.TCPStore(
-                host,
-                port,
-                spec.tp,
-                leader,
-                timeout=COLLECTIVE_TIMEOUT,
-                master_listen_fd=self._store_socket.fileno()
-                if leader and self._store_socket is not None
-                else None,
-            )
-            dist.init_process_group(
-                backend,
-                store=store,
-                rank=spec.tp_rank,
-                world_size=spec.tp,
-                timeout=COLLECTIVE_TIMEOUT,
-            )
+        spec = self.spec
+        assert master is not None
+        backend = "nccl" if self.device.type == "cuda" else "gloo"
+        host, port = master
+        leader = spec.tp_rank == 0
+        listen = self._store_socket.fileno() if leader and self._store_socket else None
+        store = dist.TCPStore(
+            host, port, spec.tp, leader, timeout=COLLECTIVE_TIMEOUT, master_listen_fd=listen
+        )
+        dist.init_process_group(
+            backend, store=store, rank=spec.tp_rank, world_size=spec.tp, timeout=COLLECTIVE_TIMEOUT
+        )
+
+    def setup(self, master: tuple[str, int] | None = None) -> int:
+        """Join the stage's TP group (when tp > 1), build and load the shard; weight bytes."""
+        spec, info, span = self.spec, self.info, self.span
+        if spec.tp > 1:
+            self._join_group(master)
         # the parallel layers read the rank when they are built
         set_tp_group(spec.tp_rank, spec.tp)
-        info = self.info
         with param_defaults(info.dtype, self.device):
-            model = build_stage(info.arch, spec.span, spec.model.attn_backend)
-        weights = info.weights(spec.model.seed, keep=spec.span.holds)
-        model.load_weights(stage_weights(weights, spec.span))
+            model = build_stage(info.arch, span, spec.model.attn_backend)
+        try:
+            model.load_weights(stage_weights(info.weights(spec.model.seed, keep=span.holds), span))
+        except ModelLoadError as exc:
+            if info.checkpoint is None:
+                raise
+            raise ModelLoadError(f"{info.checkpoint}: {exc}") from None
         model.eval()
-        self.stage = StageModel(model, spec.span)
+        self.model = model
         return sum(p.numel() * p.element_size() for p in model.parameters())
 
     def kv_shape(self) -> KVShape:
         arch = self.info.arch
         heads = arch.kv_heads_per_rank(self.spec.tp)
-        return KVShape(self.spec.span.num_layers, heads, arch.head_dim, self.info.dtype)
+        return KVShape(self.span.num_layers, heads, arch.head_dim, self.info.dtype)
 
     def capacity(self) -> tuple[int, int]:
         """(device, host) blocks this shard's budgets hold; the driver takes the minimum."""
@@ -134,9 +144,47 @@ class Worker:
         return shape.bytes_per_block(bs)
 
     def ping(self) -> str:
-        return f"{self.spec.label} pid {os.getpid()}"
+        return f"{self.label} pid {os.getpid()}"
 
     # ---- one micro-batch -------------------------------------------------------
+
+    def forget(self, job_ids: Iterable[str]) -> None:
+        """Drop the sampling state (seeded generators) of jobs that ended."""
+        if self.sampler is not None:
+            for job_id in job_ids:
+                self.sampler.forget(job_id)
+
+    @torch.inference_mode()
+    def step(self, plan: StepPlan, hidden: torch.Tensor | None = None) -> Any:
+        """Run this stage's layers over the plan's batch; sample on the last stage.
+
+        Returns the activations [T, hidden] (not the last stage), one token or
+        JobFault per sequence in the plan's order (the last stage's sampling rank), or
+        None (the last stage's other ranks). Sampling never raises, so an exception
+        from here means no row has drawn: the caller may re-run the plan's jobs.
+        """
+        assert self.model is not None and self.pool is not None
+        dev = self.device
+        meta = AttentionMetadata.build(
+            query_lens=plan.query_lens,
+            context_lens=plan.context_lens,
+            block_tables=plan.block_tables,
+            block_size=self.pool.block_size,
+            device=dev,
+        )
+        ids = torch.tensor(plan.input_ids, dtype=torch.long, device=dev)
+        pos = torch.tensor(plan.positions, dtype=torch.long, device=dev)
+        span = self.span
+        hidden = self.model.forward_stage(
+            ids, pos, hidden, self.pool.layers, meta, first=span.first, last=span.last
+        )
+        if not span.last:
+            return hidden
+        last = (meta.query_start_loc[1:] - 1).long()
+        logits = self.model.compute_logits(hidden[last])  # every rank: the head all-gathers
+        if self.sampler is None:
+            return None
+        return self.sampler.sample(logits, plan.params, plan.job_ids, plan.banned)
 
     @torch.inference_mode()
     def execute(self, plan: StepPlan, prev: list[Any] | None) -> tuple[str, Any]:
@@ -145,11 +193,12 @@ class Worker:
         `prev` holds the previous stage's output as an unresolved Ray reference, so
         the copies start first and overlap receiving the activations. The driver
         waits on the small status of every worker; the payload -- activations, or
-        the last stage's tokens / logits, from TP rank 0 (None elsewhere) -- goes to
-        the next stage without passing through the driver. Every copy of the plan
-        has ended on return.
+        the last stage's tokens, from TP rank 0 (None elsewhere) -- goes to the next
+        stage without passing through the driver. Every copy of the plan has ended
+        on return.
         """
-        assert self.stage is not None and self.pool is not None and self.swapper is not None
+        assert self.swapper is not None
+        self.forget(plan.forget)
         swapper = self.swapper
         sync = swapper.start([s.as_op(True) for s in plan.sync_swaps])
         swapper.start([s.as_op(False) for s in plan.async_swaps])
@@ -163,35 +212,14 @@ class Worker:
         out = None
         if plan.has_model_step:
             swapper.order_after(sync)  # the layers must see the swapped-in KV
-            out = self._forward(plan, hidden)
+            out = self.step(plan, hidden)
+            if self.spec.tp_rank != 0:
+                out = None  # rank 0 speaks for the stage
+            elif isinstance(out, torch.Tensor):
+                out = out.cpu()  # activations travel through Ray's object store
         while swapper.busy:  # a copy's end is reported with its micro-batch
             swapper.wait()
-        return self.spec.label, (out if self.spec.tp_rank == 0 else None)
-
-    def _forward(self, plan: StepPlan, hidden: torch.Tensor | None) -> Any:
-        assert self.stage is not None and self.pool is not None
-        dev = self.device
-        meta = AttentionMetadata.build(
-            query_lens=plan.query_lens,
-            context_lens=plan.context_lens,
-            block_tables=plan.block_tables,
-            block_size=self.pool.block_size,
-            device=dev,
-        )
-        ids = torch.tensor(plan.input_ids, dtype=torch.long, device=dev)
-        pos = torch.tensor(plan.positions, dtype=torch.long, device=dev)
-        hidden = self.stage.forward(ids, pos, hidden, self.pool.layers, meta)
-        if not self.spec.span.last:
-            return hidden.cpu() if self.spec.tp_rank == 0 else None
-        last = (meta.query_start_loc[1:] - 1).long()
-        logits = self.stage.compute_logits(hidden[last])  # all ranks: the head all-gathers
-        if plan.banned is None:
-            return logits.cpu()
-        # every row greedy: ban, argmax -- exactly Sampler.sample's greedy path (NaN-safe)
-        for i, ids_banned in enumerate(plan.banned):
-            if ids_banned:
-                logits[i, list(ids_banned)] = float("-inf")
-        return greedy_tokens(logits).tolist()
+        return self.label, out
 
     def shutdown(self) -> None:
         if self.swapper is not None:

@@ -1,0 +1,12 @@
+"""KV memory (pure Python, no torch): block pools, placement, KV policies, swap planning.
+
+Owns: where every job's KV is. `block_manager` holds the device and host pools,
+each job's block tables and its location, and the copies in flight; `policies` has
+one class per KV policy (defer, recompute, reactive, proactive), named in
+`registry`; `planner` plans proactive swaps by ENST; `swap` is a planned copy. The
+scheduler asks the block manager and calls its verbs; the executor makes the copies.
+
+May import: fsd.jobs, fsd.errors, and fsd.config / fsd.cost for type hints only
+(fsd.config reads the policy names from `registry`). Never torch, fsd.sched,
+fsd.engine, fsd.server or the console.
+"""

@@ -14,34 +14,31 @@ import itertools
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from fsd.config import CacheConfig
 from fsd.jobs import Job
 from fsd.kv.block_manager import BlockManager
 from fsd.kv.swap import SwapOp
 
 if TYPE_CHECKING:
-    from fsd.sched.profile import CostModel
-
-_EMA = 0.1  # weight of the newest arrival in the blocks-per-new-job estimate
+    from fsd.config import CacheConfig
+    from fsd.cost import CostModel
+    from fsd.kv.policies import ArrivalEstimate
 
 
 class SwapPlanner:
     """Chooses asynchronous swap-outs and swap-ins for one iteration."""
 
-    def __init__(self, blocks: BlockManager, cache: CacheConfig) -> None:
+    def __init__(self, blocks: BlockManager, cache: CacheConfig, arrivals: ArrivalEstimate) -> None:
         self.blocks = blocks
         self.cache = cache
-        self.expected_new_blocks = 1.0
-
-    def observe_arrival(self, num_blocks: int) -> None:
-        self.expected_new_blocks += _EMA * (num_blocks - self.expected_new_blocks)
+        self.arrivals = arrivals
 
     def reserve_blocks(self, top_level_jobs: int) -> int:
         """reserve = max(K, jobs in the top K' queues) x expected blocks per new job."""
         jobs = max(self.cache.reserve_min_jobs, top_level_jobs)
         # at most half the pool: a reserve that crowds out the jobs that run makes the
         # planner swap them out as fast as they come back in (found by hypothesis)
-        return min(round(jobs * self.expected_new_blocks), self.blocks.device.num_blocks // 2)
+        per_job = self.arrivals.blocks_per_job
+        return min(round(jobs * per_job), self.blocks.device.num_blocks // 2)
 
     def block_budget(self, cost: CostModel, iteration_time: float) -> int | None:
         """Blocks the host link moves in about two iterations (None: unknown, unbounded).
@@ -66,24 +63,23 @@ class SwapPlanner:
 
     def plan(
         self,
-        movable: Iterable[Job],
         wanted: Sequence[Job],
         upcoming: Sequence[Job],
         enst: Callable[[Job], float],
         reserve: int,
         in_flight: Mapping[str, SwapOp],
-        max_blocks: int | None = None,
-        by_enst: Callable[[], Iterator[tuple[float, Job]]] | None = None,
+        max_blocks: int | None,
+        by_enst: Callable[[], Iterator[tuple[float, Job]]],
     ) -> list[SwapOp]:
         """Start the copies that keep `reserve` free and bring the next jobs in.
 
-        `movable`: device-resident jobs outside the batch (swap-out candidates).
         `wanted`: host jobs the batch would have taken now; they come in first, may use
         the reserve, and room is made for them by evicting jobs expected later.
         `upcoming`: the host jobs next in line after the batch; they come in only while
         the reserve still holds.
-        `by_enst`: yields `movable` as (ENST, job), largest first, lazily (the queue
-        knows which jobs can have a large ENST); default: sort `movable`.
+        `by_enst`: yields the device-resident jobs outside the batch (the swap-out
+        candidates) as (ENST, job), largest first, lazily (the queue knows which jobs
+        can have a large ENST).
         """
         blocks = self.blocks
         ops: list[SwapOp] = []
@@ -103,7 +99,7 @@ class SwapPlanner:
         sent_out = float("inf")  # smallest ENST sent out this round
         candidates: Iterator[tuple[float, Job]] = iter(())
         if free_soon < target:
-            candidates = by_enst() if by_enst else by_enst_desc(movable, enst)
+            candidates = by_enst()
         for e, job in candidates:
             if free_soon >= target or budget <= 0:
                 break
@@ -112,7 +108,7 @@ class SwapPlanner:
             if not blocks.can_swap_out(job):
                 continue  # host tier full: the job keeps its device blocks
             n = len(job.block_table)
-            ops.append(blocks.begin_swap_out(job))
+            ops.append(blocks.swap_out(job))
             free_soon += n
             budget -= n
             sent_out = min(sent_out, e)
@@ -127,7 +123,7 @@ class SwapPlanner:
             # Never bring back a job expected later than one just sent out (thrashing).
             room, e = known.get(job.job_id, (self._room_to_run(job), None))
             if blocks.num_free - room >= floor and (enst(job) if e is None else e) < sent_out:
-                ops.append(blocks.begin_swap_in(job))
+                ops.append(blocks.swap_in(job))
                 budget -= need
         return ops
 

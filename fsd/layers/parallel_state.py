@@ -49,10 +49,6 @@ def reset_tp_group() -> None:
     _STATE = TPGroup()
 
 
-def get_tp_group() -> TPGroup:
-    return _STATE
-
-
 def get_tp_rank() -> int:
     return _STATE.rank
 

@@ -1,4 +1,12 @@
-"""What every model family shares: loading HF-named weights and seeded random init.
+"""What every model family shares: the forward pass over pipeline-stage hooks,
+loading HF-named weights and seeded random init.
+
+A family provides three hooks -- `embed` (token ids -> the first layer's input),
+`decoder_layers` (the layers it holds, each called as `layer(positions, hidden,
+kv_cache, meta)`) and `final_norm` -- and the base class runs them: `forward` for
+the whole model, `forward_stage` for one pipeline stage (embed only on the first,
+final norm only on the last). A stage is the family's model built with only its
+share of the layers (fsd.engine.stage), so no engine code reaches into a family.
 
 A family module names its parameters after the HuggingFace checkpoint (without the
 leading `model.`), except where it merges several checkpoint tensors into one
@@ -24,8 +32,11 @@ import torch
 from torch import nn
 
 from fsd.errors import ModelLoadError
+from fsd.layers.attention import AttentionMetadata
 from fsd.layers.linear import ShardId
 from fsd.models.arch import ModelArch
+
+KVCache = tuple[torch.Tensor, torch.Tensor]
 
 INIT_STD = 0.02
 
@@ -40,7 +51,7 @@ class WeightSpec:
 
 
 class CausalLM(nn.Module, abc.ABC):
-    """Base of the model families: HF weight loading, random init, logits."""
+    """Base of the model families: forward over the stage hooks, HF weights, logits."""
 
     stacked_params: ClassVar[tuple[tuple[str, str, ShardId], ...]] = ()
     # Checkpoint tensors that carry nothing we need (derived buffers of old exports).
@@ -56,11 +67,56 @@ class CausalLM(nn.Module, abc.ABC):
     def weight_specs(self) -> list[WeightSpec]:
         """Every tensor of a full HF checkpoint of this architecture."""
 
+    @abc.abstractmethod
+    def embed(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """The first layer's input [T, hidden]: token (and learned position) embeddings."""
+
+    @abc.abstractmethod
+    def decoder_layers(self) -> nn.ModuleList:
+        """The decoder layers this model holds, in order (a stage holds its share)."""
+
+    @abc.abstractmethod
+    def final_norm(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The last layer's output as the LM head takes it (the final norm, if any)."""
+
     def logits_input(self, hidden: torch.Tensor) -> torch.Tensor:
         """Hidden states as the LM head takes them (OPT projects them out first)."""
         return hidden
 
     # -- shared ------------------------------------------------------------------------
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        kv_caches: list[KVCache],
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
+        """The whole model over the paged KV cache: hidden states [T, hidden]."""
+        return self.forward_stage(input_ids, positions, None, kv_caches, meta)
+
+    def forward_stage(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        hidden: torch.Tensor | None,
+        kv_caches: list[KVCache],
+        meta: AttentionMetadata,
+        first: bool = True,
+        last: bool = True,
+    ) -> torch.Tensor:
+        """The layers this model holds, run as one pipeline stage.
+
+        `first`: embed `input_ids` (else continue from the previous stage's `hidden`);
+        `last`: apply the final norm. `kv_caches` holds one (K, V) per layer held.
+        """
+        if first:
+            hidden = self.embed(input_ids, positions)
+        if hidden is None:
+            raise ValueError("a later pipeline stage needs the previous stage's activations")
+        for layer, kv_cache in zip(self.decoder_layers(), kv_caches, strict=True):
+            hidden = layer(positions, hidden, kv_cache, meta)
+        return self.final_norm(hidden) if last else hidden
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[N, hidden] final hidden states -> [N, vocab] float32 logits."""

@@ -16,9 +16,7 @@ from fsd.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, Row
 from fsd.layers.norm import RMSNorm
 from fsd.layers.rotary import RotaryEmbedding
 from fsd.models.arch import ModelArch
-from fsd.models.base import CausalLM, WeightSpec, linear_specs, norm_specs
-
-KVCache = tuple[torch.Tensor, torch.Tensor]
+from fsd.models.base import CausalLM, KVCache, WeightSpec, linear_specs, norm_specs
 
 
 class LlamaAttention(nn.Module):
@@ -116,16 +114,13 @@ class LlamaForCausalLM(CausalLM):
         if arch.tie_word_embeddings:
             self.lm_head.tie(self.embed_tokens)
 
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        positions: torch.Tensor,
-        kv_caches: list[KVCache],
-        meta: AttentionMetadata,
-    ) -> torch.Tensor:
-        hidden = self.embed_tokens(input_ids)
-        for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
-            hidden = layer(positions, hidden, kv_cache, meta)
+    def embed(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        return self.embed_tokens(input_ids)  # positions enter each layer's attention (RoPE)
+
+    def decoder_layers(self) -> nn.ModuleList:
+        return self.layers
+
+    def final_norm(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.norm(hidden)
 
     def weight_specs(self) -> list[WeightSpec]:

@@ -24,9 +24,8 @@ from fsd.layers.linear import (
 )
 from fsd.layers.norm import LayerNorm
 from fsd.models.arch import ModelArch
-from fsd.models.base import CausalLM, WeightSpec, linear_specs, norm_specs
+from fsd.models.base import CausalLM, KVCache, WeightSpec, linear_specs, norm_specs
 
-KVCache = tuple[torch.Tensor, torch.Tensor]
 POSITION_OFFSET = 2  # OPT's position table has two leading rows (a fairseq padding relic)
 
 
@@ -84,7 +83,11 @@ class OPTDecoderLayer(nn.Module):
         self.final_layer_norm = LayerNorm(h, arch.norm_eps, affine)
 
     def forward(
-        self, hidden: torch.Tensor, kv_cache: KVCache, meta: AttentionMetadata
+        self,
+        positions: torch.Tensor,  # unused: OPT adds learned positions once, in `embed`
+        hidden: torch.Tensor,
+        kv_cache: KVCache,
+        meta: AttentionMetadata,
     ) -> torch.Tensor:
         residual = hidden
         if self.pre_norm:
@@ -103,7 +106,10 @@ class OPTDecoderLayer(nn.Module):
 
 
 class OPTDecoder(nn.Module):
-    """Embeddings, the decoder stack and the final LayerNorm (named as in HF)."""
+    """Embeddings, the decoder stack and the final LayerNorm (named as in HF).
+
+    A container only: OPTForCausalLM's stage hooks run its parts.
+    """
 
     def __init__(self, arch: ModelArch, attn_backend: str) -> None:
         super().__init__()
@@ -121,23 +127,6 @@ class OPTDecoder(nn.Module):
             if arch.final_layer_norm
             else None
         )
-
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        positions: torch.Tensor,
-        kv_caches: list[KVCache],
-        meta: AttentionMetadata,
-    ) -> torch.Tensor:
-        embeds = self.embed_tokens(input_ids)
-        if self.project_in is not None:
-            embeds = self.project_in(embeds)
-        hidden = embeds + self.embed_positions(positions)
-        for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
-            hidden = layer(hidden, kv_cache, meta)
-        if self.final_layer_norm is not None:
-            hidden = self.final_layer_norm(hidden)
-        return hidden
 
 
 class OPTForCausalLM(CausalLM):
@@ -158,14 +147,19 @@ class OPTForCausalLM(CausalLM):
         if arch.tie_word_embeddings:
             self.lm_head.tie(self.decoder.embed_tokens)
 
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        positions: torch.Tensor,
-        kv_caches: list[KVCache],
-        meta: AttentionMetadata,
-    ) -> torch.Tensor:
-        return self.decoder(input_ids, positions, kv_caches, meta)
+    def embed(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        d = self.decoder
+        embeds = d.embed_tokens(input_ids)
+        if d.project_in is not None:
+            embeds = d.project_in(embeds)
+        return embeds + d.embed_positions(positions)
+
+    def decoder_layers(self) -> nn.ModuleList:
+        return self.decoder.layers
+
+    def final_norm(self, hidden: torch.Tensor) -> torch.Tensor:
+        norm = self.decoder.final_layer_norm
+        return norm(hidden) if norm is not None else hidden
 
     def logits_input(self, hidden: torch.Tensor) -> torch.Tensor:
         # project_out runs here, on the few rows that need logits, not on every token.

@@ -122,10 +122,6 @@ PRESETS: dict[str, Preset] = {
 }
 
 
-def preset_names() -> list[str]:
-    return list(PRESETS)
-
-
 def get_preset(name: str) -> Preset:
     """The preset of that name; ModelLoadError lists the presets otherwise."""
     try:

@@ -1,8 +1,9 @@
 """Model family name -> model class.
 
-Every class takes `(arch: ModelArch, attn_backend: str = "auto")` and provides
-`forward(input_ids, positions, kv_caches, meta) -> hidden`, `compute_logits`,
-`load_weights` and `init_random` (see fsd.models.base.CausalLM).
+Every class takes `(arch: ModelArch, attn_backend: str = "auto")` and implements
+the stage hooks `embed`, `decoder_layers` and `final_norm` plus `weight_specs`;
+`forward`, `forward_stage`, `compute_logits`, `load_weights` and `init_random`
+come from fsd.models.base.CausalLM.
 """
 
 from __future__ import annotations

@@ -1,15 +1,33 @@
-"""Scheduling (pure Python, no torch): queue policies, the scheduler, the cost model."""
+"""Scheduling (pure Python, no torch): queue policies, batch formation, ENST, live retune.
 
-from fsd.sched.profile import CostModel
-from fsd.sched.registry import DEFAULT_POLICY, POLICIES, make_scheduler, resolve_policy
-from fsd.sched.scheduler import Scheduler, SchedulerOutput
+Owns: which jobs run each iteration. The queue policies (`queues`, `mlfq`, one class
+per policy behind `JobQueue`, named in `registry`), the batch walk (`batch`), eviction
+for room (`eviction`), the scheduler that ties them to a KV policy (`scheduler`),
+and the rules the engine, the simulator and the scenario injector share: admission
+(`admission`), retune validation (`retune`), the default SLO (`registry`), pipeline
+stages and micro-batches in flight (`pipeline`). The analytic GPU cost profiles
+(`analytic`, `profiles`) live here because only the cost model reads them.
 
-__all__ = [
-    "DEFAULT_POLICY",
-    "POLICIES",
-    "CostModel",
-    "Scheduler",
-    "SchedulerOutput",
-    "make_scheduler",
-    "resolve_policy",
-]
+May import: fsd.kv, fsd.cost, fsd.jobs, fsd.config, fsd.errors, numpy. Never torch,
+nor fsd.engine, fsd.server, fsd.sim or the console: the same code runs in the engine
+and in the simulator, and is unit-tested in milliseconds.
+"""
+
+from __future__ import annotations
+
+from fsd.lazy import lazy_exports
+
+# Exports load lazily: the command line and fsd.config read only the policy names.
+_EXPORTS = {
+    "CostModel": "fsd.cost",
+    "DEFAULT_POLICY": "fsd.sched.registry",
+    "POLICIES": "fsd.sched.registry",
+    "make_scheduler": "fsd.sched.registry",
+    "resolve_policy": "fsd.sched.registry",
+    "Scheduler": "fsd.sched.scheduler",
+    "SchedulerOutput": "fsd.sched.scheduler",
+}
+__all__ = sorted(_EXPORTS)
+
+
+__getattr__ = lazy_exports(__name__, _EXPORTS)

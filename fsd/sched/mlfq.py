@@ -9,7 +9,8 @@ Service is charged in profiled iteration time, so placement and demotion are
 deterministic. Starvation: a job that has waited `starve_limit` since it last ran
 moves up; ENST combines that promotion clock with the work queued above the job.
 
-Where fsd departs from the paper (measured in bench/policies.py, README):
+Where fsd departs from the paper (the reasons; the measurements are in the README,
+"Scheduling results", produced by bench/policies.py):
 - promotion moves a starved job one level up ("up1"), with alpha = 100 x the SLO.
   The paper's move to Q1 with alpha = the SLO turns an overloaded MLFQ into round
   robin over every waiting job: each is promoted, evicts KV to start, and starves
@@ -19,18 +20,18 @@ Where fsd departs from the paper (measured in bench/policies.py, README):
   after its first token, behind the stream of short jobs (bursts of long prompts).
 - at a quantum's end a job is demoted only if the Gittins index of its output so far,
   learned from finished jobs (fsd.sched.gittins), is not above a fresh job's. With
-  alike outputs (one max_tokens cap) always demoting is round robin, 3x FCFS. Until
-  enough jobs have finished, a job that has generated a token keeps its level.
+  alike outputs (one max_tokens cap) always demoting is round robin, far behind FCFS.
+  Until enough jobs have finished, a job that has generated a token keeps its level.
 - a job that has not started is promoted after alpha_waiting = 8 x the SLO, not 100 x.
   Skip-join parks long prompts low; under an overload of short outputs they waited
-  for the whole backlog and became the P95 (ShareGPT capped at 20 tokens: 1849 ms
-  against FCFS's 1251). Started jobs keep the long alpha: promoting them sooner makes
-  long outputs bounce between levels and swap.
+  for the whole backlog and became the P95 under an overload of short outputs.
+  Started jobs keep the long alpha: promoting them sooner makes long outputs bounce
+  between levels and swap.
 - preemption threshold: the jobs of the batch that just ran are ranked
   `preempt_threshold` (3) levels above their own. A waiting job evicts one only from
-  further up, so near-equal jobs stop taking turns through host memory (on the
-  conversation trace at 0.34 of its rate preemptions fall 1295 -> 168), and a
-  promoted waiting job does not evict the started jobs it just caught up with.
+  further up, so near-equal jobs stop taking turns through host memory (preemptions
+  fall by an order of magnitude on the conversation trace), and a promoted waiting
+  job does not evict the started jobs it just caught up with.
 """
 
 from __future__ import annotations
@@ -41,9 +42,9 @@ import operator
 from collections.abc import Callable, Container, Iterable, Iterator, Sequence
 from typing import Any
 
+from fsd.cost import CostModel
 from fsd.jobs import FinishReason, Job, KVLocation
 from fsd.sched.gittins import OutputLengthIndex
-from fsd.sched.profile import CostModel
 from fsd.sched.queues import JobQueue, LevelView
 
 PROMOTE_RULES = ("up1", "top", "entry")
@@ -306,6 +307,9 @@ class MLFQQueue(JobQueue):
             LevelView(i, q, tuple(lvl))
             for i, (q, lvl) in enumerate(zip(self.quanta, self._levels, strict=True))
         ]
+
+    def limits(self) -> tuple[list[float], float | None, float | None]:
+        return list(self.quanta), self.starve_limit, self.waiting_limit
 
     def new_jobs_in_top_levels(self, k: int, cap: int) -> int:
         count = 0

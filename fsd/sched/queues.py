@@ -13,9 +13,9 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Container, Iterable, Iterator
 from dataclasses import dataclass
 
+from fsd.cost import CostModel
 from fsd.jobs import Job
 from fsd.kv.planner import by_enst_desc
-from fsd.sched.profile import CostModel
 
 
 @dataclass(frozen=True)
@@ -74,6 +74,10 @@ class JobQueue(ABC):
 
     def levels(self) -> list[LevelView]:
         return [LevelView(0, None, tuple(j.job_id for j in self.ordered()))]
+
+    def limits(self) -> tuple[list[float], float | None, float | None]:
+        """The quanta, the starvation limit and the waiting jobs' limit (none here)."""
+        return [], None, None
 
     def new_jobs_in_top_levels(self, k: int, cap: int) -> int:
         """Jobs without KV in the k highest levels, counted up to `cap` (0 without levels)."""

@@ -1,1 +1,12 @@
-"""The daemon's network side: request frontend, telemetry publisher, security."""
+"""The daemon's network side: request frontend, telemetry publisher, security, HTTP API.
+
+Owns: sockets and who may do what over them. The service loop (`service`) drives
+the engine, with `frontend` (the ROUTER socket's messages), `clients` (whose each
+job is) and `routing` (tokens and results to them); `control` answers requests;
+`telemetry` and `prom` (`prom_defs`, `prom_gauges`) publish state; `injector` plays
+scenarios into the engine; `http_api` is the OpenAI API (`openai_schema` parses
+requests, `openai_decode` reads bodies, `openai_errors`, `openai_response`).
+
+May import: fsd.engine, fsd.sched, fsd.kv, fsd.protocol, fsd.workload, fsd.metrics,
+fsd.config, fsd.credentials, fsd.errors. Never the console.
+"""

@@ -13,7 +13,13 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from fsd import protocol as P
-from fsd.errors import ConfigError, ForbiddenError, PromptTooLongError, UnknownJobError
+from fsd.errors import (
+    ConfigError,
+    ForbiddenError,
+    PromptTooLongError,
+    SettingError,
+    UnknownJobError,
+)
 from fsd.jobs import SamplingParams
 from fsd.server.injector import ScenarioInjector
 from fsd.server.roles import OPERATOR, Caller
@@ -159,9 +165,10 @@ class ControlHandler:
             changes["quanta"] = tuple(changes["quanta"])
         try:
             config = self.engine.retune(**changes)
-        except (ConfigError, TypeError) as exc:
-            self.service.send(caller.ident, P.Error(code="invalid-setting", message=str(exc)))
-            return
+        except SettingError:
+            raise  # the service answers Error(code=exc.code), "invalid-setting"
+        except (ConfigError, TypeError) as exc:  # any other refusal of a setting is one too
+            raise SettingError(str(exc)) from None
         self.service.send(caller.ident, P.Ack(what="retune", detail={"config": config.to_dict()}))
 
     def on_status(self, caller: Caller, msg: P.Status) -> None:

@@ -11,7 +11,7 @@ A client that disconnects gets its job aborted, streaming or not: the server run
 with aiohttp's handler cancellation, so the handler of a request whose connection
 closed is cancelled wherever it waits, and `_serve` aborts the job it leaves behind.
 
-Nothing a body holds answers 500: it is decoded strictly (`openai_schema.decode_body`)
+Nothing a body holds answers 500: it is decoded strictly (`openai_decode.decode_body`)
 and checked field by field, and whatever fsd cannot take is a 4xx. A 500 means fsd
 failed (a job the engine ended with an error, or a bug), never the client.
 """
@@ -29,12 +29,20 @@ from typing import Any
 
 from aiohttp import web
 
-from fsd.client_async import AsyncClient, AsyncJobHandle
-from fsd.client_base import Completion, DaemonUnavailable, RequestError
+from fsd.client import (
+    AsyncClient,
+    AsyncJobHandle,
+    Completion,
+    DaemonUnavailable,
+    RequestError,
+)
 from fsd.errors import ConfigError, FsdError
 from fsd.jobs import SamplingParams
+from fsd.server import openai_response as reply
 from fsd.server import openai_schema as oa
 from fsd.server.chat_template import ChatTemplate, normalize_messages
+from fsd.server.openai_decode import decode_body
+from fsd.server.openai_errors import APIError, bad_request, from_fsd_error, job_failed
 from fsd.server.prom import CONTENT_TYPE, MetricsCollector
 from fsd.tokenizer import Tokenizer
 
@@ -86,18 +94,18 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Every failure as an OpenAI error body; the daemon never dies of a request."""
     try:
         return await handler(request)
-    except oa.APIError as exc:
+    except APIError as exc:
         return _error_response(exc)
     except web.HTTPException as exc:  # unknown route, wrong method, body too large
         if exc.status < 400:
             raise
         kind = "invalid_request_error" if exc.status < 500 else "internal_error"
         message = exc.text if exc.text and exc.status != 404 else f"{exc.reason}: {request.path}"
-        return _error_response(oa.APIError(exc.status, message, kind, None, None))
+        return _error_response(APIError(exc.status, message, kind, None, None))
     except Exception as exc:  # noqa: BLE001 - a bug answers 500, the server goes on
         log.exception("%s %s failed", request.method, request.path)
         return _error_response(
-            oa.APIError(500, f"{type(exc).__name__}: {exc}", "internal_error", None, None)
+            APIError(500, f"{type(exc).__name__}: {exc}", "internal_error", None, None)
         )
 
 
@@ -112,20 +120,20 @@ async def _auth(request: web.Request, handler: Handler) -> web.StreamResponse:
     if key is not None and guarded:
         given = request.headers.get("Authorization", "")
         if not hmac.compare_digest(given.encode(), f"Bearer {key}".encode()):
-            raise oa.APIError(
+            raise APIError(
                 401, "Incorrect API key provided.", "invalid_request_error", None, "invalid_api_key"
             )
     return await handler(request)
 
 
-def _error_response(exc: oa.APIError) -> web.Response:
+def _error_response(exc: APIError) -> web.Response:
     return web.json_response(exc.body(), status=exc.status)
 
 
 async def _json(request: web.Request) -> Any:
     encoding = request.headers.get("Content-Encoding", "identity").strip().lower()
     if encoding not in ("", "identity"):  # the server does not decompress (http_server)
-        raise oa.APIError(
+        raise APIError(
             415,
             f"fsd takes request bodies uncompressed, not with Content-Encoding: {encoding[:40]}",
             "invalid_request_error",
@@ -136,8 +144,8 @@ async def _json(request: web.Request) -> Any:
         raw = await request.read()
     except web.RequestPayloadError as exc:  # a body aiohttp could not take apart
         message = " ".join(str(exc).split())  # aiohttp's text spans lines
-        raise oa.bad_request(f"the request body cannot be read: {message}") from None
-    return oa.decode_body(raw)
+        raise bad_request(f"the request body cannot be read: {message}") from None
+    return decode_body(raw)
 
 
 # ---- generation --------------------------------------------------------------------
@@ -158,11 +166,11 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         messages = normalize_messages(req.messages)
         prompt = be.template.render(messages)
     except ConfigError as exc:
-        raise oa.bad_request(str(exc), "messages") from None
+        raise bad_request(str(exc), "messages") from None
     # the template writes the special tokens it wants (BOS too): add none twice
     ids = be.tokenizer.encode(prompt, add_special_tokens=False)
     if not ids:
-        raise oa.bad_request("the chat template rendered an empty prompt", "messages")
+        raise bad_request("the chat template rendered an empty prompt", "messages")
     params = req.params
     if req.fill_max_tokens:
         params = oa.fill_max_tokens(params, be.capacity - len(ids))
@@ -175,9 +183,9 @@ def _generate(be: Backend, prompt: str | Sequence[int], params: SamplingParams) 
     try:
         return be.client.generate(prompt, params=params)
     except ConfigError as exc:
-        raise oa.bad_request(str(exc)) from None
+        raise bad_request(str(exc)) from None
     except (OverflowError, UnicodeError) as exc:  # the schema's checks should leave none
-        raise oa.bad_request(f"the request cannot be sent to the engine: {exc}") from None
+        raise bad_request(f"the request cannot be sent to the engine: {exc}") from None
 
 
 async def _serve(
@@ -195,13 +203,13 @@ async def _serve(
             if not req.stream:
                 return _whole(be, await handle.result(), handle, chat)
         except RequestError as exc:
-            raise oa.from_fsd_error(exc.code, exc.message) from None
+            raise from_fsd_error(exc.code, exc.message) from None
         except DaemonUnavailable as exc:
-            raise oa.APIError(
+            raise APIError(
                 503, str(exc), "service_unavailable", None, "engine_unavailable"
             ) from None
         except FsdError as exc:  # the engine client closed: the daemon is stopping
-            raise oa.APIError(503, str(exc), "service_unavailable", None, None) from None
+            raise APIError(503, str(exc), "service_unavailable", None, None) from None
         return await _stream(request, be, req, handle, chat)
     finally:
         _abandon(be, handle)
@@ -227,27 +235,27 @@ def _abandon(be: Backend, handle: AsyncJobHandle) -> None:
 
 def _whole(be: Backend, done: Completion, handle: AsyncJobHandle, chat: bool) -> web.Response:
     if done.finish_reason == "error":
-        raise oa.job_failed(done.message)
-    use = oa.usage(handle.prompt_tokens or 0, len(done.token_ids))
-    body = oa.chat_body if chat else oa.completion_body
-    rid = oa.new_id("chatcmpl" if chat else "cmpl")
-    return web.json_response(body(rid, oa.now(), be.model, done.text, done.finish_reason, use))
+        raise job_failed(done.message)
+    use = reply.usage(handle.prompt_tokens or 0, len(done.token_ids))
+    body = reply.chat_body if chat else reply.completion_body
+    rid = reply.new_id("chatcmpl" if chat else "cmpl")
+    return web.json_response(body(rid, reply.now(), be.model, done.text, done.finish_reason, use))
 
 
 async def _stream(
     request: web.Request, be: Backend, req: oa.GenerationRequest, handle: AsyncJobHandle, chat: bool
 ) -> web.StreamResponse:
     """Server-sent events: one chunk per iteration's text, a final one, then [DONE]."""
-    rid, created = oa.new_id("chatcmpl" if chat else "cmpl"), oa.now()
+    rid, created = reply.new_id("chatcmpl" if chat else "cmpl"), reply.now()
     obj = "chat.completion.chunk" if chat else "text_completion"
 
     def chunk(text: str | None, reason: str | None, first: bool = False) -> dict[str, Any]:
         if not chat:
-            return oa.completion_chunk(rid, created, be.model, text or "", reason)
+            return reply.completion_chunk(rid, created, be.model, text or "", reason)
         delta: dict[str, Any] = {"role": "assistant", "content": ""} if first else {}
         if text:
             delta["content"] = text
-        return oa.chat_chunk(rid, created, be.model, delta, reason)
+        return reply.chat_chunk(rid, created, be.model, delta, reason)
 
     resp = web.StreamResponse(
         headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
@@ -262,17 +270,17 @@ async def _stream(
                     await _event(resp, chunk(part.text, None))
             done = await handle.result()
             if done.finish_reason == "error":
-                await _event(resp, oa.job_failed(done.message).body())
+                await _event(resp, job_failed(done.message).body())
             else:
                 await _event(resp, chunk(None, done.finish_reason))
                 if req.include_usage:
-                    use = oa.usage(handle.prompt_tokens or 0, len(done.token_ids))
-                    await _event(resp, oa.usage_chunk(rid, created, be.model, obj, use))
+                    use = reply.usage(handle.prompt_tokens or 0, len(done.token_ids))
+                    await _event(resp, reply.usage_chunk(rid, created, be.model, obj, use))
         except FsdError as exc:  # the job failed mid-stream: tell the client in-band
             err = (
-                oa.from_fsd_error(exc.code, exc.message)
+                from_fsd_error(exc.code, exc.message)
                 if isinstance(exc, RequestError)
-                else oa.APIError(503, str(exc), "service_unavailable", None, None)
+                else APIError(503, str(exc), "service_unavailable", None, None)
             )
             await _event(resp, err.body())
         await resp.write(b"data: [DONE]\n\n")
@@ -307,7 +315,7 @@ async def get_model(request: web.Request) -> web.Response:
     be = request.app[BACKEND]
     name = request.match_info["model"]
     if name != be.model:
-        raise oa.APIError(
+        raise APIError(
             404,
             f"The model `{name}` does not exist.",
             "invalid_request_error",

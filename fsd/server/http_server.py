@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import zmq.asyncio
 from aiohttp import web
 
-from fsd.client_async import AsyncClient
+from fsd.client import AsyncClient
 from fsd.config import ServerConfig, loopback_host, parse_http_address
 from fsd.engine.output import RequestOutput
 from fsd.errors import ConfigError

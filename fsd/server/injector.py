@@ -9,7 +9,7 @@ the feed and answers the client once that is done (`pump`). The whole scenario i
 checked before anything changes: its syntax, that every job fits this engine, and
 that every retune names valid settings; a refusal is one `Error` naming the field.
 
-An accepted scenario becomes a `Feed` owned by the injecting connection: its jobs
+An accepted scenario becomes a `TimelineFeed` owned by the injecting connection: its jobs
 are that client's (reaped with it, each answered by a `Finished`), admitted under the
 same per-client and daemon-wide job caps as submitted ones. Every planned job id
 gets exactly one `Finished`, also when it is skipped or dropped by a drain, so a
@@ -18,24 +18,30 @@ client can count its injection down.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
-import math
 import time
 from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from fsd import protocol as P
-from fsd.config import EngineConfig, SchedConfig
-from fsd.errors import ConfigError, FsdError, OverloadedError, UnknownJobError
+from fsd.config import CacheConfig, SchedConfig
+from fsd.errors import (
+    ConfigError,
+    FsdError,
+    OverloadedError,
+    PromptTooLongError,
+    SettingError,
+    UnknownJobError,
+)
 from fsd.jobs import SamplingParams
-from fsd.sched.registry import resolve_policy
+from fsd.sched.admission import RequestLimits, check_request
+from fsd.sched.retune import plan_retune
 from fsd.server.roles import Caller
-from fsd.workload.feed import Feed
+from fsd.workload.feed import TimelineFeed
 from fsd.workload.scenario import INLINE, Scenario, parse_scenario
 from fsd.workload.timeline import Action, Timeline, expand
 
@@ -53,22 +59,16 @@ SOURCE = INLINE  # how errors name an injected scenario
 class Limits:
     """What a scenario is checked against: a frozen copy of the engine's limits."""
 
-    max_model_len: int
-    max_batch_tokens: int
-    device_blocks: int
-    block_size: int
-    config: EngineConfig
-    retunable_cache: tuple[str, ...]
-
-    def blocks_for(self, tokens: int) -> int:
-        return math.ceil(tokens / self.block_size)
+    request: RequestLimits  # what bounds one job (fsd.sched.admission)
+    sched: SchedConfig  # the settings a scripted retune changes
+    cache: CacheConfig
 
 
 @dataclass
 class _Owned:
     """A running feed and who asked for it."""
 
-    feed: Feed
+    feed: TimelineFeed
     rng: np.random.Generator  # the prompts' tokens
     owner: Caller
 
@@ -113,18 +113,11 @@ class ScenarioInjector:
 
     def limits(self) -> Limits:
         e = self.engine
-        return Limits(
-            e.max_model_len,
-            e.config.sched.max_batch_tokens,
-            e.blocks.device.num_blocks,
-            e.blocks.block_size,
-            e.config,
-            tuple(e.RETUNABLE_CACHE),
-        )
+        return Limits(e.limits, e.config.sched, e.config.cache)
 
     def _start(self, p: _Pending, scenario: Scenario, timeline: Timeline, now: float) -> None:
         self._count += 1
-        feed = Feed(timeline, now, prefix=f"{p.tag}-s{self._count}-", tag=p.tag)
+        feed = TimelineFeed(timeline, now, prefix=f"{p.tag}-s{self._count}-", tag=p.tag)
         self.feeds.append(_Owned(feed, np.random.default_rng(self._count), p.owner))
         log.info(
             "scenario %s: %d jobs and %d actions over %.1f s, tag %s",
@@ -241,7 +234,7 @@ class ScenarioInjector:
     def _act(self, owned: _Owned, action: Action) -> None:
         if action.kind == "retune":
             try:
-                self.engine.retune(**_plain_changes(action.changes))
+                self.engine.retune(**action.changes)
             except (ConfigError, TypeError) as exc:
                 log.warning("scenario retune %s refused: %s", action.changes, exc)
             return
@@ -291,47 +284,17 @@ def prepare(text: str, traces: Mapping[str, str], limits: Limits) -> tuple[Scena
 
 def check_fits(limits: Limits, timeline: Timeline, source: str) -> None:
     """Refuse a scenario with a job this engine could never run (named with its origin)."""
-    ctx = limits.max_model_len
-    tokens = limits.max_batch_tokens
-    device = limits.device_blocks
     for k, a in enumerate(timeline.arrivals):
-        where = f"{source}: {a.origin}: job {k} (prompt {a.prompt_len}, output {a.output_len})"
-        if a.prompt_len >= ctx:
-            raise ConfigError(f"{where}: the prompt does not fit the model's {ctx}-token context")
-        if a.prompt_len > tokens:
-            raise ConfigError(f"{where}: the prompt exceeds max_batch_tokens ({tokens})")
-        need = limits.blocks_for(a.prompt_len + min(a.output_len, ctx - a.prompt_len))
-        if need > device:
-            raise ConfigError(
-                f"{where}: needs {need} KV blocks, the device pool has {device} "
-                "(lower max_context or length_scale in the scenario)"
-            )
+        try:
+            check_request(a.prompt_len, a.output_len, limits.request)
+        except PromptTooLongError as exc:
+            raise ConfigError(f"{source}: {a.origin}: job {k}: {exc}") from None
 
 
 def check_retune(limits: Limits, action: Action, source: str) -> None:
     """Validate a retune's settings the way `Engine.retune` will, without applying them."""
-    where = f"{source}: retune at {action.time:g} s"
-    changes = _plain_changes(action.changes)
-    sched_fields = {f.name for f in dataclasses.fields(SchedConfig)} - {"profile"}
-    allowed = sched_fields | set(limits.retunable_cache)
-    for key in changes:
-        if key not in allowed:
-            raise ConfigError(
-                f"{where}: set.{key}: not a retunable setting (valid: {', '.join(sorted(allowed))})"
-            )
-    sched_kw = {k: v for k, v in changes.items() if k in sched_fields}
-    cache_kw = {k: v for k, v in changes.items() if k not in sched_fields}
     try:
-        sched = dataclasses.replace(limits.config.sched, **sched_kw)
-        dataclasses.replace(limits.config.cache, **cache_kw)
-        if resolve_policy(sched.policy) == "srpt":
-            raise ConfigError("policy 'srpt' runs in the simulator only")
-    except (ConfigError, TypeError) as exc:
-        raise ConfigError(f"{where}: set: {exc}") from None
-
-
-def _plain_changes(changes: dict[str, Any]) -> dict[str, Any]:
-    out = dict(changes)
-    if isinstance(out.get("quanta"), list):
-        out["quanta"] = tuple(out["quanta"])
-    return out
+        plan_retune(limits.sched, limits.cache, action.changes)
+    except SettingError as exc:
+        # a scenario with a bad retune is an invalid scenario: refused as a whole
+        raise ConfigError(f"{source}: retune at {action.time:g} s: set: {exc}") from None

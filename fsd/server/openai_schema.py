@@ -1,4 +1,4 @@
-"""OpenAI request bodies → fsd sampling, fsd results → OpenAI response bodies.
+"""OpenAI request bodies → fsd sampling (`parse_completion`, `parse_chat`).
 
 Only what fsd can honour is accepted: one choice per request (n=1), no logprobs,
 no penalties, no tools. Anything else is refused with a 400 naming the parameter,
@@ -7,204 +7,21 @@ it asked for. vLLM's extra sampling fields (top_k, min_tokens, ignore_eos,
 stop_token_ids) are accepted too. Unknown fields (user, metadata, ...) are ignored,
 as OpenAI's API does.
 
-Bodies are decoded strictly (`decode_body`): UTF-8 JSON without NaN or Infinity,
-every number one the daemon's wire format can carry (integers in [-2**63, 2**64-1],
-finite floats), strings that are valid Unicode, nesting at most `MAX_DEPTH` deep.
-Whatever a body holds, a bad one is a 400 here and never reaches the engine.
+A body reaches these parsers already decoded strictly (`openai_decode.decode_body`);
+errors are built in `openai_errors`, responses in `openai_response`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
-import math
-import time
-import uuid
 from dataclasses import dataclass
 from typing import Any
 
 from fsd.errors import ConfigError
 from fsd.jobs import SamplingParams
+from fsd.server.openai_errors import APIError, bad_request, clip, show
 
-
-class APIError(Exception):
-    """An error answered in OpenAI's format: {"error": {message, type, param, code}}."""
-
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        type: str = "invalid_request_error",  # noqa: A002 - OpenAI's field name
-        param: str | None = None,
-        code: str | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.type = type
-        self.param = param
-        self.code = code
-
-    def body(self) -> dict[str, Any]:
-        return {
-            "error": {
-                "message": self.message,
-                "type": self.type,
-                "param": self.param,
-                "code": self.code,
-            }
-        }
-
-
-def bad_request(message: str, param: str | None = None, code: str | None = None) -> APIError:
-    """A 400 in OpenAI's format, naming the parameter at fault when there is one."""
-    return APIError(400, message, "invalid_request_error", param, code)
-
-
-# ---- decoding a body ---------------------------------------------------------------
-
-# the integers msgpack (the daemon's wire format) can carry: a bigger one could not
-# travel to the engine, so it is refused where it is read
-WIRE_INT_MIN, WIRE_INT_MAX = -(2**63), 2**64 - 1
 INT64_MAX = 2**63 - 1  # the bound of the integer parameters (vLLM's torch.long range)
-MAX_DEPTH = 32  # OpenAI bodies nest 4 deep (messages[].content[].text); 32 is plenty
-
-
-class _BadNumber(ValueError):
-    """A JSON number fsd cannot hold (raised from inside json.loads)."""
-
-
-def _json_int(text: str) -> int:
-    # checked on the digits first: Python refuses to convert over 4300 of them anyway
-    if len(text.lstrip("-")) > 20:
-        raise _BadNumber(f"integer {_clip(text)} is out of range")
-    value = int(text)
-    if not WIRE_INT_MIN <= value <= WIRE_INT_MAX:
-        raise _BadNumber(f"integer {text} is out of range")
-    return value
-
-
-def _json_float(text: str) -> float:
-    value = float(text)
-    if not math.isfinite(value):
-        raise _BadNumber(f"number {_clip(text)} is out of range")
-    return value
-
-
-def _json_constant(text: str) -> Any:
-    raise _BadNumber(f"{text} is not a JSON value")
-
-
-def decode_body(raw: bytes) -> Any:
-    """A request body as JSON, or a 400 saying what is wrong with it (see the module doc)."""
-    try:
-        text = raw.decode("utf-8-sig")  # JSON is UTF-8 (RFC 8259), whatever charset claims
-    except UnicodeDecodeError as exc:
-        raise bad_request(
-            f"the request body is not valid UTF-8 (byte {exc.start})", code="invalid_json"
-        ) from None
-    try:
-        body = json.loads(
-            text, parse_int=_json_int, parse_float=_json_float, parse_constant=_json_constant
-        )
-    except _BadNumber as exc:
-        raise bad_request(
-            f"the request body holds a number fsd cannot take: {exc} (integers must be in "
-            f"[-2**63, 2**64-1], numbers finite)",
-            code="invalid_json",
-        ) from None
-    except RecursionError:
-        raise bad_request(
-            f"the request body nests more than {MAX_DEPTH} levels deep", code="invalid_json"
-        ) from None
-    except ValueError as exc:  # JSONDecodeError
-        raise bad_request(
-            f"the request body is not valid JSON: {_clip(str(exc), 200)}", code="invalid_json"
-        ) from None
-    _check_tree(body)
-    return body
-
-
-def _check_tree(body: Any) -> None:
-    """Refuse nesting deeper than MAX_DEPTH and strings that are not valid Unicode.
-
-    A lone surrogate (`"\\ud800"` is valid JSON) cannot be encoded as UTF-8, so it
-    would fail later in the tokenizer or the wire encoder; here it is a clear 400.
-    Iterative: a deep body cannot exhaust the stack.
-    """
-    stack: list[tuple[Any, int]] = [(body, 1)]
-    while stack:
-        value, depth = stack.pop()
-        if isinstance(value, str):
-            _check_text(value)
-        elif isinstance(value, dict | list):
-            if depth > MAX_DEPTH:
-                raise bad_request(
-                    f"the request body nests more than {MAX_DEPTH} levels deep",
-                    code="invalid_json",
-                )
-            if isinstance(value, dict):
-                for key in value:
-                    _check_text(key)
-                items = value.values()
-            else:
-                items = value
-            stack.extend((item, depth + 1) for item in items if isinstance(item, str | dict | list))
-
-
-def _check_text(text: str) -> None:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise bad_request(
-            f"a string in the request body is not valid Unicode: a lone surrogate "
-            f"(\\u{ord(text[exc.start]):04x}) at character {exc.start}",
-            code="invalid_json",
-        ) from None
-
-
-def _clip(text: str, limit: int = 40) -> str:
-    """`text`, cut so that an error never echoes a large body back."""
-    return text if len(text) <= limit else text[:limit] + "..."
-
-
-def _show(value: Any) -> str:
-    """A short, safe rendering of a client's value for an error message."""
-    if isinstance(value, dict):
-        return "an object"
-    if isinstance(value, list):
-        return f"a list of {len(value)}"
-    return _clip(repr(value))
-
-
-# fsd's stable error codes (protocol Error.code) → HTTP status, OpenAI type and code.
-# A code not listed is the daemon's own failure ("internal", a worker's): 500.
-_FSD_CODES: dict[str, tuple[int, str, str | None]] = {
-    "invalid": (400, "invalid_request_error", None),
-    "invalid-setting": (400, "invalid_request_error", None),
-    "malformed": (400, "invalid_request_error", None),
-    "unknown-type": (400, "invalid_request_error", None),
-    "prompt-too-long": (400, "invalid_request_error", "context_length_exceeded"),
-    "too-large": (413, "invalid_request_error", "request_too_large"),
-    "refused": (400, "invalid_request_error", None),
-    "unknown-job": (404, "invalid_request_error", None),
-    "forbidden": (403, "permission_error", None),
-    # OpenAI answers "the engine is currently overloaded" with 429: clients retry later
-    "overloaded": (429, "rate_limit_error", "engine_overloaded"),
-    "draining": (503, "service_unavailable", "draining"),
-}
-
-
-def from_fsd_error(code: str, message: str) -> APIError:
-    """The HTTP form of a daemon refusal (`fsd.client.RequestError`)."""
-    status, kind, oa_code = _FSD_CODES.get(code, (500, "internal_error", None))
-    return APIError(status, message, kind, None, oa_code or code)
-
-
-def job_failed(message: str | None) -> APIError:
-    """A job the engine ended with reason "error": the server's failure, a 500."""
-    text = message or "the engine failed while generating this job"
-    return APIError(500, text, "internal_error", None, "engine_error")
 
 
 @dataclass(frozen=True)
@@ -311,11 +128,11 @@ def _model(body: dict[str, Any], served: str) -> str:
     if name is None:
         return served
     if not isinstance(name, str):
-        raise bad_request(f"model must be a string, got {_show(name)}", "model")
+        raise bad_request(f"model must be a string, got {show(name)}", "model")
     if name != served:
         raise APIError(
             404,
-            f"The model `{_clip(name, 100)}` does not exist; this server serves `{served}`.",
+            f"The model `{clip(name, 100)}` does not exist; this server serves `{served}`.",
             "invalid_request_error",
             "model",
             "model_not_found",
@@ -344,7 +161,7 @@ def _token_ids(ids: list[Any], name: str, vocab_size: int | None) -> tuple[int, 
     for t in ids:
         if not _is_int(t) or not 0 <= t <= top:
             raise bad_request(
-                f"{name} token ids must be integers in [0, {top}], got {_show(t)}", name
+                f"{name} token ids must be integers in [0, {top}], got {show(t)}", name
             )
     return tuple(ids)
 
@@ -354,7 +171,7 @@ def _stream(body: dict[str, Any]) -> dict[str, bool]:
     if stream is None:
         stream = False
     if not isinstance(stream, bool):
-        raise bad_request(f"stream must be a boolean, got {_show(stream)}", "stream")
+        raise bad_request(f"stream must be a boolean, got {show(stream)}", "stream")
     options = body.get("stream_options")
     if options is not None and not stream:
         raise bad_request("stream_options is only allowed when stream is true", "stream_options")
@@ -373,7 +190,7 @@ def _sampling(
         value = body.get(name)
         if not any(type(value) is type(f) and value == f for f in fine):  # True is not 1
             raise bad_request(
-                f"{name}={_show(value)} is not supported by fsd", name, "unsupported_parameter"
+                f"{name}={show(value)} is not supported by fsd", name, "unsupported_parameter"
             )
     kw: dict[str, Any] = {"max_tokens": _int(max_tokens, max_name, 1)}
     for name, lo, hi in (("temperature", 0.0, 2.0), ("top_p", 0.0, 1.0)):
@@ -418,89 +235,11 @@ def _is_int(value: Any) -> bool:
 
 def _int(value: Any, name: str, lo: int, hi: int = INT64_MAX) -> int:
     if not _is_int(value) or not lo <= value <= hi:
-        raise bad_request(f"{name} must be an integer in [{lo}, {hi}], got {_show(value)}", name)
+        raise bad_request(f"{name} must be an integer in [{lo}, {hi}], got {show(value)}", name)
     return int(value)
 
 
 def _number(value: Any, name: str, lo: float, hi: float) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or not lo <= value <= hi:
-        raise bad_request(f"{name} must be a number in [{lo:g}, {hi:g}], got {_show(value)}", name)
+        raise bad_request(f"{name} must be a number in [{lo:g}, {hi:g}], got {show(value)}", name)
     return float(value)
-
-
-# ---- responses ---------------------------------------------------------------------
-
-
-def new_id(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex}"
-
-
-def now() -> int:
-    return int(time.time())
-
-
-def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
-    return {
-        "prompt_tokens": prompt_tokens,
-        "completion_tokens": completion_tokens,
-        "total_tokens": prompt_tokens + completion_tokens,
-    }
-
-
-def _envelope(
-    rid: str,
-    obj: str,
-    created: int,
-    model: str,
-    choices: list[dict[str, Any]],
-    use: dict[str, int] | None = None,
-) -> dict[str, Any]:
-    """The fields every completion body and stream chunk shares."""
-    body: dict[str, Any] = {
-        "id": rid,
-        "object": obj,
-        "created": created,
-        "model": model,
-        "choices": choices,
-    }
-    if use is not None:
-        body["usage"] = use
-    return body
-
-
-def _choice(reason: str | None, **content: Any) -> dict[str, Any]:
-    return {"index": 0, **content, "logprobs": None, "finish_reason": reason}
-
-
-def completion_body(
-    rid: str, created: int, model: str, text: str, reason: str | None, use: dict[str, int]
-) -> dict[str, Any]:
-    return _envelope(rid, "text_completion", created, model, [_choice(reason, text=text)], use)
-
-
-def completion_chunk(
-    rid: str, created: int, model: str, text: str, reason: str | None
-) -> dict[str, Any]:
-    return _envelope(rid, "text_completion", created, model, [_choice(reason, text=text)])
-
-
-def chat_body(
-    rid: str, created: int, model: str, text: str, reason: str | None, use: dict[str, int]
-) -> dict[str, Any]:
-    message = {"role": "assistant", "content": text}
-    return _envelope(
-        rid, "chat.completion", created, model, [_choice(reason, message=message)], use
-    )
-
-
-def chat_chunk(
-    rid: str, created: int, model: str, delta: dict[str, Any], reason: str | None
-) -> dict[str, Any]:
-    return _envelope(rid, "chat.completion.chunk", created, model, [_choice(reason, delta=delta)])
-
-
-def usage_chunk(
-    rid: str, created: int, model: str, obj: str, use: dict[str, int]
-) -> dict[str, Any]:
-    """The last chunk of a stream with stream_options.include_usage: no choices."""
-    return _envelope(rid, obj, created, model, [], use)

@@ -8,9 +8,11 @@ thread so the engine loop pays only for the read. Levels leave the engine 1-base
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import queue
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -18,10 +20,14 @@ import msgspec
 import zmq
 
 from fsd import protocol as P
-from fsd.engine.core import Engine
+from fsd.config import ServerConfig
+from fsd.engine.core import Engine, IterationStats
 from fsd.engine.events import EngineEvent, wire_level
 from fsd.jobs import Job
 from fsd.metrics import SLOWindow
+from fsd.sched.scheduler import SchedulerStats
+
+EVENT_FLUSH_S = 0.05  # longest an event waits before it is published
 
 
 def job_info(job: Job, now: float) -> P.JobInfo:
@@ -52,54 +58,58 @@ def job_info(job: Job, now: float) -> P.JobInfo:
 def build_snapshot(
     engine: Engine, slo: SLOWindow, seq: int, now: float, with_jobs: bool = True
 ) -> P.Snapshot:
-    """The observable state of the engine at `now`; the job table only if `with_jobs`."""
+    """The observable state of the engine at `now`; the job table only if `with_jobs`.
+
+    It reads the scheduler and the block pools only through their `stats()`, so a
+    field added there reaches the wire without an edit here.
+    """
     sched = engine.scheduler
     sched.refresh_enst()
-    blocks = engine.blocks
-    levels = [
-        P.LevelInfo(index=wire_level(lv.index), quantum=lv.quantum, job_ids=list(lv.job_ids))
-        for lv in sched.queue.levels()
-    ]
-    kv = P.KVInfo(
-        block_size=blocks.block_size,
-        device_total=blocks.device.num_blocks,
-        device_used=blocks.device.num_used,
-        device_reserved=sched.reserve,
-        device_free=blocks.device.num_free,
-        host_total=blocks.host.num_blocks,
-        host_used=blocks.host.num_used,
-        bytes_in_flight=engine.swapper.bytes_in_flight,
-        swapped_out_bytes=engine.swapper.bytes_out,
-        swapped_in_bytes=engine.swapper.bytes_in,
-    )
-    iterations = [
-        P.IterationInfo(
-            start=it.start,
-            duration=it.duration,
-            batch_size=it.batch_size,
-            prefill_tokens=it.prefill_tokens,
-            decode_tokens=it.decode_tokens,
-        )
-        for it in list(engine.recent_iterations)[-64:]
-    ]
+    stats = sched.stats()
     config = _config_dict(engine.config)
     config["effective"] = {
-        "policy": sched.name,
-        "quanta": list(getattr(sched.queue, "quanta", [])),
-        "starve_limit": getattr(sched.queue, "starve_limit", None),
-        "starve_limit_waiting": getattr(sched.queue, "waiting_limit", None),
+        "policy": stats.policy,
+        "quanta": list(stats.quanta),
+        "starve_limit": stats.starve_limit,
+        "starve_limit_waiting": stats.starve_limit_waiting,
     }
     return P.Snapshot(
         time=now,
         seq=seq,
-        policy=sched.name,
-        levels=levels,
+        policy=stats.policy,
+        levels=[
+            P.LevelInfo(index=wire_level(lv.index), quantum=lv.quantum, job_ids=list(lv.job_ids))
+            for lv in stats.levels
+        ],
         jobs=[job_info(j, now) for j in sched.jobs()] if with_jobs else None,
         jobs_time=now if with_jobs else None,
-        kv=kv,
-        iterations=iterations,
+        kv=_kv_info(engine, stats),
+        iterations=[_iteration_info(it) for it in list(engine.recent_iterations)[-64:]],
         slo=P.SLOInfo(**slo.stats(now)),
         config=config,
+    )
+
+
+def _kv_info(engine: Engine, stats: SchedulerStats) -> P.KVInfo:
+    """The KV pools' occupancy (`BlockManager.stats`), the reserve and the swapper's bytes."""
+    swapper = engine.swapper
+    return P.KVInfo(
+        **dataclasses.asdict(engine.blocks.stats()),
+        device_reserved=stats.reserve,
+        bytes_in_flight=swapper.bytes_in_flight,
+        swapped_out_bytes=swapper.bytes_out,
+        swapped_in_bytes=swapper.bytes_in,
+    )
+
+
+def _iteration_info(it: IterationStats) -> P.IterationInfo:
+    """One recent engine iteration as telemetry shows it."""
+    return P.IterationInfo(
+        start=it.start,
+        duration=it.duration,
+        batch_size=it.batch_size,
+        prefill_tokens=it.prefill_tokens,
+        decode_tokens=it.decode_tokens,
     )
 
 
@@ -138,6 +148,58 @@ class JobTablePacer:
 
 def wire_event(e: EngineEvent) -> P.Event:
     return P.Event(time=e.time, kind=e.kind, job_id=e.job_id, detail=e.detail)
+
+
+class TelemetryPump:
+    """The loop's telemetry duty: events in batches, snapshots every 1 / telemetry_hz."""
+
+    def __init__(
+        self, engine: Engine, slo: SLOWindow, cfg: ServerConfig, publisher: Publisher
+    ) -> None:
+        self.engine = engine
+        self.slo = slo
+        self.publisher = publisher
+        self.enabled = cfg.telemetry_hz > 0
+        self._period = 1.0 / cfg.telemetry_hz if self.enabled else 0.0
+        self._job_pacer = JobTablePacer(cfg.telemetry_job_budget)
+        self._snap_seq = 0
+        self._next_snapshot = 0.0
+        self._events: list[EngineEvent] = []  # engine events not yet handed to the publisher
+        self._next_events = 0.0
+
+    def wake_time(self) -> float:
+        """When the next snapshot, or the waiting events' batch, is due (wall time)."""
+        wake = self._next_snapshot
+        if self._events:  # events waiting for their batch to go out
+            wake = min(wake, self._next_events)
+        return wake
+
+    def tick(self) -> None:
+        """Take the engine's events; publish what is due (nothing when telemetry is off)."""
+        events = self.engine.events.drain()
+        now = time.time()
+        if self.enabled:
+            # events go out in batches at most every 50 ms: each hand-off to the
+            # publisher thread costs the engine thread GIL time, more than the events
+            self._events.extend(events)
+            if self._events and (now >= self._next_events or len(self._events) >= 512):
+                self.publisher.publish_all(P.TOPIC_EVENT, self._events, wire_event)
+                self._events = []
+                self._next_events = now + EVENT_FLUSH_S
+        if self.enabled and now >= self._next_snapshot:
+            self._snap_seq += 1
+            with_jobs = self._job_pacer.due(now)
+            snap = build_snapshot(self.engine, self.slo, self._snap_seq, now, with_jobs)
+            if with_jobs:
+                self._job_pacer.sent(now, time.time() - now)
+            self.publisher.publish(P.TOPIC_SNAPSHOT, snap)
+            self._next_snapshot = now + self._period
+
+    def flush(self) -> None:
+        """Hand the events still waiting to the publisher (before it closes)."""
+        if self._events:
+            self.publisher.publish_all(P.TOPIC_EVENT, self._events, wire_event)
+            self._events = []
 
 
 class Publisher:

@@ -1,19 +1,26 @@
 """Discrete-event simulator: the real scheduler and KV code, a cost model for time.
 
+Owns: simulated time. Jobs (`job`), the event loop (`engine`), the metrics of a run
+(`metrics`), pool sizing (`capacity`), batches of runs and sweeps (`runner`,
+`sweep`) and `fsd simulate` (`cli`). It differs from the engine only in where time
+comes from: admission, token append and stop, the SLO and the pipeline's in-flight
+jobs are the shared rules of fsd.sched and fsd.jobs.
+
+May import: fsd.sched, fsd.kv, fsd.cost, fsd.jobs, fsd.workload, fsd.metrics,
+fsd.config, fsd.errors. Never torch, fsd.engine, fsd.server or the console.
 Exports load lazily, so `fsd.sim.cli` (imported by the `fsd` command line) stays cheap.
 """
 
 from __future__ import annotations
 
-from importlib import import_module
-from typing import Any
+from fsd.lazy import lazy_exports
 
 _EXPORTS = {
     "SimJob": "fsd.sim.job",
     "SimResult": "fsd.sim.engine",
     "SimulationError": "fsd.sim.engine",
     "Simulator": "fsd.sim.engine",
-    "default_slo": "fsd.sim.engine",
+    "default_slo": "fsd.sched.registry",
     "simulate": "fsd.sim.engine",
     "RunSpec": "fsd.sim.runner",
     "run_many": "fsd.sim.runner",
@@ -21,7 +28,4 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        return getattr(import_module(_EXPORTS[name]), name)
-    raise AttributeError(f"module 'fsd.sim' has no attribute {name!r}")
+__getattr__ = lazy_exports(__name__, _EXPORTS)

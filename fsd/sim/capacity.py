@@ -17,8 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fsd.config import CacheConfig
+from fsd.cost import CostModel
 from fsd.errors import ConfigError
-from fsd.sched.profile import CostModel
 
 DEFAULT_GPU_BLOCKS = 4096  # 64k tokens at block size 16: an 80 GB GPU serving a 13B model
 HOST_TO_DEVICE = 4

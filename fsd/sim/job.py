@@ -1,13 +1,13 @@
 """A `Job` that knows only its token counts, for simulating large traces cheaply.
 
 The scheduler and the block manager read token *counts* (`num_prompt_tokens`,
-`num_tokens`, `num_new_tokens`, `len(output_token_ids)`), never the ids. A real
-`Job` would hold 19k x 1k prompt ids for the Azure trace; `SimJob` keeps two ints.
+`num_tokens`, `num_new_tokens`, `num_output_tokens`), never the ids. A real `Job`
+would hold 19k x 1k prompt ids for the Azure trace; `SimJob` keeps counts, and
+stores a produced token by counting it (`Job.append_token` is the rule it shares
+with the engine).
 """
 
 from __future__ import annotations
-
-from collections.abc import Iterator
 
 from fsd.jobs import Job, SamplingParams
 
@@ -15,42 +15,12 @@ from fsd.jobs import Job, SamplingParams
 _PARAMS = SamplingParams(max_tokens=1 << 30, ignore_eos=True)
 
 
-class TokenCount:
-    """Stands in for a list of output token ids: `append` and `len` keep a count only.
-
-    `append` also advances its owner's `num_tokens` (a plain attribute on `SimJob`: the
-    scheduler reads it for every queued job every iteration)."""
-
-    __slots__ = ("n", "owner")
-
-    def __init__(self, owner: SimJob | None = None, n: int = 0) -> None:
-        self.n = n
-        self.owner = owner
-
-    def append(self, _token: int) -> None:
-        self.n += 1
-        if self.owner is not None:
-            self.owner.num_tokens += 1
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __bool__(self) -> bool:
-        return self.n > 0
-
-    def __iter__(self) -> Iterator[int]:
-        return iter([0] * self.n)
-
-    def __repr__(self) -> str:
-        return f"TokenCount({self.n})"
-
-
 class SimJob(Job):
     """A job of `prompt_len` prompt tokens that will generate exactly `output_len` tokens.
 
-    `oracle_output_len` is set (srpt reads it); token ids, where anything asks, are 0.
-    `num_tokens` is an attribute kept by whoever adds a token (`TokenCount.append`,
-    the simulator's token loop), not a property.
+    `oracle_output_len` is set (srpt reads it); it holds no token ids.
+    `num_tokens` is an attribute (the scheduler reads it for every queued job every
+    iteration), not a property.
     """
 
     num_tokens: int = 0  # shadows Job's property: instance attribute, read hot
@@ -66,7 +36,11 @@ class SimJob(Job):
         )
         self.prompt_len = prompt_len
         self.num_tokens = prompt_len
-        self.output_token_ids = TokenCount(self)  # type: ignore[assignment]
+        self.output_count = 0
+
+    def _store_token(self, token: int, now: float) -> None:
+        self.num_tokens += 1
+        self.output_count += 1
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -78,7 +52,7 @@ class SimJob(Job):
 
     @property
     def num_output_tokens(self) -> int:
-        return self.output_token_ids.n  # type: ignore[attr-defined]
+        return self.output_count
 
     @property
     def all_token_ids(self) -> list[int]:

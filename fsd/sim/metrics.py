@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from fsd.metrics import percentile
 from fsd.sim.job import SimJob
 
 # The keys every result carries, in the order tables show them.
@@ -45,10 +46,6 @@ class Counters:
     peak_device_blocks: int = 0
     peak_host_blocks: int = 0
     peak_jobs: int = 0  # most unfinished jobs in the system at once
-
-
-def percentile(values: np.ndarray, q: float) -> float:
-    return float(np.percentile(values, q)) if values.size else float("nan")
 
 
 def summarize(jobs: Sequence[SimJob], counters: Counters, slo: float) -> dict[str, float | int]:

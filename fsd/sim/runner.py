@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import itertools
 import multiprocessing as mp
-import os
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from fsd.config import CacheConfig, SchedConfig
-from fsd.sched.profile import CostModel
+from fsd.cost import CostModel
 from fsd.sim.engine import Simulator
 from fsd.sim.records import write_jobs_csv
 from fsd.workload.spec import Workload
@@ -108,10 +107,6 @@ def pack(weights: Sequence[float], bins: int) -> list[list[int]]:
         groups[b].append(i)
         loads[b] += weights[i]
     return [g for g in groups if g]
-
-
-def default_jobs() -> int:
-    return max(1, min(os.cpu_count() or 1, 8))
 
 
 def run_many(

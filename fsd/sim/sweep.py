@@ -22,9 +22,9 @@ from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 
+from fsd.cost import CostModel
 from fsd.errors import ConfigError
-from fsd.sched.profile import CostModel
-from fsd.sim.engine import default_slo
+from fsd.sched.registry import default_slo
 from fsd.sim.runner import RunSpec, run_one
 from fsd.workload.spec import Workload
 

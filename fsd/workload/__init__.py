@@ -1,5 +1,12 @@
 """Workloads: arrival processes, length models, trace readers, scenarios, and the request
-lists they make."""
+lists they make.
+
+Owns: what requests arrive when (never how they are served). Used by the
+simulator, the scenario injector, `fsctl play` and the benches.
+
+May import: fsd.errors, fsd.metrics, numpy. Never torch, fsd.sched, fsd.kv,
+fsd.engine, fsd.server or the console.
+"""
 
 from fsd.workload.arrivals import ArrivalProcess, gamma, make_arrivals, poisson
 from fsd.workload.lengths import PRESETS, LengthModel, Lognormal, Zipf, length_model

@@ -1,6 +1,6 @@
 """A timeline laid on the wall clock: which of its steps are due now.
 
-The daemon keeps one `Feed` per injected scenario and drains the due steps once per
+The daemon keeps one `TimelineFeed` per injected scenario and drains the due steps once per
 turn of its loop, so a scenario never blocks the engine; `fsctl play` uses the same
 clock arithmetic on the client side. Pure Python: no sockets, no engine.
 """
@@ -13,7 +13,7 @@ from fsd.workload.timeline import Action, Arrival, Timeline
 
 
 @dataclass
-class Feed:
+class TimelineFeed:
     """The steps of `timeline` not yet taken, started at wall time `start`.
 
     Arrival k gets job id `f"{prefix}{k}"` (in arrival order), known up front so an

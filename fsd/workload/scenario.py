@@ -49,7 +49,7 @@ class Phase:
 
 
 @dataclass(frozen=True)
-class Burst:
+class BurstEvent:
     """`count` jobs arriving at `at` (spread evenly over `spread` seconds)."""
 
     at: float
@@ -61,7 +61,7 @@ class Burst:
 
 
 @dataclass(frozen=True)
-class Retune:
+class RetuneEvent:
     """Change scheduling settings at `at` (names as `fsctl retune` takes them)."""
 
     at: float
@@ -75,7 +75,7 @@ class AbortAll:
     at: float
 
 
-Event = Burst | Retune | AbortAll
+ScenarioEvent = BurstEvent | RetuneEvent | AbortAll
 
 
 @dataclass(frozen=True)
@@ -87,7 +87,7 @@ class Scenario:
     seed: int
     duration: float
     phases: tuple[Phase, ...]
-    events: tuple[Event, ...] = ()
+    events: tuple[ScenarioEvent, ...] = ()
     description: str = ""
     time_scale: float = 1.0  # playback speed: 2 = every time halved (the same jobs)
     length_scale: float = 1.0  # token counts multiplied (small models, CPU runs)
@@ -347,7 +347,7 @@ def _trace_ref(
     return TraceRef(name, path=path)
 
 
-def _event(t: Fields, duration: float) -> Event:
+def _event(t: Fields, duration: float) -> ScenarioEvent:
     kind = t.choice("kind", EVENT_KINDS, required=True)
     at = t.number("at", required=True, at_least=0)
     if at >= duration:
@@ -363,7 +363,7 @@ def _event(t: Fields, duration: float) -> Event:
         changes = t.table("set", required=True).raw
         if not changes:
             raise ConfigError(f"{t.source}: {t.where('set')}: a retune needs at least one setting")
-        return Retune(at, dict(changes))
+        return RetuneEvent(at, dict(changes))
     t.only("kind", "at", "count", "prompt_len", "output_len", "lengths", "spread")
     count = int(t.number("count", required=True, integer=True, at_least=1))
     if count > 100_000:
@@ -371,7 +371,7 @@ def _event(t: Fields, duration: float) -> Event:
     spread = t.number("spread", default=0.0, at_least=0)
     if "lengths" in t.raw:
         t.forbid("prompt_len", "output_len", why="the burst takes its lengths from `lengths`")
-        return Burst(at, count, lengths=parse_lengths(t, "lengths"), spread=spread)
+        return BurstEvent(at, count, lengths=parse_lengths(t, "lengths"), spread=spread)
     prompt = int(t.number("prompt_len", required=True, integer=True, at_least=1))
     output = int(t.number("output_len", required=True, integer=True, at_least=1))
-    return Burst(at, count, prompt, output, spread=spread)
+    return BurstEvent(at, count, prompt, output, spread=spread)

@@ -15,6 +15,7 @@ from typing import NamedTuple
 import numpy as np
 
 from fsd.errors import ConfigError
+from fsd.metrics import percentile
 from fsd.workload.arrivals import ArrivalProcess, empirical_rate_cv
 from fsd.workload.lengths import LengthModel, clip_lengths
 
@@ -102,9 +103,9 @@ class Workload:
                 cv=cv,
                 duration_s=self.duration,
                 prompt_mean=float(p.mean()),
-                prompt_p99=float(np.percentile(p, 99)),
+                prompt_p99=percentile(p, 99),
                 output_mean=float(o.mean()),
-                output_p99=float(np.percentile(o, 99)),
+                output_p99=percentile(o, 99),
             )
         return out
 

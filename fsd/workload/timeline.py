@@ -20,7 +20,7 @@ import numpy as np
 
 from fsd.workload.arrivals import ArrivalProcess
 from fsd.workload.lengths import clip_lengths
-from fsd.workload.scenario import AbortAll, Burst, Phase, Scenario
+from fsd.workload.scenario import AbortAll, BurstEvent, Phase, Scenario
 from fsd.workload.spec import Workload
 from fsd.workload.trace import read_trace
 
@@ -88,7 +88,7 @@ def expand(scenario: Scenario) -> Timeline:
         ]
     actions: list[Action] = []
     for index, event in enumerate(s.events):
-        if isinstance(event, Burst):
+        if isinstance(event, BurstEvent):
             rng = np.random.default_rng([s.seed, 1000 + index])
             prompts, outputs = _burst_lengths(event, rng)
             prompts, outputs = _shape(s, prompts, outputs)
@@ -148,7 +148,7 @@ def _trace_window(phase: Phase) -> tuple[np.ndarray, ...]:
     return a[keep] - lo, p[keep], o[keep]
 
 
-def _burst_lengths(b: Burst, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+def _burst_lengths(b: BurstEvent, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
     if b.lengths is not None:
         return b.lengths.sample(b.count, rng)
     return np.full(b.count, b.prompt_len), np.full(b.count, b.output_len)

@@ -24,7 +24,7 @@ import io
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 from fsd.errors import ConfigError
 from fsd.workload.spec import Request, Workload, check_time_scale
@@ -102,52 +102,10 @@ def read_trace(
         raise ConfigError(f"trace file {str(p)!r} does not exist") from None
     except OSError as exc:
         raise ConfigError(f"trace file {str(p)!r} cannot be read: {exc.strerror}") from None
-    rows: list[tuple[float, int, int]] = []
-    zero_outputs = 0
     with handle:
         reader = csv.reader(handle)
-        try:
-            header = next(reader)
-        except StopIteration:
-            raise ConfigError(f"{p}: the trace is empty (no header line)") from None
-        except (csv.Error, UnicodeDecodeError) as exc:
-            raise ConfigError(f"{p}:1: not a CSV header: {exc}") from None
-        names = [h.strip().lstrip("\ufeff") for h in header]
-        missing = [c for c in columns if c not in names]
-        if missing:
-            raise ConfigError(
-                f"{p}:1: header lacks column(s) {', '.join(missing)} "
-                f"(has {', '.join(names) or 'nothing'})"
-            )
-        ti, pi, oi = (names.index(c) for c in columns)
-        width = max(ti, pi, oi) + 1
-        lineno = 1
-        while limit is None or len(rows) < limit:
-            try:
-                row = next(reader)
-            except StopIteration:
-                break
-            except (csv.Error, UnicodeDecodeError) as exc:
-                raise ConfigError(f"{p}:{reader.line_num}: not valid CSV: {exc}") from None
-            lineno = reader.line_num
-            if not row or all(not c.strip() for c in row):
-                continue  # blank line
-            if len(row) < width:
-                raise ConfigError(
-                    f"{p}:{lineno}: expected {len(names)} fields, got {len(row)} ({','.join(row)!r})"
-                )
-            try:
-                t = parse_timestamp(row[ti])
-            except ValueError:
-                raise ConfigError(
-                    f"{p}:{lineno}: field {columns[0]}: {row[ti]!r} is not a timestamp"
-                ) from None
-            prompt = _count(p, lineno, columns[1], row[pi], minimum=1)
-            output = _count(p, lineno, columns[2], row[oi], minimum=0)
-            if output == 0:
-                zero_outputs += 1
-                output = 1
-            rows.append((t, prompt, output))
+        indices, num_fields = _header_indices(reader, p, columns)
+        rows, zero_outputs = _read_rows(reader, p, columns, indices, num_fields, limit)
     if not rows:
         raise ConfigError(f"{p}: the trace has a header but no requests")
     rows.sort(key=lambda r: r[0])  # stable: equal timestamps keep file order
@@ -159,6 +117,82 @@ def read_trace(
     if zero_outputs:
         params["zero_outputs"] = zero_outputs
     return Workload(reqs, source=p.name, params=params)
+
+
+def _header_indices(
+    reader: Any, p: Path, columns: tuple[str, str, str]
+) -> tuple[tuple[int, int, int], int]:
+    """The (time, prompt, output) column indices from the header line, and its field count."""
+    try:
+        header = next(reader)
+    except StopIteration:
+        raise ConfigError(f"{p}: the trace is empty (no header line)") from None
+    except (csv.Error, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{p}:1: not a CSV header: {exc}") from None
+    names = [h.strip().lstrip("\ufeff") for h in header]
+    missing = [c for c in columns if c not in names]
+    if missing:
+        raise ConfigError(
+            f"{p}:1: header lacks column(s) {', '.join(missing)} "
+            f"(has {', '.join(names) or 'nothing'})"
+        )
+    ti, pi, oi = (names.index(c) for c in columns)
+    return (ti, pi, oi), len(names)
+
+
+def _read_rows(
+    reader: Any,
+    p: Path,
+    columns: tuple[str, str, str],
+    indices: tuple[int, int, int],
+    num_fields: int,
+    limit: int | None,
+) -> tuple[list[tuple[float, int, int]], int]:
+    """The (time, prompt, output) of each request after the header (up to `limit`), and
+    how many generated 0 tokens (given 1)."""
+    rows: list[tuple[float, int, int]] = []
+    zero_outputs = 0
+    width = max(indices) + 1
+    while limit is None or len(rows) < limit:
+        try:
+            row = next(reader)
+        except StopIteration:
+            break
+        except (csv.Error, UnicodeDecodeError) as exc:
+            raise ConfigError(f"{p}:{reader.line_num}: not valid CSV: {exc}") from None
+        if not row or all(not c.strip() for c in row):
+            continue  # blank line
+        if len(row) < width:
+            raise ConfigError(
+                f"{p}:{reader.line_num}: expected {num_fields} fields, got {len(row)} "
+                f"({','.join(row)!r})"
+            )
+        t, prompt, output = _parse_row(p, reader.line_num, row, columns, indices)
+        if output == 0:
+            zero_outputs += 1
+            output = 1
+        rows.append((t, prompt, output))
+    return rows, zero_outputs
+
+
+def _parse_row(
+    p: Path,
+    lineno: int,
+    row: list[str],
+    columns: tuple[str, str, str],
+    indices: tuple[int, int, int],
+) -> tuple[float, int, int]:
+    """One row's timestamp, prompt tokens and output tokens (0 allowed)."""
+    ti, pi, oi = indices
+    try:
+        t = parse_timestamp(row[ti])
+    except ValueError:
+        raise ConfigError(
+            f"{p}:{lineno}: field {columns[0]}: {row[ti]!r} is not a timestamp"
+        ) from None
+    prompt = _count(p, lineno, columns[1], row[pi], minimum=1)
+    output = _count(p, lineno, columns[2], row[oi], minimum=0)
+    return t, prompt, output
 
 
 def _count(path: Path, lineno: int, field: str, text: str, minimum: int) -> int:

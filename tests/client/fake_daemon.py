@@ -1,24 +1,29 @@
-"""A fake fsd daemon for SDK tests: a ROUTER (and PUB) thread speaking fsd's protocol.
+"""A fake fsd daemon for timing faults: a ROUTER (and PUB) thread speaking fsd's protocol.
 
-It is a toy scheduler, not the engine: a job's output repeats its prompt's
-characters (token id = ord(char)), one token per job per iteration, and each
-iteration sends one `Tokens` message per client carrying the chunks of all that
-client's jobs, as the real daemon does. Knobs for the tests:
+The SDK's happy paths run against the real daemon (`tests.server.daemon_proc`); this
+fake is for what a real daemon will not do on cue: answer late, not answer at all,
+die with a job in flight and come back, or change its operator token mid-session.
+It also records what it received (`requests`), e.g. to count heartbeats.
 
-- `hold`: iterations run only when a test calls `step()` (or, with `chatter`,
-  right before each control reply) — deterministic interleavings;
-- `chatter`: run one iteration just before answering a control request, so token
-  messages and the control reply interleave on the client's socket;
+It serves only what those tests need: `Submit` (a toy job whose output repeats its
+prompt's characters, token id = ord(char), one token per iteration, one `Tokens`
+message per client per iteration as the real daemon sends), `Ping`, `Status` (its
+`iterations` counts the Status requests answered, so a test can tell a late answer
+from a fresh one) and, with `telemetry`, a snapshot every 20 ms. Any other request
+gets an `Error` "unsupported". Knobs:
+
+- `hold`: iterations run only when a test calls `step()`: jobs stay outstanding;
 - `mute`: read requests but answer nothing (a hung daemon);
-- `reply_delay`: answer control requests that many seconds late;
+- `reply_delay`: answer Status that many seconds late;
 - `token`: an operator token. Set, a request carrying it has the operator role (its
-  `Status` says so) and retune, inject, drain and shutdown without it get an `Error`
-  "forbidden", as the real daemon answers; unset, every request may do everything.
+  `Status` says so) and retune, inject, drain, undrain and shutdown without it get an
+  `Error` "forbidden", as the real daemon answers; change it to rotate the token.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import socket
 import threading
 import time
@@ -28,15 +33,7 @@ import zmq
 
 from fsd import protocol as P
 
-CONFIG = {
-    "policy": "skip-join",
-    "quanta": [0.01, 0.02, 0.04],
-    "q1": None,
-    "starve_limit": None,
-    "starve_limit_waiting": None,
-    "preempt_threshold": 3,
-    "kv_policy": "proactive",
-}
+OPERATOR_ONLY = (P.Retune, P.Inject, P.Drain, P.Undrain, P.Shutdown)
 
 
 def free_port() -> int:
@@ -47,12 +44,10 @@ def free_port() -> int:
 
 @dataclass
 class FakeJob:
-    ident: bytes | None  # the client that made it
+    ident: bytes  # the client that made it
     req_id: str
     job_id: str
     text: str
-    tags: list[str]
-    stream: bool = True  # False: injected: no tokens, only its Finished (req_id = job id)
     arrival: float = field(default_factory=time.time)
     out: list[int] = field(default_factory=list)
     first: float | None = None
@@ -66,7 +61,6 @@ class FakeDaemon:
         port: int | None = None,
         tick: float = 0.002,
         telemetry: bool = False,
-        curve: tuple[bytes, bytes] | None = None,  # (public, secret): a CURVE server
         token: str | None = None,
     ):
         self.port = port or free_port()
@@ -74,17 +68,14 @@ class FakeDaemon:
         self.telemetry_port = free_port() if telemetry else None
         self.telemetry_endpoint = f"tcp://127.0.0.1:{self.telemetry_port}"
         self.tick = tick
-        self.curve = curve
         self.token = token
         self.hold = False
-        self.chatter = False
         self.mute = False
         self.reply_delay = 0.0
         self.received: list[tuple[float, P.Request]] = []
         self.jobs: dict[str, FakeJob] = {}
-        self.config = dict(CONFIG)
-        self.draining = False
         self._ids = 0
+        self._statuses = 0
         self._steps = 0
         self._later: list[tuple[float, bytes, P.Reply]] = []
         self._stop = threading.Event()
@@ -96,9 +87,6 @@ class FakeDaemon:
         ctx = zmq.Context.instance()
         self._sock = ctx.socket(zmq.ROUTER)
         self._sock.setsockopt(zmq.LINGER, 0)
-        if self.curve is not None:
-            self._sock.curve_publickey, self._sock.curve_secretkey = self.curve
-            self._sock.curve_server = True
         _bind(self._sock, self.endpoint)
         self._pub = None
         if self.telemetry_port:
@@ -154,105 +142,42 @@ class FakeDaemon:
     def _send(self, ident: bytes, msg: P.Reply) -> None:
         self._sock.send_multipart([ident, P.encode(msg)])
 
-    def _reply(self, ident: bytes, msg: P.Reply) -> None:
-        if self.chatter:
-            self._iterate()
-        if self.reply_delay:
-            self._later.append((time.monotonic() + self.reply_delay, ident, msg))
-        else:
-            self._send(ident, msg)
-
     def role(self, msg: P.Request) -> str:
         """The role a request has: "operator" with the token (or when there is none)."""
         return "operator" if self.token is None or msg.token == self.token else "client"
 
     def _handle(self, ident: bytes, msg: P.Request) -> None:
         self.received.append((time.monotonic(), msg))
+        what = msg.__struct_config__.tag
         if self.mute or isinstance(msg, P.Ping):
             return
-        operator_only = (P.Retune, P.Inject, P.Drain, P.Undrain, P.Shutdown)
-        if isinstance(msg, operator_only) and self.role(msg) != "operator":
-            what = msg.__struct_config__.tag
-            self._reply(ident, P.Error(code="forbidden", message=f"{what} needs the operator role"))
-            return
-        if isinstance(msg, P.Submit):
+        if isinstance(msg, OPERATOR_ONLY) and self.role(msg) != "operator":
+            self._send(ident, P.Error(code="forbidden", message=f"{what} needs the operator role"))
+        elif isinstance(msg, P.Submit):
             self._submit(ident, msg)
-        elif isinstance(msg, P.Abort):
-            job = self.jobs.pop(msg.job_id, None)
-            if job is None:
-                self._reply(ident, P.Error(code="unknown-job", message=f"no job {msg.job_id}"))
-                return
-            self._reply(ident, P.Ack(what="abort", detail={"job_id": msg.job_id}))
-            if job.ident is not None:
-                self._send(job.ident, self._finished(job, "abort"))
-        elif isinstance(msg, P.Retune):
-            bad = [k for k in msg.changes if k not in self.config]
-            if bad:
-                self._reply(ident, P.Error(code="invalid-setting", message=f"unknown {bad[0]}"))
-                return
-            self.config.update(msg.changes)
-            self._reply(ident, P.Ack(what="retune", detail={"config": dict(self.config)}))
-        elif isinstance(msg, P.Inject):
-            count = msg.burst.count if msg.burst else 2
-            ids = []
-            for _ in range(count):
-                job = self._new_job(ident, "", "x" * 4, [msg.tag])
-                job.req_id, job.stream = job.job_id, False
-                ids.append(job.job_id)
-            ack = P.Ack(what="inject", detail={"job_ids": ids}, req_id=msg.req_id)
-            self._reply(ident, ack)
-        elif isinstance(msg, P.ListJobs):
-            self._reply(ident, P.JobList(jobs=[_info(j) for j in self.jobs.values()]))
-        elif isinstance(msg, P.GetJob):
-            job = self.jobs.get(msg.job_id)
-            if job is None:
-                self._reply(ident, P.Error(code="unknown-job", message=f"no job {msg.job_id}"))
-            else:
-                self._reply(ident, P.JobReply(job=_info(job)))
         elif isinstance(msg, P.Status):
-            status = self.status()
-            status.role = self.role(msg)
-            self._reply(ident, status)
-        elif isinstance(msg, P.Drain):
-            self.draining = True
-            self._reply(ident, P.Ack(what="drain", detail={"jobs": len(self.jobs)}))
-        elif isinstance(msg, P.Undrain):
-            self.draining = False
-            self._reply(ident, P.Ack(what="undrain", detail={"draining": False}))
-        elif isinstance(msg, P.Shutdown):
-            self._reply(ident, P.Ack(what="shutdown"))
-
-    def status(self) -> P.StatusReply:
-        return P.StatusReply(
-            pid=1234, version="0.1.0", model="tiny", policy=self.config["policy"],
-            kv_policy="proactive", uptime=1.5, jobs=len(self.jobs), running=len(self.jobs),
-            iterations=7, draining=self.draining,
-        )  # fmt: skip
+            self._statuses += 1
+            status = P.StatusReply(
+                pid=os.getpid(), version="0.1.0", model="fake", policy="sj-mlfq",
+                kv_policy="proactive", uptime=1.5, jobs=len(self.jobs), running=len(self.jobs),
+                iterations=self._statuses, draining=False, role=self.role(msg),
+            )  # fmt: skip
+            if self.reply_delay:
+                self._later.append((time.monotonic() + self.reply_delay, ident, status))
+            else:
+                self._send(ident, status)
+        else:
+            message = f"the fake daemon does not serve {what} (use the real one)"
+            self._send(ident, P.Error(code="unsupported", message=message))
 
     def _submit(self, ident: bytes, msg: P.Submit) -> None:
         prompt = msg.prompt if msg.prompt is not None else "".join(map(chr, msg.prompt_token_ids))
-        if self.draining:
-            self._reply(ident, P.Error(code="draining", message="draining", req_id=msg.req_id))
-        elif len(prompt) > 100:
-            self._reply(
-                ident,
-                P.Error(
-                    code="prompt-too-long",
-                    message=f"prompt of {len(prompt)} tokens exceeds 100",
-                    req_id=msg.req_id,
-                ),
-            )
-        else:
-            text = (prompt * msg.sampling.max_tokens)[: msg.sampling.max_tokens]
-            job = self._new_job(ident, msg.req_id, text, msg.tags)
-            self._send(ident, P.Accepted(req_id=msg.req_id, job_id=job.job_id,
-                                         prompt_tokens=len(prompt)))  # fmt: skip
-
-    def _new_job(self, ident: bytes | None, req_id: str, text: str, tags: list[str]) -> FakeJob:
+        text = (prompt * msg.sampling.max_tokens)[: msg.sampling.max_tokens]
         self._ids += 1
-        job = FakeJob(ident, req_id, f"job-{self._ids}", text, list(tags))
+        job = FakeJob(ident, msg.req_id, f"job-{self._ids}", text)
         self.jobs[job.job_id] = job
-        return job
+        accepted = P.Accepted(req_id=msg.req_id, job_id=job.job_id, prompt_tokens=len(prompt))
+        self._send(ident, accepted)
 
     def _iterate(self) -> None:
         """One iteration: a token for every job; one Tokens message per client."""
@@ -262,39 +187,31 @@ class FakeDaemon:
             char = job.text[len(job.out)]
             job.out.append(ord(char))
             job.first = job.first or time.time()
-            if job.ident is not None and job.stream:
-                chunk = P.Chunk(req_id=job.req_id, job_id=job.job_id, token_ids=[ord(char)],
-                                text=char)  # fmt: skip
-                per_client.setdefault(job.ident, []).append(chunk)
+            chunk = P.Chunk(req_id=job.req_id, job_id=job.job_id, token_ids=[ord(char)], text=char)
+            per_client.setdefault(job.ident, []).append(chunk)
             if len(job.out) == len(job.text):
                 done.append(job)
         for ident, chunks in per_client.items():
             self._send(ident, P.Tokens(chunks=chunks))
         for job in done:
             del self.jobs[job.job_id]
-            if job.ident is not None:
-                self._send(job.ident, self._finished(job, "length"))
-        if self._pub is not None:
-            for job in done:
-                event = P.Event(time=time.time(), kind="finish", job_id=job.job_id)
-                self._pub.send_multipart([P.TOPIC_EVENT, P.encode(event)])
+            self._send(job.ident, _finished(job))
 
-    def _finished(self, job: FakeJob, reason: str) -> P.Finished:
-        now = time.time()
-        timings = P.Timings(arrival=job.arrival, first_token=job.first, finish=now,
-                            ttft=(job.first or now) - job.arrival, latency=now - job.arrival)  # fmt: skip
-        return P.Finished(
-            req_id=job.req_id, job_id=job.job_id, reason=reason,
-            text="".join(map(chr, job.out)), token_ids=list(job.out), timings=timings,
-            preemptions=1,
-        )  # fmt: skip
+
+def _finished(job: FakeJob) -> P.Finished:
+    now = time.time()
+    return P.Finished(
+        req_id=job.req_id, job_id=job.job_id, reason="length",
+        text="".join(map(chr, job.out)), token_ids=list(job.out),
+        timings=P.Timings(arrival=job.arrival, first_token=job.first, finish=now),
+    )  # fmt: skip
 
 
 _seq = 0
 
 
 def snapshot(n_jobs: int = 0, seq: int | None = None) -> P.Snapshot:
-    """A small valid Snapshot."""
+    """A small valid Snapshot (its `config` a part of the real daemon's)."""
     global _seq
     _seq += 1
     kv = P.KVInfo(block_size=16, device_total=64, device_used=8, device_reserved=4,
@@ -303,21 +220,15 @@ def snapshot(n_jobs: int = 0, seq: int | None = None) -> P.Snapshot:
     slo = P.SLOInfo(window=60.0, finished=3, avg_per_token_latency=0.01,
                     p95_per_token_latency=0.02, avg_ttft=0.05, p95_ttft=0.1, tokens_per_s=100.0,
                     requests_per_s=2.0, slo_per_token_latency=0.05)  # fmt: skip
+    config = {"sched": {"policy": "sj-mlfq", "quanta": None, "quantum_ratio": 2.0},
+              "cache": {"kv_policy": "proactive"}}  # fmt: skip
     return P.Snapshot(
-        time=time.time(), seq=_seq if seq is None else seq, policy="skip-join",
+        time=time.time(), seq=_seq if seq is None else seq, policy="sj-mlfq",
         levels=[P.LevelInfo(index=1, quantum=0.01, job_ids=[]),
                 P.LevelInfo(index=2, quantum=0.02, job_ids=[])],
         jobs=[], kv=kv, iterations=[P.IterationInfo(start=0.0, duration=0.01, batch_size=n_jobs,
                                                     prefill_tokens=0, decode_tokens=n_jobs)],
-        slo=slo, config=dict(CONFIG),
-    )  # fmt: skip
-
-
-def _info(job: FakeJob) -> P.JobInfo:
-    return P.JobInfo(
-        job_id=job.job_id, state="running", level=1, kv="device", blocks=1, host_blocks=0,
-        enst=0.01, prompt_tokens=len(job.text), output_tokens=len(job.out), waited=0.0,
-        attained=0.0, arrival=job.arrival, tags=job.tags,
+        slo=slo, config=config,
     )  # fmt: skip
 
 

@@ -1,4 +1,4 @@
-"""Telemetry subscribers and recordings: topic filtering, decoding, write/read round trips."""
+"""Telemetry subscribers against a real daemon; recordings: write/read round trips."""
 
 from __future__ import annotations
 
@@ -11,35 +11,33 @@ import pytest
 from fsd import protocol as P
 from fsd.client import (
     AsyncTelemetryClient,
-    Client,
+    Frame,
+    RecordingError,
     RecordingWriter,
     TelemetryClient,
+    generation_rate,
     read_recording,
     read_records,
 )
-from fsd.client_telemetry import Frame, RecordingError, generation_rate
 from tests.client.fake_daemon import free_port, snapshot
 
 
-def test_snapshots_only(fake):
-    with TelemetryClient(fake.telemetry_endpoint, events=False) as tc:
-        got = [tc.recv(timeout=3) for _ in range(3)]
+def test_snapshots_only(daemon):
+    with TelemetryClient(daemon.telemetry, events=False) as tc:
+        got = [tc.recv(timeout=5) for _ in range(3)]
     assert all(isinstance(m, P.Snapshot) for m in got)
     assert [m.seq for m in got] == sorted(m.seq for m in got)
 
 
-def test_events_only(fake):
-    with (
-        TelemetryClient(fake.telemetry_endpoint, snapshots=False) as tc,
-        Client(fake.endpoint) as c,
-    ):
-        deadline = time.monotonic() + 5
+def test_events_only(daemon):
+    with TelemetryClient(daemon.telemetry, snapshots=False) as tc, daemon.client() as c:
+        deadline = time.monotonic() + 10
         msg = None
-        while msg is None:  # a SUB joins a moment after connecting: keep finishing jobs
+        while msg is None:  # a SUB joins a moment after connecting: keep running jobs
             assert time.monotonic() < deadline
-            c.complete("ab", max_tokens=2)
+            c.complete([1, 2], max_tokens=2, ignore_eos=True)
             msg = tc.recv(timeout=0.05)
-    assert isinstance(msg, P.Event) and msg.kind == "finish"
+    assert isinstance(msg, P.Event) and msg.job_id is not None
 
 
 def test_silence_is_none_not_an_error():
@@ -48,11 +46,11 @@ def test_silence_is_none_not_an_error():
         assert tc.recv_frame(timeout=0) is None
 
 
-def test_async_telemetry_client(fake):
+def test_async_telemetry_client(daemon):
     async def main() -> list[P.Snapshot | P.Event]:
-        tc = AsyncTelemetryClient(fake.telemetry_endpoint, events=False)
+        tc = AsyncTelemetryClient(daemon.telemetry, events=False)
         try:
-            first = await tc.recv(timeout=3)
+            first = await tc.recv(timeout=5)
             rest = []
             async for msg in tc:
                 rest.append(msg)
@@ -133,8 +131,11 @@ def test_a_protocol_1_recording_reads_with_1_based_levels(tmp_path):
 def test_a_recording_of_a_newer_protocol_is_refused(tmp_path):
     path = tmp_path / "v9.fsdrec"
     path.write_text('{"format": "fsd-telemetry", "version": 1, "protocol": 9}\n')
-    with pytest.raises(RecordingError, match="v9.fsdrec:1: .*protocol v9; this fsd reads v1 to v2"):
+    with pytest.raises(
+        RecordingError, match="v9.fsdrec:1: .*protocol v9; this fsd reads v1 to v2"
+    ) as err:
         list(read_recording(path))
+    assert err.value.code == "bad-recording"
 
 
 def _iteration(start: float, batch: int, duration: float = 0.01) -> P.IterationInfo:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from fsd import protocol as P
-from fsd.client_telemetry import read_recording
+from fsd.client import read_recording
 
 RECORDING = Path(__file__).parent / "data" / "top-recording.jsonl"
 

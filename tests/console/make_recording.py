@@ -13,7 +13,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from fsd.client_telemetry import RecordingWriter, TelemetryClient
+from fsd.client import RecordingWriter, TelemetryClient
 from tests.server.daemon_proc import start_daemon
 
 OUT = Path(__file__).parent / "data" / "top-recording.jsonl"

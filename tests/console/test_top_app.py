@@ -17,6 +17,7 @@ from textual.widgets import Input
 
 from fsd import protocol as P
 from fsd.client import RequestError
+from fsd.console.cli_format import job_lines
 from fsd.console.top.app import ControlTarget, FeedStatus, TopApp
 from fsd.console.top.data import fold
 from fsd.console.top.dialogs import InjectScreen, RetuneScreen
@@ -207,6 +208,10 @@ async def test_replay_detail_help_sort_pause_and_no_control(recording):
         assert isinstance(app.screen, JobDetailScreen) and app.screen.job_id == job_id
         history = text_of(app.screen.query_one("#detail-info"))
         assert "tokens" in history and "tags" in history
+        # the very lines `fsctl job` prints for it (one formatter for both)
+        info = app.state.job_history(job_id).info
+        assert info is not None
+        assert history.splitlines()[: len(job_lines(info))] == job_lines(info)
         await pilot.press("escape", "question_mark")
         assert isinstance(app.screen, HelpScreen)
         await pilot.press("escape", "p")

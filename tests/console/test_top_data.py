@@ -12,7 +12,7 @@ from fsd.console import cli_format as fmt
 from fsd.console.cli import app as fsctl
 from fsd.console.top import forms, render
 from fsd.console.top.data import JobRow, TopState, fold, sort_rows
-from fsd.console.top.source import Feed, ReplaySource
+from fsd.console.top.source import ReplaySource, TelemetryFeed
 from fsd.errors import ConfigError
 from tests.console.conftest import RECORDING
 
@@ -295,7 +295,9 @@ def test_config_keys_line_up_with_a_gap_before_every_value():
 def test_the_feed_folds_every_frame_but_hands_over_few_views(recording):
     views, statuses = [], []
     source = ReplaySource(RECORDING, speed=0)
-    feed = Feed(source, TopState(), views.append, lambda t, ok: statuses.append(t), hz=1000)
+    feed = TelemetryFeed(
+        source, TopState(), views.append, lambda t, ok: statuses.append(t), hz=1000
+    )
     feed.run(lambda: False)
     assert views[-1].frames == len(recording)
     assert 1 <= len(views) < len(recording)  # coalesced: a view per period, not per frame
@@ -321,7 +323,9 @@ def test_the_feed_says_when_the_daemon_is_silent():
 
     statuses: list[str] = []
     stop = iter(range(40))
-    feed = Feed(Silent(), TopState(), lambda v: None, lambda t, ok: statuses.append(t), silence=0.0)
+    feed = TelemetryFeed(
+        Silent(), TopState(), lambda v: None, lambda t, ok: statuses.append(t), silence=0.0
+    )
     feed.run(lambda: next(stop, None) is None)
     assert any("no telemetry from tcp://127.0.0.1:9" in s and "retrying" in s for s in statuses)
 

@@ -110,7 +110,7 @@ def test_eos_ends_a_job_unless_ignored_or_before_min_tokens():
     first = free.index(eos)
     # Make a token the random model really produces act as the tokenizer's EOS.
     llm.engine.eos_ids = frozenset({eos})
-    llm.engine.runner.eos_ids = (eos,)
+    llm.engine.executor.eos_ids = (eos,)
     stopped = llm.generate([9, 9, 9], SamplingParams(max_tokens=20))[0]
     assert stopped.token_ids == free[: first + 1] and stopped.finish_reason == "stop"
     ignored = llm.generate([9, 9, 9], SamplingParams(max_tokens=20, ignore_eos=True))[0]

@@ -13,12 +13,12 @@ import logging
 
 import pytest
 
+import fsd.engine.plan
 import fsd.llm
 from fsd import LLM, SamplingParams
-from fsd.engine.model_runner import ModelRunner
+from fsd.cost import CostModel
 from fsd.engine.sampler import Sampler
 from fsd.errors import ConfigError
-from fsd.sched.profile import CostModel
 from fsd.sched.scheduler import SchedulerOutput
 
 PROMPTS = [[5, 6, 7], [9] * 12, [1, 2, 3, 4, 5], [200, 3, 64]]
@@ -97,14 +97,14 @@ def test_a_failing_batched_sampling_pass_ends_that_job_only(llm, expected, monke
     # An id past the logits raises IndexError in the batched pass; each row is then
     # sampled alone and only the row that still raises fails.
     bad_prompt = PROMPTS[BAD]
-    real = ModelRunner._banned
+    real = fsd.engine.plan.banned_tokens
 
-    def banned(self, job):
+    def banned(job, eos_ids):
         if job.prompt_token_ids == bad_prompt and len(job.output_token_ids) == 3:
             return (10**9,)
-        return real(self, job)
+        return real(job, eos_ids)
 
-    monkeypatch.setattr(ModelRunner, "_banned", banned)
+    monkeypatch.setattr(fsd.engine.plan, "banned_tokens", banned)
     caplog.set_level(logging.ERROR)
     outs = llm.generate(PROMPTS, PARAMS)
     assert len(outs[BAD].token_ids) == 3
@@ -114,17 +114,18 @@ def test_a_failing_batched_sampling_pass_ends_that_job_only(llm, expected, monke
 def test_a_failing_model_step_ends_that_job_only(llm, expected, monkeypatch, caplog):
     # Every model step over a batch holding the bad job raises once it has 2 tokens:
     # the executor re-runs the rest (a seeded job among them draws exactly once).
-    runner = llm.engine.runner
-    real = runner.execute
+    eng = llm.engine
+    worker = eng.executor.worker
+    real = worker.step
     bad_prompt = PROMPTS[BAD]
 
-    def execute(batch):
-        for job in batch:
+    def step(plan, hidden=None):
+        for job in map(eng.get, plan.job_ids):
             if job.prompt_token_ids == bad_prompt and len(job.output_token_ids) == 2:
                 raise ValueError("injected forward fault")
-        return real(batch)
+        return real(plan, hidden)
 
-    monkeypatch.setattr(runner, "execute", execute)
+    monkeypatch.setattr(worker, "step", step)
     caplog.set_level(logging.ERROR)
     outs = llm.generate(PROMPTS, PARAMS)
     assert len(outs[BAD].token_ids) == 2

@@ -15,21 +15,19 @@ import pytest
 import torch
 
 from fsd.config import EngineConfig
+from fsd.cost import CostModel
 from fsd.engine.core import Engine
-from fsd.engine.profiler import (
+from fsd.engine.profile_fit import (
     DecodeSample,
     PrefillSample,
-    calibrate,
     fit_cost_model,
     fit_decode,
     fit_prefill,
-    make_plan,
     nnls,
-    profile_engine,
-    run_profile_command,
 )
+from fsd.engine.profiler import calibrate, make_plan, profile_engine
 from fsd.errors import ConfigError
-from fsd.sched.profile import CostModel
+from fsd.profile_command import run_profile_command
 
 QUICK_MAX_ITERATIONS = 50
 
@@ -110,13 +108,13 @@ def engine() -> Engine:
 
 def _counting(monkeypatch: pytest.MonkeyPatch, engine: Engine) -> list[int]:
     calls = [0]
-    execute = engine.runner.execute
+    execute = engine.executor.execute
 
     def counted(batch):  # noqa: ANN001, ANN202
         calls[0] += 1
         return execute(batch)
 
-    monkeypatch.setattr(engine.runner, "execute", counted)
+    monkeypatch.setattr(engine.executor, "execute", counted)
     return calls
 
 
@@ -138,7 +136,7 @@ def test_quick_profile_of_the_tiny_engine(engine, monkeypatch):
     engine.blocks.check()
     assert engine.blocks.num_free == engine.blocks.device.num_blocks
     assert not engine.has_unfinished()
-    # Few iterations, counted at the runner.
+    # Few iterations, counted at the executor.
     assert calls[0] == cost.notes["iterations"] <= plan.max_iterations <= QUICK_MAX_ITERATIONS
     # Positive coefficients where the tiny model certainly has a cost.
     for key in ("prefill_base", "prefill_per_token", "prefill_per_token2", "decode_base",

@@ -10,11 +10,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fsd import LLM
+from fsd.cost import CostModel
 from fsd.engine.output import JobFault
 from fsd.engine.sampler import Sampler
 from fsd.errors import ConfigError
 from fsd.jobs import GREEDY_BELOW, SamplingParams
-from fsd.sched.profile import CostModel
 
 NAN, INF = float("nan"), float("inf")
 

@@ -62,15 +62,13 @@ def test_a_swapped_out_job_really_leaves_the_device_and_comes_back_intact():
     layer0_k = eng.pool.layers[0][0]
     before = layer0_k[job.block_table].clone()
     src = list(job.block_table)
-    op = eng.blocks.begin_swap_out(job, sync=True)
+    op = eng.blocks.swap_out(job, sync=True)  # a sync copy: accounted done at once
     eng.swapper.run_sync([op])
-    eng.blocks.end_swap_out(op)
     layer0_k[src] = 0.0  # the device copy is gone
     host = eng.host_pool.data[op.dst]  # [n, L, 2, BS, H, D]
     assert torch.equal(host[:, 0, 0], before)
-    back = eng.blocks.begin_swap_in(job, sync=True)
+    back = eng.blocks.swap_in(job, sync=True)
     eng.swapper.run_sync([back])
-    eng.blocks.end_swap_in(back)
     assert torch.equal(layer0_k[job.block_table], before)
 
 

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from fsd.kernels import paged_decode, paged_prefill, reference, store_kv
-from fsd.kernels.paged_decode import choose_num_splits
+from fsd.kernels.launch import choose_num_splits
 
 CUDA = torch.cuda.is_available()
 gpu = pytest.mark.gpu

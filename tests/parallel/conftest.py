@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from fsd.cost import CostModel
 from fsd.engine.ray_cluster import ensure_ray
-from fsd.sched.profile import CostModel
 
 
 @pytest.fixture(scope="session")

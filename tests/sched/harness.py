@@ -7,20 +7,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from fsd.config import CacheConfig, SchedConfig
-from fsd.jobs import FinishReason, Job, SamplingParams
+from fsd.jobs import Job, SamplingParams
 from fsd.kv.block_manager import BlockManager
 from fsd.sched import CostModel, make_scheduler
 from fsd.sched.scheduler import Scheduler
+from tests.costs import linear_cost
 
-COST = CostModel(
-    name="unit",
-    prefill_base=1.0,
-    prefill_per_token=0.01,
-    decode_base=1.0,
-    decode_per_seq=0.0,
-    decode_per_ctx_token=0.0,
-    kv_bytes_per_token=1,
-)
+COST = linear_cost("unit", prefill=(1.0, 0.01), decode=(1.0, 0.0, 0.0), kv_bytes_per_token=1)
 
 
 def make_jobs(specs: list[tuple[int, int]], prefix: str = "j") -> list[Job]:
@@ -89,10 +82,10 @@ def drive(
             assert job.kv.value == "device"
             assert len(job.block_table) * sched.blocks.block_size >= job.num_tokens
             assert not job.host_block_table
-            job.num_computed_tokens = job.num_tokens
-            job.output_token_ids.append(1)
-            if len(job.output_token_ids) >= job.max_output:
-                job.finish(FinishReason.LENGTH, now)
+            job.append_token(1, now)  # the engine's and the simulator's rule
+            reason, _ = job.stop_after(1, (), 1 << 62)
+            if reason is not None:
+                job.finish(reason, now)
                 run.finished.append(job.job_id)
         run.batches.append([j.job_id for j in out.batch])
         now += max(1.0, sum(j.last_cost for j in out.batch))

@@ -7,11 +7,12 @@ import dataclasses
 import pytest
 
 from fsd.config import CacheConfig
-from fsd.jobs import Job, KVLocation, SamplingParams
+from fsd.cost import CostModel
+from fsd.jobs import Job, SamplingParams
 from fsd.kv.block_manager import BlockManager
-from fsd.kv.planner import SwapPlanner
+from fsd.kv.planner import SwapPlanner, by_enst_desc
+from fsd.kv.policies import ArrivalEstimate
 from fsd.sched.mlfq import MLFQQueue, build_quanta
-from fsd.sched.profile import CostModel
 from tests.sched.harness import make_jobs, scheduler
 
 QUANTA = [1.0, 2.0, 4.0, 8.0]
@@ -195,13 +196,25 @@ def test_enst_is_the_min_of_promotion_time_and_work_above():
 
 
 def test_reserve_is_max_of_k_and_top_queue_jobs_times_blocks_per_new_job():
-    planner = SwapPlanner(
-        BlockManager(100, 4), CacheConfig(reserve_min_jobs=2, reserve_top_levels=1)
+    planner = planner_for(
+        BlockManager(100, 4), CacheConfig(reserve_min_jobs=2, reserve_top_levels=1), per_job=5.0
     )
-    planner.expected_new_blocks = 5.0
     assert planner.reserve_blocks(top_level_jobs=1) == 10  # K = 2 dominates
     assert planner.reserve_blocks(top_level_jobs=3) == 15  # a burst in the top queue
     assert planner.reserve_blocks(top_level_jobs=50) == 50  # never more than half the pool
+
+
+def planner_for(blocks: BlockManager, cache: CacheConfig, per_job: float = 1.0) -> SwapPlanner:
+    arrivals = ArrivalEstimate()
+    arrivals.blocks_per_job = per_job
+    return SwapPlanner(blocks, cache, arrivals)
+
+
+def _plan(planner, movable, wanted, upcoming, enst, reserve, in_flight, max_blocks=None):
+    """The planner over `movable` (device-resident jobs outside the batch)."""
+    return planner.plan(
+        wanted, upcoming, enst, reserve, in_flight, max_blocks, lambda: by_enst_desc(movable, enst)
+    )
 
 
 def _pools(device: int, on_device: str, on_host: str) -> tuple[BlockManager, dict[str, Job]]:
@@ -209,11 +222,9 @@ def _pools(device: int, on_device: str, on_host: str) -> tuple[BlockManager, dic
     jobs = {n: job(8, n) for n in on_device + on_host}  # 2 blocks each
     for n in on_host:  # through the device to the host, before the device fills
         blocks.allocate(jobs[n])
-        blocks.end_swap_out(blocks.begin_swap_out(jobs[n]))
-        jobs[n].kv = KVLocation.HOST
+        blocks.swap_out(jobs[n], sync=True)
     for n in on_device:
         blocks.allocate(jobs[n])
-        jobs[n].kv = KVLocation.DEVICE
     return blocks, jobs
 
 
@@ -227,54 +238,81 @@ def enst_of(job: Job) -> float:
 def test_planner_keeps_the_reserve_by_swapping_out_the_largest_enst():
     blocks, jobs = _pools(10, "abc", "de")
     # 4 of 10 blocks free; a reserve of 6 needs one job (2 blocks) out: b, the largest ENST
-    ops = SwapPlanner(blocks, CacheConfig()).plan(
-        [jobs[n] for n in "abc"], [], [jobs["d"], jobs["e"]], enst_of, 6, {}
+    ops = _plan(
+        planner_for(blocks, CacheConfig()),
+        [jobs[n] for n in "abc"],
+        [],
+        [jobs["d"], jobs["e"]],
+        enst_of,
+        6,
+        {},
     )
     assert [(op.direction, op.job.job_id) for op in ops] == [("out", "b")]
 
 
 def test_planner_brings_upcoming_jobs_in_while_the_reserve_holds():
     blocks, jobs = _pools(20, "", "de")
-    ops = SwapPlanner(blocks, CacheConfig()).plan([], [], [jobs["d"], jobs["e"]], enst_of, 2, {})
+    ops = _plan(planner_for(blocks, CacheConfig()), [], [], [jobs["d"], jobs["e"]], enst_of, 2, {})
     assert [(op.direction, op.job.job_id) for op in ops] == [("in", "d"), ("in", "e")]
     blocks2, jobs2 = _pools(6, "", "de")  # 6 free: d fits (4 left >= 2), e would break it
-    ops = SwapPlanner(blocks2, CacheConfig()).plan([], [], [jobs2["d"], jobs2["e"]], enst_of, 3, {})
+    ops = _plan(
+        planner_for(blocks2, CacheConfig()), [], [], [jobs2["d"], jobs2["e"]], enst_of, 3, {}
+    )
     assert [op.job.job_id for op in ops] == ["d"]
 
 
 def test_a_wanted_job_evicts_only_jobs_expected_later_than_itself():
     blocks, jobs = _pools(6, "abc", "d")  # device full
     # d (ENST 0.5) is wanted now and needs 2 blocks: b, the largest ENST, makes the room
-    ops = SwapPlanner(blocks, CacheConfig(reserve_min_jobs=0)).plan(
-        [jobs[n] for n in "abc"], [jobs["d"]], [], enst_of, 0, {}
+    ops = _plan(
+        planner_for(blocks, CacheConfig(reserve_min_jobs=0)),
+        [jobs[n] for n in "abc"],
+        [jobs["d"]],
+        [],
+        enst_of,
+        0,
+        {},
     )
     assert [(op.direction, op.job.job_id) for op in ops] == [("out", "b")]
     # a wanted job expected later than every resident job evicts nobody (no thrashing)
     ENST_LATE = {**ENST, "d": 0.9, "a": 0.3, "b": 0.4, "c": 0.2}
     blocks, jobs = _pools(6, "abc", "d")
-    ops = SwapPlanner(blocks, CacheConfig()).plan(
-        [jobs[n] for n in "abc"], [jobs["d"]], [], lambda j: ENST_LATE[j.job_id], 0, {}
+    ops = _plan(
+        planner_for(blocks, CacheConfig()),
+        [jobs[n] for n in "abc"],
+        [jobs["d"]],
+        [],
+        lambda j: ENST_LATE[j.job_id],
+        0,
+        {},
     )
     assert ops == []
 
 
 def test_planner_respects_the_link_budget():
     blocks, jobs = _pools(10, "abc", "")
-    ops = SwapPlanner(blocks, CacheConfig()).plan(
-        [jobs[n] for n in "abc"], [], [], enst_of, 10, {}, max_blocks=4
+    ops = _plan(
+        planner_for(blocks, CacheConfig()),
+        [jobs[n] for n in "abc"],
+        [],
+        [],
+        enst_of,
+        10,
+        {},
+        max_blocks=4,
     )
     assert [op.job.job_id for op in ops] == ["b", "a"]  # 4 blocks, then the link is full
 
 
 def test_a_host_job_larger_than_the_link_budget_comes_in_alone():
     blocks, jobs = _pools(10, "", "de")  # 2 blocks each on the host, the device empty
-    planner = SwapPlanner(blocks, CacheConfig())
+    planner = planner_for(blocks, CacheConfig())
     # the budget is 1 block: d comes in alone rather than never; e waits its turn
-    ops = planner.plan([], [jobs["d"]], [jobs["e"]], enst_of, 0, {}, max_blocks=1)
+    ops = _plan(planner, [], [jobs["d"]], [jobs["e"]], enst_of, 0, {}, max_blocks=1)
     assert [(op.direction, op.job.job_id) for op in ops] == [("in", "d")]
     # while a copy is moving, an oversize job waits for the link to clear
     moving = {"d": ops[0]}
-    assert planner.plan([], [jobs["e"]], [], enst_of, 0, moving, max_blocks=1) == []
+    assert _plan(planner, [], [jobs["e"]], [], enst_of, 0, moving, max_blocks=1) == []
 
 
 def test_the_swap_budget_is_sized_by_the_batch_paying_the_fixed_cost_once():
@@ -287,7 +325,7 @@ def test_the_swap_budget_is_sized_by_the_batch_paying_the_fixed_cost_once():
     for j in jobs[:7]:
         s.add(j, 0.0)
     out = s.schedule(0.0)  # 7 prefills
-    assert s._last_iteration_time() == pytest.approx(cost.iteration_time([10] * 7, []))
+    assert s._last_batch_cost == pytest.approx(cost.iteration_time([10] * 7, []))
     for j in out.batch:
         j.num_computed_tokens = j.num_tokens
         j.output_token_ids.append(1)
@@ -296,7 +334,7 @@ def test_the_swap_budget_is_sized_by_the_batch_paying_the_fixed_cost_once():
     out = s.schedule(1.0)  # 7 decodes and a prefill of 30: one weight read, not 8
     assert len(out.batch) == 8
     want = cost.iteration_time([30], [11] * 7)
-    assert s._last_iteration_time() == pytest.approx(want)
+    assert s._last_batch_cost == pytest.approx(want)
     assert want < 2 * cost.decode_base
 
 

@@ -8,19 +8,17 @@ import sys
 
 import pytest
 
+from fsd.cost import CostModel
 from fsd.errors import ConfigError
 from fsd.sched.analytic import (
-    GPUS,
-    MODELS,
     SHIPPED,
     analytic_profile,
     derive_terms,
     roofline_decode_time,
-    shape_from_arch,
     shipped_profile,
     write_shipped_profiles,
 )
-from fsd.sched.profile import CostModel
+from fsd.sched.hardware import GPUS, MODELS, shape_from_arch
 from fsd.sched.profiles import load_profile, profile_path, shipped_profiles
 
 MS = 1e-3

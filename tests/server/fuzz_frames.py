@@ -22,6 +22,7 @@ import zmq
 from hypothesis import strategies as st
 
 from fsd import protocol as P
+from fsd.sched.retune import RETUNABLE_CACHE, RETUNABLE_SCHED
 
 TOKEN = "<operator token>"  # replaced by the daemon's token when a dict is encoded
 TAGS = [
@@ -306,12 +307,10 @@ def fire(
         s.close()
 
 
-RETUNABLE_CACHE = ("kv_policy", "reserve_min_jobs", "reserve_top_levels", "admit_fraction")
+RETUNABLE_PARTS = (("sched", RETUNABLE_SCHED), ("cache", RETUNABLE_CACHE))
 
 
 def settings_of(config: dict[str, Any]) -> dict[str, Any]:
     """The retunable settings of a daemon's config (as a retune's Ack reports it), to put
     back after fuzzed retunes."""
-    sched = {k: v for k, v in config["sched"].items() if k != "profile"}
-    cache = {k: config["cache"][k] for k in RETUNABLE_CACHE}
-    return {**sched, **cache}
+    return {k: config[part][k] for part, keys in RETUNABLE_PARTS for k in keys}

@@ -16,13 +16,14 @@ from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client.parser import text_string_to_metric_families
 
 from fsd import protocol as P
-from fsd.client_base import Completion
-from fsd.config import ServerConfig, build_configs
+from fsd.client import Completion
+from fsd.config import ServerConfig
+from fsd.config_file import build_configs
 from fsd.errors import ConfigError
-from fsd.server import openai_schema as oa
 from fsd.server.chat_template import PLAIN_TEMPLATE, ChatTemplate
 from fsd.server.http_api import Backend, build_app
 from fsd.server.http_server import exposure_warning
+from fsd.server.openai_errors import from_fsd_error
 from fsd.server.prom import MetricsCollector
 from fsd.tokenizer import ByteTokenizer
 from tests.server.daemon_proc import daemon_fixture
@@ -325,11 +326,11 @@ def test_http_beyond_loopback_needs_an_explicit_opt_in():
 
 
 def test_fsd_error_codes_map_to_http_statuses():
-    assert oa.from_fsd_error("draining", "no").status == 503
-    assert oa.from_fsd_error("too-large", "no").status == 413
-    assert oa.from_fsd_error("prompt-too-long", "no").code == "context_length_exceeded"
-    assert oa.from_fsd_error("invalid", "no").status == 400
-    assert oa.from_fsd_error("something-new", "no").status == 500
+    assert from_fsd_error("draining", "no").status == 503
+    assert from_fsd_error("too-large", "no").status == 413
+    assert from_fsd_error("prompt-too-long", "no").code == "context_length_exceeded"
+    assert from_fsd_error("invalid", "no").status == 400
+    assert from_fsd_error("something-new", "no").status == 500
 
 
 def offline_backend(**kw: Any) -> Backend:

@@ -7,30 +7,25 @@ from dataclasses import replace
 import pytest
 
 from fsd.config import CacheConfig
-from fsd.sched.analytic import GPU_MEMORY_UTILIZATION, GPUS, derive_terms, plan_stages
-from fsd.sched.profile import CostModel
+from fsd.cost import CostModel
+from fsd.sched.analytic import GPU_MEMORY_UTILIZATION, derive_terms, plan_stages
+from fsd.sched.hardware import GPUS
 from fsd.sched.profiles import load_profile, shipped_profiles
 from fsd.sched.scheduler import Scheduler
 from fsd.sim import SimulationError, Simulator, simulate
 from fsd.sim.capacity import size_pools
 from fsd.workload import Request, Workload, gamma, length_model, synthetic
+from tests.costs import linear_cost
 from tests.sim.test_sim_engine import small_cost
 
 MS = 1e-3
 
 # Every iteration takes 1.0 s through the model, whatever it holds: with 2 stages each
 # stage is busy 0.5 s per micro-batch. Easy to follow by hand.
-IDEAL = CostModel(
-    name="ideal",
-    prefill_base=1.0,
-    prefill_per_token=0.0,
-    decode_base=1.0,
-    decode_per_seq=0.0,
-    decode_per_ctx_token=0.0,
-    kv_bytes_per_token=1000,
-    swap_bytes_per_s=1e6,
-    pipeline_stages=2,
-)
+IDEAL = linear_cost(
+    "ideal", prefill=(1.0, 0.0), decode=(1.0, 0.0, 0.0), kv_bytes_per_token=1000,
+    swap_bytes_per_s=1e6, pipeline_stages=2,
+)  # fmt: skip
 FLAT = replace(IDEAL, pipeline_stages=1)
 
 

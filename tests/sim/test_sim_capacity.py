@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from fsd.config import CacheConfig
+from fsd.cost import CostModel
 from fsd.errors import ConfigError
-from fsd.sched.profile import CostModel
 from fsd.sched.profiles import load_profile
 from fsd.sim.capacity import DEFAULT_GPU_BLOCKS, HOST_TO_DEVICE, max_context_of, size_pools
 

@@ -2,43 +2,32 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from fsd.config import CacheConfig, SchedConfig
-from fsd.sched.profile import CostModel
+from fsd.cost import CostModel
 from fsd.sim import SimulationError, Simulator, simulate
-from fsd.sim.engine import _Link
+from fsd.sim.loop import _Link
 from fsd.workload import Request, Workload, gamma, length_model, poisson, synthetic
+from tests.costs import linear_cost
 
 POLICIES = ["fcfs", "priority", "mlfq", "sj-mlfq", "srpt"]
 KV = ["defer", "recompute", "reactive", "proactive"]
 
 # prefill(n) = 0.5 + 0.125 n; a decode step = 0.25 whatever the batch (easy to add by hand)
-HAND = CostModel(
-    name="hand",
-    prefill_base=0.5,
-    prefill_per_token=0.125,
-    decode_base=0.25,
-    decode_per_seq=0.0,
-    decode_per_ctx_token=0.0,
-    kv_bytes_per_token=1000,
+HAND = linear_cost(
+    "hand", prefill=(0.5, 0.125), decode=(0.25, 0.0, 0.0), kv_bytes_per_token=1000,
     swap_bytes_per_s=1e6,
-)
+)  # fmt: skip
 THREE = Workload((Request(0.0, 4, 3), Request(0.5, 4, 2), Request(1.0, 8, 1)))
 
 
 def small_cost(**kw) -> CostModel:
-    base = dict(
-        name="small",
-        prefill_base=0.02,
-        prefill_per_token=1e-4,
-        decode_base=0.02,
-        decode_per_seq=1e-4,
-        decode_per_ctx_token=1e-7,
-        kv_bytes_per_token=100_000,
-        swap_bytes_per_s=20e9,
-    )
-    return CostModel(**{**base, **kw})
+    base = dict(kv_bytes_per_token=100_000, swap_bytes_per_s=20e9)
+    cost = linear_cost("small", prefill=(0.02, 1e-4), decode=(0.02, 1e-4, 1e-7), **base)
+    return dataclasses.replace(cost, **kw) if kw else cost
 
 
 def ptl(result) -> list[float]:
@@ -83,7 +72,7 @@ def test_every_job_finishes_and_every_block_comes_back(policy, kv):
         w, small_cost(), policy, kv, max_batch_size=6, num_gpu_blocks=40, num_host_blocks=400
     )
     assert all(j.finish_time is not None for j in r.jobs)
-    assert [len(j.output_token_ids) for j in r.jobs] == [q.output_len for q in w]
+    assert [j.num_output_tokens for j in r.jobs] == [q.output_len for q in w]
     blocks = r.scheduler.blocks
     blocks.check()
     assert blocks.device.num_free == 40 and blocks.host.num_free == 400
@@ -138,11 +127,14 @@ def test_kv_series_is_sampled_when_asked():
 
 def test_requests_that_can_never_run_are_refused_up_front():
     long_prompt = Workload((Request(0.0, 5000, 2),))
+    # the engine's admission rule, word for word
     with pytest.raises(
-        SimulationError, match="request 0 needs 5001 tokens.*max_batch_tokens is 4096"
+        SimulationError, match=r"request 0: prompt has 5000 tokens, more than max_batch_tokens"
     ):
         simulate(long_prompt, HAND, "fcfs")
-    with pytest.raises(SimulationError, match="request 0 needs 7 KV blocks but the device holds 4"):
+    with pytest.raises(
+        SimulationError, match="request 0: .* needs 7 KV blocks; the device pool has 4"
+    ):
         simulate(Workload((Request(0.0, 100, 10),)), HAND, "fcfs", num_gpu_blocks=4)
     with pytest.raises(SimulationError, match="unknown simulation option"):
         simulate(THREE, HAND, "fcfs", batch=3)
@@ -160,3 +152,12 @@ def test_link_is_fifo_per_direction():
     assert link.submit(0.0, 2.0) == 2.0
     assert link.submit(1.0, 1.0) == 3.0  # waits for the first copy
     assert link.submit(10.0, 1.0) == 11.0  # idle link starts at once
+
+
+def test_a_job_whose_re_prefill_exceeds_the_token_budget_runs_alone_not_never():
+    # prompt 60 + output 40 in an 80-token budget: admitted (the engine's rule), and when
+    # recompute drops its KV it re-prefills up to 99 tokens at once, alone in its batch
+    w = Workload(tuple(Request(0.01 * i, 60, 40) for i in range(6)))
+    r = simulate(w, HAND, "mlfq", "recompute", max_batch_tokens=80, num_gpu_blocks=8, block_size=16)
+    assert all(j.num_output_tokens == 40 for j in r.jobs)
+    assert r.metrics["recomputes"] > 0

@@ -6,19 +6,12 @@ import pytest
 
 from fsd.config import CacheConfig, SchedConfig
 from fsd.errors import ConfigError
-from fsd.sched.profile import CostModel
 from fsd.sim.runner import RunSpec, pack, run_many
 from fsd.sim.sweep import sweep
 from fsd.workload import length_model, poisson, synthetic
+from tests.costs import linear_cost
 
-COST = CostModel(
-    name="s",
-    prefill_base=0.02,
-    prefill_per_token=1e-4,
-    decode_base=0.02,
-    decode_per_seq=5e-4,
-    decode_per_ctx_token=1e-7,
-)
+COST = linear_cost("s", prefill=(0.02, 1e-4), decode=(0.02, 5e-4, 1e-7))
 WORK = synthetic(poisson(2.0), length_model("alpaca"), 400, seed=4)
 
 

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from fsd.errors import ConfigError
-from fsd.workload.feed import Feed
-from fsd.workload.scenario import AbortAll, Burst, Retune, load_scenario, parse_scenario
+from fsd.workload.feed import TimelineFeed
+from fsd.workload.scenario import AbortAll, BurstEvent, RetuneEvent, load_scenario, parse_scenario
 from fsd.workload.timeline import Arrival, expand
 
 SCENARIOS = Path(__file__).resolve().parents[2] / "scenarios"
@@ -111,7 +111,7 @@ kind = "abort-all"
 """
     )
     s = parse(text)
-    assert [type(e) for e in s.events] == [Burst, Retune, AbortAll]
+    assert [type(e) for e in s.events] == [BurstEvent, RetuneEvent, AbortAll]
     t = expand(s)
     burst = [a for a in t.arrivals if a.origin == "burst@5s"]
     assert [a.time for a in burst] == [5.0, 5.5, 6.0, 6.5]
@@ -252,7 +252,7 @@ def test_missing_trace_names_the_field(tmp_path):
 def test_feed_hands_out_due_steps_in_order_with_stable_ids():
     text = BASE + '\n[[event]]\nat = 1.0\nkind = "abort-all"\n'
     timeline = expand(parse(text))
-    feed = Feed(timeline, start=100.0, prefix="x-")
+    feed = TimelineFeed(timeline, start=100.0, prefix="x-")
     ids = feed.job_ids
     assert feed.next_time() == 100.0 + timeline.steps()[0][0]
     first = feed.due(101.0)

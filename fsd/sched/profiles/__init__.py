@@ -9,8 +9,8 @@ from __future__ import annotations
 from importlib import resources
 from pathlib import Path
 
+from fsd.cost import CostModel
 from fsd.errors import ConfigError
-from fsd.sched.profile import CostModel
 
 
 def _shipped_dir() -> Path:

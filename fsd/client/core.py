@@ -1,4 +1,4 @@
-"""The socket-free brain of the client SDK: routing replies and keeping time.
+"""The socket-free core of the client SDK: routing replies and keeping time.
 
 `ClientCore` is the brain shared by the sync `Client` (an I/O thread) and the
 `AsyncClient` (event-loop tasks). It never touches a socket: the I/O side feeds it
@@ -37,14 +37,8 @@ from typing import Any
 import msgspec
 
 from fsd import protocol as P
-from fsd.client_base import (
-    Completion,
-    DaemonUnavailable,
-    RequestError,
-    check_frame,
-    log,
-    unavailable,
-)
+from fsd.client.base import Completion, check_frame, log
+from fsd.client.errors import DaemonUnavailable, RequestError, unavailable
 
 # ---- a job's stream, as its handle consumes it ------------------------------------
 

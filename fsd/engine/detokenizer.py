@@ -1,4 +1,4 @@
-"""A job's output text as it grows: incremental detokenization plus stop strings.
+"""Incremental detokenization of a job's output, with its stop strings.
 
 Text that could still turn out to be the start of a stop string is held back, so
 a client never sees a stop string it then has to take back. Every piece of text,
@@ -12,8 +12,8 @@ from collections.abc import Sequence
 from fsd.tokenizer import IncrementalDetokenizer, Tokenizer
 
 
-class JobText:
-    """Detokenizes one job's output and finds its stop strings."""
+class JobDetokenizer:
+    """An incremental detokenizer for one job: text deltas as tokens come, stop strings found."""
 
     def __init__(self, tokenizer: Tokenizer, prompt_ids: Sequence[int], stops: Sequence[str]):
         self._detok = IncrementalDetokenizer(tokenizer, prompt_ids)

@@ -1,4 +1,4 @@
-"""The fsd client SDK: talk to a running daemon over ZeroMQ (sync; asyncio beside it).
+"""The sync client of the SDK: `Client` and the `JobHandle` of each submitted job.
 
     from fsd.client import Client
 
@@ -9,92 +9,41 @@
         results = [h.result() for h in [c.submit(p) for p in prompts]]  # many at once
         c.retune(policy="fcfs"); c.status(); c.jobs()
 
-Design: one I/O thread per `Client` owns the DEALER socket (a ZeroMQ socket must
-stay on one thread). Callers hand it requests through a queue and wait on futures
-(control calls) or on their job's queue (streams); routing, deadlines, heartbeats
-and the liveness probe live in `fsd.client_core.ClientCore`. Hence a `Client` is
+Design: one I/O thread per `Client` owns the DEALER socket (`fsd.client.iothread`).
+Callers hand it requests through a queue and wait on futures (control calls) or on
+their job's queue (streams); routing, deadlines, heartbeats and the liveness probe
+live in the socket-free `fsd.client.core.ClientCore`. Hence a `Client` is
 thread-safe: threads may share one. A `JobHandle` belongs to one consuming thread.
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
 import queue
-import threading
 import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import zmq
 
 from fsd import protocol as P
-from fsd.client_async import AsyncClient, AsyncJobHandle
-from fsd.client_base import (
-    DEFAULT_ENDPOINT,
+from fsd.client.base import (
     DEFAULT_HEARTBEAT,
-    DEFAULT_TELEMETRY_ENDPOINT,
     DEFAULT_TIMEOUT,
     INJECT_CHECK_TIME,
     Completion,
-    CurveKeys,
-    DaemonUnavailable,
-    RequestError,
     build_inject,
     build_submit,
-    connect,
-    log,
-    unavailable,
 )
-from fsd.client_core import ClientCore, JobState, answered_by_id
-from fsd.client_telemetry import (
-    AsyncTelemetryClient,
-    RecordingWriter,
-    TelemetryClient,
-    read_recording,
-    read_records,
-)
+from fsd.client.core import ClientCore, JobState, answered_by_id
+from fsd.client.errors import RequestError, unavailable
+from fsd.client.iothread import IOThread, Outgoing
+from fsd.client.keys import CurveKeys
 from fsd.errors import ConfigError, FsdError
 from fsd.jobs import SamplingParams
 
-__all__ = [
-    "DEFAULT_ENDPOINT",
-    "DEFAULT_TELEMETRY_ENDPOINT",
-    "AsyncClient",
-    "AsyncJobHandle",
-    "AsyncTelemetryClient",
-    "Client",
-    "Completion",
-    "CurveKeys",
-    "DaemonUnavailable",
-    "JobHandle",
-    "RecordingWriter",
-    "RequestError",
-    "TelemetryClient",
-    "read_recording",
-    "read_records",
-]
-
 _GRACE = 2.0  # beyond a call's own deadline, in case the I/O thread itself is stuck
-
-
-@dataclass
-class _Out:
-    """One request for the I/O thread: a frame and where its answer goes."""
-
-    frame: bytes
-    req_id: str | None = None  # a Submit: its stream queue is `sink`
-    sink: Any = None
-    key: str | None = None  # a control call: its future is `sink`
-    extra: float = 0.0
-    deferred: bool = False
-    call_id: str | None = None  # a call answered by id (Inject)
-
-
-_CLOSE = object()
 
 
 class JobHandle:
@@ -179,7 +128,7 @@ class Client:
 
     def __init__(
         self,
-        endpoint: str = DEFAULT_ENDPOINT,
+        endpoint: str = P.DEFAULT_ENDPOINT,
         timeout: float = DEFAULT_TIMEOUT,
         curve: CurveKeys | None = None,
         heartbeat: float | None = None,
@@ -190,7 +139,6 @@ class Client:
             raise ConfigError(f"timeout must be > 0 seconds, got {timeout}")
         self.endpoint = endpoint
         self.timeout = timeout
-        self._keys = curve.resolve() if curve is not None else None
         self._core = ClientCore(
             endpoint,
             timeout,
@@ -198,18 +146,11 @@ class Client:
             curve=curve is not None,
             token=token,
         )
-        self._ctx = context or zmq.Context.instance()
-        self._sock = connect(self._ctx, zmq.DEALER, endpoint, self._keys)
-        self._outbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._injected: queue.Queue[Any] = queue.Queue()  # injected jobs' Finished
         self._finished_injected: dict[str, P.Finished] = {}
         self._core.injected = self._injected
-        self._wake_r, self._wake_w = os.pipe()
-        os.set_blocking(self._wake_r, False)
-        self._closed = False
-        self._lock = threading.Lock()
-        self._thread = threading.Thread(target=self._run, name="fsd-client", daemon=True)
-        self._thread.start()
+        keys = curve.resolve() if curve is not None else None
+        self._io = IOThread(self._core, context or zmq.Context.instance(), endpoint, keys)
 
     # ---- generation --------------------------------------------------------------
 
@@ -225,7 +166,7 @@ class Client:
         req_id = self._core.next_req_id()
         msg = build_submit(req_id, prompt, params, sampling, tags)
         sink: queue.Queue[Any] = queue.Queue()
-        self._put(_Out(self._core.encode(msg), req_id=req_id, sink=sink))
+        self._io.put(Outgoing(self._core.encode(msg), req_id=req_id, sink=sink))
         return JobHandle(self, req_id, sink)
 
     def generate(
@@ -328,7 +269,9 @@ class Client:
         fut: Future[Any] = Future()
         frame = self._core.encode(msg)
         call_id = answered_by_id(msg)
-        self._put(_Out(frame, sink=fut, key=key, extra=extra, deferred=deferred, call_id=call_id))
+        self._io.put(
+            Outgoing(frame, sink=fut, key=key, extra=extra, deferred=deferred, call_id=call_id)
+        )
         try:
             reply = fut.result(timeout=self.timeout + extra + _GRACE)
         except FsdError:  # DaemonUnavailable (also a TimeoutError) or the client closed
@@ -343,105 +286,10 @@ class Client:
 
     def close(self) -> None:
         """Abort this client's streaming jobs and stop the I/O thread."""
-        with self._lock:
-            if self._closed:
-                return
-            self._closed = True
-            self._outbox.put(_CLOSE)
-            os.write(self._wake_w, b"x")
-        self._thread.join(timeout=5.0)
-        os.close(self._wake_r)
-        os.close(self._wake_w)
+        self._io.close()
 
     def __enter__(self) -> Client:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-    def _put(self, item: _Out) -> None:
-        with self._lock:
-            if self._closed:
-                raise FsdError("this fsd Client is closed")
-            self._outbox.put(item)
-            os.write(self._wake_w, b"x")
-
-    # ---- the I/O thread ----------------------------------------------------------
-
-    def _run(self) -> None:
-        try:
-            self._loop()
-        except Exception as exc:  # a bug here must not leave callers waiting forever
-            log.exception("the fsd client I/O thread failed")
-            self._core.fail_all(FsdError(f"the fsd client I/O thread failed: {exc}"))
-            self._sock.close(linger=0)
-
-    def _loop(self) -> None:
-        core, sock = self._core, self._sock
-        poller = zmq.Poller()
-        poller.register(sock, zmq.POLLIN)
-        poller.register(self._wake_r, zmq.POLLIN)
-        closing = False
-        while not closing:
-            wait = core.next_wakeup(time.monotonic())
-            events = dict(poller.poll(None if wait is None else wait * 1000 + 1))
-            now = time.monotonic()
-            if self._wake_r in events:
-                _drain_pipe(self._wake_r)
-            while True:
-                try:
-                    item = self._outbox.get_nowait()
-                except queue.Empty:
-                    break
-                if item is _CLOSE:
-                    closing = True
-                else:
-                    self._send_out(sock, item, now)
-            if sock in events:
-                _recv_all(sock, core, now)
-            if core.expired(now) and not _recv_all(sock, core, now) and core.expired(now):
-                core.reset(now)
-                poller.unregister(sock)
-                sock.close(linger=0)
-                sock = self._sock = connect(self._ctx, zmq.DEALER, self.endpoint, self._keys)
-                poller.register(sock, zmq.POLLIN)
-            for frame in core.tick(now):
-                _send(sock, frame, core, now)
-        aborts = core.abort_frames()
-        for frame in aborts:
-            _send(sock, frame, core, now)
-        core.fail_all(FsdError("the fsd Client was closed"))
-        sock.close(linger=200 if aborts else 0)
-
-    def _send_out(self, sock: zmq.Socket, item: _Out, now: float) -> None:
-        core = self._core
-        if item.req_id is not None:
-            core.add_stream(item.req_id, item.sink, now)
-        else:
-            core.add_call(item.key or "?", item.sink, now, item.extra, item.deferred, item.call_id)
-        _send(sock, item.frame, core, now)  # if it cannot go, its deadline expires
-
-
-def _send(sock: zmq.Socket, frame: bytes, core: ClientCore, now: float) -> None:
-    try:
-        sock.send(frame, zmq.NOBLOCK)
-    except zmq.Again:  # the send queue is full: the daemon has not read for a long time
-        return
-    core.sent(now)
-
-
-def _recv_all(sock: zmq.Socket, core: ClientCore, now: float) -> int:
-    """Route every frame waiting on the socket; how many there were."""
-    count = 0
-    while True:
-        try:
-            core.on_frame(sock.recv(zmq.NOBLOCK), now)
-        except zmq.Again:
-            return count
-        count += 1
-
-
-def _drain_pipe(fd: int) -> None:
-    with contextlib.suppress(BlockingIOError):
-        while os.read(fd, 4096):
-            pass

@@ -1,8 +1,8 @@
-"""Shared pieces of the client SDK: errors, CURVE keys, results, request building.
+"""Shared pieces of the client SDK: defaults, the result of a job, request building.
 
-The sync `fsd.client.Client` and the `fsd.client_async.AsyncClient` both build their
-messages here (sampling validated locally through `fsd.jobs.SamplingParams`) and
-route replies with `fsd.client_core.ClientCore`.
+The sync `Client` and the `AsyncClient` both build their messages here (sampling
+validated locally through `fsd.jobs.SamplingParams`, a scenario file read and sent
+inline) and route the replies with `fsd.client.core.ClientCore`.
 """
 
 from __future__ import annotations
@@ -13,100 +13,16 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-import zmq
-import zmq.auth
-import zmq.utils.z85
-
 from fsd import protocol as P
-from fsd.config import ServerConfig
-from fsd.credentials import check_private
-from fsd.errors import ConfigError, FsdError
+from fsd.errors import ConfigError
 from fsd.jobs import SamplingParams
 from fsd.workload.scenario import bundle_scenario, looks_inline
 
 log = logging.getLogger("fsd.client")
 
-_DEFAULTS = ServerConfig()
-DEFAULT_ENDPOINT = _DEFAULTS.endpoint
-DEFAULT_TELEMETRY_ENDPOINT = _DEFAULTS.telemetry_endpoint
-DEFAULT_TIMEOUT = _DEFAULTS.client_timeout
-DEFAULT_HEARTBEAT = _DEFAULTS.client_timeout / 3
+DEFAULT_TIMEOUT = 10.0  # seconds to wait for an answer: the daemon's default client_timeout
+DEFAULT_HEARTBEAT = DEFAULT_TIMEOUT / 3  # a Ping well inside the daemon's patience
 INJECT_CHECK_TIME = 30.0  # extra seconds the daemon may take to check an injected scenario
-
-
-class DaemonUnavailable(FsdError, TimeoutError):
-    """No fsd daemon answered at the endpoint in time (not running, hung or unreachable)."""
-
-
-class RequestError(FsdError):
-    """The daemon refused a request with an `Error` reply; `code` is stable."""
-
-    def __init__(self, code: str, message: str, req_id: str | None = None) -> None:
-        super().__init__(f"{message} ({code})")
-        self.code = code
-        self.message = message
-        self.req_id = req_id
-
-
-def unavailable(endpoint: str, timeout: float, curve: bool = False) -> DaemonUnavailable:
-    hint = " (or it refused this client's CURVE key)" if curve else ""
-    return DaemonUnavailable(f"no fsd daemon answered at {endpoint} within {timeout:g} s{hint}")
-
-
-@dataclass(frozen=True)
-class CurveKeys:
-    """CURVE keys of a client: each a z85 string (40 chars) or a key file path.
-
-    Files are those of `zmq.auth.create_certificates` / `fsd keys generate`:
-    `server.key` for `server_public`, `client-1.key_secret` for `client_secret`
-    (which also holds the client's public key, so `client_public` may be None).
-    """
-
-    server_public: str | Path
-    client_public: str | Path | None = None
-    client_secret: str | Path | None = None
-
-    def resolve(self) -> tuple[bytes, bytes, bytes]:
-        """(server public, client public, client secret) as z85 bytes."""
-        server = _load_key(self.server_public, "server_public", secret=False)
-        if self.client_secret is None:
-            raise ConfigError("CurveKeys needs client_secret (a z85 key or a .key_secret file)")
-        secret = _load_key(self.client_secret, "client_secret", secret=True)
-        if self.client_public is None:
-            public = zmq.curve_public(secret)
-        else:
-            public = _load_key(self.client_public, "client_public", secret=False)
-        return server, public, secret
-
-
-def apply_curve(sock: zmq.Socket, keys: tuple[bytes, bytes, bytes] | None) -> None:
-    """Make `sock` a CURVE client of the daemon (`keys` from `CurveKeys.resolve`)."""
-    if keys is not None:
-        sock.curve_serverkey, sock.curve_publickey, sock.curve_secretkey = keys
-
-
-def _load_key(value: str | Path, name: str, *, secret: bool) -> bytes:
-    text = str(value)
-    path = Path(text).expanduser()
-    if len(text) == 40 and not path.exists():
-        key = text.encode("ascii", "replace")
-        try:
-            if len(zmq.utils.z85.decode(key)) == 32:
-                return key
-        except (ValueError, KeyError, IndexError):
-            pass
-        raise ConfigError(f"{name} is neither a z85 CURVE key nor a key file: {text!r}")
-    if not path.is_file():
-        raise ConfigError(f"{name}: key file {str(path)!r} does not exist")
-    try:
-        public, secret_key = zmq.auth.load_certificate(str(path))
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"{name}: cannot read CURVE key file {str(path)!r}: {exc}") from None
-    if secret and secret_key is None:
-        raise ConfigError(f"{name}: {str(path)!r} holds no secret key (use the .key_secret file)")
-    if secret:
-        check_private(path, f"{name}: CURVE secret key file")
-    return secret_key if secret else public
 
 
 @dataclass(frozen=True)
@@ -248,18 +164,3 @@ def build_burst(burst: P.Burst | Sequence[int] | dict[str, int]) -> P.Burst:
     if min(value.count, value.input_len, value.output_len) < 1:
         raise ConfigError(f"a burst needs count, input_len and output_len >= 1, got {value}")
     return value
-
-
-def connect(
-    ctx: zmq.Context, kind: int, endpoint: str, keys: tuple[bytes, bytes, bytes] | None
-) -> zmq.Socket:
-    """A socket of `kind` connected to `endpoint`: linger 0, CURVE client with keys."""
-    sock = ctx.socket(kind)
-    sock.setsockopt(zmq.LINGER, 0)
-    apply_curve(sock, keys)
-    try:
-        sock.connect(endpoint)
-    except zmq.ZMQError as exc:
-        sock.close(linger=0)
-        raise ConfigError(f"cannot connect to {endpoint!r}: {exc}") from None
-    return sock

@@ -26,20 +26,18 @@ import zmq
 import zmq.asyncio
 
 from fsd import protocol as P
-from fsd.client_base import (
-    DEFAULT_ENDPOINT,
+from fsd.client.base import (
     DEFAULT_HEARTBEAT,
     DEFAULT_TIMEOUT,
     INJECT_CHECK_TIME,
     Completion,
-    CurveKeys,
-    RequestError,
     build_inject,
     build_submit,
-    connect,
     log,
 )
-from fsd.client_core import ClientCore, JobState, answered_by_id
+from fsd.client.core import ClientCore, JobState, answered_by_id
+from fsd.client.errors import RequestError
+from fsd.client.keys import CurveKeys, connect
 from fsd.errors import ConfigError, FsdError
 from fsd.jobs import SamplingParams
 
@@ -124,7 +122,7 @@ class AsyncClient:
 
     def __init__(
         self,
-        endpoint: str = DEFAULT_ENDPOINT,
+        endpoint: str = P.DEFAULT_ENDPOINT,
         timeout: float = DEFAULT_TIMEOUT,
         curve: CurveKeys | None = None,
         heartbeat: float | None = None,

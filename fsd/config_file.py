@@ -1,0 +1,65 @@
+"""Building the config slices from fsd.toml and CLI overrides (`build_configs`)."""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from fsd.config import SLICE_TYPES, EngineConfig, ServerConfig
+from fsd.errors import ConfigError
+
+
+def load_toml(path: str | Path) -> dict[str, dict[str, Any]]:
+    """Read fsd.toml: tables [model], [cache], [sched], [parallel], [server]."""
+    p = Path(path).expanduser()
+    try:
+        data = tomllib.loads(p.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"config file {str(p)!r} does not exist") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {str(p)!r} is not valid TOML: {exc}") from None
+    tables = {**SLICE_TYPES, "server": ServerConfig}
+    for section, values in data.items():
+        if section not in tables:
+            raise ConfigError(f"{p}: unknown section [{section}]; known: {', '.join(tables)}")
+        if not isinstance(values, dict):
+            raise ConfigError(f"{p}: [{section}] must be a table")
+        known = {f.name for f in dataclasses.fields(tables[section])}
+        for key in values:
+            if key not in known:
+                raise ConfigError(
+                    f"{p}: unknown key {key!r} in [{section}]; known: {', '.join(sorted(known))}"
+                )
+    return data
+
+
+def build_configs(
+    path: str | Path | None = None, **overrides: Any
+) -> tuple[EngineConfig, ServerConfig]:
+    """Engine and server configs from an optional TOML file, then keyword overrides.
+
+    Overrides use the field names (e.g. policy="fcfs", endpoint="tcp://..."); None
+    values are ignored so unset CLI flags keep the file's value.
+    """
+    data = load_toml(path) if path else {}
+    flat: dict[str, Any] = {}
+    for section in SLICE_TYPES:
+        flat.update(data.get(section, {}))
+    server_kw = dict(data.get("server", {}))
+    server_fields = {f.name for f in dataclasses.fields(ServerConfig)}
+    for key, value in overrides.items():
+        if value is None:
+            continue
+        if key in server_fields:
+            server_kw[key] = value
+        else:
+            flat[key] = value
+    if "quanta" in flat and isinstance(flat["quanta"], list):
+        flat["quanta"] = tuple(flat["quanta"])
+    try:
+        server = ServerConfig(**server_kw)
+    except TypeError as exc:
+        raise ConfigError(f"[server]: {exc}") from None
+    return EngineConfig.from_kwargs(**flat), server

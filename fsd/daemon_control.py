@@ -1,0 +1,147 @@
+"""Background control from the `fsd` command: start a detached daemon, stop one.
+
+`fsd start` re-runs itself as `fsd start --foreground` in a new session (so it
+outlives the shell), with stdout and stderr appended to a log file, and waits until
+the pidfile names the child and says it serves: no socket probe, so it needs no keys
+and a daemon of someone else answering on the endpoint cannot be mistaken for ours.
+If the child exits first, its error (from the lines it wrote during this start) is
+shown. `fsd stop` asks the daemon to drain on its socket, then signals the pid its
+held pidfile names.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from fsd.config import ServerConfig
+from fsd.pidfile import DaemonError, open_state, probe_pidfile, remove_stale, state_files
+
+log = logging.getLogger("fsd.daemon")
+DRAIN_TIMEOUT = 30.0
+START_TIMEOUT = 300.0  # seconds `fsd start` waits for the model to load and the sockets to bind
+_POLL = 0.1
+
+
+def start_background(argv: list[str], server_cfg: ServerConfig, wait: float = START_TIMEOUT) -> int:
+    """Spawn `fsd start --foreground ARGV` detached; return its pid once it serves."""
+    pidfile, logfile = state_files(server_cfg)
+    held, info = probe_pidfile(pidfile)
+    if held:
+        who = f"a daemon (pid {info['pid']})" if info.get("pid") else "a daemon"
+        raise DaemonError(f"{who} already serves {server_cfg.endpoint} (pidfile {pidfile})")
+    log_fd = open_state(logfile, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC)
+    offset = os.fstat(log_fd).st_size  # this start's lines follow
+    with open(log_fd, "ab") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "fsd.cli", "start", "--foreground", *argv],
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+    def serving() -> bool:
+        held, info = probe_pidfile(pidfile)
+        return held and info.get("pid") == proc.pid and info.get("state") == "serving"
+
+    deadline = time.monotonic() + wait
+    while time.monotonic() < deadline:
+        if serving():
+            return proc.pid
+        code = proc.poll()
+        if code is not None:
+            raise DaemonError(_start_failure(code, logfile, offset))
+        time.sleep(_POLL)
+    if serving():  # never stop a daemon that made it
+        return proc.pid
+    proc.terminate()  # it never served: do not leave it loading in the background
+    raise DaemonError(f"the daemon did not start within {wait:.0f} s (stopped it); see {logfile}")
+
+
+def _start_failure(code: int, logfile: Path, offset: int) -> str:
+    """Why the child exited: its `error:` line, else the tail of what it logged this time."""
+    lines = _new_lines(logfile, offset)
+    errors = [ln for ln in lines if ln.startswith("error:")]
+    if errors:
+        return f"the daemon did not start: {errors[-1].removeprefix('error:').strip()}"
+    tail = "\n".join(lines[-20:]) or "(it wrote nothing)"
+    return f"the daemon exited with code {code} while starting; its log ({logfile}) says:\n{tail}"
+
+
+def _new_lines(path: Path, offset: int) -> list[str]:
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            return f.read().decode(errors="replace").splitlines()
+    except OSError:
+        return []
+
+
+def stop(
+    server_cfg: ServerConfig,
+    timeout: float = DRAIN_TIMEOUT,
+    curve: Any = None,
+    token: str | None = None,
+) -> int | None:
+    """Ask the daemon to drain and exit; SIGTERM, then SIGKILL, if it does not.
+
+    Signals go only to the pid a held pidfile lock names (that process is the
+    daemon); a stale pidfile is removed. Without a held lock the daemon is still
+    asked on its socket (one started with another state_dir, or a remote one with
+    CURVE operator keys); then there is no pid to wait for and None is returned.
+    """
+    from fsd.client import Client, DaemonUnavailable, RequestError
+
+    pidfile, _ = state_files(server_cfg)
+    held, info = probe_pidfile(pidfile)
+    if not held and remove_stale(pidfile):
+        log.info("removed the stale pidfile %s", pidfile)
+    pid = info.get("pid") if held else None
+    asked = False
+    try:
+        # a short Status first: the Shutdown's own wait includes the whole drain
+        with Client(
+            server_cfg.endpoint, timeout=5.0 if held else 2.0, curve=curve, token=token
+        ) as client:
+            client.status()
+            client.shutdown(drain=True, timeout=timeout)
+        asked = True
+    except DaemonUnavailable:
+        if not held:
+            hint = " (or it did not accept these CURVE keys)" if curve is not None else ""
+            raise DaemonError(f"no fsd daemon runs for {server_cfg.endpoint}{hint}") from None
+    except RequestError as exc:
+        if not held:
+            raise DaemonError(f"the daemon at {server_cfg.endpoint} refused: {exc}") from None
+        log.info("the daemon refused to shut down (%s); sending SIGTERM", exc)
+    if not held:
+        return None
+    if not asked:
+        _signal(pidfile, signal.SIGTERM)
+    for sig in (None, signal.SIGKILL):
+        if sig is not None:
+            _signal(pidfile, sig)
+        deadline = time.monotonic() + (timeout + 5.0 if sig is None else 10.0)
+        while time.monotonic() < deadline:
+            if not probe_pidfile(pidfile)[0]:
+                return pid
+            time.sleep(_POLL)
+    raise DaemonError(f"the daemon (pid {pid}) did not exit")
+
+
+def _signal(pidfile: Path, sig: int) -> None:
+    """Send `sig` to the daemon that holds `pidfile` (nothing if none holds it)."""
+    held, info = probe_pidfile(pidfile)
+    pid = info.get("pid")
+    if not held or not isinstance(pid, int) or pid <= 0:
+        return
+    with contextlib.suppress(ProcessLookupError):  # it exited meanwhile
+        os.kill(pid, sig)

@@ -1,0 +1,165 @@
+"""The daemon's pidfile: its lock, what it says, and the error the daemon's files raise.
+
+The pidfile is also the daemon's lock. A daemon holds an exclusive `flock` on it for
+its whole life, so "a daemon runs here" means "the lock is held", never "some process
+has the pid written in the file" (pids are reused: a stale pidfile may name an
+unrelated process, which `fsd stop` must never signal). The kernel drops the lock
+when the process dies, however it dies. The file says `"state": "starting"` while the
+model loads and `"serving"` once the sockets are bound and signals are handled.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any, ClassVar
+
+from fsd.config import ServerConfig
+from fsd.credentials import private_dir, state_stem
+from fsd.errors import FsdError
+
+_LOCK_RETRY = 1.0  # seconds a starting daemon retries the lock (a reader may hold it briefly)
+
+
+class DaemonError(FsdError):
+    """The daemon could not be started, reached or stopped (the `fsd` command's own
+    error: it never travels on the wire)."""
+
+    code: ClassVar[str] = "daemon"
+
+
+def state_files(cfg: ServerConfig) -> tuple[Path, Path]:
+    """(pidfile, logfile) for the daemon serving cfg.endpoint."""
+    root = Path(cfg.state_dir).expanduser()
+    stem = state_stem(cfg.endpoint)
+    return root / f"{stem}.pid", root / f"{stem}.log"
+
+
+# ---- the lock ------------------------------------------------------------------------
+
+
+def probe_pidfile(pidfile: Path) -> tuple[bool, dict[str, Any]]:
+    """(whether a live daemon holds `pidfile`'s lock, what the file says).
+
+    Takes the shared lock for an instant: it is free unless a daemon holds it.
+    """
+    try:
+        fd = os.open(pidfile, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return False, {}
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            held = True
+        else:
+            held = False
+            fcntl.flock(fd, fcntl.LOCK_UN)
+        return held, _parse(os.pread(fd, 1 << 16, 0))
+    finally:
+        os.close(fd)
+
+
+def _parse(raw: bytes) -> dict[str, Any]:
+    try:
+        info = json.loads(raw)
+    except ValueError:  # empty or half-written: the daemon is starting
+        return {}
+    return info if isinstance(info, dict) else {}
+
+
+def read_pidfile(cfg: ServerConfig) -> dict[str, Any] | None:
+    """What the pidfile of the daemon serving cfg.endpoint says, or None if none runs.
+
+    A live daemon's file may still be empty for an instant after it took the lock
+    (then the dict has no "pid").
+    """
+    held, info = probe_pidfile(state_files(cfg)[0])
+    return info if held else None
+
+
+def remove_stale(pidfile: Path) -> bool:
+    """Remove `pidfile` if no daemon holds it (left by a killed one); True if removed."""
+    try:
+        fd = os.open(pidfile, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False  # a daemon holds it: not stale
+        if not _same_file(fd, pidfile):
+            return False  # replaced meanwhile by a starting daemon: leave it
+        pidfile.unlink(missing_ok=True)
+        return True
+    finally:
+        os.close(fd)
+
+
+def open_state(path: Path, flags: int) -> int:
+    """Open a file of the state folder (made 0700 if missing); DaemonError if we may not."""
+    try:
+        private_dir(path.parent)
+        return os.open(path, flags, 0o644)
+    except OSError as exc:
+        raise DaemonError(
+            f"cannot open {path}: {exc.strerror} (set state_dir to a folder this user may write)"
+        ) from None
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return False
+    mine = os.fstat(fd)
+    return (st.st_dev, st.st_ino) == (mine.st_dev, mine.st_ino)
+
+
+class PidLock:
+    """The running daemon's pidfile, exclusively locked until `release` (or death)."""
+
+    def __init__(self, pidfile: Path, endpoint: str) -> None:
+        self.path = pidfile
+        deadline = time.monotonic() + _LOCK_RETRY
+        while True:
+            fd = open_state(pidfile, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                if time.monotonic() < deadline:  # maybe a reader's instant: try again
+                    time.sleep(0.02)
+                    continue
+                try:
+                    info = _parse(pidfile.read_bytes())
+                except OSError:
+                    info = {}
+                who = f"a daemon (pid {info['pid']})" if info.get("pid") else "a daemon"
+                raise DaemonError(f"{who} already serves {endpoint} (pidfile {pidfile})") from None
+            # a stopping daemon unlinks its file while it holds the lock: if we locked
+            # that unlinked file, the lock guards nothing; open the path again
+            if _same_file(fd, pidfile):
+                self.fd: int | None = fd
+                return
+            os.close(fd)
+
+    def write(self, info: dict[str, Any]) -> None:
+        """Replace the file's content (readers retry a half-written file)."""
+        assert self.fd is not None
+        data = json.dumps(info).encode()
+        os.ftruncate(self.fd, 0)
+        os.pwrite(self.fd, data, 0)
+
+    def release(self) -> None:
+        """Remove the pidfile, then drop the lock (in that order: see __init__)."""
+        if self.fd is None:
+            return
+        if _same_file(self.fd, self.path):
+            self.path.unlink(missing_ok=True)
+        os.close(self.fd)
+        self.fd = None

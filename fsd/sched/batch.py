@@ -1,0 +1,139 @@
+"""Batch formation: one walk of the queue in priority order (DESIGN §3, "Batch").
+
+A job is taken when it is ready (not moving, not in a micro-batch in flight), its
+new tokens fit the iteration's token budget, and its KV is (or can be made) wholly
+on the device as the KV policy allows. Admission caps what jobs without KV may
+claim, in priority order, so a lower job cannot take a higher one's share. The walk
+also collects host jobs to bring in (`wanted`: the batch would have taken them now;
+`upcoming`: next in line after a full batch) for the KV policy's copies.
+
+The walk runs for every queued job every iteration: its state is plain attributes
+and its per-job steps are short methods.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable
+from typing import TYPE_CHECKING
+
+from fsd.jobs import Job, JobStatus, KVLocation
+
+if TYPE_CHECKING:
+    from fsd.sched.scheduler import Scheduler, SchedulerOutput
+
+_HOST, _NONE = KVLocation.HOST, KVLocation.NONE
+
+
+class BatchWalk:
+    """The state of one iteration's walk and the batch it builds."""
+
+    def __init__(self, sched: Scheduler, out: SchedulerOutput, busy: Collection[str]) -> None:
+        self.sched = sched
+        self.out = out
+        self.blocks = sched.blocks
+        self.kv_policy = sched.kv_policy
+        self.limit = sched.config.max_batch_size
+        # protected from eviction: this batch and the micro-batches still in flight
+        self.batch_ids: set[str] = set(busy)
+        self.budget = self.budget_all = sched.config.max_batch_tokens
+        self.admit_room = sched.admission_room()
+        self.wanted: list[Job] = []  # host jobs the batch would have taken
+        self.upcoming: list[Job] = []  # host jobs next in line after a full batch
+        self.wanted_full = False
+        self.evicted: set[str] = set()
+        self.taken = 0  # len(batch), kept by hand: tested for every job walked
+        self.batch_cost = 0.0  # sum(j.last_cost for j in batch): each job's iteration alone
+        self.prefills = 0
+        self._scanned_after_full = 0
+        self._too_big = 0  # prefills passed over for the token budget
+        self._step0, self._per_ctx = sched.cost.decode_line()  # decode alone: step0 + per_ctx*ctx
+
+    def run(self, candidates: Iterable[Job]) -> None:
+        """Walk `candidates` (priority order) until the batch is full or the walk ends."""
+        for job in candidates:
+            if self.taken >= self.limit:
+                if not self._look_past_full(job):
+                    break
+            elif not self._consider(job):
+                break
+
+    def _look_past_full(self, job: Job) -> bool:
+        """After a full batch, note the host jobs to bring in next (a bounded look)."""
+        self._scanned_after_full += 1
+        if self._scanned_after_full > 4 * self.limit or len(self.upcoming) >= self.limit:
+            return False
+        if job.kv is _HOST:
+            self.upcoming.append(job)
+        return True
+
+    def _consider(self, job: Job) -> bool:
+        """Take `job` if it can run now; False when the walk should end."""
+        kv = job.kv
+        # A host job could only join `wanted`, which is full. (Its new work is one token,
+        # so the budget checks below would not have ended the walk either.)
+        if kv is _HOST and self.wanted_full:
+            return True
+        num_tokens = job.num_tokens
+        if kv is _NONE:
+            # the room is claimed in priority order even by a job that then cannot start
+            # (device full, token budget spent): lower jobs must not take its share
+            need = -(-(num_tokens + 1) // self.blocks.block_size)
+            if need > self.admit_room:
+                return True
+            self.admit_room -= need
+        job_id = job.job_id
+        if job_id in self.blocks.moving or job_id in self.evicted or job_id in self.batch_ids:
+            return True
+        new_tokens = num_tokens - job.num_computed_tokens
+        # More than one iteration allows (a job whose KV was dropped re-prefills every
+        # token it has; a prompt queued before max_batch_tokens was lowered): it runs
+        # alone rather than never.
+        if new_tokens > self.budget and (self.taken or new_tokens <= self.budget_all):
+            self._too_big += 1
+            return self._too_big <= 4 * self.limit  # the budget is spent: stop walking
+        if kv is _HOST and not self._bring_in(job):
+            return True
+        if self._grow(job):
+            self._take(job, new_tokens, num_tokens)
+        return True
+
+    def _bring_in(self, job: Job) -> bool:
+        """A host job's KV comes back now (synchronously), or later by the policy's plan."""
+        if self.kv_policy.defers_host_jobs:
+            self.wanted.append(job)
+            self.wanted_full = len(self.wanted) >= 2 * self.limit
+            return False
+        # defer and recompute hold host jobs only after a live retune from a swapping
+        # policy, and must bring them back
+        if not self._make_room(job, len(job.host_block_table)):
+            return False
+        self.out.record(self.blocks.swap_in(job, sync=True))
+        return True
+
+    def _grow(self, job: Job) -> bool:
+        """Give the job the device blocks its tokens need; False if there is no room."""
+        missing = self.blocks.missing(job)
+        if missing:
+            if missing > self.blocks.device.num_free and not self._make_room(job, missing):
+                return False
+            self.blocks.append(job, missing)
+        return True
+
+    def _make_room(self, job: Job, need: int) -> bool:
+        return self.sched.evictor.make_room(
+            job, need, self.kv_policy, self.sched.queue.key, self.batch_ids, self.evicted, self.out
+        )
+
+    def _take(self, job: Job, new_tokens: int, num_tokens: int) -> None:
+        if new_tokens > 1:
+            job.last_cost = c = self.sched.cost.job_iteration_time(new_tokens, num_tokens)
+            self.prefills += 1
+        else:
+            job.last_cost = c = self._step0 + self._per_ctx * num_tokens
+        self.batch_cost += c
+        job.last_prefill = new_tokens == num_tokens
+        job.status = JobStatus.RUNNING
+        self.out.batch.append(job)
+        self.taken += 1
+        self.batch_ids.add(job.job_id)
+        self.budget -= new_tokens

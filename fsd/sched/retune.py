@@ -1,0 +1,45 @@
+"""Which settings change live, and whether a change is valid: the one retune rule.
+
+`Engine.retune` applies what this returns; the scenario injector calls it to check a
+scripted retune before the scenario starts, so both refuse with the same words.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+from fsd.config import CacheConfig, SchedConfig
+from fsd.errors import ConfigError, SettingError
+from fsd.sched.registry import engine_policy
+
+# CacheConfig fields a running engine can change (the KV policy and its reserve)
+RETUNABLE_CACHE = ("kv_policy", "reserve_min_jobs", "reserve_top_levels", "admit_fraction")
+# SchedConfig fields: all but the profile (service is charged in one cost model)
+RETUNABLE_SCHED = tuple(f.name for f in dataclasses.fields(SchedConfig) if f.name != "profile")
+RETUNABLE = tuple(sorted(RETUNABLE_SCHED + RETUNABLE_CACHE))
+
+
+def plan_retune(
+    sched: SchedConfig, cache: CacheConfig, changes: Mapping[str, Any]
+) -> tuple[SchedConfig | None, CacheConfig | None]:
+    """The new configs (None: that slice is unchanged); SettingError if any change is refused.
+
+    Nothing is applied here: a refused retune changes nothing.
+    """
+    unknown = sorted(k for k in changes if k not in RETUNABLE)
+    if unknown:
+        raise SettingError(
+            f"cannot retune {', '.join(unknown)} while running; retunable: {', '.join(RETUNABLE)}"
+        )
+    plain = {k: tuple(v) if isinstance(v, list) else v for k, v in changes.items()}
+    sched_kw = {k: v for k, v in plain.items() if k in RETUNABLE_SCHED}
+    cache_kw = {k: v for k, v in plain.items() if k in RETUNABLE_CACHE}
+    try:
+        new_sched = dataclasses.replace(sched, **sched_kw)  # each field validates itself
+        new_cache = dataclasses.replace(cache, **cache_kw)
+        engine_policy(new_sched.policy)
+    except (ConfigError, TypeError) as exc:
+        raise SettingError(str(exc)) from None
+    return (new_sched if sched_kw else None), (new_cache if cache_kw else None)

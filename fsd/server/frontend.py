@@ -1,0 +1,115 @@
+"""The request socket's traffic: frames in (decoded, authorized, dispatched), replies out.
+
+Nothing a client sends may raise out of here: a frame that does not decode, a
+request that is refused and a request whose handler fails are each answered with an
+`Error` (and a failure is logged), and the service's loop goes on.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING
+
+import zmq
+
+from fsd import protocol as P
+from fsd.errors import FsdError
+from fsd.server.roles import Caller
+
+if TYPE_CHECKING:
+    from fsd.server.service import EngineService
+
+log = logging.getLogger("fsd.server")
+
+_MAX_MESSAGES_PER_TURN = 1000  # then run an iteration, so a flood cannot starve the engine
+# ZeroMQ drops a bigger frame and the peer's connection without a word (a memory
+# guard); frames between max_frame_bytes and this still get an `Error` "too-large"
+FRAME_SLACK = 1024 * 1024
+_MAX_ERROR_CHARS = 2000  # an Error never echoes more of a client's input than this
+
+
+class Frontend:
+    """Reads and answers the clients' messages on the service's ROUTER socket."""
+
+    def __init__(self, service: EngineService) -> None:
+        self.service = service
+        self.cfg = service.cfg
+
+    def receive(self, timeout_ms: int) -> None:
+        """Wait up to `timeout_ms` for messages, then answer up to a turn's worth of them."""
+        router = self.service.router
+        if not router.poll(timeout_ms):
+            return
+        curve = self.service.security.enabled  # frames carry the sender's key (User-Id)
+        for _ in range(_MAX_MESSAGES_PER_TURN):
+            try:
+                frames = router.recv_multipart(zmq.NOBLOCK, copy=not curve)
+            except zmq.Again:
+                return
+            self.handle(frames)
+
+    def handle(self, frames: list) -> None:  # bytes, or zmq.Frame with CURVE
+        """Answer one client message; nothing it holds may raise out of here."""
+        ident = bytes(frames[0])
+        try:
+            self._handle_frames(ident, frames)
+        except Exception as exc:  # noqa: BLE001 - bad input must never kill the daemon
+            self.service.failures.exception("handling a request failed", exc)
+            self.send(ident, P.Error(code="internal", message=f"{type(exc).__name__}: {exc}"))
+
+    def _handle_frames(self, ident: bytes, frames: list) -> None:
+        svc = self.service
+        user_id = None
+        if ident not in svc.book.clients and isinstance(frames[-1], zmq.Frame):
+            user_id = frames[-1].get("User-Id") or None
+        client = svc.book.heard(ident, time.time(), user_id)
+        if len(frames) != 2:
+            self.send(
+                ident, P.Error(code="malformed", message=f"expected 1 frame, got {len(frames) - 1}")
+            )
+            return
+        payload = frames[1] if isinstance(frames[1], bytes) else frames[1].bytes
+        if len(payload) > self.cfg.max_frame_bytes:
+            self.send(
+                ident,
+                P.Error(
+                    code="too-large",
+                    message=f"frame of {len(payload)} bytes exceeds max_frame_bytes "
+                    f"{self.cfg.max_frame_bytes}",
+                ),
+            )
+            return
+        try:
+            msg = P.decode_request(payload)
+        except P.ProtocolError as exc:
+            self.send(ident, P.Error(code=exc.code, message=str(exc)))
+            return
+        caller = Caller(ident, svc.auth.role(msg, client.user_id), client.user_id)
+        try:
+            svc.auth.check(msg, caller.role)
+            svc.control.dispatch(caller, msg)
+        except Exception as exc:  # noqa: BLE001 - FsdError is a refusal; others are bugs
+            if not isinstance(exc, FsdError):  # a TypeError is answered "invalid", but logged
+                svc.failures.exception(f"request {type(msg).__name__} failed", exc)
+            self.send_error(ident, exc, getattr(msg, "req_id", None))
+
+    def send(self, ident: bytes | None, msg: P.Reply) -> None:
+        if ident is None:
+            return
+        try:
+            self.service.router.send_multipart([ident, P.encode(msg)], zmq.NOBLOCK)
+        except zmq.ZMQError as exc:  # a vanished peer or a full queue loses only its message
+            log.debug("dropped a reply to %r: %s", ident, exc)
+
+    def send_error(self, ident: bytes, exc: BaseException, req_id: str | None = None) -> None:
+        """An `Error` for a refusal (stable code) or a failure (code "internal")."""
+        if isinstance(exc, FsdError):  # each class (a ProtocolError: each instance) has its code
+            code, text = exc.code, str(exc)
+        elif isinstance(exc, TypeError):  # a wrong type deep in a request's values
+            code, text = "invalid", str(exc)
+        else:
+            code, text = "internal", f"{type(exc).__name__}: {exc}"
+        if len(text) > _MAX_ERROR_CHARS:
+            text = text[:_MAX_ERROR_CHARS] + "..."
+        self.send(ident, P.Error(code=code, message=text, req_id=req_id))

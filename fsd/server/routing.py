@@ -1,0 +1,101 @@
+"""Job routing: each iteration's tokens, and each ended job's result, to the client that owns it."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections import defaultdict
+from typing import TYPE_CHECKING
+
+from fsd import protocol as P
+from fsd.engine.output import RequestOutput, StepDelta
+from fsd.errors import UnknownJobError
+from fsd.metrics import Finish
+
+if TYPE_CHECKING:
+    from fsd.server.service import EngineService
+
+log = logging.getLogger("fsd.server")
+
+
+class JobRouter:
+    """Sends the engine's output to the owners `service.book` records."""
+
+    def __init__(self, service: EngineService) -> None:
+        self.service = service
+
+    def route(self, deltas: list[StepDelta]) -> None:
+        """One iteration's new tokens (one `Tokens` per client), then the ended jobs."""
+        owners = self.service.book.owners
+        per_client: dict[bytes, list[P.Chunk]] = defaultdict(list)
+        for d in deltas:
+            owner = owners.get(d.job_id)
+            if owner is not None and owner.stream:
+                per_client[owner.caller.ident].append(
+                    P.Chunk(
+                        req_id=owner.req_id,
+                        job_id=d.job_id,
+                        token_ids=list(d.new_token_ids),
+                        text=d.new_text,
+                    )
+                )
+        for ident, chunks in per_client.items():
+            self.service.send(ident, P.Tokens(chunks=chunks))
+        for d in deltas:
+            if d.output is not None:
+                self.finished(d.output)
+
+    def finished(self, out: RequestOutput) -> None:
+        """Record a job's end and tell its client."""
+        svc = self.service
+        if out.per_token_latency is not None and out.ttft is not None:
+            svc.slo.add(
+                Finish(
+                    out.finish_time or time.time(),
+                    out.per_token_latency,
+                    out.ttft,
+                    len(out.token_ids),
+                )
+            )
+        if svc.http is not None:
+            svc.http.job_finished(out)  # a queue put: /metrics histograms
+        owner = svc.book.release(out.request_id)
+        if owner is not None:
+            svc.send(owner.caller.ident, finished_message(out, owner.req_id))
+
+    def reap_silent_clients(self) -> None:
+        """Abort the jobs of clients that stopped talking (no heartbeat)."""
+        svc = self.service
+        for ident, client in svc.book.silent_since(time.time() - svc.cfg.client_timeout):
+            if client.jobs:
+                log.info("client %r went silent: aborting its %d jobs", ident, len(client.jobs))
+            for job_id in list(client.jobs):
+                with contextlib.suppress(UnknownJobError):  # if alive after all, it hears
+                    self.finished(svc.engine.abort(job_id))
+            svc.control.scenarios.cancel(ident)
+            del svc.book.clients[ident]
+
+
+def finished_message(out: RequestOutput, req_id: str) -> P.Finished:
+    return P.Finished(
+        req_id=req_id,
+        job_id=out.request_id,
+        reason=out.finish_reason or "abort",
+        text=out.text,
+        token_ids=out.token_ids,
+        timings=P.Timings(
+            arrival=out.arrival_time,
+            first_token=out.first_token_time,
+            finish=out.finish_time,
+            ttft=out.ttft,
+            latency=out.latency,
+            per_token_latency=out.per_token_latency,
+            token_times=out.token_times,
+        ),
+        preemptions=out.preemptions,
+        swaps_out=out.swaps_out,
+        swaps_in=out.swaps_in,
+        recomputes=out.recomputes,
+        message=out.error,
+    )

@@ -1,0 +1,227 @@
+"""What `fsd simulate` does with its options: configs, runs or sweeps, and the report.
+
+The command (fsd/sim/cli.py) hands every option over as one `SimOptions`; heavy
+imports happen in `simulate` so that `fsd --help` does not pay for them.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from fsd.config import CacheConfig, SchedConfig
+from fsd.errors import ConfigError
+from fsd.sim import cli_report as out
+from fsd.sim.cli_workload import load_scenario_workload, load_workload
+
+if TYPE_CHECKING:
+    from fsd.cost import CostModel
+    from fsd.sim.runner import RunSpec
+
+
+@dataclass(frozen=True)
+class SimOptions:
+    """Every option of one `fsd simulate` call (the command's parameters, by name)."""
+
+    scenario: Path | None
+    length_scale: float
+    trace: Path | None
+    time_scale: float
+    limit: int | None
+    arrival: str | None
+    rate: float | None
+    cv: float | None
+    lengths: str | None
+    theta: float | None
+    seed: int
+    max_context: int | None
+    policies: str
+    profile: str
+    pp: int | None
+    max_batch_size: int
+    max_batch_tokens: int | None
+    kv_policy: str
+    block_size: int
+    num_gpu_blocks: int | None
+    num_host_blocks: int | None
+    q1: float | None
+    quantum_ratio: float
+    num_levels: int
+    starve_limit: float | None
+    starve_limit_waiting: float | None
+    starve_promote: str
+    charge_prefill: bool
+    demote_rule: str
+    preempt_threshold: int
+    admit_fraction: float
+    reserve_min_jobs: int
+    reserve_top_levels: int
+    slo: float | None
+    sweep: bool
+    sweep_metric: str
+    sweep_tol: float
+    kv_sample: float | None
+    jobs: int
+    jobs_csv: Path | None
+    json_out: Path | None
+
+
+def simulate(o: SimOptions) -> dict[str, Any]:
+    """Run (or sweep) every policy of `o.policies` on the workload; print and return the report."""
+    from fsd.sched.registry import default_slo
+    from fsd.sim.capacity import max_context_of
+
+    names = policy_names(o.policies)
+    cost = cost_model(o.profile, o.pp)
+    ctx = max_context_of(cost) if o.max_context is None else (o.max_context or None)
+    workload, actions = _workload(o, ctx)
+    sched, cache = configs(o, workload)
+    slo = o.slo if o.slo is not None else default_slo(cost)
+    specs = _specs(o, names, sched, cache, slo)
+    pools = specs[0].simulator(cost).pools
+    summary = workload.summary()
+    layout = cost.name + (
+        f" ({cost.pipeline_stages} pipeline stages)" if cost.pipeline_stages > 1 else ""
+    )
+    out.print_header(summary, layout, slo, pools, ctx, sched.max_batch_tokens, o.kv_policy)
+    out.print_actions(actions)
+    report: dict[str, Any] = {
+        "workload": {**summary, **{k: v for k, v in workload.params.items() if k != "window"}},
+        "unsimulated_actions": [
+            {"time": x.time, "kind": x.kind, "changes": x.changes} for x in actions
+        ],
+        "profile": cost.name,
+        "pipeline_stages": cost.pipeline_stages,
+        "slo": slo,
+        "max_context": ctx,
+        "pools": asdict(pools),
+        "sched": asdict(sched),
+        "cache": asdict(cache),
+    }
+    if o.sweep:
+        _sweep(o, specs, cost, workload, slo, report)
+    else:
+        _run(o, specs, cost, workload, slo, report)
+    return report
+
+
+def policy_names(policies: str) -> list[str]:
+    """The --policies list, each checked against the registry, duplicates dropped."""
+    from fsd.sched.registry import resolve_policy
+
+    names = [p.strip() for p in policies.split(",") if p.strip()]
+    if not names:
+        raise ConfigError("--policies names no policy")
+    for name in names:
+        resolve_policy(name)
+    return list(dict.fromkeys(names))
+
+
+def cost_model(profile: str, pp: int | None) -> CostModel:
+    """The profile's cost model, with --pp micro-batches in flight when given."""
+    from fsd.sched.profiles import load_profile
+
+    cost = load_profile(profile)
+    if pp is not None:
+        if pp < 1:
+            raise ConfigError(f"--pp must be >= 1, got {pp}")
+        # the profile's times stay the latency through the model; pp sets the overlap
+        cost = replace(cost, pipeline_stages=pp)
+    return cost
+
+
+def _workload(o: SimOptions, ctx: int | None) -> tuple[Any, tuple]:
+    """The workload and, for a scenario, its timed actions (reported, not simulated)."""
+    if o.scenario is not None:
+        given = {"--trace": o.trace, "--arrival": o.arrival, "--rate": o.rate}
+        given |= {"--cv": o.cv, "--lengths": o.lengths, "--theta": o.theta}
+        return load_scenario_workload(o.scenario, o.time_scale, o.length_scale, o.limit, given, ctx)
+    if o.length_scale != 1.0:
+        raise ConfigError("--length-scale applies to a scenario")
+    workload = load_workload(
+        o.trace, o.time_scale, o.limit, o.arrival, o.rate, o.cv, o.lengths, o.theta, o.seed, ctx
+    )
+    return workload, ()
+
+
+def configs(o: SimOptions, workload: Any) -> tuple[SchedConfig, CacheConfig]:
+    """The scheduler and cache slices every run shares (the policy is set per run)."""
+    _, prompts, outputs = workload.arrays()
+    longest = int((prompts + outputs - 1).max())
+    batch_tokens = o.max_batch_tokens or max(SchedConfig().max_batch_tokens, longest)
+    sched = SchedConfig(
+        max_batch_size=o.max_batch_size,
+        max_batch_tokens=batch_tokens,
+        num_levels=o.num_levels,
+        q1=o.q1,
+        quantum_ratio=o.quantum_ratio,
+        starve_limit=o.starve_limit,
+        starve_limit_waiting=o.starve_limit_waiting,
+        starve_promote=o.starve_promote,
+        charge_prefill=o.charge_prefill,
+        demote_rule=o.demote_rule,
+        preempt_threshold=o.preempt_threshold,
+        profile=o.profile,
+    )
+    cache = CacheConfig(
+        block_size=o.block_size,
+        kv_policy=o.kv_policy,
+        reserve_min_jobs=o.reserve_min_jobs,
+        reserve_top_levels=o.reserve_top_levels,
+        admit_fraction=o.admit_fraction,
+    )
+    return sched, cache
+
+
+def _specs(
+    o: SimOptions, names: list[str], sched: SchedConfig, cache: CacheConfig, slo: float
+) -> list[RunSpec]:
+    """One run per policy; with --jobs-csv each writes its job records there."""
+    from fsd.sim.runner import RunSpec
+
+    base = RunSpec("base", sched, cache, o.num_gpu_blocks, o.num_host_blocks, slo, o.kv_sample)
+    specs = [base.with_policy(name) for name in names]
+    if o.jobs_csv is not None:
+        if o.sweep:
+            raise ConfigError("--jobs-csv records one run per policy; --sweep makes many")
+        folder = records_dir(o.jobs_csv)
+        specs = [replace(s, jobs_csv=folder / f"{s.label}.csv") for s in specs]
+    return specs
+
+
+def _sweep(
+    o: SimOptions, specs: list[RunSpec], cost: Any, workload: Any, slo: float, report: dict
+) -> None:
+    from fsd.sim.sweep import sweep_many
+
+    found = sweep_many(specs, cost, workload, o.sweep_metric, 1.0, o.sweep_tol, o.jobs)
+    report["sweep"] = {"metric": o.sweep_metric, "tol": o.sweep_tol, "base_rate": workload.rate}
+    report["policies"] = {k: r.to_dict() for k, r in found.items()}
+    if o.trace is not None:
+        for row in report["policies"].values():
+            row["max_time_scale"] = row["max_scale"] * o.time_scale
+    out.print_sweep(report["policies"], o.trace is not None, o.time_scale, slo)
+
+
+def _run(
+    o: SimOptions, specs: list[RunSpec], cost: Any, workload: Any, slo: float, report: dict
+) -> None:
+    from fsd.sim.runner import run_many
+
+    report["policies"] = run_many(specs, cost, workload, o.jobs)
+    out.print_table(report["policies"], slo)
+    if o.jobs_csv is not None:
+        out.console().print(f"per-job records: {o.jobs_csv}/<policy>.csv", highlight=False)
+
+
+def records_dir(path: Path) -> Path:
+    """The --jobs-csv directory, created now so that a bad path fails before any run."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"--jobs-csv: cannot create {path}: {exc.strerror}") from None
+    if not os.access(path, os.W_OK):
+        raise ConfigError(f"--jobs-csv: {path} is not writable")
+    return path

@@ -1,0 +1,195 @@
+"""The command lines' defaults are the config's: change a default in fsd/config.py (or a
+registry's list) and every `fsd` / `fsctl` option that sets it follows, or this fails.
+
+Each command is read through typer's own click command, so what is checked is what a
+user gets, not what the source says.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import msgspec
+import pytest
+import typer
+
+from fsd import protocol as P
+from fsd.cli import ENGINE_POLICIES, START_OWN_OPTIONS
+from fsd.cli import app as fsd_app
+from fsd.cli_options import CLI_MAX_TOKENS, CONFIG_FIELDS
+from fsd.config import (
+    DEVICES,
+    DTYPES,
+    KV_POLICIES,
+    CacheConfig,
+    ModelConfig,
+    ParallelConfig,
+    SchedConfig,
+    ServerConfig,
+)
+from fsd.console.cli import app as fsctl_app
+from fsd.console.play import PlayOptions
+from fsd.jobs import SamplingParams
+from fsd.sched.registry import POLICIES, engine_policy
+from fsd.sim.cli_run import SimOptions
+
+# (app, command path, the dataclasses its options set, first match wins: `seed` of
+# `generate` is the request's, not the model's; None = the app's global options)
+COMMANDS = [
+    (fsd_app, ("generate",), (SamplingParams, ModelConfig, CacheConfig, ParallelConfig)),
+    (fsd_app, ("profile",), (ModelConfig, CacheConfig)),
+    (fsd_app, ("simulate",), (SchedConfig, CacheConfig)),
+    (fsd_app, ("stop",), (ServerConfig,)),
+    (fsd_app, ("status",), (ServerConfig,)),
+    (fsctl_app, (), (ServerConfig,)),
+    (fsctl_app, ("submit",), (P.Sampling,)),  # fsctl sends the wire's sampling fields
+    (fsctl_app, ("play",), (PlayOptions,)),
+]
+
+# options named after a field whose default is theirs to choose, and why
+OWN_DEFAULTS = {
+    ("generate", "max_tokens"): "a command line's answer is longer than the API's 16",
+    ("submit", "max_tokens"): "as `fsd generate`",
+    ("generate", "stop"): "a repeatable option: None is no stop string, as ()",
+    ("submit", "stop"): "as `fsd generate`",
+    ("simulate", "profile"): "the simulator needs a cost model: a shipped profile",
+    ("simulate", "max_batch_tokens"): "None: the config's default or the longest request",
+}
+# options that leave the value to the config (its file, then its default): None
+CONFIG_DECIDES = {("stop", "state_dir"), ("status", "state_dir"), ("", "state_dir")}
+
+
+def command(app: typer.Typer, path: tuple[str, ...]) -> Any:
+    cmd = typer.main.get_command(app)
+    for name in path:
+        cmd = cmd.commands[name]  # type: ignore[attr-defined]
+    return cmd
+
+
+def options(app: typer.Typer, path: tuple[str, ...]) -> dict[str, Any]:
+    return {
+        p.name: p for p in command(app, path).params if p.param_type_name == "option" and p.name
+    }
+
+
+def fields_of(cls: type) -> dict[str, Any]:
+    """name -> default of a dataclass's or a msgspec Struct's fields."""
+    if dataclasses.is_dataclass(cls):
+        found = dataclasses.fields(cls)
+        missing: Any = dataclasses.MISSING
+    else:
+        found = msgspec.structs.fields(cls)
+        missing = msgspec.NODEFAULT
+    return {
+        f.name: f.default_factory() if f.default_factory is not missing else f.default
+        for f in found
+    }
+
+
+def field_default(cls: type, name: str) -> Any:
+    return fields_of(cls)[name]
+
+
+def owner(classes: tuple[type, ...], name: str) -> type | None:
+    return next((c for c in classes if name in fields_of(c)), None)
+
+
+def backed_options(app, path, classes) -> list[tuple[str, Any, type]]:
+    """(name, option, dataclass) of every option of the command named after a field."""
+    found = []
+    for name, opt in options(app, path).items():
+        cls = owner(classes, name)
+        if cls is not None:
+            found.append((name, opt, cls))
+    return found
+
+
+@pytest.mark.parametrize(
+    ("app", "path", "classes"), COMMANDS, ids=[" ".join(c[1]) or "fsctl" for c in COMMANDS]
+)
+def test_every_config_backed_option_defaults_to_the_field_default(app, path, classes):
+    where = path[-1] if path else ""
+    backed = backed_options(app, path, classes)
+    assert backed, f"{path}: no option is named after a field of {classes}"
+    wrong = []
+    for name, opt, cls in backed:
+        if (where, name) in OWN_DEFAULTS:
+            continue
+        if (where, name) in CONFIG_DECIDES and opt.default is None:
+            continue
+        if opt.default != field_default(cls, name):
+            wrong.append(
+                f"{opt.opts[0]}: {opt.default!r} != {cls.__name__}.{name} = {field_default(cls, name)!r}"
+            )
+    assert not wrong, f"{' '.join(path) or 'fsctl'}: " + "; ".join(wrong)
+
+
+def test_the_checks_cover_the_options_that_matter():
+    """A renamed option would silently drop out of the check above: pin the big ones."""
+    covered = {
+        (c[1][-1] if c[1] else "", name) for c in COMMANDS for name, _, _ in backed_options(*c)
+    }
+    for name in (
+        "max_batch_size",
+        "kv_policy",
+        "block_size",
+        "quantum_ratio",
+        "num_levels",
+        "starve_promote",
+        "demote_rule",
+        "preempt_threshold",
+        "admit_fraction",
+        "reserve_min_jobs",
+        "reserve_top_levels",
+    ):
+        assert ("simulate", name) in covered, name
+    for name in ("model", "device", "dtype", "block_size", "tp", "pp", "temperature", "top_p"):
+        assert ("generate", name) in covered, name
+    assert {("", "endpoint"), ("", "telemetry_endpoint"), ("stop", "endpoint")} <= covered
+    assert {("play", "time_scale"), ("play", "drain_timeout"), ("submit", "top_k")} <= covered
+    assert options(fsd_app, ("generate",))["max_tokens"].default == CLI_MAX_TOKENS
+
+
+def test_start_leaves_every_config_field_to_the_config_and_names_no_other():
+    """`fsd start` passes its options to build_configs by name: each is a config field
+    (None keeps the file's value, then the dataclass default) or one of its own."""
+    opts = options(fsd_app, ("start",))
+    unknown = sorted(set(opts) - CONFIG_FIELDS - set(START_OWN_OPTIONS))
+    assert not unknown, f"fsd start options that are no config field: {unknown}"
+    assert set(START_OWN_OPTIONS) <= set(opts)
+    fields = [n for n in opts if n in CONFIG_FIELDS]
+    assert len(fields) >= 15
+    assert all(opts[n].default is None for n in fields), [
+        n for n in fields if opts[n].default is not None
+    ]
+
+
+def test_help_lists_the_registries():
+    start = options(fsd_app, ("start",))
+    engine = [p for p in POLICIES if p != "srpt"]
+    assert list(ENGINE_POLICIES) == ["default", *engine]
+    for name in ENGINE_POLICIES:
+        assert name in start["policy"].help
+    assert "srpt" not in start["policy"].help  # the daemon refuses it
+    with pytest.raises(Exception, match="srpt"):
+        engine_policy("srpt")
+    for name in KV_POLICIES:
+        assert name in start["kv_policy"].help
+    for name in DEVICES:
+        assert name in start["device"].help
+    for name in DTYPES:
+        assert name in start["dtype"].help
+    sim = options(fsd_app, ("simulate",))
+    assert sim["policies"].default == ",".join(POLICIES)
+    for name in (*POLICIES, "default"):
+        assert name in sim["policies"].help
+    for name in KV_POLICIES:
+        assert name in sim["kv_policy"].help
+    assert str(SchedConfig().max_batch_tokens) in sim["max_batch_tokens"].help
+
+
+def test_simulate_options_are_the_commands_parameters():
+    """`fsd simulate` hands its parameters to SimOptions by name: the two lists agree."""
+    params = [p.name for p in command(fsd_app, ("simulate",)).params]
+    assert params == [f.name for f in dataclasses.fields(SimOptions)]
