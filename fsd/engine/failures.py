@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -39,7 +40,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("fsd.engine")
 
 
-class EngineFailures:
+class EngineFailures(ABC):
     """Failing jobs at the narrowest scope: a job, a micro-batch, the workers, every job."""
 
     scheduler: Scheduler
@@ -53,11 +54,13 @@ class EngineFailures:
     _refusing: bool  # the workers could not be restarted: new jobs are refused
     worker_failures: int
 
-    def _release(self, job: Job) -> RequestOutput:  # provided by the engine
-        raise NotImplementedError
+    @abstractmethod
+    def _release(self, job: Job) -> RequestOutput:
+        """Forget a finished job and return its final output (the engine's)."""
 
-    def _copies_done(self, ops: list[SwapOp]) -> None:  # provided by the engine
-        raise NotImplementedError
+    @abstractmethod
+    def _copies_done(self, ops: list[SwapOp]) -> None:
+        """Account asynchronous copies as ended (the engine's)."""
 
     # ---- one job -----------------------------------------------------------------
 

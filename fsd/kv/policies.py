@@ -51,7 +51,6 @@ class ArrivalEstimate:
 class PlanInputs:
     """What the scheduler knows after forming a batch, for a policy's async copies."""
 
-    batch_ids: set[str]  # this batch and the micro-batches in flight: pinned
     wanted: list[Job]  # host jobs the batch would have taken now
     upcoming: list[Job]  # host jobs next in line after a full batch
     new_top_jobs: Callable[[], int]  # jobs without KV in the top K' levels

@@ -186,7 +186,7 @@ class Scheduler:
         for op in self.kv_policy.plan(self._plan_inputs(walk)):
             out.record(op)
         # 3. the jobs that ran last time and not now are preempted
-        self._mark_preempted(out, walk.batch_ids - set(busy), busy)
+        self._mark_preempted(out, walk.batch_ids, busy)
         # 4. a decision is made once per pipeline stage time: the copies beside one step
         self._last_batch_cost = max(
             self.cost.iteration_time_from_alone(
@@ -201,7 +201,6 @@ class Scheduler:
         on_device = self.blocks.on_device
         movable = (j for j in on_device.values() if j.job_id not in batch_ids)
         return PlanInputs(
-            batch_ids,
             walk.wanted,
             walk.upcoming,
             self.new_jobs_in_top_levels,
