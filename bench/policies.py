@@ -3,6 +3,7 @@
     .venv/bin/python bench/policies.py              # the whole study, 2 processes (~15 min)
     .venv/bin/python bench/policies.py --quick      # smaller slices, fewer sections
     .venv/bin/python bench/policies.py --only main,kv --jobs 2
+    .venv/bin/python bench/policies.py --chunks [--quick]   # chunked prefill alone
 
 Setting: the opt-13b-a100 analytic profile (1 x A100-80GB; 3531 device KV blocks of
 16 tokens, host 4x), max batch 32 jobs / 4096 tokens, kv policy proactive, SLO 10 x
@@ -22,21 +23,32 @@ Sections:
           settings (q1, ratio, levels, K, K') on the workloads where the paper's
           rules struggle;
   seeds   fsd's default against FCFS on 5 draws (seeds) of each synthetic workload;
-  sweep   each policy's maximum time scale of the conversation trace under the SLO.
+  sweep   each policy's maximum time scale of the conversation trace under the SLO;
+  chunks  (--chunks, not in the default list) chunked prefill on opt-13b-h100: fcfs and
+          the default with prefill_chunk off, unset (slo: the most prompt tokens whose
+          prefill fits the SLO, fsd's default), 256, 512 and 1024 on the conversation
+          trace (x0.3, x0.4, x0.5, and x0.8, x1.0: the H100's heavy loads), long prompts (2k-4k tokens, outputs 13-50) among
+          ShareGPT chat, long prompts alone, and a burst of 8 prompts of 4000 tokens
+          among 16 decoding jobs: the P99 time between tokens (TBT) of the running
+          jobs during the burst against one decode step of theirs alone.
 
-Writes bench/results/policies.json and prints markdown tables.
+Writes bench/results/policies.json (--chunks: policies-chunks.json) and prints
+markdown tables.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing as mp
 import sys
 import time
 from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -44,6 +56,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from machine import describe_machine  # noqa: E402
 
 from fsd.config import CacheConfig, SchedConfig  # noqa: E402
+from fsd.sched.chunking import prefill_budget  # noqa: E402
 from fsd.sched.profiles import load_profile  # noqa: E402
 from fsd.sched.registry import (  # noqa: E402
     DEFAULT_POLICY,
@@ -53,7 +66,15 @@ from fsd.sched.registry import (  # noqa: E402
 from fsd.sim.capacity import max_context_of  # noqa: E402
 from fsd.sim.runner import RunSpec, run_many  # noqa: E402
 from fsd.sim.sweep import sweep_many  # noqa: E402
-from fsd.workload import Workload, gamma, length_model, poisson, read_trace, synthetic  # noqa: E402
+from fsd.workload import (  # noqa: E402
+    Request,
+    Workload,
+    gamma,
+    length_model,
+    poisson,
+    read_trace,
+    synthetic,
+)
 from fsd.workload.scenario import load_scenario  # noqa: E402
 from fsd.workload.timeline import expand  # noqa: E402
 
@@ -252,6 +273,9 @@ class Study:
 
 
 def base_spec(label: str, policy: str, kv: str = "proactive", **opts) -> RunSpec:
+    # The policy study (README, "Scheduling results") runs whole prefills, as it did
+    # before chunked prefill; the chunks section sets prefill_chunk itself.
+    opts.setdefault("prefill_chunk", 0)
     cache_keys = {"reserve_min_jobs", "reserve_top_levels", "admit_fraction"}
     sched = SchedConfig(policy=policy, **{k: v for k, v in opts.items() if k not in cache_keys})
     cache = CacheConfig(kv_policy=kv, **{k: v for k, v in opts.items() if k in cache_keys})
@@ -393,6 +417,231 @@ def run_sweep(study: Study, cost, ctx) -> None:
     study.results["sweep"] = {"trace": TRACE.name, "requests": n, "metric": "avg", "runs": rows}
 
 
+# ---- chunked prefill (P10) -------------------------------------------------------
+
+CHUNK_PROFILE = "opt-13b-h100"
+CHUNK_SIZES = (0, None, 256, 512, 1024)  # 0: whole prefills; None: from the SLO (the default)
+BURST_CHUNKS = (0, None, 128, 192, 256, 512, 1024)  # the burst is cheap: smaller sizes too
+CHUNK_POLICIES = ("fcfs", "default")
+CHUNK_KEEP = (
+    "avg", "p95", "ttft", "ttft_p99", "tbt_mean", "tbt_p50", "tbt_p99", "tbt_max",
+    "preemptions", "iterations", "mean_batch", "makespan_s", "sim_wall_s",
+)  # fmt: skip
+LONG_PROMPT = 2048  # a job with at least this many prompt tokens is a "long" one
+
+
+@dataclass(frozen=True)
+class _LongAndChat:
+    """Long prompts (2048..4000 tokens, outputs 13..50) among ShareGPT chat requests,
+    each stream Poisson; the prompts stay under the default 4096-token batch budget
+    with a full batch of decodes, so whole prefills can run beside them."""
+
+    long_rate: float
+    chat_rate: float
+
+    def __call__(self, n: int, seed: int) -> Workload:
+        rng = np.random.default_rng(seed)
+        n_long = max(1, round(n * self.long_rate / (self.long_rate + self.chat_rate)))
+        n_chat = n - n_long
+        chat_p, chat_o = length_model("sharegpt").sample(n_chat, rng)
+        arrivals = poisson(self.long_rate).times(n_long, rng)
+        if n_chat:
+            arrivals = np.concatenate([arrivals, poisson(self.chat_rate).times(n_chat, rng)])
+        prompts = np.concatenate([rng.integers(LONG_PROMPT, 4001, n_long), chat_p])
+        outputs = np.concatenate([rng.integers(13, 51, n_long), chat_o])
+        source = f"long prompts {self.long_rate:g}/s + sharegpt chat {self.chat_rate:g}/s"
+        params = {"long_rate": self.long_rate, "chat_rate": self.chat_rate, "seed": seed}
+        return Workload.from_arrays(arrivals, prompts, outputs, source, params)
+
+
+def _case(name: str) -> Case:
+    return next(c for c in CASES if c.name == name)
+
+
+CHUNK_CASES = [
+    _case("conv-0.3"),
+    _case("conv-0.4"),
+    _case("conv-0.5"),
+    # the H100 serves x0.3-0.5 with room to spare: x0.8 is near the SLO, x1.0 past it
+    Case("conv-0.8", "Azure conv trace x0.8 (4.4 req/s)", _trace(0.8), 3000, 1000),
+    Case("conv-1.0", "Azure conv trace x1.0 (5.5 req/s, overload)", _trace(1.0), 3000, 1000),
+    Case("long+chat-1", "long prompts 1 req/s + chat 3 req/s", _LongAndChat(1.0, 3.0), 2000, 800),
+    Case(
+        "long+chat-1.5", "long prompts 1.5 req/s + chat 4 req/s", _LongAndChat(1.5, 4.0), 2000, 800
+    ),
+    Case("long-only", "long prompts alone, Poisson 2 req/s", _LongAndChat(2.0, 0.0), 1000, 400),
+]
+
+
+def chunk_label(policy: str, chunk: int | None) -> str:
+    return f"{policy}/{'slo' if chunk is None else chunk or 'off'}"
+
+
+def _class_split(jobs) -> dict:
+    """Per-token latency and TTFT of the long-prompt jobs and of the others."""
+    out = {}
+    for name, group in (
+        ("long", [j for j in jobs if j.prompt_len >= LONG_PROMPT]),
+        ("short", [j for j in jobs if j.prompt_len < LONG_PROMPT]),
+    ):
+        if group:
+            out[f"{name}_jobs"] = len(group)
+            out[f"{name}_avg"] = float(np.mean([j.per_token_latency for j in group]))
+            out[f"{name}_ttft"] = float(np.mean([j.ttft for j in group]))
+    return out
+
+
+def _chunk_task(args: tuple) -> dict:
+    spec, cost, w = args
+    result = spec.simulator(cost).run(w)
+    row = {k: result.metrics[k] for k in CHUNK_KEEP}
+    budget = prefill_budget(spec.sched.prefill_chunk, cost, spec.cache.block_size)
+    return {"policy": spec.sched.policy, "prefill_chunk": spec.sched.prefill_chunk,
+            "prefill_budget": budget, **row,
+            **_class_split(result.jobs)}  # fmt: skip
+
+
+def _pool_map(fn: Callable, tasks: list, jobs: int) -> list:
+    if jobs <= 1:
+        return [fn(t) for t in tasks]
+    ctx = mp.get_context("fork") if "fork" in mp.get_all_start_methods() else None
+    with ProcessPoolExecutor(max_workers=min(jobs, len(tasks)), mp_context=ctx) as pool:
+        return list(pool.map(fn, tasks))
+
+
+def run_chunks(study: Study, _cost, _ctx) -> None:
+    """fcfs and the default with each prefill chunk size, on the H100 profile: the
+    conversation trace at three loads, long prompts among chat, and a burst."""
+    cost = load_profile(CHUNK_PROFILE)
+    ctx = max_context_of(cost)
+    specs = [
+        base_spec(chunk_label(p, c), p, prefill_chunk=c)
+        for p in CHUNK_POLICIES
+        for c in CHUNK_SIZES
+    ]
+    cases = {}
+    for case in CHUNK_CASES:
+        # the trace is clipped to OPT's context; the synthetic prompts (up to 4k) are not
+        w = load(case, study.quick, ctx if case.name.startswith("conv") else None)
+        t = time.perf_counter()
+        rows = _pool_map(_chunk_task, [(s, cost, w) for s in specs], study.jobs)
+        cases[case.name] = {
+            "desc": case.desc,
+            "workload": w.summary(),
+            "runs": {s.label: row for s, row in zip(specs, rows, strict=True)},
+        }
+        print(f"  chunks {case.name}: {time.perf_counter() - t:.0f} s", file=sys.stderr)
+    study.results["chunks"] = {
+        "profile": CHUNK_PROFILE,
+        "slo": default_slo(cost),
+        "cases": cases,
+        "burst": run_burst(cost),
+    }
+
+
+# a steady batch of decodes, then a burst of long prompts all at once
+BURST = {"decodes": 16, "decode_prompt": 512, "decode_output": 400, "at_s": 1.0,
+         "prompts": 8, "prompt": 4000, "prompt_output": 16}  # fmt: skip
+
+
+def burst_workload() -> Workload:
+    b = BURST
+    steady = [
+        Request(0.01 * i, b["decode_prompt"], b["decode_output"]) for i in range(b["decodes"])
+    ]
+    burst = [Request(b["at_s"], b["prompt"], b["prompt_output"])] * b["prompts"]
+    return Workload(tuple(steady + burst), "burst", dict(b))
+
+
+def _token_times(job) -> np.ndarray:
+    return job.first_token_time + np.concatenate([[0.0], np.cumsum(np.frombuffer(job.gaps))])
+
+
+def burst_stats(jobs, cost, at: float) -> dict:
+    """The running jobs' gaps from the burst's arrival until its last prompt is
+    prefilled, against one decode step of those jobs alone (cost.decode_time)."""
+    burst = [j for j in jobs if j.arrival_time >= at]
+    end = max(j.first_token_time for j in burst)
+    gaps, batch, ctx = [], 0, 0
+    for j in (j for j in jobs if j.arrival_time < at):
+        times = _token_times(j)
+        ends = times[1:]
+        gaps.append(np.frombuffer(j.gaps)[(ends > at) & (ends <= end)])
+        produced = int((times <= at).sum())
+        if 0 < produced < len(times):  # decoding when the burst came
+            batch += 1
+            ctx += j.prompt_len + produced
+    g = np.concatenate(gaps)
+    step = cost.decode_time(batch, ctx)
+    p99 = float(np.percentile(g, 99)) if g.size else float("nan")
+    return {
+        "running": batch,
+        "decode_step": step,
+        "burst_s": end - at,
+        "gaps": int(g.size),
+        "tbt_p99_running": p99,
+        "tbt_max_running": float(g.max()) if g.size else float("nan"),
+        "ratio": p99 / step,
+        "burst_ttft": float(np.mean([j.ttft for j in burst])),
+    }
+
+
+def run_burst(cost) -> dict:
+    w = burst_workload()
+    rows = {}
+    for policy in CHUNK_POLICIES:
+        for chunk in BURST_CHUNKS:
+            result = base_spec("burst", policy, prefill_chunk=chunk).simulator(cost).run(w)
+            stats = burst_stats(result.jobs, cost, BURST["at_s"])
+            rows[chunk_label(policy, chunk)] = {
+                "policy": policy, "prefill_chunk": chunk, **stats,
+                **{k: result.metrics[k] for k in ("avg", "ttft", "tbt_p99")},
+            }  # fmt: skip
+    return {"workload": dict(BURST), "runs": rows}
+
+
+def chunks_markdown(res: dict) -> list[str]:
+    ms = lambda x: f"{1e3 * x:.1f}"  # noqa: E731
+    lines = [
+        f"### Chunked prefill on {res['profile']} (SLO {ms(res['slo'])} ms/token)",
+        "",
+        "| workload | run | avg ms/token | vs off | ttft s (mean / p99) | tbt ms (mean / p99) "
+        "| long jobs: avg ms, ttft s | short jobs: avg ms, ttft s |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for name, block in res["cases"].items():
+        runs = block["runs"]
+        for label, m in runs.items():
+            off = runs[chunk_label(m["policy"], 0)]["avg"]
+            split = [
+                f"{ms(m[f'{c}_avg'])}, {m[f'{c}_ttft']:.2f}" if f"{c}_avg" in m else "-"
+                for c in ("long", "short")
+            ]
+            lines.append(
+                f"| {name} | {label} | {ms(m['avg'])} | {m['avg'] / off:.3f} | "
+                f"{m['ttft']:.3f} / {m['ttft_p99']:.3f} | {ms(m['tbt_mean'])} / "
+                f"{ms(m['tbt_p99'])} | " + " | ".join(split) + " |"
+            )
+    b = res["burst"]["workload"]
+    lines += [
+        "",
+        f"### Burst: {b['prompts']} prompts of {b['prompt']} tokens at {b['at_s']} s among "
+        f"{b['decodes']} decoding jobs",
+        "",
+        "| run | running jobs' P99 TBT ms | max ms | decode step ms | P99 / step "
+        "| burst prefilled in s | burst ttft s | avg ms/token |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for label, m in res["burst"]["runs"].items():
+        lines.append(
+            f"| {label} | {ms(m['tbt_p99_running'])} | {ms(m['tbt_max_running'])} | "
+            f"{ms(m['decode_step'])} | {m['ratio']:.2f} | {m['burst_s']:.2f} | "
+            f"{m['burst_ttft']:.2f} | {ms(m['avg'])} |"
+        )
+    lines.append("")
+    return lines
+
+
 def markdown(study: Study, slo: float) -> str:
     lines: list[str] = []
     res = study.results
@@ -440,6 +689,8 @@ def markdown(study: Study, slo: float) -> str:
         lines.append("")
     if "seeds" in res:
         lines += seeds_markdown(res["seeds"])
+    if "chunks" in res:
+        lines += chunks_markdown(res["chunks"])
     if "sweep" in res:
         lines += [
             f"### Max conv-trace load with avg per-token latency <= {ms(slo)} ms "
@@ -466,10 +717,16 @@ def main() -> None:
     )
     ap.add_argument("--quick", action="store_true", help="smaller workloads")
     ap.add_argument("--only", default="main,kv,tuning,seeds,sweep", help="sections to run")
+    ap.add_argument(
+        "--chunks",
+        action="store_true",
+        help="the chunked-prefill section alone (opt-13b-h100), into policies-chunks.json",
+    )
     ap.add_argument("--jobs", type=int, default=2, help="worker processes")
-    ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "policies.json"))
+    ap.add_argument("--out", default=None, help="default: results/policies[-chunks].json")
     args = ap.parse_args()
-    cost = load_profile(PROFILE)
+    only = "chunks" if args.chunks else args.only
+    cost = load_profile(PROFILE)  # the chunks section loads its own (CHUNK_PROFILE)
     ctx = max_context_of(cost)
     study = Study(args.quick, args.jobs)
     sections = {
@@ -478,22 +735,26 @@ def main() -> None:
         "tuning": run_tuning,
         "seeds": run_seeds,
         "sweep": run_sweep,
+        "chunks": run_chunks,
     }
     t0 = time.perf_counter()
-    for name in args.only.split(","):
+    for name in only.split(","):
         sections[name](study, cost, ctx)
-    slo = default_slo(cost)
-    text = markdown(study, slo)
+    text = markdown(study, default_slo(cost))
+    if only == "chunks":  # the run's setting is the chunk section's
+        cost = load_profile(CHUNK_PROFILE)
+        ctx = max_context_of(cost)
     print(text)
-    out = Path(args.out)
+    name = "policies-chunks.json" if only == "chunks" else "policies.json"
+    out = Path(args.out or Path(__file__).parent / "results" / name)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(
         json.dumps(
             {
                 "bench": "policies",
                 "machine": describe_machine(torch.device("cpu")),
-                "profile": PROFILE,
-                "slo": slo,
+                "profile": cost.name,
+                "slo": default_slo(cost),
                 "max_context": ctx,
                 "default_policy": DEFAULT_POLICY,
                 "quick": args.quick,

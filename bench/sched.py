@@ -55,7 +55,9 @@ class Case:
         pools = size_pools(self.cost, cache)
         self.blocks = BlockManager(pools.device, cache.block_size, pools.host)
         name, _, rule = policy.partition("/")  # "sj-mlfq/always": that demote rule
-        sched_cfg = SchedConfig(policy=name, **({"demote_rule": rule} if rule else {}))
+        sched_cfg = SchedConfig(
+            policy=name, prefill_chunk=0, **({"demote_rule": rule} if rule else {})
+        )  # whole prefills, as the README's figures were measured
         self.sched = make_scheduler(sched_cfg, cache, self.blocks, self.cost)
         rng = np.random.default_rng(seed)
         self.prompts, self.outputs = length_model("sharegpt").sample(4 * n + 10_000, rng)

@@ -64,7 +64,7 @@ def main() -> None:
     workload = read_trace(args.trace, args.time_scale, args.limit).clipped(max_context_of(cost))
     t_read = time.perf_counter() - t0
     names = args.policies.split(",")
-    specs = [RunSpec(p, SchedConfig(policy=p), CacheConfig()) for p in names]
+    specs = [RunSpec(p, SchedConfig(policy=p, prefill_chunk=0), CacheConfig()) for p in names]
     # relative cost per iteration, measured (bench/results/sim-cpu.json): the runs are
     # packed into the processes by it rather than handed out one at a time
     weights = [COST.get(p, 1.0) for p in names]

@@ -105,6 +105,26 @@ def duration(seconds: float | None) -> str:
     return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{sec:02d}s"
 
 
+def _count(n: int) -> str:
+    """A token count for a narrow cell: as is below 100k, else in thousands (131k)."""
+    return str(n) if n < 100_000 else f"{n // 1000}k"
+
+
+def prefill_progress(prefilled: int | None, prompt: int) -> str:
+    """'512/2048' while a job's prompt is partly prefilled (between the chunks of a
+    chunked prefill); '' before it starts, once it is done, or from an older daemon."""
+    if prefilled is None or not 0 < prefilled < prompt:
+        return ""
+    return f"{_count(prefilled)}/{_count(prompt)}"
+
+
+def prefill_detail(prefilled: int, prompt: int) -> str:
+    """'512/2048 tokens (25%)', or 'done' once the whole prompt's KV is cached."""
+    if prefilled >= prompt:
+        return "done"
+    return f"{prefilled}/{prompt} tokens ({prefilled * 100 // max(prompt, 1)}%)"
+
+
 def status_lines(s: P.StatusReply) -> list[str]:
     return [
         f"fsd {s.version}  pid {s.pid}  up {duration(s.uptime)}",
@@ -119,7 +139,7 @@ def status_lines(s: P.StatusReply) -> list[str]:
 
 def jobs_table(jobs: list[P.JobInfo]) -> Table:
     table = Table(box=None, header_style="bold", pad_edge=False)
-    for name in ("JOB", "STATE", "LVL", "KV", "BLOCKS", "ENST", "PROMPT", "OUT", "WAITED"):
+    for name in ("JOB", "STATE", "LVL", "KV", "BLOCKS", "ENST", "PROMPT", "PREFILL", "OUT", "WAITED"):  # fmt: skip
         table.add_column(name, no_wrap=True, justify="left" if name in ("JOB", "STATE", "KV") else "right")  # fmt: skip
     table.add_column("PREEMPT", justify="right", no_wrap=True)
     table.add_column("TAGS", overflow="fold")
@@ -132,6 +152,7 @@ def jobs_table(jobs: list[P.JobInfo]) -> Table:
             f"{j.blocks}/{j.host_blocks}",
             duration(j.enst),
             str(j.prompt_tokens),
+            prefill_progress(j.prefilled, j.prompt_tokens) or "-",
             str(j.output_tokens),
             duration(j.waited),
             str(j.preemptions),
@@ -147,6 +168,10 @@ def detail_line(key: str, value: object) -> str:
 
 def job_lines(j: P.JobInfo) -> list[str]:
     """One job in detail, a line per figure: `fsctl job` and the console's job screen."""
+    # no prefill line for a job from a daemon that does not report it
+    prefill = (
+        [] if j.prefilled is None else [("prefill", prefill_detail(j.prefilled, j.prompt_tokens))]
+    )
     rows = [
         ("job", j.job_id),
         ("state", j.state),
@@ -154,6 +179,7 @@ def job_lines(j: P.JobInfo) -> list[str]:
         ("kv", f"{j.kv} ({j.blocks} device blocks, {j.host_blocks} host blocks)"),
         ("enst", duration(j.enst)),
         ("tokens", f"{j.prompt_tokens} prompt, {j.output_tokens} output"),
+        *prefill,
         ("waited", duration(j.waited)),
         ("attained", duration(j.attained)),
         ("arrival", clock(j.arrival)),

@@ -133,6 +133,7 @@ def start(
     num_gpu_blocks: Annotated[Optional[int], typer.Option(help="KV blocks on the device.")] = None,  # noqa: UP045
     num_host_blocks: Annotated[Optional[int], typer.Option(help="KV blocks in host memory.")] = None,  # noqa: UP045
     max_batch_size: Annotated[Optional[int], typer.Option(help="Most jobs in one iteration.")] = None,  # noqa: UP045
+    prefill_chunk: Annotated[Optional[int], typer.Option(help="Chunked prefill: most prompt tokens per iteration (0 = whole prefills).")] = None,  # noqa: UP045
     device: Annotated[Optional[str], typer.Option(help=_DEVICE_HELP)] = None,  # noqa: UP045
     dtype: Annotated[Optional[str], typer.Option(help=_DTYPE_HELP)] = None,  # noqa: UP045
     telemetry_hz: Annotated[Optional[float], typer.Option(help="Snapshots per second (0 = off).")] = None,  # noqa: UP045
@@ -292,7 +293,7 @@ def profile(
     dtype: Annotated[str, typer.Option(help=_DTYPE_HELP)] = default_of(ModelConfig, "dtype"),
     num_gpu_blocks: Annotated[Optional[int], typer.Option(help="KV blocks on the device.")] = default_of(CacheConfig, "num_gpu_blocks"),  # noqa: UP045
 ) -> None:
-    """Measure prefill and decode times on the running engine, fit the cost model, write JSON.
+    """Measure prefill, chunk and decode times on the running engine, fit the cost model, write JSON.
 
     Start the daemon or the offline API with `profile=PATH` to charge service by it.
     """

@@ -129,6 +129,10 @@ class SchedConfig:
     # a job in the running batch is ranked this many levels above its own: a waiting job
     # preempts it only from further up (fewer swaps for a small difference in priority)
     preempt_threshold: int = 3
+    # chunked prefill: an iteration carries at most this many prompt tokens beside its
+    # decodes; a longer prompt runs as chunks, each a preemption point (0: whole
+    # prefills; None: the most whose prefill fits the per-token SLO, fsd.sched.chunking)
+    prefill_chunk: int | None = None
     profile: str | None = None  # a profile JSON path or a shipped profile name
 
     def __post_init__(self) -> None:
@@ -169,6 +173,8 @@ class SchedConfig:
         int_range("preempt_threshold", self.preempt_threshold, 0, MAX_LEVELS, " levels")
         int_range("max_batch_size", self.max_batch_size, 1, MAX_BATCH_SIZE)
         int_range("max_batch_tokens", self.max_batch_tokens, 1, MAX_BATCH_TOKENS)
+        if self.prefill_chunk is not None:
+            int_range("prefill_chunk", self.prefill_chunk, 0, MAX_BATCH_TOKENS, " tokens (0: off)")
 
 
 @dataclass(frozen=True)
@@ -266,6 +272,9 @@ class EngineConfig:
     sched: SchedConfig = field(default_factory=SchedConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
 
+    def __post_init__(self) -> None:
+        check_prefill_chunk(self.sched.prefill_chunk, self.cache.block_size)
+
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> EngineConfig:
         """Route each keyword to the slice that has a field of that name."""
@@ -289,6 +298,16 @@ class EngineConfig:
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
         return dataclasses.asdict(self)
+
+
+def check_prefill_chunk(chunk: int | None, block_size: int) -> None:
+    """A chunk holds at least one KV block (or chunking is off, or derived): the one
+    cross-slice rule."""
+    if chunk and chunk < block_size:
+        raise ConfigError(
+            f"prefill_chunk must be 0 (off) or at least one KV block ({block_size} tokens), "
+            f"got {chunk}"
+        )
 
 
 SLICE_TYPES: dict[str, type] = {

@@ -22,8 +22,16 @@ class CostModel:
     """Seconds per iteration as a function of the batch's shape.
 
     prefill(n)          = prefill_base + prefill_per_token * n + prefill_per_token2 * n^2
+    chunk(n, c)         = prefill(n) + c * (decode_per_ctx_token + prefill_per_ctx_token * n)
     decode(b, ctx_sum)  = decode_base + decode_per_seq * b + decode_per_ctx_token * ctx_sum
     A mixed iteration costs the decode part plus each prefill's part beyond the base.
+
+    A prefill chunk of n tokens over c cached ones (chunked prefill) also reads the c
+    cached tokens' KV once (as a decode does) and attends n x c more pairs. Summed
+    over a prompt's chunks the n x c pairs add up to the whole prompt's n^2 term
+    (when prefill_per_ctx_token = 2 x prefill_per_token2, the math alone); what
+    chunking adds is re-reading the cached KV once per chunk and, when a chunk runs
+    alone, its prefill_base: `chunked_prefill_time` says by how much.
     Swapping moves kv_bytes_per_token per token at swap_bytes_per_s (one direction at a time).
 
     With pipeline parallelism the times are an iteration's latency through all
@@ -35,6 +43,7 @@ class CostModel:
     prefill_base: float = 1e-3
     prefill_per_token: float = 1e-5
     prefill_per_token2: float = 0.0
+    prefill_per_ctx_token: float = 0.0  # a chunk's query token x cached token
     decode_base: float = 1e-3
     decode_per_seq: float = 1e-5
     decode_per_ctx_token: float = 1e-8
@@ -48,6 +57,7 @@ class CostModel:
             "prefill_base",
             "prefill_per_token",
             "prefill_per_token2",
+            "prefill_per_ctx_token",
             "decode_base",
             "decode_per_seq",
             "decode_per_ctx_token",
@@ -69,6 +79,25 @@ class CostModel:
         n = num_tokens
         return self.prefill_base + self.prefill_per_token * n + self.prefill_per_token2 * n * n
 
+    def chunk_time(self, num_tokens: int, cached: int) -> float:
+        """A prefill chunk of `num_tokens` new tokens over `cached` ones, run alone."""
+        t = self.prefill_time(num_tokens)
+        if cached:
+            t += cached * (self.decode_per_ctx_token + self.prefill_per_ctx_token * num_tokens)
+        return t
+
+    def chunked_prefill_time(self, num_tokens: int, chunk: int) -> float:
+        """A whole prompt prefilled in chunks of at most `chunk` tokens, each one in
+        an iteration of its own (alone: each pays prefill_base). chunk <= 0: whole."""
+        if chunk <= 0 or chunk >= num_tokens:
+            return self.prefill_time(num_tokens)
+        total, done = 0.0, 0
+        while done < num_tokens:
+            n = min(chunk, num_tokens - done)
+            total += self.chunk_time(n, done)
+            done += n
+        return total
+
     def decode_time(self, batch_size: int, context_tokens: int) -> float:
         if batch_size <= 0:
             return 0.0
@@ -89,14 +118,24 @@ class CostModel:
         return self.decode_base + self.decode_per_seq, self.decode_per_ctx_token
 
     def job_iteration_time(self, new_tokens: int, context_tokens: int) -> float:
-        """One job's next iteration run alone: its prefill, or one decode step."""
+        """One job's next iteration run alone: its prefill (or chunk: `new_tokens` of
+        the `context_tokens` after the step are new), or one decode step."""
         if new_tokens > 1:
+            if new_tokens < context_tokens:
+                return self.chunk_time(new_tokens, context_tokens - new_tokens)
             return self.prefill_time(new_tokens)
         # decode_time(1, context_tokens), inlined: the scheduler calls this per job per step
         return self.decode_base + self.decode_per_seq + self.decode_per_ctx_token * context_tokens
 
-    def iteration_time(self, prefill_lens: Iterable[int], decode_contexts: Iterable[int]) -> float:
-        """A mixed batch: prefills of the given lengths plus decodes at the given contexts.
+    def iteration_time(
+        self,
+        prefill_lens: Iterable[int],
+        decode_contexts: Iterable[int],
+        prefill_cached: Iterable[int] = (),
+    ) -> float:
+        """A mixed batch: prefills (or chunks) of the given lengths plus decodes at the
+        given contexts. `prefill_cached[i]`: tokens already cached before prefill i's
+        chunk (none given: whole prefills).
 
         The fixed cost (reading the weights) is paid once per iteration.
         """
@@ -108,6 +147,9 @@ class CostModel:
         t += self.decode_per_seq * len(ctx) + self.decode_per_ctx_token * sum(ctx)
         for n in lens:
             t += self.prefill_per_token * n + self.prefill_per_token2 * n * n
+        for n, cached in zip(lens, prefill_cached, strict=False):
+            if cached:
+                t += cached * (self.decode_per_ctx_token + self.prefill_per_ctx_token * n)
         return t
 
     def iteration_time_from_alone(self, alone_sum: float, decodes: int, prefills: int) -> float:

@@ -205,8 +205,11 @@ class Job:
     last_run: float = 0.0  # when it last ran (or arrived)
     starve_since: float = 0.0  # when its starvation clock started
     enst: float | None = None  # estimated next scheduled time, seconds from now
-    last_cost: float = 0.0  # profiled time of the iteration it was last scheduled for
-    last_prefill: bool = False  # that iteration was a (re)prefill
+    # profiled time of the iteration it was last scheduled for (a prefill chunk: its share
+    # of the whole prefill, so the chunks of a prompt are charged what it would be whole)
+    last_cost: float = 0.0
+    last_prefill: bool = False  # that iteration was a (re)prefill or a chunk of one
+    step_tokens: int = 0  # tokens fed in that iteration (a prefill chunk may be fewer)
     promotions: int = 0
     demotions: int = 0
 
@@ -238,6 +241,27 @@ class Job:
     @property
     def is_prefill(self) -> bool:
         return self.num_new_tokens > 1
+
+    @property
+    def num_prefilled(self) -> int:
+        """Prompt tokens whose KV is cached (prefill progress; the prompt once started)."""
+        return min(self.num_computed_tokens, self.num_prompt_tokens)
+
+    @property
+    def step_samples(self) -> bool:
+        """The scheduled step reaches the job's last token, so the model samples one.
+
+        Only a prefill chunk short of the end does not: the step fills KV and the job
+        produces nothing (`absorb_chunk`).
+        """
+        return self.num_computed_tokens + self.step_tokens >= self.num_tokens
+
+    def absorb_chunk(self) -> None:
+        """A prefill chunk short of the end ran: its tokens are cached, none produced.
+
+        The rule the engine and the simulator share for a step that does not sample.
+        """
+        self.num_computed_tokens += self.step_tokens
 
     def append_token(self, token: int, now: float) -> None:
         """The model produced `token` at `now`: every token fed so far is in the cache.

@@ -22,7 +22,32 @@ def comparison_rows(cost: CostModel) -> list[tuple[str, str, float, float, float
     for d in cost.notes.get("decode", []):  # type: ignore[union-attr]
         shape = f"b={d['batch']} ctx={d['context']}"
         rows.append(("decode", shape, d["measured_s"], d["median_s"], d["fitted_s"]))
+    for c in cost.notes.get("chunk", []):  # type: ignore[union-attr]
+        shape = f"{c['tokens']} over {c['cached']} cached"
+        rows.append(("chunk", shape, c["measured_s"], c["median_s"], c["fitted_s"]))
     return rows
+
+
+def chunk_report(cost: CostModel) -> str:
+    """How much longer a long prompt takes prefilled in chunks than whole, e.g.
+    "x1.07 at chunk 512 (measured x1.05)", from the notes (`fit_cost_model`)."""
+    info = cost.notes.get("chunked_prefill")
+    if not isinstance(info, dict):
+        return ""
+    cells = []
+    for size, ratio in info.get("slowdown", {}).items():
+        cell = f"x{ratio['predicted']:.2f} at chunk {size}"
+        if "measured" in ratio:
+            cell += f" (measured x{ratio['measured']:.2f})"
+        cells.append(cell)
+    how = str(info.get("prefill_per_ctx_token", "")).split(":")[0]
+    derived = info.get("derived_prefill_per_ctx_token")
+    if how == "measured" and isinstance(derived, float):
+        how += f" (2 x prefill_per_token2 would be {derived * 1e9:.4f} ns)"
+    return (
+        f"chunked prefill of {info.get('prompt_tokens')} tokens vs whole, each chunk alone: "
+        f"{', '.join(cells)}; prefill_per_ctx_token {how}"
+    )
 
 
 def print_report(cost: CostModel, console: Any) -> None:
@@ -47,11 +72,15 @@ def print_report(cost: CostModel, console: Any) -> None:
     console.print(
         f"prefill(n) = {cost.prefill_base * 1e3:.3f} ms + {cost.prefill_per_token * 1e6:.3f} us*n"
         f" + {cost.prefill_per_token2 * 1e9:.4f} ns*n^2\n"
+        f"chunk(n, c) = prefill(n) + c * ({cost.decode_per_ctx_token * 1e9:.3f} ns"
+        f" + {cost.prefill_per_ctx_token * 1e9:.4f} ns*n)\n"
         f"decode(b, C) = {cost.decode_base * 1e3:.3f} ms + {cost.decode_per_seq * 1e6:.3f} us*b"
         f" + {cost.decode_per_ctx_token * 1e9:.3f} ns*C\n"
         f"q1 (min iteration) = {cost.min_iteration_time * 1e3:.3f} ms; "
         f"swap {cost.swap_bytes_per_s / 1e9:.2f} GB/s; KV {cost.kv_bytes_per_token} B/token"
     )
+    if line := chunk_report(cost):
+        console.print(line)
 
 
 def run_profile_command(

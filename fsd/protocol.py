@@ -228,7 +228,12 @@ class Error(_Msg, tag="error"):
 
 
 class JobInfo(msgspec.Struct, kw_only=True, omit_defaults=True):
-    """One live job as the scheduler sees it; `level` is 1-based (1 = Q1, the top)."""
+    """One live job as the scheduler sees it; `level` is 1-based (1 = Q1, the top).
+
+    `prefilled` is the prefill's progress: the prompt tokens whose KV is cached, from 0
+    to `prompt_tokens` (short of it between the chunks of a chunked prefill, back to 0
+    when the job's KV was dropped). None from a daemon that predates it.
+    """
 
     job_id: str
     state: str
@@ -238,6 +243,7 @@ class JobInfo(msgspec.Struct, kw_only=True, omit_defaults=True):
     host_blocks: int
     enst: float | None
     prompt_tokens: int
+    prefilled: int | None = None
     output_tokens: int
     waited: float
     attained: float

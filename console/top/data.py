@@ -39,6 +39,7 @@ class JobRow(NamedTuple):
     kv: str
     enst: float | None
     prompt_tokens: int
+    prefilled: int | None  # prompt tokens with cached KV (None: the daemon does not say)
     output_tokens: int
     waited: float
     attained: float
@@ -49,20 +50,24 @@ class JobRow(NamedTuple):
     injected: bool
     in_table: bool  # False: seen in a level queue, not yet in a job table
     enst_order: float  # ENST, unknown last: a plain float sorts 10k rows in C
+    prefill_order: float  # prompt tokens left to prefill if part done, else last
 
     @classmethod
     def of(cls, j: P.JobInfo, inject_tags: frozenset[str]) -> JobRow:
         tags = tuple(j.tags)
+        done, prompt = j.prefilled, j.prompt_tokens
+        left = prompt - done if done is not None and 0 < done < prompt else math.inf
         return cls(
-            j.job_id, j.level, j.state, j.kv, j.enst, j.prompt_tokens, j.output_tokens,
+            j.job_id, j.level, j.state, j.kv, j.enst, prompt, done, j.output_tokens,
             j.waited, j.attained, j.arrival, j.blocks, j.host_blocks, tags,
             not inject_tags.isdisjoint(tags), True, math.inf if j.enst is None else j.enst,
+            left,
         )  # fmt: skip
 
     @classmethod
     def pending(cls, job_id: str, level: int) -> JobRow:
         """A job the levels list but no job table has described yet."""
-        return cls(job_id, level, "new", "-", None, 0, 0, 0.0, 0.0, math.inf, 0, 0, (), False, False, math.inf)  # fmt: skip
+        return cls(job_id, level, "new", "-", None, 0, None, 0, 0.0, 0.0, math.inf, 0, 0, (), False, False, math.inf, math.inf)  # fmt: skip
 
 
 # Sortable columns: name → key (attrgetter keys run in C: 10k rows sort in a few ms).
@@ -73,6 +78,7 @@ SORT_KEYS: dict[str, Callable[[JobRow], Any]] = {
     "state": attrgetter("state", "level"),
     "kv": attrgetter("kv", "level"),
     "tokens": attrgetter("output_tokens", "prompt_tokens"),
+    "prefill": attrgetter("prefill_order", "arrival"),  # closest to its first token first
     "waited": attrgetter("waited"),
     "attained": attrgetter("attained"),
 }

@@ -14,7 +14,7 @@ from rich.table import Table
 from rich.text import Text
 
 from fsd import protocol as P
-from fsd.console.cli_format import SECONDS_KEYS, clock, duration, level_name
+from fsd.console.cli_format import SECONDS_KEYS, clock, duration, level_name, prefill_progress
 from fsd.console.top.data import JobRow, TopView
 
 _TICKS = "▁▂▃▄▅▆▇█"
@@ -220,6 +220,7 @@ COLUMNS = (
     Column("OUT/IN", 10, True, "tokens"),
     Column("WAITED", 8, True, "waited"),
     Column("ATTAINED", 8, True, "attained"),
+    Column("PREFILL", 11, True, "prefill"),  # last: an 80-column screen crops it
 )
 INJECTED_MARK = "◆"
 
@@ -240,6 +241,7 @@ def job_cells(r: JobRow) -> list[tuple[str, str]]:
         (tokens, ""),
         (duration(r.waited) if r.in_table else "-", ""),
         (duration(r.attained) if r.in_table else "-", ""),
+        (prefill_progress(r.prefilled, r.prompt_tokens), "yellow"),
     ]
 
 

@@ -37,7 +37,7 @@ from fsd.kv.swap import SwapOp
 from fsd.sched.admission import RequestLimits, check_request
 from fsd.sched.pipeline import InFlight
 from fsd.sched.registry import engine_policy, make_scheduler
-from fsd.sched.retune import plan_retune
+from fsd.sched.retune import plain_value, plan_retune
 from fsd.sched.scheduler import SchedulerOutput
 
 log = logging.getLogger("fsd.engine")
@@ -104,6 +104,7 @@ class Engine(EngineFailures):
             self.config.sched.max_batch_tokens,
             self.blocks.device.num_blocks,
             self.blocks.block_size,
+            self.scheduler.prefill_budget,
         )
 
     def add_request(
@@ -198,7 +199,7 @@ class Engine(EngineFailures):
         self.config = dataclasses.replace(
             self.config, sched=sched or self.config.sched, cache=cache or self.config.cache
         )
-        self.events.add(now, "retune", None, **{k: _plain(v) for k, v in changes.items()})
+        self.events.add(now, "retune", None, **{k: plain_value(v) for k, v in changes.items()})
         return self.config
 
     # ---- the iteration ---------------------------------------------------------
@@ -293,9 +294,9 @@ class Engine(EngineFailures):
         try:
             self.events.schedule(out, start)
             if out.batch or out.sync_ops or async_ops:
-                prefills = [j for j in out.batch if j.is_prefill]
+                prefills = [j for j in out.batch if j.step_tokens > 1]
                 ticket = self.executor.submit(out.batch, out.sync_ops, async_ops)
-                n_tokens = sum(j.num_new_tokens for j in prefills)
+                n_tokens = sum(j.step_tokens for j in prefills)
                 self._flight.push(_MicroBatch(ticket, out, start, len(prefills), n_tokens))
         except WorkerFailure as exc:
             return self._workers_failed(exc, extra=out)
@@ -337,6 +338,9 @@ class Engine(EngineFailures):
                 continue
             if isinstance(tok, JobFault):
                 deltas.append(self._job_fault(job, tok, now))
+                continue
+            if not job.step_samples:  # a prefill chunk short of the end: KV filled, no token
+                job.absorb_chunk()
                 continue
             try:
                 deltas.append(self._append(job, tok, now))
@@ -391,8 +395,3 @@ class Engine(EngineFailures):
         """Stop the workers and copy threads (the engine cannot run afterwards)."""
         self._flight.clear()
         self.executor.close()
-
-
-def _plain(value: Any) -> Any:
-    """A retune value as telemetry can carry it (tuples become lists)."""
-    return list(value) if isinstance(value, tuple) else value

@@ -52,7 +52,7 @@ class StepResult:
     A job whose step failed on its own has a JobFault in place of its token.
     """
 
-    tokens: list[int | JobFault]
+    tokens: list[int | JobFault | None]  # None: a prefill chunk that drew nothing
     swaps_done: list[SwapOp] = field(default_factory=list)
 
 
@@ -113,7 +113,7 @@ class Executor(abc.ABC):
     def forget(self, job_id: str) -> None:
         """The job ended: its sampling state (a seeded generator) can go."""
 
-    def execute(self, batch: Sequence[Job]) -> list[int | JobFault]:
+    def execute(self, batch: Sequence[Job]) -> list[int | JobFault | None]:
         """One blocking step without copies (the profiler's timing call)."""
         step = self.result(self.submit(batch, (), ()))
         assert step is not None
@@ -169,7 +169,7 @@ class LocalExecutor(Executor):
         self._results[self._seq] = StepResult(tokens)
         return self._seq
 
-    def _execute(self, batch: list[Job], whole: bool = True) -> list[int | JobFault]:
+    def _execute(self, batch: list[Job], whole: bool = True) -> list[int | JobFault | None]:
         """The model step over `batch`, with a job that fails on its own isolated.
 
         If the step over the whole batch raises, the halves are re-run, recursively,

@@ -58,6 +58,8 @@ class StepPlan:
     job_ids: tuple[str, ...] = ()
     params: tuple[SamplingParams, ...] = ()
     banned: tuple[tuple[int, ...], ...] = ()
+    # False for a prefill chunk short of its prompt's end: no logits, no draw
+    samples: tuple[bool, ...] = ()
     sync_swaps: tuple[SwapInstr, ...] = ()
     async_swaps: tuple[SwapInstr, ...] = ()
     forget: tuple[str, ...] = ()
@@ -89,28 +91,38 @@ def build_plan(
 ) -> StepPlan:
     """Lay out `batch` for one model step: one-token (decode) sequences first.
 
-    Sync copies keep the scheduler's issue order: a later copy may write the blocks
-    an earlier one read.
+    Each job feeds its scheduled `step_tokens` from its first uncached one (all its
+    new tokens, or a prefill chunk). Sync copies keep the scheduler's issue order: a
+    later copy may write the blocks an earlier one read.
     """
-    order = sorted(range(len(batch)), key=lambda i: batch[i].num_new_tokens > 1)
+    order = sorted(range(len(batch)), key=lambda i: batch[i].step_tokens > 1)
     jobs = [batch[i] for i in order]
     input_ids: list[int] = []
     positions: list[int] = []
+    ends: list[int] = []
     for job in jobs:
         start = job.num_computed_tokens
-        input_ids.extend(job.all_token_ids[start:])
-        positions.extend(range(start, job.num_tokens))
+        end = start + job.step_tokens
+        ids = job.all_token_ids
+        if end > len(ids) or end <= start:
+            raise ValueError(
+                f"{job.job_id}: scheduled tokens [{start}, {end}) outside its {len(ids)}"
+            )
+        input_ids.extend(ids[start:end])
+        positions.extend(range(start, end))
+        ends.append(end)
     return StepPlan(
         seq=seq,
         input_ids=tuple(input_ids),
         positions=tuple(positions),
-        query_lens=tuple(j.num_new_tokens for j in jobs),
-        context_lens=tuple(j.num_tokens for j in jobs),
+        query_lens=tuple(j.step_tokens for j in jobs),
+        context_lens=tuple(ends),
         block_tables=tuple(tuple(j.block_table) for j in jobs),
         order=tuple(order),
         job_ids=tuple(j.job_id for j in jobs),
         params=tuple(j.params for j in jobs),
         banned=tuple(banned_tokens(j, eos_ids) for j in jobs),
+        samples=tuple(j.step_samples for j in jobs),
         sync_swaps=tuple(SwapInstr.of(op) for op in sync_ops),
         async_swaps=tuple(SwapInstr.of(op) for op in async_ops),
         forget=tuple(forget),

@@ -3,9 +3,9 @@
 Skip-join and the quanta rest on iteration time being predictable from shapes
 (paper §4.1), so the profiler runs real iterations of the engine's model through
 `engine.executor.execute` -- prefills across input lengths, decode steps across
-batch sizes and context lengths -- and hands the timings to
-`fsd.engine.profile_fit`. Repeats run round-robin over the points, and a point
-whose repeats disagree is measured again. It also times a KV-sized host copy for
+batch sizes and context lengths, and (full profile) prefill chunks over cached
+contexts -- and hands the timings to `fsd.engine.profile_fit`. Repeats run
+round-robin over the points, and a point whose repeats disagree is measured again. It also times a KV-sized host copy for
 the swap bandwidth. `calibrate` is the engine's start-up: a saved profile, or a
 quick one measured now. (`fsd profile` prints and saves a full one:
 `fsd.profile_command`.)
@@ -33,7 +33,13 @@ from typing import Any, Protocol
 import torch
 
 from fsd.cost import CostModel
-from fsd.engine.profile_fit import DecodeSample, PrefillSample, fit_cost_model
+from fsd.engine.profile_fit import (
+    ChunkSample,
+    DecodeSample,
+    PrefillSample,
+    chunk_series,
+    fit_cost_model,
+)
 from fsd.errors import ConfigError
 from fsd.jobs import Job, SamplingParams
 from fsd.sched.profiles import load_profile
@@ -43,6 +49,13 @@ Progress = Callable[[int, int, str], None]
 
 _PARAMS = SamplingParams(max_tokens=1, ignore_eos=True)  # greedy: no sampling state
 log = logging.getLogger(__name__)
+
+# The chunked prefills whose slowdown over a whole prefill a profile reports: a
+# CHUNK_PROMPT-token prompt (or the longest the engine takes) in chunks of each size.
+CHUNK_PROMPT = 2048
+CHUNK_SIZES = (256, 512)
+# The full profile also times chunks of these many new tokens over these many cached.
+_CHUNK_NEW, _CHUNK_CACHED = (64, 256, 512), (512, 1536)
 
 
 class ProfiledEngine(Protocol):
@@ -69,17 +82,24 @@ class ProfilePlan:
     extra_rounds: int  # at most this many more samples of a point whose repeats disagree
     swap_bytes: int
     swap_repeats: int
+    chunk_points: tuple[tuple[int, int], ...] = ()  # (new tokens, cached tokens)
+    chunk_prompt: int = CHUNK_PROMPT  # the chunked prefill the notes compare to a whole one
+    chunk_sizes: tuple[int, ...] = CHUNK_SIZES
+
+    @property
+    def num_samples(self) -> int:
+        return len(self.prefill_lengths) + len(self.decode_points) + len(self.chunk_points)
 
     @property
     def num_points(self) -> int:
         """Progress steps: every timed sample, plus the swap copy."""
-        return (len(self.prefill_lengths) + len(self.decode_points)) * self.repeats + 1
+        return self.num_samples * self.repeats + 1
 
     @property
     def max_iterations(self) -> int:
         """Engine iterations at most: warm-ups, repeats and re-measured noisy points."""
-        points = len(self.prefill_lengths) + len(self.decode_points)
-        return points * (self.repeats + self.warmup_per_point + self.extra_rounds) + 2
+        per_point = self.repeats + self.warmup_per_point + self.extra_rounds
+        return self.num_samples * per_point + 2
 
 
 def _geometric(lo: int, hi: int, factor: int) -> list[int]:
@@ -92,8 +112,23 @@ def _geometric(lo: int, hi: int, factor: int) -> list[int]:
     return sorted(set(v for v in out if v >= 1))
 
 
+def _chunk_points(prompt: int, max_new: int, max_total: int) -> tuple[tuple[int, int], ...]:
+    """A grid of new x cached tokens for the fit, and every chunk but the first (a
+    prefill) of the chunked prefills whose slowdown the notes report."""
+    grid = {
+        (n, c) for n in _CHUNK_NEW for c in _CHUNK_CACHED if n <= max_new and n + c <= max_total
+    }
+    series = {p for k in CHUNK_SIZES for p in chunk_series(prompt, k) if p[1] > 0}
+    return tuple(sorted(grid | series))
+
+
 def make_plan(engine: ProfiledEngine, quick: bool) -> ProfilePlan:
-    """Points that fit the engine's limits: context length, batch size, free KV blocks."""
+    """Points that fit the engine's limits: context length, batch size, free KV blocks.
+
+    Only the full profile times prefill chunks. The two a fit needs at least (64 over
+    512 and 256 over 1536 cached tokens) would add ~45% to the quick calibration at
+    engine start, ~17% to the whole start of the tiny model on a CPU, so that
+    derives the chunk term instead (`fit_cost_model`)."""
     blocks = engine.blocks
     bs = blocks.block_size
     free_tokens = blocks.num_free * bs
@@ -104,6 +139,8 @@ def make_plan(engine: ProfiledEngine, quick: bool) -> ProfilePlan:
         raise ConfigError("the engine has no room for even a one-token prefill to profile")
     max_ctx = min(max_len, free_tokens)
     max_batch = max(1, sched.max_batch_size)
+    prompt = min(CHUNK_PROMPT, max_prefill)
+    chunks: tuple[tuple[int, int], ...] = ()
     if quick:
         # Four lengths pin down base, linear and quadratic terms; 512 keeps a tiny
         # model on a CPU well under a second while still showing the n^2 bend.
@@ -113,6 +150,9 @@ def make_plan(engine: ProfiledEngine, quick: bool) -> ProfilePlan:
         repeats, warmup, extra, swap_bytes, swap_repeats = 3, 0, 2, 32 << 20, 3
     else:
         lengths = _geometric(16, max_prefill, 2)
+        lengths = sorted({*lengths, prompt, *(k for k in CHUNK_SIZES if k < prompt)})
+        max_new = min(sched.max_batch_tokens, max_prefill)
+        chunks = _chunk_points(prompt, max_new, min(max_len - 1, free_tokens))
         batches = _geometric(1, max_batch, 2)
         contexts = _geometric(16, max_ctx, 4)
         repeats, warmup, extra, swap_repeats = 5, 1, 3, 5
@@ -122,7 +162,9 @@ def make_plan(engine: ProfiledEngine, quick: bool) -> ProfilePlan:
     )
     if not points:
         points = ((1, 1),)
-    return ProfilePlan(tuple(lengths), points, repeats, warmup, extra, swap_bytes, swap_repeats)
+    return ProfilePlan(
+        tuple(lengths), points, repeats, warmup, extra, swap_bytes, swap_repeats, chunks, prompt
+    )
 
 
 # ---- timing real iterations -------------------------------------------------------------
@@ -148,6 +190,7 @@ class _Timer:
         ids = [(17 * i + 5) % self.vocab for i in range(num_tokens)]
         job = Job(prompt_token_ids=ids, params=_PARAMS, job_id=f"profile-{self._seq}")
         job.num_computed_tokens = computed
+        job.step_tokens = num_tokens - computed  # all its new tokens: a prefill, chunk or decode
         return job
 
     def run(self, specs: Sequence[tuple[int, int]]) -> float:
@@ -169,13 +212,6 @@ class _Timer:
                 blocks.free(job)
         self.iterations += 1
         return elapsed
-
-    def prefill(self, n: int) -> float:
-        return self.run([(n, 0)])
-
-    def decode(self, batch: int, context: int) -> float:
-        # The job holds `context` tokens, all but the last already in the cache.
-        return self.run([(context, context - 1)] * batch)
 
 
 def measure_swap_bandwidth(
@@ -234,49 +270,47 @@ def machine_info(device: torch.device) -> dict[str, object]:
 
 def _time_points(
     plan: ProfilePlan, timer: _Timer, tick: Callable[[str], None]
-) -> tuple[list[PrefillSample], list[DecodeSample]]:
+) -> tuple[list[PrefillSample], list[DecodeSample], list[ChunkSample]]:
     """Every point's repeats, round-robin, then the noisy points again."""
     prefill = [PrefillSample(n) for n in plan.prefill_lengths]
     decode = [DecodeSample(b, c) for b, c in plan.decode_points]
+    chunk = [ChunkSample(n, c) for n, c in plan.chunk_points]
+    samples: list[PrefillSample | DecodeSample | ChunkSample] = [*prefill, *decode, *chunk]
     # Warm up once (lazy allocations, kernel selection / JIT) outside any sample.
-    timer.prefill(plan.prefill_lengths[0])
-    timer.decode(1, plan.decode_points[0][1])
+    timer.run(prefill[0].specs)
+    timer.run(decode[0].specs)
     # Repeats go round-robin over the points: a burst of noise from elsewhere on the
     # machine then spoils one sample of several points, and their fastest repeats
     # survive it, instead of every sample of one point.
     for r in range(plan.repeats):
-        for p in prefill:
+        for s in samples:
             for _ in range(plan.warmup_per_point if r == 0 else 0):
-                timer.prefill(p.num_tokens)
-            p.times.append(timer.prefill(p.num_tokens))
-            tick(f"prefill {p.num_tokens} tokens")
-        for d in decode:
-            for _ in range(plan.warmup_per_point if r == 0 else 0):
-                timer.decode(d.batch_size, d.context_len)
-            d.times.append(timer.decode(d.batch_size, d.context_len))
-            tick(f"decode batch {d.batch_size} x {d.context_len} context")
+                timer.run(s.specs)
+            s.times.append(timer.run(s.specs))
+            tick(s.label)
     for _ in range(plan.extra_rounds):
-        again_p = [p for p in prefill if p.noisy]
-        again_d = [d for d in decode if d.noisy]
-        if not again_p and not again_d:
+        again = [s for s in samples if s.noisy]
+        if not again:
             break
-        for p in again_p:
-            p.times.append(timer.prefill(p.num_tokens))
-        for d in again_d:
-            d.times.append(timer.decode(d.batch_size, d.context_len))
-    return prefill, decode
+        for s in again:
+            s.times.append(timer.run(s.specs))
+    return prefill, decode, chunk
 
 
 def profile_engine(
-    engine: ProfiledEngine, quick: bool = True, progress: Progress | None = None
+    engine: ProfiledEngine,
+    quick: bool = True,
+    progress: Progress | None = None,
+    plan: ProfilePlan | None = None,
 ) -> CostModel:
     """Measure `engine`'s iterations and return the fitted CostModel.
 
-    quick: a calibration of 26-42 iterations (about 0.2 s for the tiny model on two
-    idle CPU cores); otherwise a geometric sweep of prefill lengths and a grid of batch sizes
-    x contexts, five repeats each, for `fsd profile`. Every KV block is free afterwards.
+    quick: a calibration of 26-42 iterations (about 0.3 s for the tiny model on two
+    idle CPU cores); otherwise, for `fsd profile`, a sweep of prefill lengths, batch
+    sizes x contexts and prefill chunks over cached contexts, five repeats each.
+    `plan`: these points instead of `make_plan`'s. Every KV block is free afterwards.
     """
-    plan = make_plan(engine, quick)
+    plan = plan or make_plan(engine, quick)
     timer = _Timer(engine)
     loaded = engine.loaded
     done = 0
@@ -287,7 +321,7 @@ def profile_engine(
         if progress is not None:
             progress(done, plan.num_points, label)
 
-    prefill, decode = _time_points(plan, timer, tick)
+    prefill, decode, chunk = _time_points(plan, timer, tick)
     swap = measure_swap_bandwidth(loaded.device, loaded.dtype, plan.swap_bytes, plan.swap_repeats)
     tick("swap copy")
 
@@ -307,9 +341,12 @@ def profile_engine(
     return fit_cost_model(
         prefill,
         decode,
+        chunk,
         name=name,
         kv_bytes_per_token=int(loaded.arch.kv_bytes_per_token(loaded.dtype)),
         swap_bytes_per_s=swap_rate,
+        chunk_prompt=plan.chunk_prompt,
+        chunk_sizes=plan.chunk_sizes,
         notes=notes,
     )
 

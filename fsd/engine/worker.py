@@ -159,9 +159,10 @@ class Worker:
         """Run this stage's layers over the plan's batch; sample on the last stage.
 
         Returns the activations [T, hidden] (not the last stage), one token or
-        JobFault per sequence in the plan's order (the last stage's sampling rank), or
-        None (the last stage's other ranks). Sampling never raises, so an exception
-        from here means no row has drawn: the caller may re-run the plan's jobs.
+        JobFault per sequence in the plan's order (the last stage's sampling rank;
+        None for a prefill chunk short of the end, which draws nothing), or None (the
+        last stage's other ranks). Sampling never raises, so an exception from here
+        means no row has drawn: the caller may re-run the plan's jobs.
         """
         assert self.model is not None and self.pool is not None
         dev = self.device
@@ -180,11 +181,36 @@ class Worker:
         )
         if not span.last:
             return hidden
-        last = (meta.query_start_loc[1:] - 1).long()
-        logits = self.model.compute_logits(hidden[last])  # every rank: the head all-gathers
+        return self._sample(plan, hidden, meta.query_start_loc)
+
+    def _sample(self, plan: StepPlan, hidden: torch.Tensor, starts: torch.Tensor) -> Any:
+        """The head over each sampling row's last position, and its draw.
+
+        A prefill chunk short of the end gets None and no logits, so its seeded
+        generator does not advance. Every TP rank runs the head (it all-gathers);
+        the plan is the same on each, so they skip the same rows.
+        """
+        assert self.model is not None
+        n = plan.num_seqs
+        rows = [i for i, s in enumerate(plan.samples) if s] if plan.samples else list(range(n))
+        if not rows:
+            return None if self.sampler is None else [None] * n
+        last = starts[1:].long() - 1
+        if len(rows) < n:
+            last = last[torch.tensor(rows, dtype=torch.long, device=last.device)]
+        logits = self.model.compute_logits(hidden[last])
         if self.sampler is None:
             return None
-        return self.sampler.sample(logits, plan.params, plan.job_ids, plan.banned)
+        if len(rows) == n:
+            return self.sampler.sample(logits, plan.params, plan.job_ids, plan.banned)
+        pick = [plan.banned[i] for i in rows] if plan.banned else ()
+        drawn = self.sampler.sample(
+            logits, [plan.params[i] for i in rows], [plan.job_ids[i] for i in rows], pick
+        )
+        tokens: list[Any] = [None] * n
+        for i, token in zip(rows, drawn, strict=True):
+            tokens[i] = token
+        return tokens
 
     @torch.inference_mode()
     def execute(self, plan: StepPlan, prev: list[Any] | None) -> tuple[str, Any]:

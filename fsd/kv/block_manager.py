@@ -99,9 +99,11 @@ class BlockManager:
     def blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 
-    def missing(self, job: HasBlocks) -> int:
-        """Device blocks the job lacks to hold all its current tokens."""
-        return max(0, self.blocks_for(job.num_tokens) - len(job.block_table))
+    def missing(self, job: HasBlocks, upto: int | None = None) -> int:
+        """Device blocks the job lacks to hold its first `upto` tokens (default: all
+        its current tokens; a prefill chunk needs only the tokens up to its end)."""
+        need = self.blocks_for(job.num_tokens if upto is None else upto)
+        return max(0, need - len(job.block_table))
 
     def _place(self, job: HasBlocks, where: KVLocation) -> None:
         """Set a job's KV location and keep the per-tier indexes in step."""

@@ -22,6 +22,7 @@ class RequestLimits:
     max_batch_tokens: int
     device_blocks: int
     block_size: int
+    prefill_chunk: int = 0  # chunked prefill: a prompt need not fit one iteration
 
     def blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
@@ -30,8 +31,9 @@ class RequestLimits:
 def check_request(prompt_len: int, max_tokens: int, limits: RequestLimits) -> int:
     """The job's output bound (max_tokens clipped to the context); raise if it cannot run.
 
-    A prompt must leave one token of context for output and fit one iteration's token
-    budget (its first prefill); prompt and output together must fit the device pool,
+    A prompt must leave one token of context for output and, unless prefills are
+    chunked, fit one iteration's token budget (its first prefill); prompt and output
+    together must fit the device pool,
     since a running job's KV is wholly on the device. A job whose KV is later dropped
     re-prefills more than max_batch_tokens: the scheduler runs it alone.
     """
@@ -41,7 +43,7 @@ def check_request(prompt_len: int, max_tokens: int, limits: RequestLimits) -> in
             f"prompt has {prompt_len} tokens; the model's context is {ctx} "
             "tokens and at least one must be left for output"
         )
-    if prompt_len > limits.max_batch_tokens:
+    if prompt_len > limits.max_batch_tokens and not limits.prefill_chunk:
         raise PromptTooLongError(
             f"prompt has {prompt_len} tokens, more than max_batch_tokens "
             f"({limits.max_batch_tokens}) allows in one iteration"

@@ -11,6 +11,7 @@ The derivation is written out in `fsd/sched/profiles/README.md`; in short:
                + C * [KV bytes per token / (HBM * e_mem)]   read each cached token
                + TP all-reduces, PP hops, launch gaps       (latency terms)
   prefill(n)   = weight read + n * [2 * params / (peak * e_flop)] + n^2 * [causal attention]
+  chunk(n, c)  = prefill(n) + c * [KV read, as decode] + n * c * [attention, every pair]
 
 Every quantity is per GPU: with TP degree t a GPU holds 1/t of each layer, and a token
 passes the pp pipeline stages one after another, so an iteration's latency is the sum
@@ -170,6 +171,13 @@ class Terms:
     def prefill_per_token(self) -> float:
         return self.per_seq_flops + self.per_seq_comm + self.kv_write_per_token
 
+    @property
+    def prefill_per_ctx_token(self) -> float:
+        """A prefill chunk's attention math per (new token, cached token) pair: all of
+        its q.k and p.v, where causal prefill does half of its n x n (so 2 x per_token2).
+        Reading the cached KV is per cached token, as in decode (per_ctx_token)."""
+        return 2 * self.per_token2
+
 
 def derive_terms(
     model: str | ModelShape, gpu: str | GPU, tp: int = 1, pp: int = 1, dtype_bytes: int = 2
@@ -276,6 +284,7 @@ def analytic_profile(
         prefill_base=t.prefill_base,
         prefill_per_token=t.prefill_per_token,
         prefill_per_token2=t.per_token2,
+        prefill_per_ctx_token=t.prefill_per_ctx_token,
         decode_base=t.decode_base,
         decode_per_seq=t.decode_per_seq,
         decode_per_ctx_token=t.per_ctx_token,
@@ -314,6 +323,8 @@ def _reference_points(cost: CostModel) -> dict[str, float]:
         "q1_min_iteration": cost.min_iteration_time,
         "prefill_512": cost.prefill_time(512),
         "prefill_2048": cost.prefill_time(2048),
+        "prefill_2048_chunk256": cost.chunked_prefill_time(2048, 256),
+        "prefill_2048_chunk512": cost.chunked_prefill_time(2048, 512),
         "decode_b1_ctx1k": cost.decode_time(1, 1024),
         "decode_b16_ctx1k_each": cost.decode_time(16, 16 * 1024),
         "swap_513_tokens": cost.swap_time(513),

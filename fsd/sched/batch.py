@@ -7,6 +7,16 @@ claim, in priority order, so a lower job cannot take a higher one's share. The w
 also collects host jobs to bring in (`wanted`: the batch would have taken them now;
 `upcoming`: next in line after a full batch) for the KV policy's copies.
 
+With chunked prefill (a prefill budget: `prefill_chunk`, or derived from the SLO by
+fsd.sched.chunking) an iteration carries at most that many prompt tokens in all, and no more than the token budget leaves once every decode
+that can still join has its token (decodes first: Sarathi-Serve's stall-free
+batching). The walk hands them out in priority order: a prefill takes what is left,
+as a chunk if its prompt does not fit. Why a budget per iteration, not per job: a
+burst of long prompts would otherwise put one chunk of each into the same step, and
+the running decodes would wait for all of them (bench/policies.py --chunks, burst).
+A chunk gets device blocks up to its own end only; its boundary is a preemption
+point like any iteration's. With chunking off the walk is exactly the one before it.
+
 The walk runs for every queued job every iteration: its state is plain attributes
 and its per-job steps are short methods.
 """
@@ -21,7 +31,7 @@ from fsd.jobs import Job, JobStatus, KVLocation
 if TYPE_CHECKING:
     from fsd.sched.scheduler import Scheduler, SchedulerOutput
 
-_HOST, _NONE = KVLocation.HOST, KVLocation.NONE
+_DEVICE, _HOST, _NONE = KVLocation.DEVICE, KVLocation.HOST, KVLocation.NONE
 
 
 class BatchWalk:
@@ -47,6 +57,22 @@ class BatchWalk:
         self._scanned_after_full = 0
         self._too_big = 0  # prefills passed over for the token budget
         self._step0, self._per_ctx = sched.cost.decode_line()  # decode alone: step0 + per_ctx*ctx
+        self.chunk = sched.prefill_budget  # 0: whole prefills
+        self.prefill_left = self.chunk  # prompt tokens this iteration may still carry
+        # a smaller piece is not worth a step (unless one iteration holds no more)
+        self.min_chunk = min(sched.cache.block_size, self.budget_all)
+        # decodes that may still join (chunks leave them their tokens): counted once
+        self.decodes_left = self._ready_decodes(busy) if self.chunk else 0
+
+    def _ready_decodes(self, busy: Collection[str]) -> int:
+        """Device jobs whose next step is one token (at most a batch of them)."""
+        count, moving = 0, self.blocks.moving
+        for job_id, job in self.blocks.on_device.items():
+            if job.num_new_tokens == 1 and job_id not in busy and job_id not in moving:
+                count += 1
+                if count >= self.limit:
+                    break
+        return count
 
     def run(self, candidates: Iterable[Job]) -> None:
         """Walk `candidates` (priority order) until the batch is full or the walk ends."""
@@ -56,6 +82,22 @@ class BatchWalk:
                     break
             elif not self._consider(job):
                 break
+        if self.decodes_left and self.taken < self.limit:
+            self._join_decodes()
+
+    def _join_decodes(self) -> None:
+        """Decodes first: the walk ended (prompts past the budget) before reaching some
+        ready decodes; they join in priority order (at most a device's worth to sort)."""
+        moving, taken = self.blocks.moving, self.batch_ids
+        ready = [
+            job
+            for job_id, job in self.blocks.on_device.items()
+            if job_id not in taken and job_id not in moving and job.num_new_tokens == 1
+        ]
+        for job in sorted(ready, key=self.sched.queue.key):  # type: ignore[arg-type]
+            if self.taken >= self.limit or not self.budget:
+                return
+            self._consider(job)  # type: ignore[arg-type]
 
     def _look_past_full(self, job: Job) -> bool:
         """After a full batch, note the host jobs to bring in next (a bounded look)."""
@@ -85,17 +127,28 @@ class BatchWalk:
         if job_id in self.blocks.moving or job_id in self.evicted or job_id in self.batch_ids:
             return True
         new_tokens = num_tokens - job.num_computed_tokens
+        step = self._chunk_of(new_tokens) if self.chunk and new_tokens > 1 else new_tokens
         # More than one iteration allows (a job whose KV was dropped re-prefills every
         # token it has; a prompt queued before max_batch_tokens was lowered): it runs
         # alone rather than never.
-        if new_tokens > self.budget and (self.taken or new_tokens <= self.budget_all):
+        if step > self.budget and (self.taken or step <= self.budget_all) or not step:
             self._too_big += 1
             return self._too_big <= 4 * self.limit  # the budget is spent: stop walking
         if kv is _HOST and not self._bring_in(job):
             return True
-        if self._grow(job):
-            self._take(job, new_tokens, num_tokens)
+        if self._grow(job, job.num_computed_tokens + step):
+            self._take(job, step, new_tokens, num_tokens)
+            if step == 1 and kv is _DEVICE and self.decodes_left:
+                self.decodes_left -= 1  # one of the decodes counted at the start
         return True
+
+    def _chunk_of(self, new_tokens: int) -> int:
+        """The prefill (chunk) a job takes now (0: none): what is left of the
+        iteration's `prefill_chunk` and of the budget after the decodes that can still
+        join this batch."""
+        reserve = min(self.decodes_left, self.limit - self.taken - 1)
+        step = min(new_tokens, self.prefill_left, self.budget - max(reserve, 0))
+        return step if step >= new_tokens or step >= self.min_chunk else 0
 
     def _bring_in(self, job: Job) -> bool:
         """A host job's KV comes back now (synchronously), or later by the policy's plan."""
@@ -110,9 +163,9 @@ class BatchWalk:
         self.out.record(self.blocks.swap_in(job, sync=True))
         return True
 
-    def _grow(self, job: Job) -> bool:
-        """Give the job the device blocks its tokens need; False if there is no room."""
-        missing = self.blocks.missing(job)
+    def _grow(self, job: Job, upto: int) -> bool:
+        """Give the job the device blocks its first `upto` tokens need; False if no room."""
+        missing = self.blocks.missing(job, upto)
         if missing:
             if missing > self.blocks.device.num_free and not self._make_room(job, missing):
                 return False
@@ -124,16 +177,28 @@ class BatchWalk:
             job, need, self.kv_policy, self.sched.queue.key, self.batch_ids, self.evicted, self.out
         )
 
-    def _take(self, job: Job, new_tokens: int, num_tokens: int) -> None:
-        if new_tokens > 1:
-            job.last_cost = c = self.sched.cost.job_iteration_time(new_tokens, num_tokens)
+    def _share(self, start: int, step: int) -> float:
+        """prefill(start + step) - prefill(start): the chunk's part of the whole prefill."""
+        prefill = self.sched.cost.prefill_time
+        return prefill(start + step) - (prefill(start) if start else 0.0)
+
+    def _take(self, job: Job, step: int, new_tokens: int, num_tokens: int) -> None:
+        if step > 1:
+            start = job.num_computed_tokens
+            c = self.sched.cost.job_iteration_time(step, start + step)
+            # the job's service: a chunk's share of its whole prefill, so chunks add up to
+            # exactly what the whole prefill would have been charged (c for a whole one)
+            job.last_cost = c if step == new_tokens == num_tokens else self._share(start, step)
             self.prefills += 1
+            self.prefill_left -= step
         else:
             job.last_cost = c = self._step0 + self._per_ctx * num_tokens
         self.batch_cost += c
-        job.last_prefill = new_tokens == num_tokens
+        # every chunk of a prefill is prefill (skip-join placed the job by the whole one)
+        job.last_prefill = new_tokens == num_tokens or step > 1
+        job.step_tokens = step
         job.status = JobStatus.RUNNING
         self.out.batch.append(job)
         self.taken += 1
         self.batch_ids.add(job.job_id)
-        self.budget -= new_tokens
+        self.budget -= step

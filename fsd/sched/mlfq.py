@@ -363,24 +363,33 @@ class MLFQQueue(JobQueue):
                 else:
                     heapq.heappush(heap, (-e, 1, next(seq), job))
 
-    def enst_fn(self, now: float, batch_size: int) -> Callable[[Job], float]:
+    def enst_fn(
+        self, now: float, batch_size: int, pending: Sequence[tuple[Job, float]] = ()
+    ) -> Callable[[Job], float]:
         """ENST(i) = min(T_promote(i), T_execute(i)) (paper §4.2).
 
         T_execute(i) = (1/B) Σ_{j above i} Σ_{k = level(j)}^{level(i)-1} q_k assumes each
         job above i runs down to i's level before i runs. With c_l jobs at level l and
         P[l] = Σ_{k<l} q_k it is (1/B) Σ_{l<L} c_l (P[L] - P[l]): O(levels) to prepare,
         O(1) per job, so it is evaluated only for the jobs a decision needs.
+        A partly prefilled job above i (`pending`: chunked prefill) also has the rest
+        of its prefill to run first, which no quantum counts (prefill is not charged
+        at the skip-join level): it is added to every level below its own.
         """
         prefix = [0.0]
         for q in self.quanta:
             prefix.append(prefix[-1] + q)
         b = max(batch_size, 1)
+        extra = [0.0] * len(self._levels)  # pending prefill seconds at each level
+        for job, seconds in pending:
+            extra[min(max(job.level, 0), len(extra) - 1)] += seconds
         t_exec: list[float] = []
-        count = weighted = 0.0
+        count = weighted = above = 0.0
         for lvl, jobs in enumerate(self._levels):
-            t_exec.append((prefix[lvl] * count - weighted) / b)
+            t_exec.append((prefix[lvl] * count - weighted + above) / b)
             count += len(jobs)
             weighted += len(jobs) * prefix[lvl]
+            above += extra[lvl]
         due = self._due
         self._t_exec = t_exec
 

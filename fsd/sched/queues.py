@@ -10,7 +10,7 @@ from __future__ import annotations
 import bisect
 import itertools
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Container, Iterable, Iterator
+from collections.abc import Callable, Container, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 from fsd.cost import CostModel
@@ -90,11 +90,15 @@ class JobQueue(ABC):
                 return i
         return len(self)
 
-    def enst_fn(self, now: float, batch_size: int) -> Callable[[Job], float]:
+    def enst_fn(
+        self, now: float, batch_size: int, pending: Sequence[tuple[Job, float]] = ()
+    ) -> Callable[[Job], float]:
         """Estimated next scheduled time (seconds from now) as a function of the job.
 
         Without levels, a job waits for the jobs ahead of it to go through in
-        batches; each batch costs about one decode step.
+        batches; each batch costs about one decode step. `pending`: partly prefilled
+        jobs and the seconds of prefill they have left (a queue with levels counts
+        them above the levels below theirs; a ranking alone does not).
         """
         step = self.cost.min_iteration_time
         b = max(batch_size, 1)
@@ -244,6 +248,9 @@ class SRPTQueue(_SortedQueue):
         t = 0.0
         if job.num_computed_tokens == 0:
             t = c.prefill_time(job.num_new_tokens)
+            left -= 1
+        elif job.num_new_tokens > 1:  # partly prefilled: the rest of its prefill
+            t = c.chunk_time(job.num_new_tokens, job.num_computed_tokens)
             left -= 1
         if left <= 0:
             return t

@@ -10,7 +10,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from fsd.config import CacheConfig, SchedConfig
+from fsd.config import CacheConfig, SchedConfig, check_prefill_chunk
 from fsd.errors import ConfigError, SettingError
 from fsd.sched.registry import engine_policy
 
@@ -40,6 +40,12 @@ def plan_retune(
         new_sched = dataclasses.replace(sched, **sched_kw)  # each field validates itself
         new_cache = dataclasses.replace(cache, **cache_kw)
         engine_policy(new_sched.policy)
+        check_prefill_chunk(new_sched.prefill_chunk, new_cache.block_size)
     except (ConfigError, TypeError) as exc:
         raise SettingError(str(exc)) from None
     return (new_sched if sched_kw else None), (new_cache if cache_kw else None)
+
+
+def plain_value(value: Any) -> Any:
+    """A retune value as telemetry can carry it (tuples become lists)."""
+    return list(value) if isinstance(value, tuple) else value

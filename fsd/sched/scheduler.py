@@ -22,6 +22,7 @@ from fsd.kv.policies import PlanInputs
 from fsd.kv.registry import ArrivalEstimate, make_kv_policy
 from fsd.kv.swap import SwapOp
 from fsd.sched.batch import BatchWalk
+from fsd.sched.chunking import prefill_budget
 from fsd.sched.eviction import Evictor
 from fsd.sched.queues import JobQueue, LevelView
 
@@ -44,7 +45,7 @@ class SchedulerOutput:
 
     @property
     def num_tokens(self) -> int:
-        return sum(j.num_new_tokens for j in self.batch)
+        return sum(j.step_tokens for j in self.batch)
 
     @property
     def sync_ops(self) -> list[SwapOp]:
@@ -98,6 +99,8 @@ class Scheduler:
         self.cost = cost
         self._make_queue = make_queue
         self.queue = make_queue(config, cost)
+        # prompt tokens one iteration may carry (0: whole prefills)
+        self.prefill_budget = prefill_budget(config.prefill_chunk, cost, cache.block_size)
         self.arrivals = ArrivalEstimate()
         self.kv_policy = make_kv_policy(blocks, cache, cost, self.arrivals)
         self.evictor = Evictor(blocks)
@@ -109,6 +112,7 @@ class Scheduler:
         # batch before this one may still be in flight: it is not the one to compare)
         self._returned: set[str] = set()
         self._last_batch_cost = cost.min_iteration_time
+        self._partial: dict[str, Job] = {}  # partly prefilled jobs (chunked prefill)
 
     @property
     def name(self) -> str:
@@ -129,6 +133,7 @@ class Scheduler:
     def remove(self, job: Job) -> None:
         """Forget a finished or aborted job; its blocks return once no copy touches them."""
         self._jobs.pop(job.job_id, None)
+        self._partial.pop(job.job_id, None)
         self.queue.remove(job)
         self.blocks.release(job)
 
@@ -160,6 +165,7 @@ class Scheduler:
         if config is None or fresh is None:  # (both or neither)
             return
         old, self.config = self.queue, config
+        self.prefill_budget = prefill_budget(config.prefill_chunk, self.cost, self.cache.block_size)
         if fresh.name == old.name and old.adopt(fresh):
             return
         for job in list(old.ordered()):
@@ -260,8 +266,18 @@ class Scheduler:
     @property
     def _enst(self) -> Callable[[Job], float]:
         if self._enst_built is None:
-            self._enst_built = self.queue.enst_fn(*self._enst_for)
+            self._enst_built = self.queue.enst_fn(*self._enst_for, self._pending_prefills())
         return self._enst_built
+
+    def _pending_prefills(self) -> list[tuple[Job, float]]:
+        """Each partly prefilled job and the seconds of prefill it has left."""
+        chunk = self.cost.chunk_time
+        pending = []
+        for job in self._partial.values():
+            done, new = job.num_computed_tokens, job.num_new_tokens
+            if done and new > 1:  # (not: its KV was dropped since)
+                pending.append((job, chunk(new, done)))
+        return pending
 
     def enst_of(self, job: Job) -> float:
         """The job's ENST under the latest scheduling decision (O(1))."""
@@ -297,6 +313,11 @@ class Scheduler:
             else:
                 ran.append((job, job.last_cost))
                 self._returned.add(job.job_id)
+                if job.step_tokens > 1:  # a prefill or a chunk of one
+                    if job.num_new_tokens > 1:  # it stopped short of the prompt's end
+                        self._partial[job.job_id] = job
+                    else:
+                        self._partial.pop(job.job_id, None)
         out.demoted = self.queue.account(ran, now)
         for job in done:
             self.remove(job)

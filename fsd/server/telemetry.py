@@ -41,6 +41,7 @@ def job_info(job: Job, now: float) -> P.JobInfo:
         host_blocks=len(job.host_block_table),
         enst=job.enst,
         prompt_tokens=job.num_prompt_tokens,
+        prefilled=job.num_prefilled,
         output_tokens=len(job.output_token_ids),
         waited=max(0.0, now - job.last_run),
         attained=job.attained,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Optional
 
 import typer
 
@@ -134,6 +134,14 @@ def simulate_command(
         int,
         typer.Option(help="Levels the running jobs rank above their own (0: any higher preempts)."),
     ] = default_of(SchedConfig, "preempt_threshold"),
+    prefill_chunk: Annotated[
+        Optional[int],  # noqa: UP045 - typer reads the annotation at run time
+        typer.Option(
+            help="Chunked prefill: most prompt tokens an iteration carries beside its "
+            "decodes (0 = whole prefills; else at least --block-size; unset: the most "
+            "whose prefill fits the SLO)."
+        ),
+    ] = default_of(SchedConfig, "prefill_chunk"),
     admit_fraction: Annotated[
         float, typer.Option(help="New jobs start while device+host KV use stays under this.")
     ] = default_of(CacheConfig, "admit_fraction"),

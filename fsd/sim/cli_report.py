@@ -21,7 +21,14 @@ def print_actions(actions: Any) -> None:
 
 
 def print_header(
-    summary: dict, profile: str, slo: float, pools: Any, ctx: Any, tokens: int, kv: str
+    summary: dict,
+    profile: str,
+    slo: float,
+    pools: Any,
+    ctx: Any,
+    sched: Any,
+    kv: str,
+    budget: int,
 ) -> None:
     out = console()
     out.print(
@@ -33,7 +40,10 @@ def print_header(
     )
     out.print(
         f"profile {profile}; SLO {slo * 1e3:.1f} ms/token; KV {pools.device} device + "
-        f"{pools.host} host blocks ({pools.source}); kv policy {kv}; max batch tokens {tokens}",
+        f"{pools.host} host blocks ({pools.source}); kv policy {kv}; max batch tokens "
+        f"{sched.max_batch_tokens}; prefill "
+        + (f"chunks of {budget} tokens" if budget else "whole")
+        + (" (from the SLO)" if budget and sched.prefill_chunk is None else ""),
         highlight=False,
     )
 
@@ -58,6 +68,7 @@ def print_table(rows: dict[str, dict[str, Any]], slo: float) -> None:
         "p99",
         "ttft s",
         "tpot ms",
+        "tbt p99 ms",
         "goodput r/s",
         "SLO %",
         "preempt",
@@ -74,6 +85,7 @@ def print_table(rows: dict[str, dict[str, Any]], slo: float) -> None:
             _ms(m["p99"]),
             f"{m['ttft']:.2f}",
             _ms(m["tpot"]),
+            _ms(m["tbt_p99"]) if m.get("tbt_p99") is not None else "-",
             f"{m['goodput']:.3f}",
             f"{100 * m['slo_attainment']:.1f}",
             str(m["preemptions"]),

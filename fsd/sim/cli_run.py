@@ -55,6 +55,7 @@ class SimOptions:
     charge_prefill: bool
     demote_rule: str
     preempt_threshold: int
+    prefill_chunk: int | None
     admit_fraction: float
     reserve_min_jobs: int
     reserve_top_levels: int
@@ -70,6 +71,7 @@ class SimOptions:
 
 def simulate(o: SimOptions) -> dict[str, Any]:
     """Run (or sweep) every policy of `o.policies` on the workload; print and return the report."""
+    from fsd.sched.chunking import prefill_budget
     from fsd.sched.registry import default_slo
     from fsd.sim.capacity import max_context_of
 
@@ -85,7 +87,8 @@ def simulate(o: SimOptions) -> dict[str, Any]:
     layout = cost.name + (
         f" ({cost.pipeline_stages} pipeline stages)" if cost.pipeline_stages > 1 else ""
     )
-    out.print_header(summary, layout, slo, pools, ctx, sched.max_batch_tokens, o.kv_policy)
+    budget = prefill_budget(sched.prefill_chunk, cost, cache.block_size)
+    out.print_header(summary, layout, slo, pools, ctx, sched, o.kv_policy, budget)
     out.print_actions(actions)
     report: dict[str, Any] = {
         "workload": {**summary, **{k: v for k, v in workload.params.items() if k != "window"}},
@@ -163,6 +166,7 @@ def configs(o: SimOptions, workload: Any) -> tuple[SchedConfig, CacheConfig]:
         charge_prefill=o.charge_prefill,
         demote_rule=o.demote_rule,
         preempt_threshold=o.preempt_threshold,
+        prefill_chunk=o.prefill_chunk,
         profile=o.profile,
     )
     cache = CacheConfig(

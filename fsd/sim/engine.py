@@ -27,11 +27,12 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from fsd.config import CacheConfig, SchedConfig
+from fsd.config import CacheConfig, SchedConfig, check_prefill_chunk
 from fsd.cost import CostModel
 from fsd.errors import FsdError
 from fsd.kv.block_manager import BlockManager
 from fsd.sched.admission import NO_CONTEXT_LIMIT, RequestLimits, check_request
+from fsd.sched.chunking import prefill_budget
 from fsd.sched.registry import default_slo, make_scheduler, resolve_policy
 from fsd.sched.scheduler import Scheduler
 from fsd.sim.capacity import Pools, size_pools
@@ -76,6 +77,7 @@ class Simulator:
         self.sched_config = sched or SchedConfig()
         self.cache_config = cache or CacheConfig()
         resolve_policy(self.sched_config.policy)  # a clear error before any work
+        check_prefill_chunk(self.sched_config.prefill_chunk, self.cache_config.block_size)
         self.pools = size_pools(cost, self.cache_config, num_gpu_blocks, num_host_blocks)
         self.slo = default_slo(cost) if slo is None else slo
         if self.slo <= 0:
@@ -89,6 +91,9 @@ class Simulator:
             self.sched_config.max_batch_tokens,
             self.pools.device,
             self.cache_config.block_size,
+            prefill_budget(
+                self.sched_config.prefill_chunk, self.cost, self.cache_config.block_size
+            ),
         )
         for i, r in enumerate(workload):
             try:

@@ -3,7 +3,8 @@
 At each iteration boundary the loop admits the requests that have arrived, reports
 finished copies (`swap_done`), asks the scheduler for a batch, and advances the
 clock by the batch's synchronous swaps plus its profiled iteration time; every
-batched job then produces one token (`Job.append_token`, the engine's rule).
+batched job then produces one token (`Job.append_token`, the engine's rule), but a
+prefill chunk short of the end, which only fills KV (`Job.absorb_chunk`).
 Asynchronous copies go through a host link per direction, FIFO, one at a time.
 Pipeline parallelism (the profile's `pipeline_stages`) is described atop `_Pipeline`;
 with one stage it reduces exactly to the loop above.
@@ -218,15 +219,17 @@ class EventLoop:
     def _enter(self, out: SchedulerOutput, now: float, sync_s: float) -> float:
         """Start the batch through the pipeline; returns the next decision time."""
         prefills: list[int] = []
+        cached: list[int] = []
         contexts: list[int] = []
         for job in out.batch:
-            new = job.num_tokens - job.num_computed_tokens
+            new = job.step_tokens
             if new > 1:
                 prefills.append(new)
+                cached.append(job.num_computed_tokens)
             else:
                 contexts.append(job.num_tokens)
         # every stage makes its own share of the synchronous copies, on its own links
-        stage_s = sync_s + self.cost.iteration_time(prefills, contexts) / self.stages
+        stage_s = sync_s + self.cost.iteration_time(prefills, contexts, cached) / self.stages
         exit_at = self.pipe.enter(now, stage_s, out)
         c = self.counters
         c.iterations += 1
@@ -238,10 +241,13 @@ class EventLoop:
 
 
 def _emit_tokens(out: SchedulerOutput, at: float) -> int:
-    """Every job of a finished (micro-)batch produced one token at `at`; returns how
-    many jobs that finished."""
+    """Every job of a finished (micro-)batch produced one token at `at` (a prefill chunk
+    short of the end, none); returns how many jobs that finished."""
     finished = 0
     for job in out.batch:
+        if not job.step_samples:
+            job.absorb_chunk()
+            continue
         job.append_token(0, at)
         reason, _ = job.stop_after(0, (), NO_CONTEXT_LIMIT)
         if reason is not None:

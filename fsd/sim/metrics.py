@@ -6,6 +6,11 @@ by its output tokens; `avg` is the mean over jobs, `p50/p95/p99` its percentiles
 most `slo` seconds; goodput is those jobs per second of makespan (first arrival to
 last finish). TTFT = first token time - arrival; TPOT = (finish - first token) /
 (output tokens - 1) over jobs with more than one output token.
+
+TBT (time between tokens): every gap between two consecutive output tokens of a job,
+all jobs' gaps pooled (`tbt_mean` weighs each token alike, where `tpot` weighs each
+job). Its tail is what a running job sees when others' prefills or preemptions stall
+it: `tbt_p99`.
 """
 
 from __future__ import annotations
@@ -26,6 +31,8 @@ HEADLINE = (
     "p99",
     "ttft",
     "tpot",
+    "tbt_mean",
+    "tbt_p99",
     "goodput",
     "preemptions",
     "swaps",
@@ -56,6 +63,7 @@ def summarize(jobs: Sequence[SimJob], counters: Counters, slo: float) -> dict[st
     ptl = np.array([j.per_token_latency for j in done])
     e2e = np.array([j.latency for j in done])
     ttft = np.array([j.ttft for j in done])
+    gaps = token_gaps(done)
     tpot = np.array(
         [
             (j.finish_time - j.first_token_time) / (j.max_output - 1)
@@ -77,7 +85,12 @@ def summarize(jobs: Sequence[SimJob], counters: Counters, slo: float) -> dict[st
         "p99": percentile(ptl, 99),
         "ttft": float(ttft.mean()) if n else float("nan"),
         "ttft_p95": percentile(ttft, 95),
+        "ttft_p99": percentile(ttft, 99),
         "tpot": float(tpot.mean()) if tpot.size else float("nan"),
+        "tbt_mean": float(gaps.mean()) if gaps.size else float("nan"),
+        "tbt_p50": percentile(gaps, 50),
+        "tbt_p99": percentile(gaps, 99),
+        "tbt_max": float(gaps.max()) if gaps.size else float("nan"),
         "latency_avg": float(e2e.mean()) if n else float("nan"),
         "slo": slo,
         "slo_attainment": met / n if n else float("nan"),
@@ -100,3 +113,9 @@ def summarize(jobs: Sequence[SimJob], counters: Counters, slo: float) -> dict[st
         "sync_swap_s": counters.sync_swap_s,
         "async_swap_s": counters.async_swap_s,
     }
+
+
+def token_gaps(jobs: Sequence[SimJob]) -> np.ndarray:
+    """Every gap between consecutive output tokens of `jobs`, in one array (seconds)."""
+    parts = [np.frombuffer(j.gaps) for j in jobs if j.gaps]
+    return np.concatenate(parts) if parts else np.zeros(0)

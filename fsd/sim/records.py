@@ -2,7 +2,8 @@
 
 The metric row says how a policy did; these rows say to whom. A tail is read from
 them: which jobs make up the P95, when they arrived, how long they waited for the
-first token, how often they were preempted, swapped or promoted.
+first token, the longest stall between two of their tokens (`tbt_max_s`), how often
+they were preempted, swapped or promoted.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ COLUMNS = (
     "finish_s",
     "latency_s",
     "per_token_s",
+    "tbt_max_s",
     "preemptions",
     "swaps_out",
     "swaps_in",
@@ -42,6 +44,7 @@ def job_row(job: SimJob) -> tuple:
         job.finish_time,
         job.latency,
         job.per_token_latency,
+        job.max_gap,
         job.preemptions,
         job.swaps_out,
         job.swaps_in,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -18,16 +19,18 @@ from fsd.config import EngineConfig
 from fsd.cost import CostModel
 from fsd.engine.core import Engine
 from fsd.engine.profile_fit import (
+    ChunkSample,
     DecodeSample,
     PrefillSample,
+    chunk_series,
     fit_cost_model,
     fit_decode,
     fit_prefill,
     nnls,
 )
-from fsd.engine.profiler import calibrate, make_plan, profile_engine
+from fsd.engine.profiler import CHUNK_SIZES, calibrate, make_plan, profile_engine
 from fsd.errors import ConfigError
-from fsd.profile_command import run_profile_command
+from fsd.profile_command import chunk_report, print_report, run_profile_command
 
 QUICK_MAX_ITERATIONS = 50
 
@@ -158,6 +161,42 @@ def test_quick_profile_of_the_tiny_engine(engine, monkeypatch):
         assert key in cost.notes
     assert {p["tokens"] for p in cost.notes["prefill"]} == set(plan.prefill_lengths)
     assert CostModel.from_dict(json.loads(cost.to_json())) == cost
+    # No chunk is timed at start-up: the chunk term is derived, and the notes say so.
+    assert plan.chunk_points == () and cost.notes["chunk"] == []
+    assert cost.prefill_per_ctx_token == 2 * cost.prefill_per_token2
+    chunked = cost.notes["chunked_prefill"]
+    assert chunked["prefill_per_ctx_token"].startswith("derived")
+    assert chunked["prompt_tokens"] == min(2048, engine.max_model_len - 1)
+    assert all("measured" not in r for r in chunked["slowdown"].values())
+
+
+def test_chunk_points_are_timed_and_fitted(engine, monkeypatch):
+    # A small plan: a 256-token prompt in chunks of 64, and one more chunk for the fit.
+    series = {p for p in chunk_series(256, 64) if p[1]}
+    plan = replace(
+        make_plan(engine, quick=True),
+        prefill_lengths=(16, 64, 256),
+        decode_points=((1, 16), (2, 64)),
+        repeats=2,
+        extra_rounds=0,
+        chunk_points=tuple(sorted(series | {(32, 512)})),
+        chunk_prompt=256,
+        chunk_sizes=(64,),
+    )
+    calls = _counting(monkeypatch, engine)
+    seen: list[str] = []
+    cost = profile_engine(engine, plan=plan, progress=lambda d, t, label: seen.append(label))
+    engine.blocks.check()
+    assert engine.blocks.num_free == engine.blocks.device.num_blocks
+    assert calls[0] == cost.notes["iterations"] <= plan.max_iterations
+    assert "chunk 64 tokens over 192" in seen and "chunk 32 tokens over 512" in seen
+    assert {(c["tokens"], c["cached"]) for c in cost.notes["chunk"]} == set(plan.chunk_points)
+    assert cost.prefill_per_ctx_token >= 0
+    chunked = cost.notes["chunked_prefill"]
+    assert chunked["prefill_per_ctx_token"].startswith("measured")
+    assert chunked["prompt_tokens"] == 256
+    for ratio in chunked["slowdown"].values():  # timings are noise: only that they exist
+        assert ratio["measured"] > 0 and ratio["predicted"] > 0
 
 
 def test_plans_fit_the_engine_limits(engine):
@@ -169,6 +208,19 @@ def test_plans_fit_the_engine_limits(engine):
             assert b * engine.blocks.blocks_for(c) <= engine.blocks.device.num_blocks
         assert len(plan.prefill_lengths) >= 3 and len(plan.decode_points) >= 3
     assert full.num_points > quick.num_points
+    # The full profile times chunks over cached contexts, within the same limits, and
+    # every chunk of the prompts whose chunked slowdown it reports.
+    prompt = full.chunk_prompt
+    assert prompt == min(2048, engine.max_model_len - 1) and prompt in full.prefill_lengths
+    for n, c in full.chunk_points:
+        assert c > 0 and n <= engine.config.sched.max_batch_tokens
+        assert n + c <= engine.max_model_len - 1
+        assert engine.blocks.blocks_for(n + c) <= engine.blocks.device.num_blocks
+    for k in CHUNK_SIZES:
+        for n, c in chunk_series(prompt, k):
+            assert (n, c) in full.chunk_points or (c == 0 and n in full.prefill_lengths)
+    assert {(64, 512), (256, 512), (64, 1536), (256, 1536)} <= set(full.chunk_points)
+    assert full.max_iterations >= full.num_samples * full.repeats
     assert full.prefill_lengths[0] == 16 and full.prefill_lengths[-1] == engine.max_model_len - 1
 
 
@@ -208,7 +260,34 @@ def test_run_profile_command_prints_and_writes(tmp_path):
     text = buf.getvalue()
     assert "measured vs fitted" in text and "decode" in text and "prefill" in text
     assert "q1 (min iteration)" in text and str(out) in text.replace("\n", "")
+    flat = " ".join(text.split())
+    assert "chunk(n, c) = prefill(n)" in flat
+    assert "chunked prefill of 2047 tokens vs whole" in flat and "at chunk 512" in flat
+    assert "prefill_per_ctx_token derived" in flat
     assert CostModel.load(out) == cost
+
+
+def test_report_shows_the_measured_chunk_slowdown():
+    from rich.console import Console
+
+    truth = CostModel(
+        prefill_per_token2=1e-9, prefill_per_ctx_token=3e-9, decode_per_ctx_token=2e-8
+    )
+    series = {p for k in (256, 512) for p in chunk_series(2048, k) if p[1]}
+    pre = [PrefillSample(n, [truth.prefill_time(n)]) for n in (16, 256, 512, 2048)]
+    dec = [DecodeSample(b, c, [truth.decode_time(b, b * c)]) for b in (1, 8) for c in (16, 512)]
+    chk = [ChunkSample(n, c, [truth.chunk_time(n, c)]) for n, c in sorted(series)]
+    cost = fit_cost_model(pre, dec, chk, name="synthetic")
+    assert cost.prefill_per_ctx_token == pytest.approx(3e-9, rel=1e-6)
+    line = chunk_report(cost)
+    ratio = truth.chunked_prefill_time(2048, 512) / truth.prefill_time(2048)
+    assert f"x{ratio:.2f} at chunk 512 (measured x{ratio:.2f})" in line
+    assert "prefill_per_ctx_token measured (2 x prefill_per_token2 would be 2.0000 ns)" in line
+    buf = io.StringIO()
+    print_report(cost, Console(file=buf, width=200, force_terminal=False))
+    text = " ".join(buf.getvalue().split())
+    assert "256 over 1792 cached" in text and line in text
+    assert chunk_report(CostModel()) == ""  # no notes: nothing to say
 
 
 @pytest.mark.gpu

@@ -85,7 +85,7 @@ def test_invalid_retunes_are_refused_and_change_nothing(changes, match):
 
 
 def test_a_prompt_queued_before_the_batch_token_limit_fell_below_it_runs_alone():
-    llm = LLM("tiny", num_gpu_blocks=32)
+    llm = LLM("tiny", num_gpu_blocks=32, prefill_chunk=0)  # whole prefills
     eng = llm.engine
     long_job = eng.add_request([7] * 40, PARAMS)
     eng.retune(max_batch_tokens=16)

@@ -41,6 +41,8 @@ def generate(stages: list[Worker], steps: int) -> list[list[int]]:
     for k, job in enumerate(jobs):  # disjoint blocks, enough for the whole run
         job.block_table = list(range(k * 8, k * 8 + 8))
     for _ in range(steps):
+        for job in jobs:
+            job.step_tokens = job.num_new_tokens  # whole prefills, then decodes
         plan = build_plan(1, jobs)
         hidden = None
         for worker in stages:

@@ -392,6 +392,113 @@ def test_prefill_long_context_and_chunked_continuation(device) -> None:
         assert_close(out[a:b], want, torch.float32)
 
 
+CHUNK_PREFIXES = [0, 16, 37, 200]  # none, one block, mid-block, many blocks
+
+
+@pytest.mark.parametrize("chunk", [16, 48, 100, 7])  # block 16: aligned and not
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_prefill_chunk_over_a_cached_prefix(backend: str, chunk: int, device, request) -> None:
+    """One chunk per sequence, each continuing a cached prefix of another length (one
+    call, as the engine batches them): Triton equals the reference, both equal dense."""
+    if backend == "triton":
+        request.getfixturevalue("triton_ready")
+    hkv, group, dim, scale = 2, 2, 16, 0.3
+    ctx = [p + chunk for p in CHUNK_PREFIXES]
+    q_lens = [chunk] * len(ctx)
+    q, paged, qsl, keys, values = _prefill_case(
+        device, torch.float32, group, q_lens, ctx, block_size=16, dim=dim, hkv=hkv, seed=14
+    )
+    want = _run_prefill(q, paged, qsl, scale, reference.paged_prefill_ref)
+    if backend == "triton":
+        out = _run_prefill(q, paged, qsl, scale, max_query_len=chunk)
+        assert_close(out, want, torch.float32)
+    else:
+        out = want
+    for s in range(len(ctx)):
+        a, b = int(qsl[s]), int(qsl[s + 1])
+        assert_close(out[a:b], dense_attention(q[a:b], keys[s], values[s], scale), torch.float32)
+
+
+def whole_sequence_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float):
+    """Causal attention over a whole sequence in one SDPA call: q [N, Hq, D], k/v [N, Hkv, D]."""
+    group = q.shape[1] // k.shape[1]
+    qh = q.permute(1, 0, 2)  # [Hq, N, D]
+    kh = k.repeat_interleave(group, dim=1).permute(1, 0, 2)
+    vh = v.repeat_interleave(group, dim=1).permute(1, 0, 2)
+    out = torch.nn.functional.scaled_dot_product_attention(qh, kh, vh, is_causal=True, scale=scale)
+    return out.permute(1, 0, 2)
+
+
+@pytest.mark.parametrize("chunk", [7, 16, 48, 100])
+@pytest.mark.parametrize("group", [1, 4])
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_prefill_chunk_by_chunk_equals_the_whole_sequence_at_once(
+    backend: str, group: int, chunk: int, device, request
+) -> None:
+    """Sequences prefilled together chunk by chunk, as the engine runs them: each step
+    stores its chunks' K/V into a NaN-filled paged cache and attends over what is cached
+    so far; the pieces put together equal causal SDPA over each whole sequence."""
+    if backend == "triton":
+        request.getfixturevalue("triton_ready")
+        store, prefill = store_kv, paged_prefill
+    else:
+        store, prefill = reference.store_kv_ref, reference.paged_prefill_ref
+    gen = torch.Generator().manual_seed(15)
+    lens, hkv, dim, bs, scale = [237, 64, 5, 100], 2, 16, 16, 0.3
+    qs = [rand(gen, n, hkv * group, dim, device=device) for n in lens]
+    keys, values = make_seqs(gen, lens, hkv, dim, torch.float32, device)
+    counts = [math.ceil(n / bs) for n in lens]
+    nb = sum(counts) + 2
+    cache = torch.full((2, nb, bs, hkv, dim), float("nan"), device=device)
+    order = torch.randperm(nb, generator=gen).tolist()
+    tables, used = [], 0
+    for count in counts:
+        tables.append(order[used : used + count])
+        used += count
+    width = max(counts)
+    block_tables = torch.tensor(
+        [t + [0] * (width - len(t)) for t in tables], dtype=torch.int32, device=device
+    )
+    outs = [torch.full_like(q, float("nan")) for q in qs]
+    done = [0] * len(lens)
+    steps = 0
+    while any(d < n for d, n in zip(done, lens, strict=True)):
+        seqs = [s for s, n in enumerate(lens) if done[s] < n]
+        spans = [(done[s], min(done[s] + chunk, lens[s])) for s in seqs]
+        slots = [
+            tables[s][p // bs] * bs + p % bs
+            for s, (a, b) in zip(seqs, spans, strict=True)
+            for p in range(a, b)
+        ]
+        store(
+            torch.cat([keys[s][a:b] for s, (a, b) in zip(seqs, spans, strict=True)]),
+            torch.cat([values[s][a:b] for s, (a, b) in zip(seqs, spans, strict=True)]),
+            cache[0],
+            cache[1],
+            torch.tensor(slots, dtype=torch.int64, device=device),
+        )
+        q_lens = [b - a for a, b in spans]
+        out = prefill(
+            torch.cat([qs[s][a:b] for s, (a, b) in zip(seqs, spans, strict=True)]),
+            cache[0],
+            cache[1],
+            block_tables[seqs],
+            torch.tensor([b for _, b in spans], dtype=torch.int32, device=device),
+            query_start_loc(q_lens, device),
+            scale,
+        )
+        at = 0
+        for s, (a, b) in zip(seqs, spans, strict=True):
+            outs[s][a:b] = out[at : at + b - a]
+            at += b - a
+            done[s] = b
+        steps += 1
+    assert steps == math.ceil(max(lens) / chunk)
+    for s in range(len(lens)):
+        want = whole_sequence_sdpa(qs[s], keys[s], values[s], scale)
+        assert_close(outs[s], want, torch.float32)
+
+
 @uses_triton
 def test_prefill_block_size_does_not_change_the_result(device) -> None:
     gen = torch.Generator().manual_seed(9)

@@ -71,3 +71,95 @@ def test_sharded_tokens_equal_one_device_under_preemption_and_swapping(
         assert llm.engine.swapper.bytes_out > 0
         assert llm.engine.swapper.bytes_in == llm.engine.swapper.bytes_out
         assert not llm.engine.has_unfinished()
+
+
+CHUNK_PROMPTS = [
+    [(i * 17 + k) % 250 + 1 for k in range(n)] for i, n in enumerate([150, 70, 33, 5, 97])
+]
+CHUNK_PARAMS = [SamplingParams(max_tokens=12, ignore_eos=True)] * 4 + [SEEDED[0]]
+
+
+@pytest.fixture(scope="module")
+def unchunked(profile_path) -> list[list[int]]:
+    """The chunked-prefill prompts on one device, in process, with chunking off."""
+    with LLM(
+        "tiny-opt",
+        device="cpu",
+        policy="fcfs",
+        prefill_chunk=0,
+        num_gpu_blocks=512,
+        profile=profile_path,
+    ) as llm:
+        return [o.token_ids for o in llm.generate(CHUNK_PROMPTS, CHUNK_PARAMS)]
+
+
+@pytest.mark.parametrize(("tp", "pp"), [(2, 1), (1, 2)])
+def test_sharded_chunked_prefill_equals_one_device_unchunked(
+    ray_cluster, profile_path, unchunked, tp, pp
+):
+    """Prompts longer than the chunk go in 32 tokens an iteration (some iterations carry
+    only a chunk that draws nothing); every shard fills its KV from where it stopped."""
+    with LLM(
+        "tiny-opt",
+        tp=tp,
+        pp=pp,
+        device="cpu",
+        policy="fcfs",
+        prefill_chunk=32,
+        block_size=16,
+        num_gpu_blocks=64,
+        num_host_blocks=16,
+        profile=profile_path,
+    ) as llm:
+        eng = llm.engine
+        jobs = [eng.add_request(p, sp) for p, sp in zip(CHUNK_PROMPTS, CHUNK_PARAMS, strict=True)]
+        partial = 0
+        while eng.has_unfinished():
+            before = {j.job_id: j.num_computed_tokens for j in jobs}
+            eng.step()
+            out = eng.last_schedule
+            if out is None:
+                continue
+            for job in out.batch:
+                assert job.step_tokens <= 32
+                if before[job.job_id] + job.step_tokens < job.num_prompt_tokens:
+                    partial += 1
+        assert partial >= 150 // 32  # the long prompts really went in chunks
+        assert [j.output_token_ids for j in jobs] == unchunked
+        assert all(j.finish_reason.value == "length" for j in jobs)
+        blocks = eng.blocks
+        blocks.check()
+        assert blocks.device.num_free == 64 and blocks.host.num_free == 16
+
+
+@pytest.mark.parametrize(
+    ("tp", "pp", "kv_policy"), [(2, 1, "reactive"), (1, 2, "proactive"), (1, 2, "recompute")]
+)
+def test_sharded_chunked_prefill_under_preemption_equals_one_device_unchunked(
+    ray_cluster, profile_path, unchunked, tp, pp, kv_policy
+):
+    """Chunks beside demotion churn on 14 blocks: half-prefilled jobs are swapped out or
+    dropped (with pp = 2, while other micro-batches are in flight) and resume."""
+    with LLM(
+        "tiny-opt",
+        tp=tp,
+        pp=pp,
+        device="cpu",
+        policy="sj-mlfq",
+        demote_rule="always",
+        preempt_threshold=0,
+        kv_policy=kv_policy,
+        prefill_chunk=16,
+        profile=profile_path,
+        **SMALL_POOL,
+    ) as llm:
+        outs = llm.generate(CHUNK_PROMPTS, CHUNK_PARAMS)
+        assert [o.token_ids for o in outs] == unchunked
+        if kv_policy == "recompute":
+            assert sum(o.recomputes for o in outs) > 0
+        else:
+            assert sum(o.swaps_out for o in outs) > 0
+            assert sum(o.swaps_in for o in outs) == sum(o.swaps_out for o in outs)
+        blocks = llm.engine.blocks
+        blocks.check()
+        assert blocks.device.num_free == 14 and blocks.host.num_free == 64

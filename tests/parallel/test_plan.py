@@ -39,6 +39,7 @@ def test_a_plan_puts_decodes_first_and_maps_results_back():
     decode.output_token_ids.append(6)
     decode.num_computed_tokens = 2
     prefill.block_table, decode.block_table = [7], [3]
+    prefill.step_tokens, decode.step_tokens = 3, 1  # as the scheduler would set them
     ops = [SwapOp(None, "in", [1], [2], sync=True), SwapOp(None, "out", [5], [6], sync=True)]
     plan = build_plan(1, [prefill, decode], ops, [], eos_ids=(9,), forget=["gone"])
     assert plan.order == (1, 0) and plan.query_lens == (1, 3)

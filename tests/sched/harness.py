@@ -1,10 +1,13 @@
 """Drives a Scheduler without a model: each iteration appends one token per batched
-job; asynchronous copies end `copy_delay` iterations after they start."""
+job (a prefill chunk short of the prompt's end, none); asynchronous copies end
+`copy_delay` iterations after they start."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+
+from hypothesis import strategies as st
 
 from fsd.config import CacheConfig, SchedConfig
 from fsd.jobs import Job, SamplingParams
@@ -14,6 +17,15 @@ from fsd.sched.scheduler import Scheduler
 from tests.costs import linear_cost
 
 COST = linear_cost("unit", prefill=(1.0, 0.01), decode=(1.0, 0.0, 0.0), kv_bytes_per_token=1)
+
+
+def job_specs(max_prompt: int, max_output: int, max_jobs: int) -> st.SearchStrategy:
+    """Hypothesis: lists of (prompt, output, arrival iteration) for `make_jobs`/`drive`."""
+    return st.lists(
+        st.tuples(st.integers(1, max_prompt), st.integers(1, max_output), st.integers(0, 30)),
+        min_size=1,
+        max_size=max_jobs,
+    )
 
 
 def make_jobs(specs: list[tuple[int, int]], prefix: str = "j") -> list[Job]:
@@ -80,8 +92,12 @@ def drive(
         copies += [(it + copy_delay, op) for op in out.swap_out + out.swap_in if not op.sync]
         for job in out.batch:
             assert job.kv.value == "device"
-            assert len(job.block_table) * sched.blocks.block_size >= job.num_tokens
+            fed = job.num_computed_tokens + job.step_tokens  # a chunk needs blocks to its end
+            assert len(job.block_table) * sched.blocks.block_size >= fed
             assert not job.host_block_table
+            if not job.step_samples:  # a prefill chunk short of the end
+                job.absorb_chunk()
+                continue
             job.append_token(1, now)  # the engine's and the simulator's rule
             reason, _ = job.stop_after(1, (), 1 << 62)
             if reason is not None:

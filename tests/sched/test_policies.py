@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from fsd.config import SchedConfig
 from fsd.errors import ConfigError
 from fsd.sched import resolve_policy
-from tests.sched.harness import drive, make_jobs, scheduler
+from tests.sched.harness import drive, job_specs, make_jobs, scheduler
 
 POLICIES = ["fcfs", "priority", "mlfq", "sj-mlfq", "srpt"]
 KV = ["defer", "recompute", "reactive", "proactive"]
@@ -104,11 +104,7 @@ def test_small_device_pool_every_policy_and_kv_policy_finishes_everything(policy
 
 @settings(max_examples=40, deadline=None)
 @given(
-    st.lists(
-        st.tuples(st.integers(1, 24), st.integers(1, 24), st.integers(0, 30)),
-        min_size=1,
-        max_size=10,
-    ),
+    job_specs(24, 24, 10),
     st.sampled_from(POLICIES),
     st.sampled_from(KV),
     st.integers(1, 4),
@@ -229,7 +225,10 @@ def test_a_dropped_job_too_long_to_re_prefill_with_others_runs_alone():
     # each job alone fits the device (15 of 16 blocks) but not both: one is dropped
     # (recompute) after it has grown past max_batch_tokens, so its re-prefill of every
     # token so far cannot share an iteration; it runs alone instead of never
-    s = scheduler("fcfs", kv_policy="recompute", device=16, max_batch_size=2, max_batch_tokens=24)
+    s = scheduler(
+        "fcfs", kv_policy="recompute", device=16, max_batch_size=2, max_batch_tokens=24,
+        prefill_chunk=0,
+    )  # fmt: skip
     jobs = make_jobs([(20, 40), (20, 40)])
     run = drive(s, jobs)
     assert sorted(run.finished) == ["j0", "j1"]

@@ -32,6 +32,7 @@ def test_json_round_trip_keeps_every_field_and_the_notes(tmp_path):
         prefill_base=1.5e-3,
         prefill_per_token=2.25e-5,
         prefill_per_token2=3e-9,
+        prefill_per_ctx_token=7e-9,
         decode_base=4e-3,
         decode_per_seq=5e-5,
         decode_per_ctx_token=6e-8,
@@ -59,6 +60,7 @@ def test_unknown_field_is_named(tmp_path):
     [
         ("prefill_base", -1e-6),
         ("prefill_per_token2", -1e-6),
+        ("prefill_per_ctx_token", -1e-9),
         ("decode_per_ctx_token", -1e-6),
         ("decode_base", float("nan")),
         ("kv_bytes_per_token", -2),
@@ -240,6 +242,33 @@ def _row(cost: CostModel) -> tuple[float, ...]:
 @pytest.mark.parametrize("name", sorted(README_TABLE))
 def test_readme_table(name):
     assert _row(load_profile(name)) == README_TABLE[name]
+
+
+def _readme_section(title: str) -> list[str]:
+    text = (profile_path("opt-13b-a100").parent / "README.md").read_text()
+    section = text.split(f"## {title}\n", 1)[1].split("\n## ", 1)[0]
+    return section.splitlines()
+
+
+@pytest.mark.parametrize("name", sorted(SHIPPED))
+def test_readme_chunked_prefill_table(name):
+    # | profile | prefill 2048 | chunks of 256 (xR) | chunks of 512 (xR) | KV re-read 256 | 512 |
+    rows = {
+        cells[0]: cells[1:]
+        for line in _readme_section("Chunked prefill")
+        if line.startswith("| opt-")
+        for cells in [[c.strip() for c in line.strip("|").split("|")]]
+    }
+    cost = load_profile(name)
+    whole = cost.prefill_time(2048)
+    want = [f"{whole / MS:.2f}"]
+    for k in (256, 512):
+        chunked = cost.chunked_prefill_time(2048, k)
+        want.append(f"{chunked / MS:.2f} (x{chunked / whole:.2f})")
+    for k in (256, 512):
+        reread = sum(range(0, 2048, k))  # the cached tokens each chunk reads, summed
+        want.append(f"{cost.decode_per_ctx_token * reread / MS:.2f}")
+    assert rows[name] == want
 
 
 def test_paper_layout_row_and_a100_40gb_steps():

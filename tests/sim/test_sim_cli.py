@@ -129,6 +129,30 @@ def test_sweep_reports_each_policys_max_rate(small_trace, tmp_path):
     assert data["policies"]["srpt"]["max_rate"] >= fcfs["max_rate"]
 
 
+def test_prefill_chunk_reaches_the_scheduler_and_tbt_the_report(tmp_path):
+    out = tmp_path / "chunk.json"
+    args = ["--lengths", "prefill-heavy", "--rate", "4", "--limit", "80", "--policies", "fcfs"]
+    r = run(*args, "--prefill-chunk", "256", "--json", str(out))
+    assert r.exit_code == 0, r.output
+    assert "prefill chunks of 256 tokens" in " ".join(r.stdout.split())
+    assert "tbt p99 ms" in r.stdout
+    chunked = json.loads(out.read_text())
+    assert chunked["sched"]["prefill_chunk"] == 256
+    row = chunked["policies"]["fcfs"]
+    for key in ("tbt_mean", "tbt_p50", "tbt_p99", "tbt_max", "ttft_p99"):
+        assert row[key] > 0, key
+    assert row["tbt_p50"] <= row["tbt_p99"] <= row["tbt_max"]
+    r = run(*args, "--prefill-chunk", "0", "--json", str(out))
+    assert r.exit_code == 0, r.output
+    whole = json.loads(out.read_text())
+    assert whole["sched"]["prefill_chunk"] == 0 and "prefill whole" in r.stdout
+    r = run(*args)  # the default: a budget derived from the SLO
+    assert r.exit_code == 0, r.output
+    assert "tokens (from the SLO)" in " ".join(r.stdout.split())
+    # a prefill split into chunks takes more iterations than one that is not
+    assert row["iterations"] > whole["policies"]["fcfs"]["iterations"]
+
+
 def test_jobs_csv_records_every_job_that_the_metrics_summarize(tmp_path):
     out, records = tmp_path / "sim.json", tmp_path / "jobs"
     args = ["--arrival", "gamma", "--rate", "20", "--cv", "4", "--limit", "150"]
@@ -152,6 +176,7 @@ def test_jobs_csv_records_every_job_that_the_metrics_summarize(tmp_path):
             assert float(j["latency_s"]) == pytest.approx(latency)
             assert float(j["per_token_s"]) == pytest.approx(latency / int(j["output_tokens"]))
             assert 0 < float(j["ttft_s"]) <= latency + 1e-12
+            assert 0 <= float(j["tbt_max_s"]) <= latency - float(j["ttft_s"]) + 1e-12
         assert per_token.mean() == pytest.approx(row["avg"])
         assert np.percentile(per_token, 95) == pytest.approx(row["p95"])
         for key in ("preemptions", "swaps_out", "swaps_in", "recomputes", "promotions"):
@@ -182,6 +207,8 @@ def test_jobs_csv_refuses_a_sweep_and_a_path_it_cannot_create(tmp_path):
         (["--arrival", "gamma", "--cv", "-2"], "cv must be >= 0"),
         (["--time-scale", "2"], "--time-scale applies to --trace"),
         (["--sweep", "--sweep-metric", "max"], "sweep metric must be one of"),
+        (["--prefill-chunk", "8"], "prefill_chunk must be 0 (off) or at least one KV block"),
+        (["--prefill-chunk", "-1"], "prefill_chunk"),
     ],
 )
 def test_bad_input_is_one_clear_line_and_exit_2(args, message):

@@ -127,11 +127,13 @@ def test_kv_series_is_sampled_when_asked():
 
 def test_requests_that_can_never_run_are_refused_up_front():
     long_prompt = Workload((Request(0.0, 5000, 2),))
-    # the engine's admission rule, word for word
+    # the engine's admission rule, word for word: whole prefills must fit one iteration
     with pytest.raises(
         SimulationError, match=r"request 0: prompt has 5000 tokens, more than max_batch_tokens"
     ):
-        simulate(long_prompt, HAND, "fcfs")
+        simulate(long_prompt, HAND, "fcfs", prefill_chunk=0)
+    chunked = simulate(long_prompt, HAND, "fcfs", prefill_chunk=1024, num_gpu_blocks=400)
+    assert chunked.jobs[0].num_output_tokens == 2  # in chunks it runs
     with pytest.raises(
         SimulationError, match="request 0: .* needs 7 KV blocks; the device pool has 4"
     ):
