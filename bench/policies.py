@@ -40,11 +40,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing as mp
 import sys
 import time
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -64,7 +62,7 @@ from fsd.sched.registry import (  # noqa: E402
     default_slo,  # noqa: E402
 )
 from fsd.sim.capacity import max_context_of  # noqa: E402
-from fsd.sim.runner import RunSpec, run_many  # noqa: E402
+from fsd.sim.runner import RunSpec, map_tasks, run_many  # noqa: E402
 from fsd.sim.sweep import sweep_many  # noqa: E402
 from fsd.workload import (  # noqa: E402
     Request,
@@ -501,14 +499,6 @@ def _chunk_task(args: tuple) -> dict:
             **_class_split(result.jobs)}  # fmt: skip
 
 
-def _pool_map(fn: Callable, tasks: list, jobs: int) -> list:
-    if jobs <= 1:
-        return [fn(t) for t in tasks]
-    ctx = mp.get_context("fork") if "fork" in mp.get_all_start_methods() else None
-    with ProcessPoolExecutor(max_workers=min(jobs, len(tasks)), mp_context=ctx) as pool:
-        return list(pool.map(fn, tasks))
-
-
 def run_chunks(study: Study, _cost, _ctx) -> None:
     """fcfs and the default with each prefill chunk size, on the H100 profile: the
     conversation trace at three loads, long prompts among chat, and a burst."""
@@ -524,7 +514,7 @@ def run_chunks(study: Study, _cost, _ctx) -> None:
         # the trace is clipped to OPT's context; the synthetic prompts (up to 4k) are not
         w = load(case, study.quick, ctx if case.name.startswith("conv") else None)
         t = time.perf_counter()
-        rows = _pool_map(_chunk_task, [(s, cost, w) for s in specs], study.jobs)
+        rows = map_tasks(_chunk_task, [(s, cost, w) for s in specs], study.jobs)
         cases[case.name] = {
             "desc": case.desc,
             "workload": w.summary(),

@@ -82,9 +82,11 @@ class CostModel:
     def chunk_time(self, num_tokens: int, cached: int) -> float:
         """A prefill chunk of `num_tokens` new tokens over `cached` ones, run alone."""
         t = self.prefill_time(num_tokens)
-        if cached:
-            t += cached * (self.decode_per_ctx_token + self.prefill_per_ctx_token * num_tokens)
-        return t
+        return t + self._over_cached(num_tokens, cached) if cached else t
+
+    def _over_cached(self, num_tokens: int, cached: int) -> float:
+        """What a chunk adds for its cached tokens: reading them, attending over them."""
+        return cached * (self.decode_per_ctx_token + self.prefill_per_ctx_token * num_tokens)
 
     def chunked_prefill_time(self, num_tokens: int, chunk: int) -> float:
         """A whole prompt prefilled in chunks of at most `chunk` tokens, each one in
@@ -149,7 +151,7 @@ class CostModel:
             t += self.prefill_per_token * n + self.prefill_per_token2 * n * n
         for n, cached in zip(lens, prefill_cached, strict=False):
             if cached:
-                t += cached * (self.decode_per_ctx_token + self.prefill_per_ctx_token * n)
+                t += self._over_cached(n, cached)
         return t
 
     def iteration_time_from_alone(self, alone_sum: float, decodes: int, prefills: int) -> float:

@@ -23,7 +23,8 @@ and its per-job steps are short methods.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable
+import itertools
+from collections.abc import Collection, Iterable, Iterator
 from typing import TYPE_CHECKING
 
 from fsd.jobs import Job, JobStatus, KVLocation
@@ -61,18 +62,16 @@ class BatchWalk:
         self.prefill_left = self.chunk  # prompt tokens this iteration may still carry
         # a smaller piece is not worth a step (unless one iteration holds no more)
         self.min_chunk = min(sched.cache.block_size, self.budget_all)
-        # decodes that may still join (chunks leave them their tokens): counted once
-        self.decodes_left = self._ready_decodes(busy) if self.chunk else 0
+        # decodes that may still join (chunks leave them their tokens): at most a batch
+        ready = itertools.islice(self._ready_decodes(busy), self.limit) if self.chunk else ()
+        self.decodes_left = sum(1 for _ in ready)
 
-    def _ready_decodes(self, busy: Collection[str]) -> int:
-        """Device jobs whose next step is one token (at most a batch of them)."""
-        count, moving = 0, self.blocks.moving
+    def _ready_decodes(self, skip: Collection[str]) -> Iterator[Job]:
+        """Device jobs not in `skip` or moving whose next step is one token."""
+        moving = self.blocks.moving
         for job_id, job in self.blocks.on_device.items():
-            if job.num_new_tokens == 1 and job_id not in busy and job_id not in moving:
-                count += 1
-                if count >= self.limit:
-                    break
-        return count
+            if job.num_new_tokens == 1 and job_id not in skip and job_id not in moving:
+                yield job  # type: ignore[misc]
 
     def run(self, candidates: Iterable[Job]) -> None:
         """Walk `candidates` (priority order) until the batch is full or the walk ends."""
@@ -88,16 +87,11 @@ class BatchWalk:
     def _join_decodes(self) -> None:
         """Decodes first: the walk ended (prompts past the budget) before reaching some
         ready decodes; they join in priority order (at most a device's worth to sort)."""
-        moving, taken = self.blocks.moving, self.batch_ids
-        ready = [
-            job
-            for job_id, job in self.blocks.on_device.items()
-            if job_id not in taken and job_id not in moving and job.num_new_tokens == 1
-        ]
-        for job in sorted(ready, key=self.sched.queue.key):  # type: ignore[arg-type]
+        ready = list(self._ready_decodes(self.batch_ids))
+        for job in sorted(ready, key=self.sched.queue.key):
             if self.taken >= self.limit or not self.budget:
                 return
-            self._consider(job)  # type: ignore[arg-type]
+            self._consider(job)
 
     def _look_past_full(self, job: Job) -> bool:
         """After a full batch, note the host jobs to bring in next (a bounded look)."""

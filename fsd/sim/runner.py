@@ -9,16 +9,20 @@ from __future__ import annotations
 
 import itertools
 import multiprocessing as mp
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TypeVar
 
 from fsd.config import CacheConfig, SchedConfig
 from fsd.cost import CostModel
 from fsd.sim.engine import Simulator
 from fsd.sim.records import write_jobs_csv
 from fsd.workload.spec import Workload
+
+T = TypeVar("T")
+R = TypeVar("R")
 
 
 @dataclass(frozen=True)
@@ -109,6 +113,16 @@ def pack(weights: Sequence[float], bins: int) -> list[list[int]]:
     return [g for g in groups if g]
 
 
+def map_tasks(fn: Callable[[T], R], tasks: Sequence[T], jobs: int) -> list[R]:
+    """`fn` over `tasks`, in order; `jobs` > 1 uses that many worker processes at most."""
+    if jobs <= 1 or len(tasks) <= 1:
+        return [fn(t) for t in tasks]
+    # fork: workers inherit the imported modules; each gets its own copy of the inputs
+    ctx = mp.get_context("fork") if "fork" in mp.get_all_start_methods() else None
+    with ProcessPoolExecutor(max_workers=min(jobs, len(tasks)), mp_context=ctx) as pool:
+        return list(pool.map(fn, tasks))
+
+
 def run_many(
     specs: Sequence[RunSpec],
     cost: CostModel,
@@ -122,19 +136,13 @@ def run_many(
     `jobs` fixed groups (see `pack`) instead of handed out one at a time.
     """
     tasks = [(s, cost, workload) for s in specs]
-    if jobs <= 1 or len(tasks) <= 1:
-        rows = [_task(t) for t in tasks]
+    if weights is None or jobs <= 1 or len(tasks) <= 1:
+        rows = map_tasks(_task, tasks, jobs)
     else:
-        # fork: workers inherit the imported modules; each gets its own copy of the inputs
-        ctx = mp.get_context("fork") if "fork" in mp.get_all_start_methods() else None
-        with ProcessPoolExecutor(max_workers=min(jobs, len(tasks)), mp_context=ctx) as pool:
-            if weights is None:
-                rows = list(pool.map(_task, tasks))
-            else:
-                groups = pack(weights, jobs)
-                done = pool.map(_group, [([specs[i] for i in g], cost, workload) for g in groups])
-                by_index: dict[int, dict[str, object]] = {}
-                for g, group_rows in zip(groups, done, strict=True):
-                    by_index.update(zip(g, group_rows, strict=True))
-                rows = [by_index[i] for i in range(len(specs))]
+        groups = pack(weights, jobs)
+        done = map_tasks(_group, [([specs[i] for i in g], cost, workload) for g in groups], jobs)
+        by_index: dict[int, dict[str, object]] = {}
+        for g, group_rows in zip(groups, done, strict=True):
+            by_index.update(zip(g, group_rows, strict=True))
+        rows = [by_index[i] for i in range(len(specs))]
     return {s.label: row for s, row in zip(specs, rows, strict=True)}
