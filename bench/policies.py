@@ -11,7 +11,7 @@ a decode step (171 ms/token), requests clipped to OPT's 2048-token context. Metr
 are per-token latency (end-to-end / output tokens) in ms: avg and p95.
 
 Sections:
-  main    fcfs, priority, mlfq, sj-mlfq (`default`), the paper's sj-mlfq rules,
+  main    fcfs, priority, mlfq, sj-mlfq, gittins (`default`), the paper's sj-mlfq rules,
           sj-mlfq with demote_rule = "always", and srpt on the Azure conversation
           trace at several time scales and on synthetic ShareGPT / Alpaca / prefill-heavy workloads, Poisson and bursty
           Gamma arrivals (CV 4, 8, 16), ShareGPT with outputs capped at 20, and
@@ -23,7 +23,12 @@ Sections:
           settings (q1, ratio, levels, K, K') on the workloads where the paper's
           rules struggle;
   seeds   fsd's default against FCFS on 5 draws (seeds) of each synthetic workload;
-  sweep   each policy's maximum time scale of the conversation trace under the SLO;
+  sweep   each policy's highest sustainable time scale of the conversation trace under
+          the SLO, and its P95 goodput (fsd.sim.sweep);
+  validation  (--only validation; bench/validation.py) the held-out set: nine workloads of
+          shapes not in the tuning set on llama3.1-8b-h100 at three loads each, the share
+          of SRPT's gain each policy captures, P95 and P99 TTFT against FCFS, and the
+          default with each of its rules switched off (written to policies-validation.json);
   chunks  (--chunks, not in the default list) chunked prefill on opt-13b-h100: fcfs and
           the default with prefill_chunk off, unset (slo: the most prompt tokens whose
           prefill fits the SLO, fsd's default), 256, 512 and 1024 on the conversation
@@ -52,6 +57,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from machine import describe_machine  # noqa: E402
+from validation import run_validation, validation_markdown  # noqa: E402
 
 from fsd.config import CacheConfig, SchedConfig  # noqa: E402
 from fsd.sched.chunking import prefill_budget  # noqa: E402
@@ -63,7 +69,7 @@ from fsd.sched.registry import (  # noqa: E402
 )
 from fsd.sim.capacity import max_context_of  # noqa: E402
 from fsd.sim.runner import RunSpec, map_tasks, run_many  # noqa: E402
-from fsd.sim.sweep import sweep_many  # noqa: E402
+from fsd.sim.sweep import sweep_all  # noqa: E402
 from fsd.workload import (  # noqa: E402
     Request,
     Workload,
@@ -397,20 +403,26 @@ def seeds_markdown(seeds: dict) -> list[str]:
 
 
 def run_sweep(study: Study, cost, ctx) -> None:
+    """Each policy's highest sustainable load under the SLO and its P95 goodput
+    (fsd.sim.sweep: a rate counts only if the run keeps up with its arrivals)."""
     n = 1000 if study.quick else 3000
     w = read_trace(TRACE, time_scale=0.3, limit=n).clipped(ctx)
     names = ["fcfs", "sj-mlfq", "srpt"] + (["default"] if DEFAULT_POLICY != "sj-mlfq" else [])
     names += ["priority", "mlfq"]
     specs = [base_spec(p, p) for p in names]
-    found = sweep_many(specs, cost, w, "avg", 1.0, 0.05, study.jobs)
+    found = sweep_all(specs, cost, w, "avg", 1.0, 0.05, study.jobs)
     rows = {}
-    for label, r in found.items():
+    for label, by_target in found.items():
+        r, g = by_target["slo"], by_target["goodput95"]
         rows[label] = {
             "max_time_scale": 0.3 * r.max_scale,
             "max_rate": r.max_rate,
             "bracketed": r.bracketed,
             "at_max": keep(r.metrics or {}),
             "points": r.points,
+            "goodput95_time_scale": 0.3 * g.max_scale,
+            "goodput95_rate": g.max_rate,
+            "goodput95_bracketed": g.bracketed,
         }
     study.results["sweep"] = {"trace": TRACE.name, "requests": n, "metric": "avg", "runs": rows}
 
@@ -681,21 +693,25 @@ def markdown(study: Study, slo: float) -> str:
         lines += seeds_markdown(res["seeds"])
     if "chunks" in res:
         lines += chunks_markdown(res["chunks"])
+    if "validation" in res:
+        lines += validation_markdown(res["validation"])
     if "sweep" in res:
         lines += [
             f"### Max conv-trace load with avg per-token latency <= {ms(slo)} ms "
             f"({res['sweep']['requests']} requests)",
             "",
-            "| policy | max time scale | max rate (req/s) | x fcfs |",
-            "|---|---|---|---|",
+            "| policy | max time scale | max rate (req/s) | x fcfs | P95 goodput (req/s) | x fcfs |",
+            "|---|---|---|---|---|---|",
         ]
         runs = res["sweep"]["runs"]
         base = runs["fcfs"]["max_rate"] or float("nan")
+        good = runs["fcfs"].get("goodput95_rate") or float("nan")
         for label, r in runs.items():
             bound = "" if r["bracketed"] else ">= "
+            gp = r.get("goodput95_rate", float("nan"))
             lines.append(
                 f"| {label} | {bound}{r['max_time_scale']:.3f} | {r['max_rate']:.2f} | "
-                f"{r['max_rate'] / base:.2f} |"
+                f"{r['max_rate'] / base:.2f} | {gp:.2f} | {gp / good:.2f} |"
             )
         lines.append("")
     return "\n".join(lines)
@@ -726,6 +742,9 @@ def main() -> None:
         "seeds": run_seeds,
         "sweep": run_sweep,
         "chunks": run_chunks,
+        "validation": lambda st, _c, _x: st.results.__setitem__(
+            "validation", run_validation(st.quick, st.jobs)
+        ),
     }
     t0 = time.perf_counter()
     for name in only.split(","):
@@ -735,7 +754,9 @@ def main() -> None:
         cost = load_profile(CHUNK_PROFILE)
         ctx = max_context_of(cost)
     print(text)
-    name = "policies-chunks.json" if only == "chunks" else "policies.json"
+    name = {"chunks": "policies-chunks.json", "validation": "policies-validation.json"}.get(
+        only, "policies.json"
+    )
     out = Path(args.out or Path(__file__).parent / "results" / name)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(

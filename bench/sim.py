@@ -1,14 +1,26 @@
-"""Simulator speed: the whole Azure conversation trace through every policy.
+"""Simulator speed: the conversation trace through every policy, and the scheduler's
+cost per iteration under overload.
 
-    .venv/bin/python bench/sim.py                  # 19,366 requests x 5 policies, 2 processes
-    .venv/bin/python bench/sim.py --time-scale 0.35 --jobs 1
+    .venv/bin/python bench/sim.py                   # both sections, 2 processes
+    .venv/bin/python bench/sim.py --only policies   # 19,366 requests x 5 policies
+    .venv/bin/python bench/sim.py --only cost --jobs 1
 
-Workload: data/azure-llm-2023-conv.csv at `--time-scale` (default 0.3 = 1.66 req/s,
-just under FCFS's capacity on opt-13b-a100, where the policies differ but nothing is
-wildly overloaded), clipped to OPT's 2048-token context; kv policy proactive, max
-batch 32. Times the whole run (one process per policy, `--jobs` at once) and each
-policy's own simulation. Goal: <= 30 s for the 5 policies on 2 cores. Prints a
-table; writes bench/results/sim-cpu.json.
+policies  data/azure-llm-2023-conv.csv at `--time-scale` (default 0.3 = 1.66 req/s,
+          just under FCFS's capacity on opt-13b-a100, where the policies differ but
+          nothing is wildly overloaded), clipped to OPT's 2048-token context; kv policy
+          proactive, max batch 32, whole prefills. Times the whole run (one process per
+          policy, `--jobs` at once) and each policy's own simulation. Goal: <= 30 s for
+          the 5 policies on 2 cores.
+cost      fcfs, sj-mlfq and the default policy if another, on the same trace at x0.3 and x0.5 (x0.5 is
+          overload: thousands of prompts wait) and on the 1-hour Mooncake conversation
+          trace (12,031 long-context requests at its own rate, on a 128k-context
+          profile, llama3.1-8b-h100, chunked prefill as configured by default): the
+          microseconds per iteration of the whole simulation and of the scheduler alone
+          (`Scheduler.schedule` + `update`, timed around each call). Goal (P11): the
+          default's cost per iteration <= 2 x FCFS's at conv x0.5.
+
+Prints a table per section; writes bench/results/sim-cpu.json (a section run alone
+replaces only its own part of the file).
 """
 
 from __future__ import annotations
@@ -17,7 +29,11 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import torch
 from rich.console import Console
@@ -28,37 +44,40 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from machine import describe_machine  # noqa: E402
 
 from fsd.config import CacheConfig, SchedConfig  # noqa: E402
+from fsd.cost import CostModel  # noqa: E402
 from fsd.sched.profiles import load_profile  # noqa: E402
-from fsd.sched.registry import POLICIES  # noqa: E402
+from fsd.sched.registry import DEFAULT_POLICY, POLICIES  # noqa: E402
+from fsd.sched.scheduler import Scheduler  # noqa: E402
 from fsd.sim.capacity import max_context_of  # noqa: E402
-from fsd.sim.runner import RunSpec, run_many  # noqa: E402
+from fsd.sim.runner import RunSpec, map_tasks, run_many  # noqa: E402
+from fsd.workload.spec import Workload  # noqa: E402
 from fsd.workload.trace import read_trace  # noqa: E402
 
-_TRACE_NAME = Path("shared") / "data" / "azure-llm-2023-conv.csv"
-TRACE = Path(__file__).resolve().parents[2] / _TRACE_NAME  # shared/ beside the checkout
+_DATA = Path("shared") / "data"
 GOAL_S = 30.0
-COST = {"fcfs": 0.6, "priority": 0.6, "mlfq": 0.8, "sj-mlfq": 1.0, "default": 1.0, "srpt": 1.0}
+COST_GOAL = 2.0  # the default's us/iteration over FCFS's at conv x0.5
+COST = {"fcfs": 0.6, "priority": 0.6, "mlfq": 0.8, "sj-mlfq": 1.0, "srpt": 1.0, "gittins": 2.2}
+MOONCAKE_PROFILE = "llama3.1-8b-h100"
+LONG_CONTEXT = 131_072  # what the Mooncake trace needs (its longest prompt: 126,195)
+
+
+def data_file(name: str) -> Path:
+    """shared/data/<name> beside the checkout (or inside it)."""
+    here = Path(__file__).resolve()
+    for root in (here.parents[2], here.parents[1]):
+        if (root / _DATA / name).exists():
+            return root / _DATA / name
+    return here.parents[2] / _DATA / name
 
 
 def default_trace() -> Path:
-    for p in (TRACE, Path(__file__).resolve().parents[1] / _TRACE_NAME):
-        if p.exists():
-            return p
-    return TRACE
+    return data_file("azure-llm-2023-conv.csv")
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    ap.add_argument("--trace", default=str(default_trace()))
-    ap.add_argument("--time-scale", type=float, default=0.3)
-    ap.add_argument("--limit", type=int, default=None)
-    ap.add_argument("--policies", default=",".join(POLICIES))
-    ap.add_argument("--profile", default="opt-13b-a100")
-    ap.add_argument("--jobs", type=int, default=2)
-    ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "sim-cpu.json"))
-    args = ap.parse_args()
+# ---- the policies section ------------------------------------------------------------
+
+
+def run_policies(args: argparse.Namespace, console: Console) -> dict[str, Any]:
     cost = load_profile(args.profile)
     t0 = time.perf_counter()
     workload = read_trace(args.trace, args.time_scale, args.limit).clipped(max_context_of(cost))
@@ -76,7 +95,7 @@ def main() -> None:
         table.add_column(col, justify="left" if col == "policy" else "right")
     per_policy = {}
     for name, m in rows.items():
-        per_policy[name] = {
+        per_policy[name] = r = {
             "sim_wall_s": m["sim_wall_s"],
             "iterations": m["iterations"],
             "us_per_iteration": 1e6 * m["sim_wall_s"] / max(m["iterations"], 1),
@@ -84,42 +103,210 @@ def main() -> None:
             "p95": m["p95"],
             "peak_jobs": m["peak_jobs"],
         }
-        r = per_policy[name]
         table.add_row(
             name,
             f"{r['sim_wall_s']:.1f}",
             str(r["iterations"]),
             f"{r['us_per_iteration']:.0f}",
-            f"{1e3 * m['avg']:.1f}",
-            f"{1e3 * m['p95']:.1f}",
+            f"{1e3 * m['avg']:.1f}",  # type: ignore[operator]
+            f"{1e3 * m['p95']:.1f}",  # type: ignore[operator]
         )
-    console = Console(width=120)
     console.print(table)
     console.print(
         f"total {wall:.1f} s with {args.jobs} process(es) (goal {GOAL_S:.0f} s); trace read {t_read:.2f} s"
     )
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(
-        json.dumps(
-            {
-                "bench": "sim",
-                "machine": describe_machine(torch.device("cpu")),
-                "trace": Path(args.trace).name,
-                "requests": len(workload),
-                "time_scale": args.time_scale,
-                "profile": args.profile,
-                "processes": args.jobs,
-                "total_wall_s": wall,
-                "trace_read_s": t_read,
-                "goal_s": GOAL_S,
-                "meets_goal": wall <= GOAL_S,
-                "policies": per_policy,
-            },
-            indent=2,
-        )
-        + "\n"
+    return {
+        "trace": Path(args.trace).name,
+        "requests": len(workload),
+        "time_scale": args.time_scale,
+        "profile": args.profile,
+        "processes": args.jobs,
+        "total_wall_s": wall,
+        "trace_read_s": t_read,
+        "goal_s": GOAL_S,
+        "meets_goal": wall <= GOAL_S,
+        "policies": per_policy,
+    }
+
+
+# ---- the cost section ------------------------------------------------------------------
+
+
+@contextmanager
+def timed_scheduler() -> Iterator[list[float]]:
+    """Seconds spent in Scheduler.schedule and .update while the block runs ([0])."""
+    spent = [0.0]
+    saved = Scheduler.schedule, Scheduler.update
+    clock = time.perf_counter
+
+    def timed(fn: Callable[..., Any]) -> Callable[..., Any]:
+        def call(*a: Any, **k: Any) -> Any:
+            t = clock()
+            try:
+                return fn(*a, **k)
+            finally:
+                spent[0] += clock() - t
+
+        return call
+
+    Scheduler.schedule, Scheduler.update = timed(saved[0]), timed(saved[1])  # type: ignore[method-assign]
+    try:
+        yield spent
+    finally:
+        Scheduler.schedule, Scheduler.update = saved  # type: ignore[method-assign]
+
+
+CostTask = tuple[str, str, RunSpec, CostModel, Workload]
+
+
+def cost_run(task: CostTask) -> dict[str, Any]:
+    """One run of the cost section (in a worker process): its times per iteration."""
+    label, policy, spec, cost, workload = task
+    with timed_scheduler() as spent:
+        m = spec.simulator(cost).run(workload).metrics
+    iters = max(int(m["iterations"]), 1)
+    return {
+        "workload": label,
+        "policy": policy,
+        "requests": len(workload),
+        "iterations": m["iterations"],
+        "sim_wall_s": m["sim_wall_s"],
+        "sched_s": spent[0],
+        "us_per_iteration": 1e6 * m["sim_wall_s"] / iters,
+        "sched_us_per_iteration": 1e6 * spent[0] / iters,
+        "peak_jobs": m["peak_jobs"],
+        "avg": m["avg"],
+        "p95": m["p95"],
+    }
+
+
+def mooncake_workload(args: argparse.Namespace) -> tuple[CostModel, Workload] | str:
+    """The Mooncake trace and its 128k profile, or why the row is skipped."""
+    try:
+        from fsd.workload.mooncake import read_mooncake
+    except ImportError:
+        return "fsd.workload.mooncake.read_mooncake is not there"
+    path = Path(args.mooncake)
+    if not path.exists():
+        return f"{path} does not exist"
+    try:
+        cost = load_profile(args.mooncake_profile)
+    except Exception as exc:  # a missing or unreadable profile: say which
+        return f"profile {args.mooncake_profile!r}: {exc}"
+    ctx = max_context_of(cost)
+    if ctx is None or ctx < LONG_CONTEXT:
+        return f"profile {args.mooncake_profile!r} has a {ctx}-token context, not 128k"
+    return cost, read_mooncake(path, 1.0, args.mooncake_limit).clipped(ctx)
+
+
+def cost_tasks(args: argparse.Namespace, console: Console) -> list[CostTask]:
+    """(label, policy, spec, cost, workload) for every row, the longest runs first."""
+    conv_cost = load_profile(args.profile)
+    ctx = max_context_of(conv_cost)
+    whole = SchedConfig(prefill_chunk=0)  # as the policies section and bench/policies.py
+    tasks: list[CostTask] = []
+    for scale in sorted((float(s) for s in args.cost_scales.split(",")), reverse=True):
+        conv = read_trace(args.trace, scale, args.limit).clipped(ctx)
+        for policy in cost_policies():
+            spec = RunSpec(policy, replace(whole, policy=policy), CacheConfig())
+            tasks.append((f"conv x{scale:g}", policy, spec, conv_cost, conv))
+    moon = mooncake_workload(args) if args.mooncake else "--mooncake ''"
+    if isinstance(moon, str):
+        console.print(f"[yellow]Mooncake row skipped: {moon}[/yellow]")
+    else:
+        cost, workload = moon
+        span = "1h" if args.mooncake_limit is None else f"{len(workload)} req"
+        label = f"mooncake {span} ({args.mooncake_profile})"
+        for policy in cost_policies():
+            spec = RunSpec(policy, SchedConfig(policy=policy), CacheConfig())
+            tasks.insert(0, (label, policy, spec, cost, workload))
+    return tasks
+
+
+def cost_policies() -> list[str]:
+    """FCFS, FastServe's skip-join MLFQ, and the default if it is another policy."""
+    return ["fcfs", "sj-mlfq"] + ([] if DEFAULT_POLICY in ("fcfs", "sj-mlfq") else [DEFAULT_POLICY])
+
+
+def run_cost(args: argparse.Namespace, console: Console) -> dict[str, Any]:
+    tasks = cost_tasks(args, console)
+    t0 = time.perf_counter()
+    rows = map_tasks(cost_run, tasks, args.jobs)
+    wall = time.perf_counter() - t0
+    fcfs = {r["workload"]: r for r in rows if r["policy"] == "fcfs"}
+    for r in rows:
+        base = fcfs.get(r["workload"])
+        r["x_fcfs"] = r["us_per_iteration"] / base["us_per_iteration"] if base else None
+    order = cost_policies()
+    rows.sort(key=lambda r: (r["workload"], order.index(r["policy"])))
+    table = Table(title="scheduler cost per iteration (whole simulation and schedule + update)")
+    cols = ("workload", "policy", "requests", "iterations", "sim s", "us/iter", "sched us/iter",
+            "x fcfs", "peak jobs")  # fmt: skip
+    for col in cols:
+        table.add_column(col, justify="left" if col in ("workload", "policy") else "right")
+    for r in rows:
+        name = r["policy"] + (" (default)" if r["policy"] == DEFAULT_POLICY else "")
+        table.add_row(
+            r["workload"], name, str(r["requests"]), str(r["iterations"]),
+            f"{r['sim_wall_s']:.1f}", f"{r['us_per_iteration']:.0f}",
+            f"{r['sched_us_per_iteration']:.0f}",
+            "" if r["x_fcfs"] is None else f"{r['x_fcfs']:.2f}", str(r["peak_jobs"]),
+        )  # fmt: skip
+    console.print(table)
+    at_05 = {r["policy"]: r["x_fcfs"] for r in rows if r["workload"] == "conv x0.5"}
+    goal = at_05.get(DEFAULT_POLICY)
+    verdict = ", ".join(f"{p} {x:.2f} x fcfs" for p, x in at_05.items() if p != "fcfs")
+    console.print(
+        f"conv x0.5: {verdict or 'not run'} (goal: the default, {DEFAULT_POLICY}, <= "
+        f"{COST_GOAL:g} x); {wall:.1f} s with {args.jobs} process(es)"
     )
+    return {
+        "goal_x_fcfs": COST_GOAL,
+        "default_policy": DEFAULT_POLICY,
+        "default_x_fcfs_conv_0.5": goal,
+        "x_fcfs_conv_0.5": at_05,
+        "meets_goal": goal is not None and goal <= COST_GOAL,
+        "profile": args.profile,
+        "mooncake_profile": args.mooncake_profile,
+        "processes": args.jobs,
+        "total_wall_s": wall,
+        "rows": rows,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--only", default="policies,cost", help="sections: policies, cost")
+    ap.add_argument("--trace", default=str(default_trace()))
+    ap.add_argument("--time-scale", type=float, default=0.3)
+    ap.add_argument("--limit", type=int, default=None, help="requests of the conv trace")
+    ap.add_argument("--policies", default=",".join(POLICIES))
+    ap.add_argument("--profile", default="opt-13b-a100")
+    ap.add_argument("--cost-scales", default="0.3,0.5")
+    ap.add_argument("--mooncake", default=str(data_file("mooncake-conversation.jsonl")),
+                    help="the Mooncake trace ('' to skip its rows)")  # fmt: skip
+    ap.add_argument("--mooncake-profile", default=MOONCAKE_PROFILE)
+    ap.add_argument("--mooncake-limit", type=int, default=None)
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "sim-cpu.json"))
+    args = ap.parse_args()
+    sections = set(args.only.split(","))
+    unknown = sections - {"policies", "cost"}
+    if unknown:
+        ap.error(f"unknown section(s): {', '.join(sorted(unknown))}")
+    console = Console(width=140)
+    out = Path(args.out)
+    # a section run alone keeps the other's results
+    result: dict[str, Any] = json.loads(out.read_text()) if out.exists() else {}
+    result.update(bench="sim", machine=describe_machine(torch.device("cpu")))
+    if "policies" in sections:
+        result.update(run_policies(args, console))
+    if "cost" in sections:
+        result["cost"] = run_cost(args, console)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {out}")
 
 

@@ -172,10 +172,12 @@ def job_lines(j: P.JobInfo) -> list[str]:
     prefill = (
         [] if j.prefilled is None else [("prefill", prefill_detail(j.prefilled, j.prompt_tokens))]
     )
+    rank = [] if j.rank is None else [("rank", f"{j.rank} (1 runs first)")]
     rows = [
         ("job", j.job_id),
         ("state", j.state),
         ("level", level_name(j.level)),
+        *rank,
         ("kv", f"{j.kv} ({j.blocks} device blocks, {j.host_blocks} host blocks)"),
         ("enst", duration(j.enst)),
         ("tokens", f"{j.prompt_tokens} prompt, {j.output_tokens} output"),

@@ -15,7 +15,12 @@ Version 2: levels are 1-based everywhere (Q1 is the top level), `token`, `Undrai
 its traces inline (the daemon never opens a path a client names).
 
 The version, the size limits, `encode` and `ProtocolError` (an `FsdError` whose
-instances carry their code) live in `fsd.wire` and are re-exported here.
+instances carry their code) live in `fsd.wire`, the telemetry messages and `JobInfo`
+in `fsd.protocol_telemetry`; both are re-exported here.
+
+Within a version, a message grows only by optional fields (a None or empty default):
+an older peer skips what it does not know and a newer one reads an absent field as
+its default (`JobInfo.prefilled` and `rank`, `Snapshot.sched`).
 """
 
 from __future__ import annotations
@@ -26,6 +31,17 @@ from typing import Any
 import msgspec
 
 from fsd.jobs import SamplingParams
+from fsd.protocol_telemetry import (  # noqa: F401 - re-exported: the telemetry messages
+    Event,
+    IterationInfo,
+    JobInfo,
+    KVInfo,
+    LearnedInfo,
+    LevelInfo,
+    SchedInfo,
+    SLOInfo,
+    Snapshot,
+)
 from fsd.wire import (  # noqa: F401 - re-exported: code reads the wire as fsd.protocol
     DEFAULT_ENDPOINT,
     DEFAULT_TELEMETRY_ENDPOINT,
@@ -227,36 +243,6 @@ class Error(_Msg, tag="error"):
     req_id: str | None = None
 
 
-class JobInfo(msgspec.Struct, kw_only=True, omit_defaults=True):
-    """One live job as the scheduler sees it; `level` is 1-based (1 = Q1, the top).
-
-    `prefilled` is the prefill's progress: the prompt tokens whose KV is cached, from 0
-    to `prompt_tokens` (short of it between the chunks of a chunked prefill, back to 0
-    when the job's KV was dropped). None from a daemon that predates it.
-    """
-
-    job_id: str
-    state: str
-    level: int
-    kv: str
-    blocks: int
-    host_blocks: int
-    enst: float | None
-    prompt_tokens: int
-    prefilled: int | None = None
-    output_tokens: int
-    waited: float
-    attained: float
-    arrival: float
-    preemptions: int = 0
-    swaps_out: int = 0
-    swaps_in: int = 0
-    recomputes: int = 0
-    promotions: int = 0
-    demotions: int = 0
-    tags: list[str] = []
-
-
 class JobList(_Msg, tag="job_list"):
     jobs: list[JobInfo]
 
@@ -292,83 +278,6 @@ class Ack(_Msg, tag="ack"):
 
 
 Reply = Accepted | Tokens | Finished | Error | JobList | JobReply | StatusReply | Ack
-
-
-# ---- telemetry ---------------------------------------------------------------------
-
-
-class LevelInfo(msgspec.Struct, kw_only=True):
-    """One queue level; `index` is 1-based (1 = Q1)."""
-
-    index: int
-    quantum: float | None
-    job_ids: list[str]
-
-
-class KVInfo(msgspec.Struct, kw_only=True):
-    block_size: int
-    device_total: int
-    device_used: int
-    device_reserved: int
-    device_free: int
-    host_total: int
-    host_used: int
-    bytes_in_flight: int
-    swapped_out_bytes: int
-    swapped_in_bytes: int
-
-
-class IterationInfo(msgspec.Struct, kw_only=True):
-    start: float
-    duration: float
-    batch_size: int
-    prefill_tokens: int
-    decode_tokens: int
-
-
-class SLOInfo(msgspec.Struct, kw_only=True):
-    """Statistics over the jobs finished in the last `window` seconds."""
-
-    window: float
-    finished: int
-    avg_per_token_latency: float | None
-    p95_per_token_latency: float | None
-    avg_ttft: float | None
-    p95_ttft: float | None
-    tokens_per_s: float
-    requests_per_s: float
-    slo_per_token_latency: float
-
-
-class Snapshot(msgspec.Struct, kw_only=True):
-    """The engine's observable state. The job table costs a few microseconds per job to
-    read, so with many jobs the daemon sends it in only some snapshots (see
-    `ServerConfig.telemetry_job_budget`): `jobs` is None when this snapshot carries no
-    table, and `jobs_time` is when the latest table was read. Everything else is
-    in every snapshot."""
-
-    v: int = PROTOCOL_VERSION
-    time: float
-    seq: int
-    policy: str
-    levels: list[LevelInfo]
-    jobs: list[JobInfo] | None
-    jobs_time: float | None = None
-    kv: KVInfo
-    iterations: list[IterationInfo]
-    slo: SLOInfo
-    config: dict[str, Any]
-
-
-class Event(msgspec.Struct, kw_only=True, omit_defaults=True):
-    """arrive, start, preempt, demote, promote, swap-out-begin/end, swap-in-begin/end,
-    recompute, finish, abort, retune."""
-
-    v: int = PROTOCOL_VERSION
-    time: float
-    kind: str
-    job_id: str | None = None
-    detail: dict[str, Any] = {}
 
 
 # ---- codecs (fsd.wire) ---------------------------------------------------------------

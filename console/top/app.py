@@ -121,6 +121,7 @@ class TopApp(App[None]):
             yield panels.kv()
             yield panels.iterations()
             yield panels.slo()
+        yield panels.LearnedLine(id="learned")
         yield panels.Summary(id="summary")
         with Horizontal(id="middle"):
             yield JobTable(id="jobs")
@@ -188,6 +189,7 @@ class TopApp(App[None]):
         for panel in self._main.query(panels.Panel):
             panel.show(view)
         self._main.query_one(panels.Summary).show(view)
+        self._main.query_one(panels.LearnedLine).show(view)
         self._main.query_one(JobTable).show(view)
         if isinstance(self.screen, JobDetailScreen):
             self.screen.update_data()

@@ -51,6 +51,8 @@ class JobRow(NamedTuple):
     in_table: bool  # False: seen in a level queue, not yet in a job table
     enst_order: float  # ENST, unknown last: a plain float sorts 10k rows in C
     prefill_order: float  # prompt tokens left to prefill if part done, else last
+    rank: int | None  # place in the scheduler's order, 1 runs first (None: not reported)
+    rank_order: float  # the rank, unknown last
 
     @classmethod
     def of(cls, j: P.JobInfo, inject_tags: frozenset[str]) -> JobRow:
@@ -61,13 +63,13 @@ class JobRow(NamedTuple):
             j.job_id, j.level, j.state, j.kv, j.enst, prompt, done, j.output_tokens,
             j.waited, j.attained, j.arrival, j.blocks, j.host_blocks, tags,
             not inject_tags.isdisjoint(tags), True, math.inf if j.enst is None else j.enst,
-            left,
+            left, j.rank, math.inf if j.rank is None else j.rank,
         )  # fmt: skip
 
     @classmethod
     def pending(cls, job_id: str, level: int) -> JobRow:
         """A job the levels list but no job table has described yet."""
-        return cls(job_id, level, "new", "-", None, 0, None, 0, 0.0, 0.0, math.inf, 0, 0, (), False, False, math.inf, math.inf)  # fmt: skip
+        return cls(job_id, level, "new", "-", None, 0, None, 0, 0.0, 0.0, math.inf, 0, 0, (), False, False, math.inf, math.inf, None, math.inf)  # fmt: skip
 
 
 # Sortable columns: name → key (attrgetter keys run in C: 10k rows sort in a few ms).
@@ -75,6 +77,7 @@ SORT_KEYS: dict[str, Callable[[JobRow], Any]] = {
     "enst": attrgetter("enst_order", "arrival"),  # first: who runs next
     "id": attrgetter("arrival", "job_id"),
     "level": attrgetter("level", "enst_order"),
+    "rank": attrgetter("rank_order", "arrival"),  # the scheduler's own order
     "state": attrgetter("state", "level"),
     "kv": attrgetter("kv", "level"),
     "tokens": attrgetter("output_tokens", "prompt_tokens"),

@@ -113,6 +113,14 @@ class Summary(Static):
         self.update(Text.assemble(*parts), layout=False)
 
 
+class LearnedLine(Static):
+    """One line: the live cost scale and the output lengths the scheduler learned."""
+
+    def show(self, view: TopView) -> None:
+        if view.snapshot is not None:
+            self.update(render.learned_line(view), layout=False)
+
+
 class TitleBar(Static):
     """The top line: source, role, policy, snapshot number and time, connection status."""
 

@@ -173,6 +173,45 @@ def slo_panel(view: TopView) -> RenderableType:
     ])  # fmt: skip
 
 
+def learned_line(view: TopView) -> Text:
+    """What the scheduler learned while serving, on one line: the live cost scale
+    (measured / profiled iteration time, the factor service is charged by) and the
+    output lengths of finished jobs (quantiles, medians per prompt-length class)."""
+    s = view.snapshot
+    if s is None:
+        return NO_SNAPSHOT
+    info = s.sched
+    if info is None:
+        return Text("live cost and learned lengths: not reported by this daemon", style="dim")
+    cells: list[tuple[str, str]] = [("live cost ", "bold")]
+    if info.live_cost_samples:
+        off = not 0.5 <= info.live_cost <= 2.0  # the profile is far from this machine now
+        cells += [(f"×{info.live_cost:.3g}", "bold yellow" if off else SLO_OK),
+                  (f" of the profile ({info.live_cost_samples} it)", "dim")]  # fmt: skip
+    else:
+        cells.append(("×1 (profile, nothing measured yet)", "dim"))
+    cells.append(("   learned ", "bold"))
+    cells += _learned_cells(info.learned)
+    return _lines([cells])
+
+
+def _learned_cells(learned: P.LearnedInfo | None) -> list[tuple[str, str]]:
+    if learned is None:
+        return [("- (this policy learns no lengths)", "dim")]
+    if not learned.samples:
+        return [("nothing finished yet", "dim")]
+    warming = "" if learned.ready else " (warming up)"
+    cells = [(f"{learned.samples} jobs{warming}", "")]
+    for q, tokens in learned.quantiles:
+        if q >= 0.5:  # the median and the tail: what decides who keeps a level
+            cells.append((f"  p{q * 100:g} ", "bold"))
+            cells.append((str(tokens), ""))
+    if learned.by_prompt:
+        cells.append(("  by prompt", "bold"))
+        cells += [(f" ≤{upto}:{median}", "") for upto, _, median in learned.by_prompt]
+    return cells
+
+
 def config_panel(view: TopView) -> RenderableType:
     """The live scheduling and KV settings (sections of the daemon's config)."""
     s = view.snapshot
@@ -214,6 +253,7 @@ class Column(NamedTuple):
 COLUMNS = (
     Column("JOB", 12, False, "id"),
     Column("LVL", 3, True, "level"),
+    Column("RANK", 5, True, "rank"),
     Column("STATE", 9, False, "state"),
     Column("KV", 12, False, "kv"),
     Column("ENST", 8, True, "enst"),
@@ -235,6 +275,7 @@ def job_cells(r: JobRow) -> list[tuple[str, str]]:
     return [
         (f"{mark}{r.job_id}", "bold cyan" if r.injected else ""),
         (level_name(r.level), ""),
+        ("-" if r.rank is None else str(r.rank), ""),
         (r.state, _STATE_STYLE.get(r.state, "")),
         (r.kv, _KV_STYLE.get(r.kv, "")),
         (duration(r.enst) if r.in_table else "-", ""),
@@ -315,6 +356,7 @@ def once(view: TopView, rows: Sequence[JobRow], source: str, limit: int, sort: s
     return Group(
         header_text(view, source),
         top,
+        learned_line(view),
         panel(f"jobs ({caption})", jobs_table(view, rows, limit)),
         panel("config", config_panel(view)),
     )

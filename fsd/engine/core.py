@@ -19,7 +19,6 @@ import logging
 import time
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from fsd.config import EngineConfig
@@ -28,6 +27,7 @@ from fsd.engine.detokenizer import JobDetokenizer
 from fsd.engine.events import EventLog
 from fsd.engine.executor import StepResult, WorkerFailure, make_executor
 from fsd.engine.failures import EngineFailures
+from fsd.engine.flight import MicroBatch
 from fsd.engine.output import IterationStats, JobFault, RequestOutput, StepDelta, describe
 from fsd.engine.profiler import calibrate
 from fsd.errors import ConfigError, SettingError, UnknownJobError
@@ -43,22 +43,16 @@ from fsd.sched.scheduler import SchedulerOutput
 log = logging.getLogger("fsd.engine")
 
 
-@dataclass
-class _MicroBatch:
-    """A submitted batch whose tokens have not come back yet."""
-
-    ticket: int
-    out: SchedulerOutput
-    start: float
-    prefills: int
-    prefill_tokens: int
-
-
 class Engine(EngineFailures):
     """A model, its paged KV pool, a scheduling policy and the jobs in flight."""
 
     def __init__(self, config: EngineConfig, cost: CostModel | None = None) -> None:
-        """`cost`: a ready cost model; otherwise config.sched.profile or a quick calibration."""
+        """`cost`: a ready cost model; otherwise config.sched.profile or a quick calibration.
+
+        A profile loaded or measured here is recalibrated from the iterations the engine
+        times (service is charged in measured seconds: fsd.engine.flight); a `cost`
+        handed in is charged as given (`measure_cost` False), so a test can pin levels.
+        """
         engine_policy(config.sched.policy)  # fail on a bad policy before loading weights
         self.config = config
         self.executor = ex = make_executor(config)
@@ -74,7 +68,7 @@ class Engine(EngineFailures):
         self.blocks = BlockManager(
             ex.num_device_blocks, config.cache.block_size, ex.num_host_blocks
         )
-        self._flight: InFlight[_MicroBatch] = InFlight()
+        self._flight: InFlight[MicroBatch] = InFlight()
         # chosen once: one batch at a time, or a pipeline of micro-batches
         self._step_fn = self._step_pipelined if ex.max_in_flight > 1 else self._step_one
         self.degraded: str | None = None  # why the engine is not fully healthy
@@ -86,6 +80,7 @@ class Engine(EngineFailures):
             ex.close()
             raise
         self.scheduler = make_scheduler(config.sched, config.cache, self.blocks, self.cost)
+        self.measure_cost = cost is None
         self._jobs: dict[str, Job] = {}
         self._text: dict[str, JobDetokenizer] = {}
         self.last_iteration: IterationStats | None = None
@@ -295,9 +290,11 @@ class Engine(EngineFailures):
             self.events.schedule(out, start)
             if out.batch or out.sync_ops or async_ops:
                 prefills = [j for j in out.batch if j.step_tokens > 1]
+                predicted, sent = self.scheduler.predicted_iteration_time, time.perf_counter()
                 ticket = self.executor.submit(out.batch, out.sync_ops, async_ops)
                 n_tokens = sum(j.step_tokens for j in prefills)
-                self._flight.push(_MicroBatch(ticket, out, start, len(prefills), n_tokens))
+                mb = MicroBatch(ticket, out, start, len(prefills), n_tokens, predicted, sent)
+                self._flight.push(mb)
         except WorkerFailure as exc:
             return self._workers_failed(exc, extra=out)
         except Exception as exc:  # noqa: BLE001 - this micro-batch's jobs fail
@@ -320,6 +317,7 @@ class Engine(EngineFailures):
             return self._micro_batch_failed(mb.out, "collecting the step", exc)
         if result is None:
             return []
+        mb.collected()  # (the measured iteration ends: fsd.engine.flight)
         self._flight.pop()
         try:
             self._copies_done(result.swaps_done)
@@ -329,7 +327,7 @@ class Engine(EngineFailures):
         except Exception as exc:  # noqa: BLE001 - this micro-batch's jobs fail
             return self._micro_batch_failed(mb.out, "finishing the step", exc)
 
-    def _finish_step(self, mb: _MicroBatch, result: StepResult) -> list[StepDelta]:
+    def _finish_step(self, mb: MicroBatch, result: StepResult) -> list[StepDelta]:
         out = mb.out
         now = time.time()
         deltas = []
@@ -347,6 +345,8 @@ class Engine(EngineFailures):
             except Exception as exc:  # noqa: BLE001 - this job alone fails
                 deltas.append(self._job_fault(job, JobFault.of("appending its token", exc), now))
         try:  # the batch's jobs have their deltas: keep them whatever happens now
+            if self.measure_cost:  # charged in measured seconds from now on
+                mb.report(self.scheduler, result.tokens)
             self.scheduler.update(out, now)
             self.events.demoted(out.demoted, now)
         except Exception as exc:  # noqa: BLE001 - the scheduler's state for them is lost

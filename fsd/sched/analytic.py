@@ -1,7 +1,8 @@
 """Cost models from first principles, for the simulator (pure Python, no torch).
 
 `fsd profile` measures the engine it runs on; the simulator also wants the paper's
-testbeds (OPT-13B/66B/175B on A100s, and the same on H100s), which nobody here can
+testbeds (OPT-13B/66B/175B on A100s, and the same on H100s) and today's deployments
+(Llama-3.1-8B on one H100 or H200, 70B at TP 4 / TP 8), which nobody here can
 measure. This module derives a `CostModel` for any model shape on any GPU and any
 TP x PP layout from the hardware's data-sheet numbers and a few efficiency factors.
 The derivation is written out in `fsd/sched/profiles/README.md`; in short:
@@ -22,6 +23,11 @@ KV with heads/t each, so the KV capacity is that of the tightest stage. Terms ar
 max()-ed: at serving batch sizes the weight-streaming GEMVs and the math do not
 overlap perfectly, and measured decode steps grow steadily with batch
 (the max() roofline is kept in the notes as a lower bound).
+
+Shapes and GPUs are `fsd.sched.hardware`'s (its docstring names each number's source):
+KV bytes count the KV heads (GQA), attention math the query heads, GEMM work every
+matrix (SwiGLU: 3), and an untied LM head is stored besides the token table. KV room
+per GPU = memory x utilization - weights - activations (`ACTIVATION_TOKENS`, Llama only).
 
 Run `python -m fsd.sched.analytic [DIR]` to regenerate the shipped JSON profiles.
 """
@@ -51,9 +57,20 @@ SHIPPED: dict[str, tuple[str, str, int, int]] = {
     "opt-175b-h100": ("opt-175b", "h100", 8, 1),
     "opt-175b-a100-tp8pp2": ("opt-175b", "a100", 8, 2),
     "opt-175b-a100-40gb-tp8pp2": ("opt-175b", "a100-40gb", 8, 2),
+    # Llama 3.1 (bf16, 128k context): 8B fits one GPU; 70B's 141 GB needs TP 4 or 8.
+    "llama3.1-8b-h100": ("llama3.1-8b", "h100", 1, 1),
+    "llama3.1-8b-h200": ("llama3.1-8b", "h200", 1, 1),
+    "llama3.1-70b-h100-tp4": ("llama3.1-70b", "h100", 4, 1),
+    "llama3.1-70b-h100-tp8": ("llama3.1-70b", "h100", 8, 1),
+    "llama3.1-70b-h200-tp4": ("llama3.1-70b", "h200", 4, 1),
+    "llama3.1-70b-h200-tp8": ("llama3.1-70b", "h200", 8, 1),
 }
 
 GPU_MEMORY_UTILIZATION = 0.9  # what the engine gives to weights + KV by default
+# Activations kept room for: the largest iteration's (SchedConfig.max_batch_tokens'
+# default). The OPT profiles predate it and keep none: their numbers stay as published.
+ACTIVATION_TOKENS = 4096
+RESERVES_ACTIVATIONS = frozenset(name for name in SHIPPED if name.startswith("llama"))
 
 
 @dataclass(frozen=True)
@@ -94,6 +111,8 @@ def _check_layout(shape: ModelShape, gpu: GPU, tp: int, pp: int) -> None:
         )
     if shape.num_heads % tp or shape.intermediate_size % tp:
         raise ConfigError(f"{shape.name}: {shape.num_heads} heads do not split {tp} ways")
+    if shape.kv_heads % tp:  # (replicating KV heads is not modelled)
+        raise ConfigError(f"{shape.name}: {shape.kv_heads} KV heads do not split {tp} ways")
     if pp > shape.num_layers:
         raise ConfigError(f"{shape.name}: pp={pp} exceeds its {shape.num_layers} layers")
 
@@ -117,27 +136,34 @@ class Stage:
 
 
 def plan_stages(
-    model: str | ModelShape, gpu: str | GPU, tp: int = 1, pp: int = 1, dtype_bytes: int = 2
+    model: str | ModelShape,
+    gpu: str | GPU,
+    tp: int = 1,
+    pp: int = 1,
+    dtype_bytes: int = 2,
+    activation_tokens: int = 0,
 ) -> list[Stage]:
     """The memory of each stage: weights and KV per GPU, and the KV room left.
 
     The first stage also holds the token and position tables; the last stage holds the
-    LM head, which is the (tied) token table, so with pp > 1 that table is stored twice.
+    LM head: a tied one is the token table, so with pp > 1 that table is stored twice.
+    Every stage keeps room for `activation_tokens` tokens' activations.
     """
     shape, g = _resolve_model(model), _resolve_gpu(gpu)
     _check_layout(shape, g, tp, pp)
     budget = g.memory_bytes * GPU_MEMORY_UTILIZATION
+    reserve = activation_tokens * shape.activation_bytes_per_token(tp, dtype_bytes)
     stages = []
     for s, layers in enumerate(split_layers(shape.num_layers, pp)):
         params = layers * shape.layer_params
         if s == 0:
             params += shape.embedding_params
-        elif s == pp - 1:
-            params += shape.vocab_size * shape.hidden_size
+        if s == pp - 1 and (s > 0 or not shape.tied_embeddings):
+            params += shape.lm_head_params
         weights = params * dtype_bytes / tp
         kv_all_heads = 2 * layers * shape.kv_heads * shape.dim * dtype_bytes
         # every GPU of the stage holds heads/tp of each of its layers' K and V
-        capacity = max(0, int((budget - weights) * tp / kv_all_heads))
+        capacity = max(0, int((budget - weights - reserve) * tp / kv_all_heads))
         stages.append(Stage(s, layers, weights, kv_all_heads / tp, capacity))
     return stages
 
@@ -255,6 +281,7 @@ def analytic_profile(
     pp: int = 1,
     dtype_bytes: int = 2,
     name: str | None = None,
+    activation_tokens: int = 0,
 ) -> CostModel:
     """The CostModel of `model` on tp x pp GPUs of kind `gpu` (any layout, e.g. 175B on 8x2).
 
@@ -262,16 +289,18 @@ def analytic_profile(
     pp: each stage is busy for 1/pp of it). kv_bytes_per_token is the whole model's KV
     per token; swap_bytes_per_s is the host links of all tp*pp GPUs together, since each
     GPU moves its own shard over its own PCIe link at once (all stages in parallel).
-    The KV capacity is the tightest stage's (`plan_stages`).
+    The KV capacity is the tightest stage's (`plan_stages`), after `activation_tokens`
+    tokens' activations.
     """
     shape, g = _resolve_model(model), _resolve_gpu(gpu)
     t = derive_terms(shape, g, tp, pp, dtype_bytes)
-    stages = plan_stages(shape, g, tp, pp, dtype_bytes)
+    stages = plan_stages(shape, g, tp, pp, dtype_bytes, activation_tokens)
     n_gpu = tp * pp
     weights_per_gpu = shape.num_params * dtype_bytes / n_gpu
+    reserve = activation_tokens * shape.activation_bytes_per_token(tp, dtype_bytes)
     budget = g.memory_bytes * GPU_MEMORY_UTILIZATION
     heaviest = max(s.weights_bytes_per_gpu for s in stages)
-    if heaviest >= budget:
+    if heaviest + reserve >= budget:
         raise ConfigError(
             f"{shape.name} needs {heaviest / GB:.1f} GB of weights per GPU on "
             f"tp={tp} x pp={pp}; a {g.name} offers {budget / GB:.1f} GB: use more GPUs"
@@ -300,6 +329,7 @@ def analytic_profile(
         "gpus": f"{n_gpu} x {g.name} (tp={tp}, pp={pp})",
         "terms_s": dataclasses.asdict(t),
         "weights_bytes_per_gpu": weights_per_gpu,
+        "activation_reserve_bytes_per_gpu": reserve,
         "kv_capacity_tokens": kv_capacity,
         "pipeline": "iteration times are the latency through all stages; "
         "each stage is busy for about 1/pp of it",
@@ -336,7 +366,8 @@ def shipped_profile(name: str) -> CostModel:
     if name not in SHIPPED:
         raise ConfigError(f"unknown shipped profile {name!r}; shipped: {', '.join(SHIPPED)}")
     model, gpu, tp, pp = SHIPPED[name]
-    return analytic_profile(model, gpu, tp=tp, pp=pp, name=name)
+    tokens = ACTIVATION_TOKENS if name in RESERVES_ACTIVATIONS else 0
+    return analytic_profile(model, gpu, tp=tp, pp=pp, name=name, activation_tokens=tokens)
 
 
 def write_shipped_profiles(directory: str | Path) -> list[Path]:

@@ -18,12 +18,16 @@ A chunk gets device blocks up to its own end only; its boundary is a preemption
 point like any iteration's. With chunking off the walk is exactly the one before it.
 
 The walk runs for every queued job every iteration: its state is plain attributes
-and its per-job steps are short methods.
+and its per-job steps are short methods. Under overload most queued jobs are waiting
+prompts over the admission room; the loop passes over them itself, with no call and
+nothing changed, exactly as considering them would (bit-identical decisions:
+tests/sched/test_walk_early_stop.py holds it to the walk that considers every job).
 """
 
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Collection, Iterable, Iterator
 from typing import TYPE_CHECKING
 
@@ -48,6 +52,8 @@ class BatchWalk:
         self.batch_ids: set[str] = set(busy)
         self.budget = self.budget_all = sched.config.max_batch_tokens
         self.admit_room = sched.admission_room()
+        # a job without KV of this many tokens or more cannot be admitted now
+        self._skip_at = _skip_threshold(self.admit_room, self.blocks.block_size)
         self.wanted: list[Job] = []  # host jobs the batch would have taken
         self.upcoming: list[Job] = []  # host jobs next in line after a full batch
         self.wanted_full = False
@@ -55,7 +61,6 @@ class BatchWalk:
         self.taken = 0  # len(batch), kept by hand: tested for every job walked
         self.batch_cost = 0.0  # sum(j.last_cost for j in batch): each job's iteration alone
         self.prefills = 0
-        self._scanned_after_full = 0
         self._too_big = 0  # prefills passed over for the token budget
         self._step0, self._per_ctx = sched.cost.decode_line()  # decode alone: step0 + per_ctx*ctx
         self.chunk = sched.prefill_budget  # 0: whole prefills
@@ -74,15 +79,38 @@ class BatchWalk:
                 yield job  # type: ignore[misc]
 
     def run(self, candidates: Iterable[Job]) -> None:
-        """Walk `candidates` (priority order) until the batch is full or the walk ends."""
-        for job in candidates:
-            if self.taken >= self.limit:
-                if not self._look_past_full(job):
-                    break
-            elif not self._consider(job):
+        """Walk `candidates` (priority order) until the batch is full or the walk ends.
+
+        Two kinds of job are passed over here without a call, as `_consider` would
+        pass them with nothing changed: a job without KV whose blocks exceed the
+        admission room (the room only shrinks during a walk, so it never fits later in
+        it), and a host job once `wanted` is full. Under overload these are most of
+        the queue (thousands of waiting prompts), and the walk's cost is theirs: the
+        loop reads two attributes of each and keeps its state in locals, which only
+        `_consider` changes.
+        """
+        limit, walk = self.limit, iter(candidates)
+        skip_at, wanted_full = self._skip_at, self.wanted_full
+        for job in walk:
+            kv = job.kv
+            if kv is _NONE:
+                if job.num_tokens >= skip_at:
+                    continue
+            elif kv is _HOST and wanted_full:
+                continue
+            if not self._consider(job):
                 break
+            if self.taken >= limit:  # (max_batch_size >= 1: never before the first job)
+                self._look_past_full(walk)
+                break
+            skip_at, wanted_full = self._skip_at, self.wanted_full
         if self.decodes_left and self.taken < self.limit:
             self._join_decodes()
+
+    def _admit(self, need: int) -> None:
+        """Claim `need` blocks of the admission room, and move the skip threshold."""
+        self.admit_room = room = self.admit_room - need
+        self._skip_at = _skip_threshold(room, self.blocks.block_size)
 
     def _join_decodes(self) -> None:
         """Decodes first: the walk ended (prompts past the budget) before reaching some
@@ -93,14 +121,15 @@ class BatchWalk:
                 return
             self._consider(job)
 
-    def _look_past_full(self, job: Job) -> bool:
-        """After a full batch, note the host jobs to bring in next (a bounded look)."""
-        self._scanned_after_full += 1
-        if self._scanned_after_full > 4 * self.limit or len(self.upcoming) >= self.limit:
-            return False
-        if job.kv is _HOST:
-            self.upcoming.append(job)
-        return True
+    def _look_past_full(self, rest: Iterator[Job]) -> None:
+        """After a full batch, note the host jobs to bring in next: those among the next
+        4 x max_batch_size jobs of the walk (any kind counts), at most a batch of them."""
+        limit, upcoming = self.limit, self.upcoming
+        for job in itertools.islice(rest, 4 * limit):
+            if len(upcoming) >= limit:
+                return
+            if job.kv is _HOST:
+                upcoming.append(job)
 
     def _consider(self, job: Job) -> bool:
         """Take `job` if it can run now; False when the walk should end."""
@@ -116,7 +145,7 @@ class BatchWalk:
             need = -(-(num_tokens + 1) // self.blocks.block_size)
             if need > self.admit_room:
                 return True
-            self.admit_room -= need
+            self._admit(need)
         job_id = job.job_id
         if job_id in self.blocks.moving or job_id in self.evicted or job_id in self.batch_ids:
             return True
@@ -196,3 +225,14 @@ class BatchWalk:
         self.taken += 1
         self.batch_ids.add(job.job_id)
         self.budget -= step
+
+
+def _skip_threshold(room: float, block_size: int) -> float:
+    """The fewest tokens of a job without KV whose blocks exceed `room`.
+
+    Its need is ceil((tokens + 1) / block_size) blocks, an integer, so need > room
+    exactly when need > floor(room), that is when tokens >= floor(room) * block_size.
+    """
+    if room == math.inf:
+        return math.inf
+    return math.floor(room) * block_size

@@ -31,9 +31,29 @@ prior beats FCFS (README, "Scheduling results").
 from __future__ import annotations
 
 import bisect
+import math
 from collections import deque
+from dataclasses import dataclass
 
 import numpy as np
+
+QUANTILES = (0.1, 0.5, 0.9, 0.99)
+
+
+@dataclass(frozen=True)
+class LearnedLengths:
+    """What a policy learned of output lengths from finished jobs, as telemetry shows it.
+
+    `quantiles`: (q, output tokens) for QUANTILES over the window; `by_prompt`: per
+    prompt-length class, (prompt tokens up to, samples, median output tokens); empty
+    when the policy does not condition on the prompt.
+    """
+
+    samples: int
+    ready: bool
+    mean: float | None
+    quantiles: tuple[tuple[float, int], ...]
+    by_prompt: tuple[tuple[int, int, int], ...] = ()
 
 
 class OutputLengthIndex:
@@ -55,7 +75,10 @@ class OutputLengthIndex:
         self._lengths = np.zeros(0, dtype=np.int64)  # `_sorted` as an array, and 1 / it
         self._inverse = np.zeros(0)
         self._stale = 0  # observations since `_sorted` was rebuilt
+        self._suffix = np.zeros(1)  # _suffix[i] = sum(_lengths[i:])
         self._cache: dict[int, float] = {}
+        self._steps: dict[tuple[int, int], float] = {}
+        self.version = 0  # bumped at each rebuild: ranks computed before are stale
 
     def __len__(self) -> int:
         return len(self._recent)
@@ -72,8 +95,48 @@ class OutputLengthIndex:
             self._sorted = sorted(self._recent)
             self._lengths = np.array(self._sorted, dtype=np.int64)
             self._inverse = 1.0 / self._lengths
+            self._suffix = np.concatenate([np.cumsum(self._lengths[::-1])[::-1], [0.0]])
             self._stale = 0
             self._cache.clear()
+            self._steps.clear()
+            self.version += 1
+
+    @property
+    def mean_inverse(self) -> float:
+        """E[1/L] over the window (the per-token weight's mean)."""
+        return float(self._inverse.mean()) if len(self._inverse) else 1.0
+
+    def mean_left(self, attained: int) -> float | None:
+        """E[L - attained | L > attained] in tokens; None once it outlived every sample."""
+        start = bisect.bisect_right(self._sorted, attained)
+        m = len(self._sorted) - start
+        if not m:
+            return None
+        return float(self._suffix[start]) / m - attained
+
+    def rank_steps(self, attained: int, prefill_steps: float, weight_mean: float) -> float:
+        """1 / Gittins index of the job's remaining service, in decode steps.
+
+        Service left = `prefill_steps` (its prompt, known) + one step per output token
+        left (learned); each completion is worth (1/L) / `weight_mean`. The same
+        sweep over horizons as `index`, with the prefill paid by every survivor.
+        Equals the job's remaining service when every sample has the same length.
+        """
+        key = (attained, round(prefill_steps * 64))
+        cached = self._steps.get(key)
+        if cached is not None:
+            return cached
+        start = bisect.bisect_right(self._sorted, attained)
+        m = len(self._sorted) - start
+        best = math.inf
+        if m:
+            rest = self._lengths[start:] - attained
+            gain = np.cumsum(self._inverse[start:]) / weight_mean
+            spent = m * prefill_steps + np.cumsum(rest) + np.arange(m - 1, -1, -1) * rest
+            best = float((spent / gain).min())
+        if len(self._steps) < 8192:
+            self._steps[key] = best
+        return best
 
     def index(self, attained: int) -> float:
         """G(attained), 1/L-weighted completions per token; 0 once it outlived every sample."""
@@ -95,6 +158,15 @@ class OutputLengthIndex:
         if len(self._cache) < 4096:
             self._cache[attained] = best
         return best
+
+    def summary(self) -> LearnedLengths:
+        """The window's size, mean and quantiles (telemetry)."""
+        xs = list(self._recent)
+        if not xs:
+            return LearnedLengths(0, False, None, ())
+        arr = np.sort(np.array(xs))
+        qs = tuple((q, int(arr[min(int(q * len(arr)), len(arr) - 1)])) for q in QUANTILES)
+        return LearnedLengths(len(xs), self.ready, float(arr.mean()), qs)
 
     def keeps_level(self, attained: int) -> bool:
         """Whether a job with `attained` output tokens should outrank a fresh job."""

@@ -9,29 +9,18 @@ Service is charged in profiled iteration time, so placement and demotion are
 deterministic. Starvation: a job that has waited `starve_limit` since it last ran
 moves up; ENST combines that promotion clock with the work queued above the job.
 
-Where fsd departs from the paper (the reasons; the measurements are in the README,
-"Scheduling results", produced by bench/policies.py):
-- promotion moves a starved job one level up ("up1"), with alpha = 100 x the SLO.
-  The paper's move to Q1 with alpha = the SLO turns an overloaded MLFQ into round
-  robin over every waiting job: each is promoted, evicts KV to start, and starves
-  again, so nobody finishes. One level at a time still bounds starvation.
-- a prefill is not charged as service at the job's skip-join level: skip-join put
-  the job where its prefill fits, so charging it demotes every long prompt right
-  after its first token, behind the stream of short jobs (bursts of long prompts).
-- at a quantum's end a job is demoted only if the Gittins index of its output so far,
-  learned from finished jobs (fsd.sched.gittins), is not above a fresh job's. With
-  alike outputs (one max_tokens cap) always demoting is round robin, far behind FCFS.
-  Until enough jobs have finished, a job that has generated a token keeps its level.
-- a job that has not started is promoted after alpha_waiting = 8 x the SLO, not 100 x.
-  Skip-join parks long prompts low; under an overload of short outputs they waited
-  for the whole backlog and became the P95 under an overload of short outputs.
-  Started jobs keep the long alpha: promoting them sooner makes long outputs bounce
-  between levels and swap.
-- preemption threshold: the jobs of the batch that just ran are ranked
-  `preempt_threshold` (3) levels above their own. A waiting job evicts one only from
-  further up, so near-equal jobs stop taking turns through host memory (preemptions
-  fall by an order of magnitude on the conversation trace), and a promoted waiting
-  job does not evict the started jobs it just caught up with.
+sj-mlfq's departures from the paper were tuned on the in-repo workloads (README,
+"Scheduling results"); fsd's default is now `gittins` (fsd.sched.soap), which kept
+only what held on the validation set (README, "Validation"):
+- promotion one level up ("up1") with alpha = 100 x the SLO: the paper's move to Q1
+  with alpha = the SLO turns an overloaded MLFQ into round robin.
+- a prefill is not charged at the skip-join level (skip-join placed the job by it).
+- at a quantum's end a job keeps its level while the Gittins index of its output so
+  far (fsd.sched.gittins) is above a fresh job's: always demoting alike outputs is
+  round robin. Before enough jobs finished, a started job keeps its level.
+- a job that has not started is promoted after alpha_waiting = 8 x the SLO.
+- the last batch's jobs rank `preempt_threshold` (3) levels above their own, so
+  near-equal jobs stop taking turns through host memory.
 """
 
 from __future__ import annotations
@@ -44,7 +33,7 @@ from typing import Any
 
 from fsd.cost import CostModel
 from fsd.jobs import FinishReason, Job, KVLocation
-from fsd.sched.gittins import OutputLengthIndex
+from fsd.sched.gittins import LearnedLengths, OutputLengthIndex
 from fsd.sched.queues import JobQueue, LevelView
 
 PROMOTE_RULES = ("up1", "top", "entry")
@@ -145,12 +134,8 @@ class MLFQQueue(JobQueue):
         self._watch(job)
 
     def _watch(self, job: Job) -> None:
-        """Start the job's starvation clock; Q1 jobs have nowhere higher to go.
-
-        A job has one heap entry per placement. Running only moves `starve_since`
-        forward; `tick` re-pushes an entry it finds outdated, so each job costs a heap
-        operation per alpha rather than per iteration.
-        """
+        """Start the job's starvation clock; Q1 jobs have nowhere higher to go. One heap
+        entry per placement: `tick` re-pushes an outdated one (a heap op per alpha)."""
         if job.level > 0:
             heapq.heappush(self._starve, (self._due(job), job.queue_seq, job))
 
@@ -193,15 +178,16 @@ class MLFQQueue(JobQueue):
         only when it is far ahead, the classic preemption-threshold rule.
         """
         self._lifted, self._lifted_at = lifted, lifted_at = {}, {}
-        threshold = self.preempt_threshold
-        if not threshold:
+        if not self._lifts():
             return
         levels = self._levels
         n = len(levels)
         for job in jobs:
             level = job.level
             if 0 < level < n and job.job_id in levels[level]:
-                at = level - threshold if level > threshold else 0
+                at = self._lifted_level(job)
+                if at >= level:
+                    continue
                 lifted[job.job_id] = at
                 group = lifted_at.get(at)
                 if group is None:
@@ -211,6 +197,14 @@ class MLFQQueue(JobQueue):
         for group in lifted_at.values():
             if len(group) > 1:
                 group.sort(key=_by_queue_seq)
+
+    def _lifts(self) -> bool:  # whether `set_running` lifts anything
+        return self.preempt_threshold > 0
+
+    def _lifted_level(self, job: Job) -> int:
+        """The level a job of the last batch ranks at (`preempt_threshold` above its own)."""
+        threshold = self.preempt_threshold
+        return job.level - threshold if job.level > threshold else 0
 
     def __contains__(self, job: Job) -> bool:
         return 0 <= job.level < len(self._levels) and job.job_id in self._levels[job.level]
@@ -310,6 +304,9 @@ class MLFQQueue(JobQueue):
 
     def limits(self) -> tuple[list[float], float | None, float | None]:
         return list(self.quanta), self.starve_limit, self.waiting_limit
+
+    def learned(self) -> LearnedLengths:
+        return self.lengths.summary()
 
     def new_jobs_in_top_levels(self, k: int, cap: int) -> int:
         count = 0

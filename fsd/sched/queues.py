@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from fsd.cost import CostModel
 from fsd.jobs import Job
 from fsd.kv.planner import by_enst_desc
+from fsd.sched.gittins import LearnedLengths
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,9 @@ class JobQueue(ABC):
     """Orders the unfinished jobs of one engine."""
 
     name: str = "queue"
+    # measured / profiled seconds of the service `account` is charged (live cost): a
+    # queue that adds charged service to profile estimates divides by it
+    live_scale: float = 1.0
 
     def __init__(self, cost: CostModel) -> None:
         self.cost = cost
@@ -82,6 +86,14 @@ class JobQueue(ABC):
     def new_jobs_in_top_levels(self, k: int, cap: int) -> int:
         """Jobs without KV in the k highest levels, counted up to `cap` (0 without levels)."""
         return 0
+
+    def learned(self) -> LearnedLengths | None:
+        """The output-length distribution learned from finished jobs (None: none learned)."""
+        return None
+
+    def ranks(self) -> dict[str, int]:
+        """Every job's place in `ordered()` (0 runs first): one walk, for telemetry."""
+        return {job.job_id: i for i, job in enumerate(self.ordered())}
 
     def rank(self, job: Job) -> int:
         """How many jobs come before `job` in `ordered()`."""

@@ -15,7 +15,7 @@ if TYPE_CHECKING:  # the policies load on first use: `fsd --help` needs only the
     from fsd.sched.queues import JobQueue
     from fsd.sched.scheduler import Scheduler
 
-DEFAULT_POLICY = "sj-mlfq"
+DEFAULT_POLICY = "gittins"  # validated on held-out shapes: bench/validation.py
 SLO_DECODE_STEPS = 10  # the per-token latency SLO: 10 decode steps
 STARVE_LIMIT_SLOS = 100  # the default starvation limit alpha, in SLOs
 WAITING_LIMIT_SLOS = 8  # the default alpha for a job that has not started, in SLOs
@@ -79,6 +79,12 @@ def _mlfq(config: SchedConfig, cost: CostModel, skip_join: bool) -> MLFQQueue:
     )
 
 
+def _gittins(config: SchedConfig, cost: CostModel) -> JobQueue:
+    from fsd.sched.soap import GittinsQueue
+
+    return GittinsQueue(cost, quanta_for(config, cost))
+
+
 # The one list of queue policies: a new policy is its class plus one line here.
 def _simple(name: str) -> Callable[[SchedConfig, CostModel], JobQueue]:
     def make(config: SchedConfig, cost: CostModel) -> JobQueue:
@@ -94,6 +100,7 @@ QUEUES: dict[str, Callable[[SchedConfig, CostModel], JobQueue]] = {
     "priority": _simple("PriorityQueue"),
     "mlfq": lambda config, cost: _mlfq(config, cost, skip_join=False),
     "sj-mlfq": lambda config, cost: _mlfq(config, cost, skip_join=True),
+    "gittins": _gittins,
     "srpt": _simple("SRPTQueue"),
 }
 POLICIES = tuple(QUEUES)

@@ -22,8 +22,10 @@ from fsd.kv.policies import PlanInputs
 from fsd.kv.registry import ArrivalEstimate, make_kv_policy
 from fsd.kv.swap import SwapOp
 from fsd.sched.batch import BatchWalk
+from fsd.sched.calibration import LiveCost
 from fsd.sched.chunking import prefill_budget
 from fsd.sched.eviction import Evictor
+from fsd.sched.gittins import LearnedLengths
 from fsd.sched.queues import JobQueue, LevelView
 
 if TYPE_CHECKING:
@@ -80,6 +82,9 @@ class SchedulerStats:
     starve_limit: float | None
     starve_limit_waiting: float | None
     reserve: int  # device blocks the KV policy keeps free for arrivals
+    live_cost: float = 1.0  # measured / predicted iteration time (fsd.sched.calibration)
+    live_cost_samples: int = 0  # iterations it was learned from (0: the profile as is)
+    learned: LearnedLengths | None = None  # output lengths learned from finished jobs
 
 
 class Scheduler:
@@ -113,6 +118,9 @@ class Scheduler:
         self._returned: set[str] = set()
         self._last_batch_cost = cost.min_iteration_time
         self._partial: dict[str, Job] = {}  # partly prefilled jobs (chunked prefill)
+        # service is charged in measured seconds: the profile x what iterations really
+        # take here (the engine reports them; the simulator never does: scale stays 1.0)
+        self.live_cost = LiveCost()
 
     @property
     def name(self) -> str:
@@ -300,24 +308,54 @@ class Scheduler:
 
     def stats(self) -> SchedulerStats:
         quanta, starve, waiting = self.queue.limits()
-        return SchedulerStats(self.name, self.queue.levels(), quanta, starve, waiting, self.reserve)
+        live = self.live_cost
+        return SchedulerStats(
+            self.name, self.queue.levels(), quanta, starve, waiting, self.reserve,
+            live.scale, live.samples, self.queue.learned(),
+        )  # fmt: skip
+
+    def ranks(self) -> dict[str, int]:
+        """Every queued job's place in the queue's order (0 runs first), for telemetry."""
+        queue = self.queue
+        # through the class: a queue may keep data of its own under the name `ranks`
+        return type(queue).ranks(queue)
+
+    @property
+    def predicted_iteration_time(self) -> float:
+        """The cost model's time for the batch `schedule` just formed, through every
+        pipeline stage (what `observe_iteration` compares a measured latency with)."""
+        return self._last_batch_cost * max(getattr(self.cost, "pipeline_stages", 1), 1)
+
+    def observe_iteration(self, predicted_s: float, measured_s: float) -> None:
+        """An iteration the profile predicted at `predicted_s` took `measured_s`.
+
+        From now on service is charged x the learned ratio (fsd.sched.calibration),
+        so quanta are used up in the seconds this machine really takes.
+        """
+        self.live_cost.observe(predicted_s, measured_s)
 
     def update(self, out: SchedulerOutput, now: float) -> None:
-        """Charge the iteration's service, demote, and release finished jobs."""
+        """Charge the iteration's service, demote, and release finished jobs.
+
+        Each job is charged its iteration alone as the profile predicts it, x the live
+        cost scale (exactly 1.0 until an iteration was measured: the simulator's).
+        """
         ran: list[tuple[Job, float]] = []
         done: list[Job] = []
         finished = JobStatus.FINISHED
+        scale = self.live_cost.scale
         for job in out.batch:
             if job.status is finished:
                 done.append(job)
             else:
-                ran.append((job, job.last_cost))
+                ran.append((job, job.last_cost * scale))
                 self._returned.add(job.job_id)
                 if job.step_tokens > 1:  # a prefill or a chunk of one
                     if job.num_new_tokens > 1:  # it stopped short of the prompt's end
                         self._partial[job.job_id] = job
                     else:
                         self._partial.pop(job.job_id, None)
+        self.queue.live_scale = scale  # what the charged seconds are in profile seconds
         out.demoted = self.queue.account(ran, now)
         for job in done:
             self.remove(job)

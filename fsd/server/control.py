@@ -23,7 +23,7 @@ from fsd.errors import (
 from fsd.jobs import SamplingParams
 from fsd.server.injector import ScenarioInjector
 from fsd.server.roles import OPERATOR, Caller
-from fsd.server.telemetry import job_info
+from fsd.server.telemetry import job_infos
 
 if TYPE_CHECKING:
     from fsd.server.service import EngineService
@@ -148,14 +148,16 @@ class ControlHandler:
 
     def on_listjobs(self, caller: Caller, msg: P.ListJobs) -> None:
         now = time.time()
-        jobs = [job_info(j, now) for j in self.engine.scheduler.jobs()]
+        sched = self.engine.scheduler
+        jobs = job_infos(sched, sched.jobs(), now)
         self.service.send(caller.ident, P.JobList(jobs=jobs))
 
     def on_getjob(self, caller: Caller, msg: P.GetJob) -> None:
         job = self.engine.scheduler.get(msg.job_id)
         if job is None:
             raise UnknownJobError(f"no job with id {msg.job_id!r}")
-        self.service.send(caller.ident, P.JobReply(job=job_info(job, time.time())))
+        [info] = job_infos(self.engine.scheduler, [job], time.time())
+        self.service.send(caller.ident, P.JobReply(job=info))
 
     # ---- settings and life -----------------------------------------------------
 

@@ -13,7 +13,7 @@ import functools
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import msgspec
@@ -25,13 +25,14 @@ from fsd.engine.core import Engine, IterationStats
 from fsd.engine.events import EngineEvent, wire_level
 from fsd.jobs import Job
 from fsd.metrics import SLOWindow
-from fsd.sched.scheduler import SchedulerStats
+from fsd.sched.scheduler import Scheduler, SchedulerStats
 
 EVENT_FLUSH_S = 0.05  # longest an event waits before it is published
 
 
-def job_info(job: Job, now: float) -> P.JobInfo:
-    """A live job as clients see it; its level is 1-based (1 = Q1, the top)."""
+def job_info(job: Job, now: float, rank: int | None = None) -> P.JobInfo:
+    """A live job as clients see it; its level is 1-based (1 = Q1, the top), and so is
+    its `rank` (0-based from `JobQueue.ranks`; None: not known)."""
     return P.JobInfo(
         job_id=job.job_id,
         state=job.status.value,
@@ -53,6 +54,31 @@ def job_info(job: Job, now: float) -> P.JobInfo:
         promotions=job.promotions,
         demotions=job.demotions,
         tags=list(job.tags),
+        rank=None if rank is None else rank + 1,
+    )
+
+
+def job_infos(sched: Scheduler, jobs: Iterable[Job], now: float) -> list[P.JobInfo]:
+    """Rows of `jobs` with their ranks (one walk of the queue order for all of them)."""
+    ranks = sched.ranks()
+    return [job_info(j, now, ranks.get(j.job_id)) for j in jobs]
+
+
+def sched_info(stats: SchedulerStats) -> P.SchedInfo:
+    """What the scheduler learned: the live cost scale and the output-length distribution."""
+    learned = stats.learned
+    return P.SchedInfo(
+        live_cost=stats.live_cost,
+        live_cost_samples=stats.live_cost_samples,
+        learned=None
+        if learned is None
+        else P.LearnedInfo(
+            samples=learned.samples,
+            ready=learned.ready,
+            mean=learned.mean,
+            quantiles=[(float(q), int(n)) for q, n in learned.quantiles],
+            by_prompt=[(int(p), int(c), int(m)) for p, c, m in learned.by_prompt],
+        ),
     )
 
 
@@ -82,12 +108,13 @@ def build_snapshot(
             P.LevelInfo(index=wire_level(lv.index), quantum=lv.quantum, job_ids=list(lv.job_ids))
             for lv in stats.levels
         ],
-        jobs=[job_info(j, now) for j in sched.jobs()] if with_jobs else None,
+        jobs=job_infos(sched, sched.jobs(), now) if with_jobs else None,
         jobs_time=now if with_jobs else None,
         kv=_kv_info(engine, stats),
         iterations=[_iteration_info(it) for it in list(engine.recent_iterations)[-64:]],
         slo=P.SLOInfo(**slo.stats(now)),
         config=config,
+        sched=sched_info(stats),
     )
 
 

@@ -3,10 +3,11 @@
 Device, first match wins:
   1. an explicit `num_gpu_blocks` (CacheConfig or argument);
   2. the profile's `notes.kv_capacity_tokens` (the analytic profiles in
-     `fsd/sched/profiles/` compute it as GPU memory x utilization - weights, over the
-     KV bytes per token, summed over the GPUs of the layout);
-  3. `notes.gpu.memory_bytes` x `gpu_memory_utilization` - `notes.weights_bytes_per_gpu`,
-     times `notes.layout.num_gpus`, over `kv_bytes_per_token`;
+     `fsd/sched/profiles/` compute it as GPU memory x utilization - weights -
+     activation reserve, over the KV bytes per token, summed over the GPUs of the layout);
+  3. `notes.gpu.memory_bytes` x `gpu_memory_utilization` - `notes.weights_bytes_per_gpu`
+     - `notes.activation_reserve_bytes_per_gpu` (0 if absent), times
+     `notes.layout.num_gpus`, over `kv_bytes_per_token`;
   4. `DEFAULT_GPU_BLOCKS`.
 Host: an explicit `num_host_blocks`, else `HOST_TO_DEVICE` x the device pool (the
 paper's testbed has 1152 GB of host memory for 8 x 40 GB GPUs; 4x is conservative).
@@ -43,10 +44,12 @@ def kv_capacity_tokens(cost: CostModel, utilization: float) -> tuple[int, str] |
     weights = notes.get("weights_bytes_per_gpu")
     layout = notes.get("layout")
     n_gpu = layout.get("num_gpus", 1) if isinstance(layout, dict) else 1
+    reserve = notes.get("activation_reserve_bytes_per_gpu", 0)
+    reserve = reserve if isinstance(reserve, int | float) else 0  # older profiles lack it
     if isinstance(gpu, dict) and isinstance(weights, int | float) and cost.kv_bytes_per_token > 0:
         memory = gpu.get("memory_bytes")
         if isinstance(memory, int | float):
-            free = (memory * utilization - weights) * n_gpu
+            free = (memory * utilization - weights - reserve) * n_gpu
             if free > 0:
                 tokens = int(free / cost.kv_bytes_per_token)
                 return tokens, f"profile {cost.name} notes: GPU memory - weights"

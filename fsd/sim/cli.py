@@ -36,7 +36,10 @@ def simulate_command(
         float, typer.Option(help="Scenario only: multiply every job's token counts.")
     ] = 1.0,
     trace: Annotated[
-        Path | None, typer.Option(help="Trace CSV (TIMESTAMP,ContextTokens,GeneratedTokens).")
+        Path | None,
+        typer.Option(
+            help="Trace: Azure CSV (TIMESTAMP,ContextTokens,GeneratedTokens) or Mooncake .jsonl."
+        ),
     ] = None,
     time_scale: Annotated[
         float, typer.Option(help="Trace rate multiplier: 0.5 = half the rate (gaps x2).")
@@ -57,7 +60,10 @@ def simulate_command(
     cv: Annotated[
         float | None, typer.Option(help="Inter-arrival coefficient of variation (gamma).")
     ] = None,
-    lengths: Annotated[str | None, typer.Option(help=f"{one_of(LENGTH_MODELS)}.")] = None,
+    lengths: Annotated[
+        str | None,
+        typer.Option(help=f"{one_of([*LENGTH_MODELS, 'mix:A+B:W (W from A)'])}."),
+    ] = None,
     theta: Annotated[float | None, typer.Option(help="Zipf skew for --lengths zipf.")] = None,
     seed: Annotated[int, typer.Option(help="Seed of the synthetic workload.")] = 0,
     max_context: Annotated[
@@ -66,6 +72,12 @@ def simulate_command(
             help="Clip requests to this many tokens (default: the profile's context; 0 = no clip)."
         ),
     ] = None,
+    no_clip: Annotated[
+        bool,
+        typer.Option(
+            "--no-clip", help="Refuse a workload with requests past the context; do not clip."
+        ),
+    ] = False,
     policies: Annotated[
         str,
         typer.Option(help=f"Comma-separated policies ({', '.join((*POLICIES, 'default'))})."),
@@ -158,12 +170,23 @@ def simulate_command(
         ),
     ] = None,
     sweep: Annotated[
-        bool, typer.Option(help="Find each policy's max rate under the SLO (bisection).")
+        bool,
+        typer.Option(
+            help="Find each policy's max sustainable rate under the SLO and its P95 goodput "
+            "(bisection)."
+        ),
     ] = False,
     sweep_metric: Annotated[
         str, typer.Option(help="Latency statistic the SLO bounds: avg, p50, p95 or p99.")
     ] = "avg",
     sweep_tol: Annotated[float, typer.Option(help="Stop when hi / lo <= 1 + tol.")] = 0.05,
+    sweep_goodput: Annotated[
+        bool,
+        typer.Option(
+            help="With --sweep: also the P95 goodput (95% of jobs within 10 x the "
+            "light-load TTFT and TPOT)."
+        ),
+    ] = True,
     kv_sample: Annotated[
         float | None, typer.Option(help="Record KV usage every S seconds into the JSON.")
     ] = None,

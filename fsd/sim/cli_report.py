@@ -95,28 +95,97 @@ def print_table(rows: dict[str, dict[str, Any]], slo: float) -> None:
     console().print(table)
 
 
+def _yes(flag: Any) -> str:
+    return "-" if flag is None else ("yes" if flag else "no")
+
+
 def print_sweep(
-    rows: dict[str, dict[str, Any]], trace: bool, time_scale: float, slo: float
+    rows: dict[str, dict[str, Any]], trace_scale: float | None, slo: float, metric: str = "avg"
 ) -> None:
-    table = Table(title=f"max load with average per-token latency <= {slo * 1e3:.1f} ms")
+    """Each policy's max sustainable rate under the SLO and, when swept, its P95 goodput."""
+    table = Table(
+        title=f"max sustainable load with {metric} per-token latency <= {slo * 1e3:.1f} ms; "
+        "P95 goodput: 95% of jobs within 10 x light-load TTFT and TPOT"
+    )
     for col in (
         "policy",
         "max rate r/s",
-        "time scale" if trace else "x base rate",
+        "time scale" if trace_scale is not None else "x base rate",
+        "P95 goodput r/s",
+        "goodput time scale" if trace_scale is not None else "goodput x base",
         "avg ms",
         "p95 ms",
         "runs",
     ):
         table.add_column(col, justify="left" if col == "policy" else "right")
+    mult = trace_scale if trace_scale is not None else 1.0
     for name, r in rows.items():
-        scale = r["max_scale"] * (time_scale if trace else 1.0)
         has = r["max_scale"] > 0
+        g = r.get("goodput95")
+        scales = {p["scale"] for p in r["points"]} | {
+            p["scale"] for p in (g or {}).get("points", [])
+        }
         table.add_row(
             name,
             ("" if r["bracketed"] else ">=") + f"{r['max_rate']:.3f}",
-            f"{scale:.3f}",
+            f"{r['max_scale'] * mult:.3f}",
+            ("" if g["bracketed"] else ">=") + f"{g['max_rate']:.3f}" if g else "-",
+            f"{g['max_scale'] * mult:.3f}" if g else "-",
             _ms(r["avg"]) if has else "-",
             _ms(r["p95"]) if has else "-",
-            str(len(r["points"])),
+            str(len(scales)),
         )
     console().print(table)
+
+
+def print_probes(
+    rows: dict[str, dict[str, Any]], trace_scale: float | None, metric: str = "avg"
+) -> None:
+    """Every probed load of every policy: its latency, attainment, and whether it kept up."""
+    table = Table(title="probed loads (sustainable: completed >= 97% of offered, second half)")
+    for col in (
+        "policy",
+        "time scale" if trace_scale is not None else "x base rate",
+        "rate r/s",
+        f"{metric} ms",
+        "TTFT+TPOT met %",
+        "done/offered",
+        "sustainable",
+        "max rate ok",
+        "P95 goodput ok",
+    ):
+        table.add_column(col, justify="left" if col == "policy" else "right")
+    mult = trace_scale if trace_scale is not None else 1.0
+    for name, r in rows.items():
+        merged: dict[float, dict[str, Any]] = {}
+        for p in r["points"]:
+            merged[p["scale"]] = {**p, "slo_ok": p["feasible"]}
+        for p in r.get("goodput95", {}).get("points", []):
+            merged.setdefault(p["scale"], dict(p))["gp_ok"] = p["feasible"]
+        for scale in sorted(merged):
+            p = merged[scale]
+            joint = p.get("joint_attainment")
+            table.add_row(
+                name,
+                f"{scale * mult:.4g}",
+                f"{p['rate']:.3f}",
+                _ms(p[metric]),
+                f"{100 * joint:.1f}" if joint is not None else "-",
+                f"{p['throughput_ratio']:.3f}",
+                _yes(p["sustainable"]),
+                _yes(p.get("slo_ok")),
+                _yes(p.get("gp_ok")),
+            )
+    console().print(table)
+
+
+def print_light_load(light: dict[str, Any]) -> None:
+    """The P95 goodput's reference: FCFS's mean TTFT and TPOT at a light load."""
+    at = f"time scale {light['time_scale']:.4g}" if "time_scale" in light else ""
+    at = at or f"{light['scale']:.4g} x base rate"
+    console().print(
+        f"P95 goodput reference: fcfs at {at}: mean TTFT {light['ttft'] * 1e3:.1f} ms, "
+        f"TPOT {light['tpot'] * 1e3:.1f} ms; bounds TTFT <= {light['ttft_slo'] * 1e3:.1f} ms, "
+        f"TPOT <= {light['tpot_slo'] * 1e3:.1f} ms",
+        highlight=False,
+    )

@@ -1,5 +1,5 @@
-"""Workloads: arrival processes, length models, trace readers, scenarios, and the request
-lists they make.
+"""Workloads: arrival processes, length models, trace readers (Azure CSV, Mooncake
+JSONL), scenarios, and the request lists they make.
 
 Owns: what requests arrive when (never how they are served). Used by the
 simulator, the scenario injector, `fsctl play` and the benches.
@@ -9,7 +9,17 @@ fsd.engine, fsd.server or the console.
 """
 
 from fsd.workload.arrivals import ArrivalProcess, gamma, make_arrivals, poisson
-from fsd.workload.lengths import PRESETS, LengthModel, Lognormal, Zipf, length_model
+from fsd.workload.lengths import (
+    PRESETS,
+    LengthModel,
+    Lognormal,
+    Mixture,
+    Uniform,
+    Zipf,
+    length_model,
+    mixture,
+)
+from fsd.workload.mooncake import read_mooncake
 from fsd.workload.scenario import Scenario, load_scenario
 from fsd.workload.spec import Request, Workload, synthetic
 from fsd.workload.timeline import Timeline, expand
@@ -20,9 +30,11 @@ __all__ = [
     "ArrivalProcess",
     "LengthModel",
     "Lognormal",
+    "Mixture",
     "Request",
     "Scenario",
     "Timeline",
+    "Uniform",
     "Workload",
     "Zipf",
     "expand",
@@ -30,7 +42,9 @@ __all__ = [
     "length_model",
     "load_scenario",
     "make_arrivals",
+    "mixture",
     "poisson",
+    "read_mooncake",
     "read_trace",
     "synthetic",
 ]

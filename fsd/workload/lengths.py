@@ -27,6 +27,29 @@ Presets (`PRESETS`), each a prompt and an output distribution plus a context bou
   sigma 0.6) — the regime where FCFS's head-of-line blocking is a prefill wall.
 - `zipf`: prompt and output both bounded Zipf(theta=1.1) up to 1024 tokens.
 
+Validation shapes (the regimes a policy should be checked in besides chat):
+
+- `code-bursty`: a code-completion service, prefill-dominated. Medians 1500 prompt /
+  13 output tokens — the Azure 2023 coding trace as Splitwise (Patel et al., ISCA 2024,
+  §III) reports it. The spreads are our assumption: prompt sigma 0.9 (about 3% of
+  prompts past 8k tokens), capped at 16,384; output sigma 1.4 (p99 about 340, a tail to
+  about 1000), capped at 1024. No context bound of its own (the simulator clips to the
+  profile's). Its burstiness is in the arrivals: pair it with `gamma` and a high CV.
+- `alike`: light-tailed, alike jobs: prompts uniform on 240..360 (300 ± 60), outputs
+  uniform on 160..240 (200 ± 40). Our construction: the regime where size-based
+  scheduling has nothing to exploit, so every policy should tie with FCFS.
+- `summarize`: long documents, short summaries: prompts uniform on 2048..6144, outputs
+  uniform on 100..300. Our assumption for a summarization service; a prefill-heavy
+  load whose prompts all need a long-context profile.
+- `decode-heavy`: short prompts, long generations: prompts lognormal median 100
+  (sigma 0.5), outputs lognormal median 800 (sigma 0.6, capped at 4096). Our
+  assumption, the mirror of prefill-heavy: decode steps and the KV they grow dominate.
+
+Mixtures of two services (`Mixture`, `mixture(a, b, weight)`, or by name
+`mix:A+B:W`, e.g. `mix:sharegpt+code-bursty:0.3`): each request is drawn whole — its
+prompt and output together — from A with probability W, else from B (W defaults to
+0.5; A and B are preset names). Each component keeps its own bounds.
+
 Clipping: output first to `max_output` (at least 1), then the prompt to
 `max_context - output` (at least 1): a client trims old context, never the answer.
 """
@@ -43,23 +66,56 @@ from fsd.errors import ConfigError
 
 @dataclass(frozen=True)
 class Lognormal:
-    """Lognormal token counts with a given (unclipped) mean and log-space sigma."""
+    """Lognormal token counts with a given (uncapped) mean and log-space sigma, capped
+    at `high` tokens when given."""
 
     mean: float
     sigma: float
+    high: int | None = None
 
     def __post_init__(self) -> None:
         if not self.mean >= 1:
             raise ConfigError(f"lognormal mean must be >= 1 token, got {self.mean}")
         if not self.sigma >= 0:
             raise ConfigError(f"lognormal sigma must be >= 0, got {self.sigma}")
+        if self.high is not None and self.high < 1:
+            raise ConfigError(f"lognormal cap (high) must be >= 1 token, got {self.high}")
+
+    @classmethod
+    def from_median(cls, median: float, sigma: float, high: int | None = None) -> Lognormal:
+        """The lognormal with this median (what traces report): mean = median e^(sigma²/2)."""
+        if not median >= 1:
+            raise ConfigError(f"lognormal median must be >= 1 token, got {median}")
+        return cls(median * math.exp(sigma**2 / 2), sigma, high)
 
     def sample(self, n: int, rng: np.random.Generator) -> np.ndarray:
         mu = math.log(self.mean) - self.sigma**2 / 2
-        return np.maximum(1, np.rint(rng.lognormal(mu, self.sigma, n))).astype(np.int64)
+        x = np.maximum(1, np.rint(rng.lognormal(mu, self.sigma, n))).astype(np.int64)
+        return x if self.high is None else np.minimum(x, self.high)
 
     def describe(self) -> str:
-        return f"lognormal(mean={self.mean:g}, sigma={self.sigma:g})"
+        cap = f", high={self.high}" if self.high is not None else ""
+        return f"lognormal(mean={self.mean:g}, sigma={self.sigma:g}{cap})"
+
+
+@dataclass(frozen=True)
+class Uniform:
+    """Token counts uniform on the integers low..high (both included): light-tailed."""
+
+    low: int
+    high: int
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.low <= self.high:
+            raise ConfigError(
+                f"uniform bounds must satisfy 1 <= low <= high, got {self.low}..{self.high}"
+            )
+
+    def sample(self, n: int, rng: np.random.Generator) -> np.ndarray:
+        return rng.integers(self.low, self.high + 1, n, dtype=np.int64)
+
+    def describe(self) -> str:
+        return f"uniform({self.low}..{self.high})"
 
 
 @dataclass(frozen=True)
@@ -107,7 +163,7 @@ class Fixed:
         return f"fixed({self.value})"
 
 
-Dist = Lognormal | Zipf | Fixed
+Dist = Lognormal | Zipf | Fixed | Uniform
 
 
 @dataclass(frozen=True)
@@ -172,13 +228,94 @@ PRESETS: dict[str, LengthModel] = {
         "prefill-heavy", Lognormal(1536, 0.4), Lognormal(16, 0.6), max_context=2048
     ),
     "zipf": LengthModel("zipf", Zipf(1.1, 1024), Zipf(1.1, 1024), max_context=2048),
+    "code-bursty": LengthModel(
+        "code-bursty",
+        Lognormal.from_median(1500, 0.9, high=16384),
+        Lognormal.from_median(13, 1.4, high=1024),
+        max_context=None,
+    ),
+    "alike": LengthModel("alike", Uniform(240, 360), Uniform(160, 240), max_context=None),
+    "summarize": LengthModel("summarize", Uniform(2048, 6144), Uniform(100, 300), max_context=None),
+    "decode-heavy": LengthModel(
+        "decode-heavy",
+        Lognormal.from_median(100, 0.5),
+        Lognormal.from_median(800, 0.6, high=4096),
+        max_context=None,
+    ),
 }
 
 
-def length_model(name: str, theta: float | None = None) -> LengthModel:
-    """A preset by name; `theta` re-skews the zipf preset."""
+MIX_PREFIX = "mix:"
+_MIX_FORM = "mix:A+B:W (A and B preset names, W the fraction of A in [0, 1], default 0.5)"
+
+
+@dataclass(frozen=True)
+class Mixture:
+    """Two services' requests interleaved: each request is drawn whole (prompt and output
+    together) from `a` with probability `weight`, else from `b`; then clipped to this
+    mixture's own bounds (each component has already applied its own)."""
+
+    a: LengthModel | Mixture
+    b: LengthModel | Mixture
+    weight: float
+    name: str = ""  # empty: mix:A+B:W from the components' names
+    max_context: int | None = None
+    max_output: int | None = None
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.weight <= 1:  # also refuses NaN
+            raise ConfigError(
+                f"mixture weight must be in [0, 1] (the fraction of {self.a.name}), "
+                f"got {self.weight}"
+            )
+        if not self.name:
+            object.__setattr__(self, "name", f"mix:{self.a.name}+{self.b.name}:{self.weight:g}")
+        if self.max_context is not None and self.max_context < 2:
+            raise ConfigError(f"max_context must be >= 2 tokens, got {self.max_context}")
+        if self.max_output is not None and self.max_output < 1:
+            raise ConfigError(f"max_output must be >= 1 token, got {self.max_output}")
+
+    def sample(self, n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+        """(prompt lengths, output lengths) of `n` requests, each from one component."""
+        from_a = rng.random(n) < self.weight
+        prompts = np.empty(n, dtype=np.int64)
+        outputs = np.empty(n, dtype=np.int64)
+        prompts[from_a], outputs[from_a] = self.a.sample(int(from_a.sum()), rng)
+        prompts[~from_a], outputs[~from_a] = self.b.sample(int((~from_a).sum()), rng)
+        return clip_lengths(prompts, outputs, self.max_context, self.max_output)
+
+    def with_context(self, max_context: int | None) -> Mixture:
+        """Bound the whole mixture (the components keep their own bounds too)."""
+        return replace(self, max_context=max_context)
+
+    def describe(self) -> str:
+        bound = f", context<={self.max_context}" if self.max_context else ""
+        return (
+            f"{self.name}: {self.weight:g} x ({self.a.describe()}) + "
+            f"{1 - self.weight:g} x ({self.b.describe()}){bound}"
+        )
+
+
+Lengths = LengthModel | Mixture  # what `length_model` returns: both sample (prompts, outputs)
+
+
+def mixture(a: str | Lengths, b: str | Lengths, weight: float = 0.5) -> Mixture:
+    """A mixture of two length models (or preset names): a fraction `weight` from `a`."""
+    first = length_model(a) if isinstance(a, str) else a
+    second = length_model(b) if isinstance(b, str) else b
+    return Mixture(first, second, weight)
+
+
+def length_model(name: str, theta: float | None = None) -> Lengths:
+    """A preset by name, or a mixture `mix:A+B:W`; `theta` re-skews the zipf preset."""
+    if name.startswith(MIX_PREFIX):
+        if theta is not None:
+            raise ConfigError(f"theta applies to the zipf length model, not {name!r}")
+        return _parse_mixture(name)
     if name not in PRESETS:
-        raise ConfigError(f"unknown length model {name!r}; choose one of: {', '.join(PRESETS)}")
+        raise ConfigError(
+            f"unknown length model {name!r}; choose one of: {', '.join(PRESETS)}, or {_MIX_FORM}"
+        )
     model = PRESETS[name]
     if theta is not None:
         if name != "zipf":
@@ -186,3 +323,30 @@ def length_model(name: str, theta: float | None = None) -> LengthModel:
         high = model.prompt.high  # type: ignore[union-attr]
         model = replace(model, prompt=Zipf(theta, high), output=Zipf(theta, high))
     return model
+
+
+def _parse_mixture(name: str) -> Mixture:
+    """`mix:A+B` or `mix:A+B:W`, with errors that say which part is wrong."""
+    body = name[len(MIX_PREFIX) :]
+    pair, colon, weight_text = body.partition(":")
+    parts = pair.split("+")
+    if len(parts) != 2 or not all(parts):
+        raise ConfigError(f"length model {name!r}: a mixture is {_MIX_FORM}")
+    for part in parts:
+        if part not in PRESETS:
+            raise ConfigError(
+                f"length model {name!r}: unknown component {part!r}; "
+                f"choose from: {', '.join(PRESETS)}"
+            )
+    weight = 0.5
+    if colon:
+        try:
+            weight = float(weight_text)
+        except ValueError:
+            weight = math.nan
+        if not 0 <= weight <= 1:  # NaN too
+            raise ConfigError(
+                f"length model {name!r}: weight {weight_text!r} is not a number in [0, 1] "
+                f"(the fraction of {parts[0]})"
+            )
+    return Mixture(PRESETS[parts[0]], PRESETS[parts[1]], weight, name=name)

@@ -8,10 +8,11 @@ Unknown keys are refused by `only(...)`, so a typo never passes silently.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Any
 
 from fsd.errors import ConfigError
-from fsd.workload.lengths import Fixed, LengthModel, Lognormal, Zipf, length_model
+from fsd.workload.lengths import Fixed, LengthModel, Lengths, Lognormal, Zipf, length_model
 
 _MISSING = object()
 
@@ -113,7 +114,7 @@ class Fields:
 # ---- length models -----------------------------------------------------------------
 
 
-def parse_lengths(t: Fields, key: str, *, required: bool = False) -> LengthModel | None:
+def parse_lengths(t: Fields, key: str, *, required: bool = False) -> Lengths | None:
     """A preset name (`"sharegpt"`), a preset table (`{preset = "zipf", theta = 1.3}`)
     or explicit distributions (`{prompt = {...}, output = {...}, max_context = N}`)."""
     if key not in t.raw:
@@ -138,13 +139,11 @@ def parse_lengths(t: Fields, key: str, *, required: bool = False) -> LengthModel
             )
         ctx = sub.optional_int("max_context", at_least=2)
         out = sub.optional_int("max_output", at_least=1)
-        if ctx is not None or out is not None:
-            model = LengthModel(
-                model.name,
-                model.prompt,
-                model.output,
-                ctx if ctx is not None else model.max_context,
-                out if out is not None else model.max_output,
+        if ctx is not None or out is not None:  # replace: a LengthModel or a Mixture
+            model = replace(
+                model,
+                max_context=ctx if ctx is not None else model.max_context,
+                max_output=out if out is not None else model.max_output,
             )
         return model
     except ConfigError as exc:

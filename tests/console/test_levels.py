@@ -28,7 +28,7 @@ def engine():
     # "always" rule the job drops to Q2 after its 10th iteration
     config = EngineConfig.from_kwargs(
         model="tiny", device="cpu", num_gpu_blocks=64, quanta=(10.0, 20.0, 40.0),
-        demote_rule="always", preempt_threshold=0,
+        policy="sj-mlfq", demote_rule="always", preempt_threshold=0,
     )  # fmt: skip
     e = Engine(config, cost=COST)
     e.events.enabled = True

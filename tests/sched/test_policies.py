@@ -13,7 +13,7 @@ from fsd.errors import ConfigError
 from fsd.sched import resolve_policy
 from tests.sched.harness import drive, job_specs, make_jobs, scheduler
 
-POLICIES = ["fcfs", "priority", "mlfq", "sj-mlfq", "srpt"]
+POLICIES = ["fcfs", "priority", "mlfq", "sj-mlfq", "gittins", "srpt"]
 KV = ["defer", "recompute", "reactive", "proactive"]
 
 

@@ -205,7 +205,10 @@ def test_more_tp_means_faster_steps():
 
 
 def test_additive_model_sits_above_the_roofline_floor():
+    # OPT's bound; the Llama profiles' (more latency terms) is in test_llama_profiles.py
     for name, (model, gpu, tp, pp) in SHIPPED.items():
+        if not model.startswith("opt"):
+            continue
         cost = load_profile(name)
         for b, ctx in ((1, 1), (16, 16 * 1024), (64, 64 * 512)):
             floor = roofline_decode_time(model, gpu, b, ctx, tp=tp, pp=pp)
@@ -256,7 +259,7 @@ def test_readme_chunked_prefill_table(name):
     rows = {
         cells[0]: cells[1:]
         for line in _readme_section("Chunked prefill")
-        if line.startswith("| opt-")
+        if line.startswith(("| opt-", "| llama"))
         for cells in [[c.strip() for c in line.strip("|").split("|")]]
     }
     cost = load_profile(name)
@@ -324,8 +327,9 @@ def test_shipped_profile_notes_state_the_gpus():
     expected = {"opt-13b": 1, "opt-66b": 4, "opt-175b": 8}  # GPUs per pipeline stage
     for name, (model, _gpu, tp, pp) in SHIPPED.items():
         notes = shipped_profile(name).notes
-        assert notes["layout"]["num_gpus"] == expected[model] * pp == tp * pp
-        assert f"{expected[model] * pp} x" in str(notes["gpus"])
+        per_stage = expected.get(model, tp)  # the Llama profiles ship at several TPs
+        assert notes["layout"]["num_gpus"] == per_stage * pp == tp * pp
+        assert f"{per_stage * pp} x" in str(notes["gpus"])
         assert notes["kv_capacity_tokens"] > 10_000
 
 

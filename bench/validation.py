@@ -1,0 +1,231 @@
+"""Validation protocol (P11): policies judged on workloads they were not tuned on.
+
+The tuning set is bench/policies.py's TUNING_CASES (opt-13b-a100, in-repo shapes,
+seeds 0-4). The validation set below shares none of its shapes, profiles or seeds:
+a modern profile (llama3.1-8b-h100, 128k context: nothing is clipped) with fsd's
+default chunked prefill, seeds from VALIDATION_SEED up, and nine workloads:
+prefill-dominated bursty (code-bursty, Gamma CV 8 and 16), long-context multi-turn
+(the Mooncake trace), light-tailed alike jobs (Poisson and CV 4), mixtures of two
+services, long-document summaries and decode-heavy generation. Each runs at three
+loads.
+
+Per (workload, load): FCFS's and SRPT's average per-token latency, and for each
+candidate the share of SRPT's gain it captures, (fcfs - x) / (fcfs - srpt), its P95
+against FCFS's, and its P99 TTFT against FCFS's. The targets (issue P11): capture
+>= 50% wherever FCFS's average is >= 1.5x SRPT's ("eligible"), P95 <= 1.02x FCFS's
+at every load, P99 TTFT <= 0.5x FCFS's at >= 80% load on the prefill-dominated
+workloads. Ablations switch one rule of the default off at a time: a rule is kept
+only if the validation set is worse without it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from fsd.config import CacheConfig, SchedConfig
+from fsd.sched import registry
+from fsd.sched.profiles import load_profile
+from fsd.sim.runner import RunSpec, run_many
+from fsd.workload import Workload, gamma, length_model, poisson, synthetic
+from fsd.workload.mooncake import read_mooncake
+
+PROFILE = "llama3.1-8b-h100"
+VALIDATION_SEED = 1000  # tuning draws seeds 0-4; these are never used there
+MOONCAKE = Path(__file__).resolve().parents[2] / "shared" / "data" / "mooncake-conversation.jsonl"
+KEEP = ("avg", "p95", "ttft", "ttft_p99", "preemptions", "swaps", "mean_batch", "sim_wall_s")
+
+
+@dataclass(frozen=True)
+class VCase:
+    """A validation workload at three loads: build(load, n, seed) -> Workload."""
+
+    name: str
+    desc: str
+    loads: tuple[float, ...]  # arrival rates (req/s), or time scales for a trace
+    build: Callable[[float, int, int], Workload]
+    prefill_dominated: bool = False
+    share: float = 1.0  # of the run's request count (long generations are slow to simulate)
+
+
+def _synthetic(lengths: str, cv: float) -> Callable[[float, int, int], Workload]:
+    def build(rate: float, n: int, seed: int) -> Workload:
+        arrivals = poisson(rate) if cv == 1.0 else gamma(rate, cv)
+        return synthetic(arrivals, length_model(lengths), n, seed)
+
+    return build
+
+
+def _mooncake(scale: float, n: int, seed: int) -> Workload:
+    return read_mooncake(MOONCAKE, time_scale=scale, limit=n)
+
+
+CASES = [
+    VCase("code-cv8", "code-bursty, Gamma CV 8", (4, 8, 12), _synthetic("code-bursty", 8), True),
+    VCase("code-cv16", "code-bursty, Gamma CV 16", (4, 8, 12), _synthetic("code-bursty", 16), True),
+    VCase("mooncake", "Mooncake conversation trace (x scale)", (0.1, 0.2, 0.3), _mooncake),
+    VCase("alike", "alike jobs (300 / 200 tokens), Poisson", (10, 15, 20), _synthetic("alike", 1)),
+    VCase("alike-cv4", "alike jobs, Gamma CV 4", (8, 12, 16), _synthetic("alike", 4)),
+    VCase(
+        "chat+code",
+        "mix: ShareGPT chat + code-bursty (1:1), Gamma CV 4",
+        (6, 9, 12),
+        _synthetic("mix:sharegpt+code-bursty:0.5", 4),
+    ),
+    VCase(
+        "qa+summaries",
+        "mix: Alpaca + summarize (3:1), Poisson",
+        (4, 8, 12),
+        _synthetic("mix:alpaca+summarize:0.75", 1),
+    ),
+    VCase(
+        "summarize",
+        "summarize (2-6k prompts, 100-300 out), Poisson",
+        (2, 3, 4),
+        _synthetic("summarize", 1),
+        True,
+    ),  # fmt: skip
+    VCase(
+        "decode-heavy",
+        "decode-heavy (100 / 800 tokens), Poisson",
+        (1, 2, 3),
+        _synthetic("decode-heavy", 1),
+        share=0.4,
+    ),  # fmt: skip
+]
+
+# the default's rules, each switched off alone (GittinsQueue's flags)
+ABLATIONS = {
+    "no FCFS-turn guard": {"guard": False},
+    "no switch-cost lift": {"lift": False},
+    "no prompt classes": {"by_prompt": False},
+}
+
+
+def register_ablations() -> list[str]:
+    """Policy names for the ablations, in this process and its forked workers only."""
+    from fsd.sched.soap import GittinsQueue
+
+    names = []
+    for label, flags in ABLATIONS.items():
+        name = f"gittins[{label}]"
+
+        def make(config: SchedConfig, cost, flags: dict = flags) -> GittinsQueue:
+            return GittinsQueue(cost, registry.quanta_for(config, cost), **flags)
+
+        registry.QUEUES[name] = make
+        names.append(name)
+    registry.POLICIES = tuple(registry.QUEUES)
+    return names
+
+
+def spec(label: str, policy: str) -> RunSpec:
+    # fsd's defaults throughout: chunked prefill from the SLO, proactive KV
+    return RunSpec(label, SchedConfig(policy=policy), CacheConfig())
+
+
+def candidates(ablate: bool) -> list[RunSpec]:
+    specs = [spec(p, p) for p in ("fcfs", "srpt", "sj-mlfq", "gittins")]
+    if ablate:
+        specs += [spec(name, name) for name in register_ablations()]
+    return specs
+
+
+def score(rows: dict) -> dict:
+    """Capture, P95 and P99-TTFT ratios of each run against FCFS and SRPT."""
+    f, s = rows["fcfs"], rows["srpt"]
+    eligible = f["avg"] >= 1.5 * s["avg"]
+    gain = f["avg"] - s["avg"]
+    out = {}
+    for label, r in rows.items():
+        out[label] = {
+            **{k: r[k] for k in KEEP if k in r},
+            "capture": (f["avg"] - r["avg"]) / gain if gain > 0 else None,
+            "p95_ratio": r["p95"] / f["p95"],
+            "ttft_p99_ratio": r["ttft_p99"] / f["ttft_p99"] if f["ttft_p99"] else None,
+        }
+    return {"eligible": eligible, "runs": out}
+
+
+def run_validation(quick: bool, jobs: int, ablate: bool = True) -> dict:
+    cost = load_profile(PROFILE)
+    specs = candidates(ablate)
+    n = 600 if quick else 1500
+    cases = {}
+    for i, case in enumerate(CASES):
+        t = time.perf_counter()
+        loads = {}
+        for load in case.loads:
+            w = case.build(load, round(n * case.share), VALIDATION_SEED + i)
+            loads[f"{load:g}"] = {"workload": w.summary(), **score(run_many(specs, cost, w, jobs))}
+        cases[case.name] = {
+            "desc": case.desc,
+            "prefill_dominated": case.prefill_dominated,
+            "loads": loads,
+        }
+        print(f"  validation {case.name}: {time.perf_counter() - t:.0f} s", flush=True)
+    return {"profile": PROFILE, "requests": n, "seed": VALIDATION_SEED, "cases": cases}
+
+
+def verdicts(res: dict, label: str) -> dict:
+    """The targets for one candidate: eligible captures, P95 and TTFT ratios."""
+    captures, p95_bad, ttft = [], [], []
+    for name, case in res["cases"].items():
+        loads = list(case["loads"].values())
+        for k, block in enumerate(loads):
+            r = block["runs"][label]
+            if block["eligible"]:
+                captures.append(r["capture"])
+            if r["p95_ratio"] > 1.02:
+                p95_bad.append(f"{name}@{list(case['loads'])[k]}")
+            if case["prefill_dominated"] and k == len(loads) - 1 and r["ttft_p99_ratio"]:
+                ttft.append(r["ttft_p99_ratio"])
+    return {
+        "eligible_points": len(captures),
+        "mean_capture": sum(captures) / len(captures) if captures else None,
+        "min_capture": min(captures) if captures else None,
+        "captures_ge_50": sum(c >= 0.5 for c in captures),
+        "p95_over_1.02": p95_bad,
+        "ttft_p99_ratio_heavy": ttft,
+    }
+
+
+def validation_markdown(res: dict) -> list[str]:
+    labels = list(next(iter(next(iter(res["cases"].values()))["loads"].values()))["runs"])
+    shown = [x for x in labels if x not in ("fcfs", "srpt")]
+    lines = [
+        f"### Validation set ({res['profile']}, {res['requests']} requests, seeds "
+        f"{res['seed']}+): capture of SRPT's gain / P95 vs FCFS",
+        "",
+        "| workload | load | fcfs avg ms | srpt avg ms | " + " | ".join(shown) + " |",
+        "|---|---|---|---|" + "---|" * len(shown),
+    ]
+    for name, case in res["cases"].items():
+        for load, block in case["loads"].items():
+            runs = block["runs"]
+            cells = []
+            for x in shown:
+                r = runs[x]
+                cap = "-" if r["capture"] is None else f"{r['capture']:.2f}"
+                cells.append(f"{cap} / {r['p95_ratio']:.2f}")
+            mark = "" if block["eligible"] else " (not eligible)"
+            lines.append(
+                f"| {name} | {load}{mark} | {1e3 * runs['fcfs']['avg']:.1f} | "
+                f"{1e3 * runs['srpt']['avg']:.1f} | " + " | ".join(cells) + " |"
+            )
+    lines += ["", "| candidate | eligible points | mean capture | min | >= 0.5 | P95 > 1.02x "
+              "| P99 TTFT / fcfs at top load (prefill-dominated) |",
+              "|---|---|---|---|---|---|---|"]  # fmt: skip
+    for x in shown:
+        v = verdicts(res, x)
+        mean = "-" if v["mean_capture"] is None else f"{v['mean_capture']:.2f}"
+        low = "-" if v["min_capture"] is None else f"{v['min_capture']:.2f}"
+        ttft = ", ".join(f"{t:.2f}" for t in v["ttft_p99_ratio_heavy"])
+        lines.append(
+            f"| {x} | {v['eligible_points']} | {mean} | {low} | {v['captures_ge_50']} | "
+            f"{', '.join(v['p95_over_1.02']) or 'none'} | {ttft} |"
+        )
+    lines.append("")
+    return lines

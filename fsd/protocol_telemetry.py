@@ -1,0 +1,153 @@
+"""Telemetry's messages (snapshots and events) and the job rows replies carry too.
+
+Split from `fsd.protocol`, which re-exports every name here: code reads them as
+`fsd.protocol.Snapshot` and so on. Fields added within a protocol version are
+optional (a None or empty default): a frame from an older daemon decodes with them
+absent, and an older client skips the ones it does not know.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from fsd.wire import PROTOCOL_VERSION
+
+
+class JobInfo(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """One live job as the scheduler sees it; `level` is 1-based (1 = Q1, the top).
+
+    `prefilled` is the prefill's progress: the prompt tokens whose KV is cached, from 0
+    to `prompt_tokens` (short of it between the chunks of a chunked prefill, back to 0
+    when the job's KV was dropped). None from a daemon that predates it.
+    `rank` is the job's place in the scheduler's order, 1-based as levels are (1 runs
+    first; running jobs rank where the preemption threshold lifts them). None from a
+    daemon that predates it.
+    """
+
+    job_id: str
+    state: str
+    level: int
+    kv: str
+    blocks: int
+    host_blocks: int
+    enst: float | None
+    prompt_tokens: int
+    prefilled: int | None = None
+    output_tokens: int
+    waited: float
+    attained: float
+    arrival: float
+    preemptions: int = 0
+    swaps_out: int = 0
+    swaps_in: int = 0
+    recomputes: int = 0
+    promotions: int = 0
+    demotions: int = 0
+    tags: list[str] = []
+    rank: int | None = None
+
+
+class LevelInfo(msgspec.Struct, kw_only=True):
+    """One queue level; `index` is 1-based (1 = Q1)."""
+
+    index: int
+    quantum: float | None
+    job_ids: list[str]
+
+
+class KVInfo(msgspec.Struct, kw_only=True):
+    block_size: int
+    device_total: int
+    device_used: int
+    device_reserved: int
+    device_free: int
+    host_total: int
+    host_used: int
+    bytes_in_flight: int
+    swapped_out_bytes: int
+    swapped_in_bytes: int
+
+
+class IterationInfo(msgspec.Struct, kw_only=True):
+    start: float
+    duration: float
+    batch_size: int
+    prefill_tokens: int
+    decode_tokens: int
+
+
+class SLOInfo(msgspec.Struct, kw_only=True):
+    """Statistics over the jobs finished in the last `window` seconds."""
+
+    window: float
+    finished: int
+    avg_per_token_latency: float | None
+    p95_per_token_latency: float | None
+    avg_ttft: float | None
+    p95_ttft: float | None
+    tokens_per_s: float
+    requests_per_s: float
+    slo_per_token_latency: float
+
+
+class LearnedInfo(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """The output-length distribution a policy learned from finished jobs.
+
+    `ready`: enough jobs finished for the policy to act on it (fsd.sched.gittins).
+    `quantiles`: (q, output tokens), q in (0, 1). `by_prompt`: per prompt-length class,
+    (prompt tokens up to, samples, median output tokens); empty when the policy does
+    not condition on the prompt.
+    """
+
+    samples: int
+    ready: bool
+    mean: float | None = None
+    quantiles: list[tuple[float, int]] = []
+    by_prompt: list[tuple[int, int, int]] = []
+
+
+class SchedInfo(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """What the scheduler learned while serving.
+
+    `live_cost`: measured / predicted iteration time, the factor service is charged
+    by (1.0: the start-up profile as is, before `live_cost_samples` iterations were
+    measured). `learned`: None when the policy learns no output lengths.
+    """
+
+    live_cost: float = 1.0
+    live_cost_samples: int = 0
+    learned: LearnedInfo | None = None
+
+
+class Snapshot(msgspec.Struct, kw_only=True):
+    """The engine's observable state. The job table costs a few microseconds per job to
+    read, so with many jobs the daemon sends it in only some snapshots (see
+    `ServerConfig.telemetry_job_budget`): `jobs` is None when this snapshot carries no
+    table, and `jobs_time` is when the latest table was read. Everything else is
+    in every snapshot."""
+
+    v: int = PROTOCOL_VERSION
+    time: float
+    seq: int
+    policy: str
+    levels: list[LevelInfo]
+    jobs: list[JobInfo] | None
+    jobs_time: float | None = None
+    kv: KVInfo
+    iterations: list[IterationInfo]
+    slo: SLOInfo
+    config: dict[str, Any]
+    sched: SchedInfo | None = None  # None from a daemon that predates it
+
+
+class Event(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """arrive, start, preempt, demote, promote, swap-out-begin/end, swap-in-begin/end,
+    recompute, finish, abort, retune."""
+
+    v: int = PROTOCOL_VERSION
+    time: float
+    kind: str
+    job_id: str | None = None
+    detail: dict[str, Any] = {}

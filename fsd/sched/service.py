@@ -1,0 +1,109 @@
+"""Ranks of jobs' remaining service: the prompt is known, the output learned by prompt class.
+
+Why by prompt class (SOAP, Scully et al. 2018: a job's descriptor conditions its
+size distribution): a prefill-heavy service (2k-token code prompts) and a chat
+service have different output lengths, and the prompt length tells them apart
+before the first token. Each class (prompt tokens in [2^k, 2^(k+1)) x 128) keeps
+its own window of finished outputs once it has `min_samples`; until then the pooled
+window stands in, and before that nothing is learned (`ready` False).
+
+A job's rank is 1 / its Gittins index, in seconds: the least expected service per
+per-token-weighted completion over any horizon. It is the job's remaining service
+when outputs are alike, and it rises for a job that outlived the short outputs of a
+heavy-tailed class (least-attained-service behaviour), so one rule covers both.
+"""
+
+from __future__ import annotations
+
+import math
+
+from fsd.sched.gittins import LearnedLengths, OutputLengthIndex
+
+UNKNOWN_CAP = 1 << 20  # a max_tokens this large says nothing (the simulator's jobs)
+CLASS_BASE = 128  # prompt tokens of the first class's upper edge
+MAX_CLASS = 10  # 128 * 2^10 = 131k tokens and beyond share the last class
+
+
+def prompt_class(prompt_tokens: int) -> int:
+    """0 for prompts under 128 tokens, then one class per doubling."""
+    return min(max(prompt_tokens // CLASS_BASE, 0).bit_length(), MAX_CLASS)
+
+
+class ServiceRanks:
+    """Output lengths learned from finished jobs, per prompt class and pooled."""
+
+    def __init__(
+        self, window: int = 256, min_samples: int = 32, refresh: int = 16, by_prompt: bool = True
+    ) -> None:
+        self.min_samples = min_samples
+        self.by_prompt = by_prompt  # False: the pooled window for every job
+        self.pooled = OutputLengthIndex(window, min_samples, refresh)
+        self._classes: dict[int, OutputLengthIndex] = {}
+        self._args = (window, min_samples, refresh)
+
+    @property
+    def ready(self) -> bool:
+        return self.pooled.ready
+
+    @property
+    def version(self) -> tuple[int, ...]:
+        """Changes whenever any window a rank reads is rebuilt."""
+        return (self.pooled.version, *(c.version for c in self._classes.values()))
+
+    def observe(self, prompt_tokens: int, output_tokens: int) -> None:
+        self.pooled.observe(output_tokens)
+        cls = prompt_class(prompt_tokens)
+        index = self._classes.get(cls)
+        if index is None:
+            index = self._classes[cls] = OutputLengthIndex(*self._args)
+        index.observe(output_tokens)
+
+    def sample(self, prompt_tokens: int) -> OutputLengthIndex:
+        """The window that describes a job with this prompt: its class's, or the pool's."""
+        index = self._classes.get(prompt_class(prompt_tokens)) if self.by_prompt else None
+        return index if index is not None and index.ready else self.pooled
+
+    @staticmethod
+    def has_prior(cap: int) -> bool:
+        """Whether a job's max_tokens cap tells anything before outputs are learned."""
+        return 0 < cap < UNKNOWN_CAP
+
+    @staticmethod
+    def _prior_left(attained: int, cap: int) -> float:
+        """Tokens left under the cold-start prior: uniform up to the cap (else one)."""
+        return max((cap - attained) / 2.0, 1.0) if 0 < cap < UNKNOWN_CAP else 1.0
+
+    def rank(
+        self, prompt_tokens: int, attained: int, prefill_s: float, step_s: float, cap: int = 0
+    ) -> float:
+        """Seconds of service per weighted completion (1 / Gittins index); inf past
+        every sample. Before anything is learned: the expected remaining service under
+        a uniform prior up to the job's max_tokens `cap` (a rising hazard: a started
+        job only gets closer to done), or the known part alone without a cap."""
+        step_s = max(step_s, 1e-9)
+        if not self.ready:
+            return prefill_s + step_s * self._prior_left(attained, cap)
+        steps = self.sample(prompt_tokens).rank_steps(
+            attained, prefill_s / step_s, self.pooled.mean_inverse
+        )
+        return steps * step_s
+
+    def expected_left(
+        self, prompt_tokens: int, attained: int, prefill_s: float, step_s: float, cap: int = 0
+    ) -> float:
+        """E[remaining service] in seconds: the prefill left and the tokens expected."""
+        tokens = self.sample(prompt_tokens).mean_left(attained) if self.ready else None
+        if tokens is None:
+            tokens = self._prior_left(attained, cap)
+        return prefill_s + step_s * tokens
+
+    def summary(self) -> LearnedLengths:
+        """The pooled window, and each class's median (telemetry)."""
+        base = self.pooled.summary()
+        classes = []
+        for cls in sorted(self._classes):
+            s = self._classes[cls].summary()
+            median = dict(s.quantiles).get(0.5, 0)
+            upto = CLASS_BASE << cls if cls < MAX_CLASS else math.inf
+            classes.append((int(min(upto, 2**31 - 1)), s.samples, median))
+        return LearnedLengths(base.samples, base.ready, base.mean, base.quantiles, tuple(classes))
