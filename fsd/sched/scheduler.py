@@ -316,9 +316,7 @@ class Scheduler:
 
     def ranks(self) -> dict[str, int]:
         """Every queued job's place in the queue's order (0 runs first), for telemetry."""
-        queue = self.queue
-        # through the class: a queue may keep data of its own under the name `ranks`
-        return type(queue).ranks(queue)
+        return self.queue.ranks()
 
     @property
     def predicted_iteration_time(self) -> float:

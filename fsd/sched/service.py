@@ -40,23 +40,22 @@ class ServiceRanks:
         self.pooled = OutputLengthIndex(window, min_samples, refresh)
         self._classes: dict[int, OutputLengthIndex] = {}
         self._args = (window, min_samples, refresh)
+        self.version = 0  # bumped whenever a window a rank reads is rebuilt
 
     @property
     def ready(self) -> bool:
         return self.pooled.ready
 
-    @property
-    def version(self) -> tuple[int, ...]:
-        """Changes whenever any window a rank reads is rebuilt."""
-        return (self.pooled.version, *(c.version for c in self._classes.values()))
-
     def observe(self, prompt_tokens: int, output_tokens: int) -> None:
-        self.pooled.observe(output_tokens)
         cls = prompt_class(prompt_tokens)
         index = self._classes.get(cls)
         if index is None:
             index = self._classes[cls] = OutputLengthIndex(*self._args)
+        before = (self.pooled.version, index.version)
+        self.pooled.observe(output_tokens)
         index.observe(output_tokens)
+        if (self.pooled.version, index.version) != before:
+            self.version += 1
 
     def sample(self, prompt_tokens: int) -> OutputLengthIndex:
         """The window that describes a job with this prompt: its class's, or the pool's."""
