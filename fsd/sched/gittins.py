@@ -38,6 +38,8 @@ from dataclasses import dataclass
 import numpy as np
 
 QUANTILES = (0.1, 0.5, 0.9, 0.99)
+AHEAD = 64  # a decoding job's next ranks, computed at once (it asks for one per step)
+CACHED = 8192  # entries per cache: a bound, not a tuned size
 
 
 @dataclass(frozen=True)
@@ -78,6 +80,9 @@ class OutputLengthIndex:
         self._suffix = np.zeros(1)  # _suffix[i] = sum(_lengths[i:])
         self._cache: dict[int, float] = {}
         self._steps: dict[tuple[int, int], float] = {}
+        self._left: dict[int, float | None] = {}
+        self._ahead: dict[int, tuple[float, float]] = {}  # attained -> (weight_mean, steps)
+        self._mean_inverse = 1.0
         self.version = 0  # bumped at each rebuild: ranks computed before are stale
 
     def __len__(self) -> int:
@@ -96,23 +101,31 @@ class OutputLengthIndex:
             self._lengths = np.array(self._sorted, dtype=np.int64)
             self._inverse = 1.0 / self._lengths
             self._suffix = np.concatenate([np.cumsum(self._lengths[::-1])[::-1], [0.0]])
+            self._mean_inverse = float(self._inverse.mean())
             self._stale = 0
             self._cache.clear()
             self._steps.clear()
+            self._left.clear()
+            self._ahead.clear()
             self.version += 1
 
     @property
     def mean_inverse(self) -> float:
         """E[1/L] over the window (the per-token weight's mean)."""
-        return float(self._inverse.mean()) if len(self._inverse) else 1.0
+        return self._mean_inverse
 
     def mean_left(self, attained: int) -> float | None:
         """E[L - attained | L > attained] in tokens; None once it outlived every sample."""
+        try:
+            return self._left[attained]
+        except KeyError:
+            pass
         start = bisect.bisect_right(self._sorted, attained)
         m = len(self._sorted) - start
-        if not m:
-            return None
-        return float(self._suffix[start]) / m - attained
+        left = float(self._suffix[start]) / m - attained if m else None
+        if len(self._left) < CACHED:
+            self._left[attained] = left
+        return left
 
     def rank_steps(self, attained: int, prefill_steps: float, weight_mean: float) -> float:
         """1 / Gittins index of the job's remaining service, in decode steps.
@@ -126,17 +139,43 @@ class OutputLengthIndex:
         cached = self._steps.get(key)
         if cached is not None:
             return cached
-        start = bisect.bisect_right(self._sorted, attained)
-        m = len(self._sorted) - start
-        best = math.inf
-        if m:
-            rest = self._lengths[start:] - attained
-            gain = np.cumsum(self._inverse[start:]) / weight_mean
-            spent = m * prefill_steps + np.cumsum(rest) + np.arange(m - 1, -1, -1) * rest
-            best = float((spent / gain).min())
-        if len(self._steps) < 8192:
+        if prefill_steps == 0.0:
+            best = self._decode_steps(attained, weight_mean)
+        else:
+            start = bisect.bisect_right(self._sorted, attained)
+            m = len(self._sorted) - start
+            best = math.inf
+            if m:
+                rest = self._lengths[start:] - attained
+                gain = np.cumsum(self._inverse[start:]) / weight_mean
+                spent = m * prefill_steps + np.cumsum(rest) + np.arange(m - 1, -1, -1) * rest
+                best = float((spent / gain).min())
+        if len(self._steps) < CACHED:
             self._steps[key] = best
         return best
+
+    def _decode_steps(self, attained: int, weight_mean: float) -> float:
+        """`rank_steps` with no prefill left, for the next AHEAD attained counts at once
+        (while the same samples outlive them): one array pass per AHEAD decode steps
+        instead of one per step. Integer service makes each value exactly the one-at-
+        a-time sweep's; a value is used only under the `weight_mean` it was made with."""
+        ahead = self._ahead.get(attained)
+        if ahead is not None and ahead[0] == weight_mean:
+            return ahead[1]
+        start = bisect.bisect_right(self._sorted, attained)
+        m = len(self._sorted) - start
+        if not m:
+            return math.inf
+        lengths = self._lengths[start:]
+        upto = min(attained + AHEAD, int(lengths[0]))  # below the next sample: same survivors
+        rest = lengths[None, :] - np.arange(attained, upto)[:, None]
+        gain = np.cumsum(self._inverse[start:]) / weight_mean
+        spent = np.cumsum(rest, axis=1) + np.arange(m - 1, -1, -1) * rest
+        best = (spent / gain).min(axis=1).tolist()
+        if len(self._ahead) < CACHED:
+            for i, steps in enumerate(best):
+                self._ahead[attained + i] = (weight_mean, steps)
+        return best[0]
 
     def index(self, attained: int) -> float:
         """G(attained), 1/L-weighted completions per token; 0 once it outlived every sample."""
@@ -155,7 +194,7 @@ class OutputLengthIndex:
             gain = np.cumsum(self._inverse[start:])
             spent = np.cumsum(rest) + np.arange(m - 1, -1, -1) * rest
             best = float((gain / spent).max())
-        if len(self._cache) < 4096:
+        if len(self._cache) < CACHED:
             self._cache[attained] = best
         return best
 

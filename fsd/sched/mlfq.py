@@ -25,6 +25,7 @@ only what held on the validation set (README, "Validation"):
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import itertools
 import operator
@@ -99,11 +100,11 @@ class MLFQQueue(JobQueue):
     # ---- membership ------------------------------------------------------------
 
     def entry_level(self, iteration_time: float) -> int:
-        """The highest level whose quantum covers `iteration_time` (the last if none)."""
-        for i, q in enumerate(self.quanta):
-            if q >= iteration_time:
-                return i
-        return len(self.quanta) - 1
+        """The highest level whose quantum covers `iteration_time` (the last if none).
+        Quanta strictly increase (SchedConfig checks): a bisection finds it."""
+        if iteration_time != iteration_time:  # NaN: covered by none
+            return len(self.quanta) - 1
+        return min(bisect.bisect_left(self.quanta, iteration_time), len(self.quanta) - 1)
 
     def add(self, job: Job, now: float) -> None:
         level = 0
@@ -153,17 +154,27 @@ class MLFQQueue(JobQueue):
         return self._ordered_lifted()
 
     def _ordered_lifted(self) -> Iterator[Job]:
-        """Each level: the lifted jobs ranked at it, then its own jobs that are not lifted."""
+        """Each level: the lifted jobs ranked at it, then its own jobs that are not lifted.
+
+        Built from C-level iterators (the walk reads it every iteration): only the
+        levels that hold a lifted job are filtered, by id, and the few lifted jobs are
+        checked once for still being queued."""
         lifted, lifted_at, levels = self._lifted, self._lifted_at, self._levels
-        n = len(levels)
+        still = [j for group in lifted_at.values() for j in group if j in self]
+        queued = {j.job_id for j in still}
+        holding = {j.level for j in still}  # the levels whose own jobs include lifted ones
+        parts: list[Iterable[Job]] = []
         for level, jobs in enumerate(levels):
-            for job in lifted_at.get(level, ()):
-                own = job.level  # still queued? (inlined `job in self`: walked every iteration)
-                if 0 <= own < n and job.job_id in levels[own]:
-                    yield job
-            for job in jobs.values():
-                if job.job_id not in lifted:
-                    yield job
+            group = lifted_at.get(level)
+            if group:
+                parts.append([job for job in group if job.job_id in queued])
+            if level in holding:
+                parts.append(
+                    map(jobs.__getitem__, itertools.filterfalse(lifted.__contains__, jobs))
+                )
+            else:
+                parts.append(jobs.values())
+        return itertools.chain.from_iterable(parts)
 
     def key(self, job: Job) -> tuple:
         at = self._lifted.get(job.job_id)

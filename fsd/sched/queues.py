@@ -62,6 +62,9 @@ class JobQueue(ABC):
     def set_running(self, jobs: Iterable[Job]) -> None:  # noqa: B027 (optional hook)
         """The jobs of the batch that just ran, before the next `ordered()` (MLFQ reads it)."""
 
+    def dropped(self, jobs: Iterable[Job]) -> None:  # noqa: B027 (optional hook)
+        """Jobs whose KV was dropped this iteration: they re-prefill (gittins re-ranks)."""
+
     def adopt(self, other: JobQueue) -> bool:
         """Take `other`'s settings keeping this queue's jobs; False if it cannot."""
         return type(other) is type(self)

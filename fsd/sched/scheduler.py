@@ -354,6 +354,8 @@ class Scheduler:
                     else:
                         self._partial.pop(job.job_id, None)
         self.queue.live_scale = scale  # what the charged seconds are in profile seconds
+        if out.recomputed:
+            self.queue.dropped(out.recomputed)
         out.demoted = self.queue.account(ran, now)
         for job in done:
             self.remove(job)

@@ -41,6 +41,7 @@ class ServiceRanks:
         self._classes: dict[int, OutputLengthIndex] = {}
         self._args = (window, min_samples, refresh)
         self.version = 0  # bumped whenever a window a rank reads is rebuilt
+        self._window: dict[int, OutputLengthIndex] = {}  # `sample`, until the next bump
 
     @property
     def ready(self) -> bool:
@@ -56,10 +57,24 @@ class ServiceRanks:
         index.observe(output_tokens)
         if (self.pooled.version, index.version) != before:
             self.version += 1
+            self._window.clear()  # a window's readiness changes only when it is rebuilt
+
+    def windows(self) -> list[tuple[int, OutputLengthIndex]]:
+        """(id, window) of the pool and of every class (versions tell which were rebuilt)."""
+        return [(id(self.pooled), self.pooled)] + [(id(w), w) for w in self._classes.values()]
 
     def sample(self, prompt_tokens: int) -> OutputLengthIndex:
         """The window that describes a job with this prompt: its class's, or the pool's."""
-        index = self._classes.get(prompt_class(prompt_tokens)) if self.by_prompt else None
+        window = self._window.get(prompt_tokens)
+        if window is None:
+            window = self.window_of(prompt_class(prompt_tokens))
+            if len(self._window) < 8192:
+                self._window[prompt_tokens] = window
+        return window
+
+    def window_of(self, cls: int) -> OutputLengthIndex:
+        """The window that describes a prompt class: its own once ready, else the pool."""
+        index = self._classes.get(cls) if self.by_prompt else None
         return index if index is not None and index.ready else self.pooled
 
     @staticmethod
@@ -72,6 +87,22 @@ class ServiceRanks:
         """Tokens left under the cold-start prior: uniform up to the cap (else one)."""
         return max((cap - attained) / 2.0, 1.0) if 0 < cap < UNKNOWN_CAP else 1.0
 
+    def measure(
+        self, prompt_tokens: int, attained: int, prefill_s: float, step_s: float, cap: int = 0
+    ) -> tuple[float, float]:
+        """(`rank`, `expected_left`) of one job: one window lookup for both (the
+        default policy re-ranks every job that ran, every iteration)."""
+        stepped = max(step_s, 1e-9)
+        if not self.ready:
+            tokens = self._prior_left(attained, cap)
+            return prefill_s + stepped * tokens, prefill_s + step_s * tokens
+        index = self.sample(prompt_tokens)
+        rank = index.rank_steps(attained, prefill_s / stepped, self.pooled.mean_inverse) * stepped
+        left = index.mean_left(attained)
+        if left is None:
+            left = self._prior_left(attained, cap)
+        return rank, prefill_s + step_s * left
+
     def rank(
         self, prompt_tokens: int, attained: int, prefill_s: float, step_s: float, cap: int = 0
     ) -> float:
@@ -79,22 +110,13 @@ class ServiceRanks:
         every sample. Before anything is learned: the expected remaining service under
         a uniform prior up to the job's max_tokens `cap` (a rising hazard: a started
         job only gets closer to done), or the known part alone without a cap."""
-        step_s = max(step_s, 1e-9)
-        if not self.ready:
-            return prefill_s + step_s * self._prior_left(attained, cap)
-        steps = self.sample(prompt_tokens).rank_steps(
-            attained, prefill_s / step_s, self.pooled.mean_inverse
-        )
-        return steps * step_s
+        return self.measure(prompt_tokens, attained, prefill_s, step_s, cap)[0]
 
     def expected_left(
         self, prompt_tokens: int, attained: int, prefill_s: float, step_s: float, cap: int = 0
     ) -> float:
         """E[remaining service] in seconds: the prefill left and the tokens expected."""
-        tokens = self.sample(prompt_tokens).mean_left(attained) if self.ready else None
-        if tokens is None:
-            tokens = self._prior_left(attained, cap)
-        return prefill_s + step_s * tokens
+        return self.measure(prompt_tokens, attained, prefill_s, step_s, cap)[1]
 
     def summary(self) -> LearnedLengths:
         """The pooled window, and each class's median (telemetry)."""

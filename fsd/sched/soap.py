@@ -28,9 +28,11 @@ Three rules, each with a reason rather than a fitted constant:
 
 from __future__ import annotations
 
+import functools
 import heapq
 import itertools
 import math
+import operator
 from collections.abc import Iterable, Sequence
 
 from fsd.cost import CostModel
@@ -38,7 +40,10 @@ from fsd.jobs import FinishReason, Job
 from fsd.sched.gittins import LearnedLengths
 from fsd.sched.mlfq import MLFQQueue
 from fsd.sched.queues import JobQueue
-from fsd.sched.service import ServiceRanks
+from fsd.sched.service import ServiceRanks, prompt_class
+
+_by_queue_seq = operator.attrgetter("queue_seq")
+_job_id = operator.attrgetter("job_id")
 
 
 class GittinsQueue(MLFQQueue):
@@ -60,34 +65,41 @@ class GittinsQueue(MLFQQueue):
         self.served = 0.0  # every job's charged service so far: the FCFS-turn clock
         self.backlog = 0.0  # sum of the queued jobs' expected remaining service
         self._left: dict[str, float] = {}  # each job's share of `backlog`
+        self._members: dict[int, dict[str, Job]] = {}  # prompt class -> its queued jobs
+        self._dropped: dict[str, Job] = {}  # KV dropped since the last re-level: re-rank
+        self._seen: dict[int, int] = {}  # id(window) -> its version when last re-levelled
         self._rank: dict[str, float] = {}
         self._boosted: set[str] = set()  # guarded jobs at Q1
         self._pinned: set[str] = set()  # guarded after they started: Q1 until they end
         self._turns: list[tuple[float, int, Job]] = []  # (FCFS turn, seq, job) min-heap
         self._tseq = itertools.count()
         self._version = self.service.version
+        self._step0, self._per_ctx = cost.decode_line()
 
     # ---- one job's numbers -------------------------------------------------------
 
-    def _costs(self, job: Job) -> tuple[float, float]:
-        """(its prefill left, one decode step of it alone) in seconds."""
-        c = self.cost
-        new, done = job.num_new_tokens, job.num_computed_tokens
+    def _measure(self, job: Job) -> float:
+        """Re-rank the job and its share of the backlog; returns its rank.
+
+        It reads the prefill left and one decode step of the job alone
+        (`decode_line` is `job_iteration_time(1, n)` without the call)."""
+        n, done = job.num_tokens, job.num_computed_tokens
+        new = n - done
         prefill = 0.0
         if new > 1:
-            prefill = c.chunk_time(new, done) if done else c.prefill_time(new)
-        return prefill, c.job_iteration_time(1, job.num_tokens)
-
-    def _measure(self, job: Job) -> float:
-        """Re-rank the job and its share of the backlog; returns its rank."""
-        prefill, step = self._costs(job)
+            prefill = self.cost.chunk_time(new, done) if done else self.cost.prefill_time(new)
         # the client's max_tokens, never max_output: the simulator's jobs end there (an oracle)
-        p, a, cap = job.num_prompt_tokens, job.num_output_tokens, job.params.max_tokens
-        rank = self.service.rank(p, a, prefill, step, cap)
-        left = self.service.expected_left(p, a, prefill, step, cap)
-        self.backlog += left - self._left.get(job.job_id, 0.0)
-        self._left[job.job_id] = left
-        self._rank[job.job_id] = rank
+        rank, left = self.service.measure(
+            job.num_prompt_tokens,
+            job.num_output_tokens,
+            prefill,
+            self._step0 + self._per_ctx * n,
+            job.params.max_tokens,
+        )
+        jid = job.job_id
+        self.backlog += left - self._left.get(jid, 0.0)
+        self._left[jid] = left
+        self._rank[jid] = rank
         return rank
 
     # ---- membership ------------------------------------------------------------
@@ -96,6 +108,7 @@ class GittinsQueue(MLFQQueue):
         job.last_run = job.starve_since = now
         ahead = self.backlog
         rank = self._measure(job)
+        self._members.setdefault(prompt_class(job.num_prompt_tokens), {})[job.job_id] = job
         if self.guard:
             heapq.heappush(self._turns, (self.served + ahead, next(self._tseq), job))
         self._place(job, self.entry_level(rank))
@@ -105,10 +118,19 @@ class GittinsQueue(MLFQQueue):
         jid = job.job_id
         self.backlog -= self._left.pop(jid, 0.0)
         self._rank.pop(jid, None)
+        members = self._members.get(prompt_class(job.num_prompt_tokens))
+        if members is not None:
+            members.pop(jid, None)
+        self._dropped.pop(jid, None)
         self._boosted.discard(jid)
         self._pinned.discard(jid)
         if job.finish_reason in (FinishReason.STOP, FinishReason.LENGTH):
             self.service.observe(job.num_prompt_tokens, job.num_output_tokens)
+
+    def dropped(self, jobs: Iterable[Job]) -> None:
+        """Their KV was dropped: their prefill is back, their rank is stale."""
+        for job in jobs:
+            self._dropped[job.job_id] = job
 
     def _knows(self, job: Job) -> bool:
         """Whether its rank says anything yet: lengths learned, or a max_tokens prior."""
@@ -143,32 +165,92 @@ class GittinsQueue(MLFQQueue):
         demoted: list[Job] = []
         ready = self.service.ready
         to_profile = 1.0 / self.live_scale  # the backlog is in profile seconds
+        levels, boosted, pinned = self._levels, self._boosted, self._pinned
+        n = len(levels)
+        served = self.served
         for job, service in ran:
             job.last_run = job.starve_since = now
-            self.served += service * to_profile
-            if job not in self:
-                continue
+            served += service * to_profile
+            jid, level = job.job_id, job.level
+            if not 0 <= level < n or jid not in levels[level]:
+                continue  # left the queue meanwhile
             rank = self._measure(job)
-            if job.job_id in self._boosted and job.job_id not in self._pinned:
-                self._boosted.discard(job.job_id)  # started at its turn: ranked again
-            elif job.job_id in self._boosted:
-                continue
+            if jid in boosted:
+                if jid in pinned:
+                    continue
+                boosted.discard(jid)  # started at its turn: ranked again
             if not (ready or self._knows(job)):
                 continue  # nothing learned, no cap: it keeps its skip-join place
-            level = self.entry_level(rank)
-            if level != job.level:
-                if level > job.level:
+            to = self.entry_level(rank)
+            if to != level:
+                if to > level:
                     job.demotions += 1
                     demoted.append(job)
-                self._place(job, level)
+                self._place(job, to)
+        self.served = served
         if self.service.version != self._version:
             self._relevel()
         return demoted
 
     def _relevel(self) -> None:
-        """The learned windows changed: re-rank every job, keeping FIFO order per level."""
+        """A learned window was rebuilt: re-rank the jobs it describes.
+
+        Only those: a job's rank reads its prompt class's window (or the pool's) and
+        its own tokens, which change only when it runs (re-ranked then) or when its
+        KV is dropped (`dropped`). A job that changes level goes where its queue_seq
+        puts it (FIFO inside a level). Before the pool is ready every job is
+        re-ranked: its rank reads the pool or a prior. Under overload this is a few
+        hundred jobs instead of thousands, every few finishes.
+        """
         self._version = self.service.version
-        jobs = sorted(self.ordered(), key=lambda j: j.queue_seq)
+        service = self.service
+        if not service.ready:
+            self._relevel_all()
+            return
+        rebuilt = {
+            key for key, window in service.windows() if self._seen.get(key) != window.version
+        }
+        self._seen = {key: window.version for key, window in service.windows()}
+        todo = dict(self._dropped)
+        self._dropped = {}
+        for cls, members in self._members.items():
+            if id(service.window_of(cls)) in rebuilt:
+                todo.update(members)
+        last = len(self.quanta) - 1
+        moves: list[tuple[Job, int]] = []
+        # in queue order, as a full re-rank would go
+        for job in sorted(todo.values(), key=_by_queue_seq):
+            if job not in self:
+                continue
+            rank = self._measure(job)
+            level = 0 if job.job_id in self._boosted else min(self.entry_level(rank), last)
+            if level != job.level:
+                moves.append((job, level))
+        self._move_keeping_order(moves)
+        # summed anew in queue order, as a full re-rank would: no drift from the updates
+        queued = sorted(
+            itertools.chain.from_iterable(map(dict.values, self._levels)), key=_by_queue_seq
+        )
+        lefts = map(self._left.__getitem__, map(_job_id, queued))
+        self.backlog = functools.reduce(operator.add, lefts, 0.0)
+
+    def _move_keeping_order(self, moves: list[tuple[Job, int]]) -> None:
+        """Move jobs between levels without new queue_seqs: each level stays FIFO."""
+        levels = self._levels
+        arriving: dict[int, list[Job]] = {}
+        for job, level in moves:
+            del levels[job.level][job.job_id]
+            job.level = level
+            arriving.setdefault(level, []).append(job)
+        for level, jobs in arriving.items():
+            merged = sorted(itertools.chain(levels[level].values(), jobs), key=_by_queue_seq)
+            levels[level] = {job.job_id: job for job in merged}
+
+    def _relevel_all(self) -> None:
+        """Re-rank every job, keeping FIFO order per level (the backlog summed anew)."""
+        self._seen = {key: window.version for key, window in self.service.windows()}
+        self._dropped = {}
+        jobs = sorted(self.ordered(), key=_by_queue_seq)
         self._levels = [{} for _ in self.quanta]
         self.backlog = 0.0
         self._left.clear()
@@ -193,7 +275,7 @@ class GittinsQueue(MLFQQueue):
         assert isinstance(other, GittinsQueue)
         self._lifted, self._lifted_at = {}, {}
         self.quanta = list(other.quanta)
-        self._relevel()
+        self._relevel_all()
         return True
 
     # ---- preemption by benefit -------------------------------------------------------
