@@ -115,6 +115,8 @@ class SwapPlanner:
         for job, floor in itertools.chain(
             ((j, 0) for j in wanted), ((j, reserve) for j in upcoming)
         ):
+            if blocks.num_free - floor < 1:
+                break  # no job fits (each needs a block); free blocks only shrink here
             need = len(job.host_block_table)
             if need > budget and (ops or moving):
                 break  # (a job larger than the whole budget comes in alone: never stranded)

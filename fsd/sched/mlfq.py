@@ -335,24 +335,33 @@ class MLFQQueue(JobQueue):
         chosen: Container[str],
         enst: Callable[[Job], float],
     ) -> Iterator[tuple[float, Job]]:
-        """Largest ENST first, walking the levels lazily (`jobs` is not read).
+        """Largest ENST first, reading the levels lazily.
 
         ENST(i) <= T_execute(level(i)), which grows with the level, so each level's
         bound is a marker in a max-heap and a level's jobs are read only when its
         bound reaches the top. The planner usually needs a few victims from the
-        lowest levels, so most jobs are never looked at. Uses the T_execute table of
-        the latest `enst_fn` (the one `enst` comes from).
+        lowest levels, so most jobs are never looked at. `jobs` (the device-resident
+        candidates) are grouped by level in queue order first: the levels themselves
+        also hold every waiting job, thousands under overload. Uses the T_execute
+        table of the latest `enst_fn` (the one `enst` comes from).
         """
         t_exec = getattr(self, "_t_exec", None)
-        if t_exec is None or len(t_exec) != len(self._levels):
+        levels = self._levels
+        if t_exec is None or len(t_exec) != len(levels):
             yield from super().largest_enst_first(
                 (j for j in jobs if j.job_id in chosen), chosen, enst
             )
             return
+        at: dict[int, list[Job]] = {}
+        n = len(levels)
+        for job in jobs:
+            level = job.level
+            if 0 <= level < n and job.job_id in levels[level] and job.job_id in chosen:
+                at.setdefault(level, []).append(job)
         seq = itertools.count()
         # (-value, kind, seq, item): kind 0 = a level's bound, read before equal jobs
         heap: list[tuple[float, int, int, Any]] = [
-            (-t_exec[lvl], 0, next(seq), lvl) for lvl, jobs_at in enumerate(self._levels) if jobs_at
+            (-t_exec[lvl], 0, next(seq), lvl) for lvl in sorted(at)
         ]
         heapq.heapify(heap)
         while heap:
@@ -364,7 +373,7 @@ class MLFQQueue(JobQueue):
             # nothing left in the heap exceeds that bound: yield those at once, as far as
             # the planner reads, and queue only the jobs promoted sooner.
             bound = -neg
-            for job in (j for j in self._levels[item].values() if j.job_id in chosen):
+            for job in sorted(at[item], key=_by_queue_seq):
                 e = enst(job)
                 if e >= bound:
                     yield e, job

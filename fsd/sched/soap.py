@@ -10,7 +10,8 @@ Three rules, each with a reason rather than a fitted constant:
    Levels are a factor `quantum_ratio` apart and FIFO inside, so two jobs swap order
    only when their ranks differ by that factor (Nudge: reorder only clearly
    different jobs; near-equal ones keep arrival order, which is what bounds FCFS's tail).
-   A job is re-ranked each time it runs and when the learned windows are rebuilt.
+   A job is re-ranked each time it runs, when its KV is dropped, and when the
+   learned window its rank reads is rebuilt.
 2. FCFS-turn guard, in place of starvation timers: at arrival a job records the
    expected work queued ahead of it (the sum of every queued job's expected remaining
    service). Once the machine has served that much since, FCFS would be serving it,
