@@ -69,8 +69,7 @@ def _outcome(policy: str, kv_policy: str, seed: int) -> list[tuple]:
     spec = RunSpec(policy, SchedConfig(policy=policy), CacheConfig(kv_policy=kv_policy))
     res = spec.simulator(cost).run(work)
     return sorted(
-        (j.job_id, j.finish_time, j.first_token_time, j.preemptions, j.recomputes)
-        for j in res.jobs
+        (j.job_id, j.finish_time, j.first_token_time, j.preemptions, j.recomputes) for j in res.jobs
     )
 
 
@@ -118,9 +117,7 @@ def test_a_decode_rank_ahead_is_not_reused_under_another_weight():
         index.observe(n)
     first = index.rank_steps(0, 0.0, 0.5)
     # attained 1 was computed ahead under weight 0.5; asked under 0.25 it is recomputed
-    assert index.rank_steps(1, 0.0, 0.25) == _rank_steps_one_at_a_time(
-        [5, 9, 40, 41, 300], 1, 0.25
-    )
+    assert index.rank_steps(1, 0.0, 0.25) == _rank_steps_one_at_a_time([5, 9, 40, 41, 300], 1, 0.25)
     assert first == _rank_steps_one_at_a_time([5, 9, 40, 41, 300], 0, 0.5)
 
 
