@@ -16,6 +16,8 @@ from fsd.jobs import Job
 from fsd.sched.queues import JobQueue
 
 _by_queue_seq = operator.attrgetter("queue_seq")
+Fn = Callable[[Job], float]  # ENST of a job
+Ranked = Iterator[tuple[float, Job]]  # (ENST, job), largest first
 
 
 class LevelENST(JobQueue):
@@ -29,12 +31,7 @@ class LevelENST(JobQueue):
     def _due(self, job: Job) -> float:
         raise NotImplementedError
 
-    def largest_enst_first(
-        self,
-        jobs: Iterable[Job],
-        chosen: Container[str],
-        enst: Callable[[Job], float],
-    ) -> Iterator[tuple[float, Job]]:
+    def largest_enst_first(self, jobs: Iterable[Job], chosen: Container[str], enst: Fn) -> Ranked:
         """Largest ENST first, reading the levels lazily.
 
         ENST(i) <= T_execute(level(i)), which grows with the level, so each level's
