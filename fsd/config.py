@@ -77,6 +77,8 @@ class CacheConfig:
     # a job without KV starts only while device + host use, with its blocks, stays within
     # this share of both pools (admission control: a started job always has room to go)
     admit_fraction: float = 0.9
+    # reuse the KV of cached prompt prefixes (fsd.kv.prefix); retunable live
+    prefix_cache: bool = True
 
     def __post_init__(self) -> None:
         check_types(self)

@@ -186,6 +186,9 @@ class Job:
     block_table: list[int] = field(default_factory=list)  # device blocks
     host_block_table: list[int] = field(default_factory=list)  # host blocks
     num_computed_tokens: int = 0  # tokens whose KV is in the cache
+    num_cached_tokens: int = 0  # prompt tokens its first prefill found in the prefix cache
+    prefix_hint: int = 0  # tokens the prefix cache held at arrival (skip-join reads it)
+    prefix_uids: list[int] = field(default_factory=list)  # names of its leading full blocks
     finish_reason: FinishReason | None = None
     stop_reason: str | int | None = None
     error: str | None = None  # why it ended with FinishReason.ERROR
@@ -237,6 +240,17 @@ class Job:
     @property
     def all_token_ids(self) -> list[int]:
         return self.prompt_token_ids + self.output_token_ids
+
+    def block_content(self, index: int, block_size: int) -> tuple[int, ...] | None:
+        """The token ids of full block `index` (None past the last full block): what the
+        prefix cache names the block by (fsd.kv.prefix)."""
+        lo, hi = index * block_size, (index + 1) * block_size
+        prompt = self.prompt_token_ids
+        if hi <= len(prompt):
+            return tuple(prompt[lo:hi])
+        if hi > self.num_tokens:
+            return None
+        return tuple(self.all_token_ids[lo:hi])
 
     @property
     def is_prefill(self) -> bool:

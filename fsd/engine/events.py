@@ -67,7 +67,8 @@ class EventLog:
             if op.sync:
                 self.swap(op, now, "end")
         for job in out.batch:
-            if not job.output_token_ids and job.num_computed_tokens == 0 and not job.recomputes:
+            fresh = job.num_computed_tokens == job.num_cached_tokens  # (a cached prefix)
+            if not job.output_token_ids and fresh and not job.recomputes:
                 self.add(now, "start", job, level=job.level)
 
     def swap(self, op: SwapOp, now: float, phase: str) -> None:

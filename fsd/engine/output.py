@@ -89,6 +89,7 @@ class RequestOutput:
     swaps_in: int = 0
     recomputes: int = 0
     error: str | None = None  # why the job failed (finish_reason "error")
+    cached_tokens: int = 0  # prompt tokens its first prefill reused from the prefix cache
 
     @property
     def finished(self) -> bool:
@@ -127,4 +128,5 @@ class RequestOutput:
             swaps_in=job.swaps_in,
             recomputes=job.recomputes,
             error=job.error,
+            cached_tokens=job.num_cached_tokens,
         )

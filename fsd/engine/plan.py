@@ -26,7 +26,7 @@ T = TypeVar("T")
 class SwapInstr:
     """One planned copy, without the job: direction and block ids (src tier -> dst tier)."""
 
-    direction: Literal["out", "in"]
+    direction: Literal["out", "in", "copy"]
     src: tuple[int, ...]
     dst: tuple[int, ...]
 

@@ -74,7 +74,14 @@ class Swapper:
     def _copy(self, op: SwapOp, keep: list[torch.Tensor]) -> None:
         dev = self.device_pool.data  # [L, 2, NB, BS, H, D]
         host = self.host_pool.data  # [NB, L, 2, BS, H, D]
-        if op.direction == "out":
+        if not op.src:  # every block was cached on the other tier already
+            return
+        if op.direction == "copy":  # device to device (the prefix cache's copy on write)
+            src = torch.tensor(op.src, device=dev.device)
+            blocks = dev.index_select(2, src)
+            keep.append(blocks)
+            dev.index_copy_(2, torch.tensor(op.dst, device=dev.device), blocks)
+        elif op.direction == "out":
             src = torch.tensor(op.src, device=dev.device)
             blocks = dev.index_select(2, src).permute(2, 0, 1, 3, 4, 5).contiguous()
             keep.append(blocks)

@@ -17,12 +17,12 @@ then. A block id is in exactly one place: a pool's free list or one job's table;
 
 from __future__ import annotations
 
-from collections import deque
-from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
 from fsd.jobs import KVLocation
+from fsd.kv.pool import BlockPool
+from fsd.kv.prefix import PrefixCache
 from fsd.kv.swap import SwapOp
 
 
@@ -50,36 +50,6 @@ class KVStats:
     host_used: int
 
 
-class BlockPool:
-    """The free list of one memory tier's blocks."""
-
-    def __init__(self, num_blocks: int, name: str = "device") -> None:
-        if num_blocks < 0:
-            raise ValueError(f"{name} pool size must be >= 0, got {num_blocks}")
-        self.name = name
-        self.num_blocks = num_blocks
-        self._free: deque[int] = deque(range(num_blocks))
-
-    @property
-    def num_free(self) -> int:
-        return len(self._free)
-
-    @property
-    def num_used(self) -> int:
-        return self.num_blocks - len(self._free)
-
-    def take(self, n: int) -> list[int]:
-        if n > len(self._free):
-            raise MemoryError(f"{self.name} pool: asked for {n} blocks, {len(self._free)} free")
-        return [self._free.popleft() for _ in range(n)]
-
-    def give(self, blocks: Iterable[int]) -> None:
-        self._free.extend(blocks)
-
-    def free_ids(self) -> list[int]:
-        return list(self._free)
-
-
 class BlockManager:
     """Owns the device and host pools, every job's block tables and its KV location."""
 
@@ -95,6 +65,7 @@ class BlockManager:
         self.on_host: dict[str, HasBlocks] = {}
         self.moving: dict[str, SwapOp] = {}  # asynchronous copies not yet reported done
         self._release_after_move: set[str] = set()  # released while a copy was in flight
+        self.prefix = PrefixCache(self.device, self.host, block_size)
 
     def blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
@@ -141,9 +112,10 @@ class BlockManager:
             self._place(job, KVLocation.DEVICE)
 
     def free(self, job: HasBlocks) -> None:
-        """Return every block the job holds, on both tiers; its KV is gone."""
-        self.device.give(job.block_table)
-        self.host.give(job.host_block_table)
+        """Return every block the job holds, on both tiers; its KV is gone (its cached
+        blocks stay cached, tail first in line for eviction)."""
+        self.device.give(reversed(job.block_table))
+        self.host.give(reversed(job.host_block_table))
         job.block_table.clear()
         job.host_block_table.clear()
         self._owners.pop(job.job_id, None)
@@ -156,34 +128,88 @@ class BlockManager:
         else:
             self.free(job)
 
+    # ---- prefix cache ----------------------------------------------------------------
+
+    def attach(self, job: HasBlocks) -> int:
+        """Give a job without KV its cached prefix (fsd.kv.prefix); the tokens reused.
+        Its location stays NONE until `append` places it (or `detach` undoes this)."""
+        hit = self.prefix.attach(job)  # type: ignore[arg-type]
+        job.prefix_hint = 0  # type: ignore[attr-defined]  # now in num_computed_tokens
+        if job.block_table:
+            self._owners[job.job_id] = job
+        return hit
+
+    def detach(self, job: HasBlocks) -> None:
+        """Undo `attach` for a job that does not run after all."""
+        self.prefix.detach(job)  # type: ignore[arg-type]
+        self._owners.pop(job.job_id, None)
+
     # ---- moves between tiers ---------------------------------------------------
 
     def can_swap_out(self, job: HasBlocks) -> bool:
-        return 0 < len(job.block_table) <= self.host.num_free and not job.host_block_table
+        if not job.block_table or job.host_block_table:
+            return False
+        return (
+            self._room(self.host, self._cached(job, job.block_table, False)) <= self.host.num_free
+        )
 
     def can_swap_in(self, job: HasBlocks) -> bool:
-        return 0 < len(job.host_block_table) <= self.device.num_free and not job.block_table
+        if not job.host_block_table or job.block_table:
+            return False
+        need = self._room(self.device, self._cached(job, job.host_block_table, True))
+        return need <= self.device.num_free
 
     def swap_out(self, job: HasBlocks, sync: bool = False) -> SwapOp:
-        """Start copying the job's KV to the host (a `sync` copy is accounted done now)."""
+        """Start copying the job's KV to the host (a `sync` copy is accounted done now).
+        Blocks the host already caches are referenced there, not copied."""
         if not self.can_swap_out(job):
             raise MemoryError(f"cannot swap out {job.job_id}: host pool or tables do not allow it")
-        job.host_block_table = self.host.take(len(job.block_table))
-        return self._begin(job, "out", job.block_table, job.host_block_table, sync)
+        job.host_block_table, src, dst = self._mirror(job, job.block_table, self.host, False)
+        return self._begin(job, "out", src, dst, sync)
 
     def swap_in(self, job: HasBlocks, sync: bool = False) -> SwapOp:
-        """Start copying the job's KV back to the device (`sync`: accounted done now)."""
+        """Start copying the job's KV back to the device (`sync`: accounted done now).
+        Blocks the device already caches are referenced there, not copied."""
         if not self.can_swap_in(job):
             raise MemoryError(f"cannot swap in {job.job_id}: device pool or tables do not allow it")
-        job.block_table = self.device.take(len(job.host_block_table))
-        return self._begin(job, "in", job.host_block_table, job.block_table, sync)
+        job.block_table, src, dst = self._mirror(job, job.host_block_table, self.device, True)
+        return self._begin(job, "in", src, dst, sync)
+
+    def _cached(self, job: HasBlocks, table: list[int], to_device: bool) -> list[int | None]:
+        """For each block of `table`, the block of the other tier that caches the same
+        content (None: it must be copied)."""
+        prefix = self.prefix
+        uids = getattr(job, "prefix_uids", ())
+        if not prefix.enabled or not uids:
+            return [None] * len(table)
+        where = prefix.on_device if to_device else prefix.on_host
+        return [where.get(uids[i]) if i < len(uids) else None for i in range(len(table))]
+
+    @staticmethod
+    def _room(pool: BlockPool, cached: list[int | None]) -> int:
+        """Free blocks a move takes: a copy each, and each idle cached block it pins."""
+        return sum(1 for b in cached if b is None or pool.refs(b) == 0)
+
+    def _mirror(
+        self, job: HasBlocks, table: list[int], pool: BlockPool, to_device: bool
+    ) -> tuple[list[int], list[int], list[int]]:
+        """The job's table on the other tier, and the (src, dst) blocks to copy."""
+        cached = self._cached(job, table, to_device)
+        for b in cached:  # pinned first: the copies' blocks may evict idle ones
+            if b is not None:
+                pool.ref(b)
+        fresh = iter(pool.take(sum(1 for b in cached if b is None)))
+        mirror = [next(fresh) if b is None else b for b in cached]
+        src = [s for s, b in zip(table, cached, strict=True) if b is None]
+        dst = [d for d, b in zip(mirror, cached, strict=True) if b is None]
+        return mirror, src, dst
 
     def _begin(
         self, job: HasBlocks, direction: Literal["out", "in"], src: list[int], dst: list[int],
         sync: bool,
     ) -> SwapOp:  # fmt: skip
-        op = SwapOp(job, direction, list(src), list(dst), sync)
-        if sync:  # the executor completes it before the step
+        op = SwapOp(job, direction, list(src), list(dst), sync or not src)
+        if op.sync:  # the executor completes it before the step (or nothing to copy)
             self._end(op)
         else:
             self.moving[job.job_id] = op
@@ -203,11 +229,13 @@ class BlockManager:
     def _end(self, op: SwapOp) -> None:
         job = op.job
         if op.direction == "out":
-            self.device.give(op.src)
+            self.prefix.commit(job, job.host_block_table, on_device=False, moved=True)
+            self.device.give(reversed(job.block_table))
             job.block_table = []
             self._place(job, KVLocation.HOST)
         else:
-            self.host.give(op.src)
+            self.prefix.commit(job, job.block_table, moved=True)
+            self.host.give(reversed(job.host_block_table))
             job.host_block_table = []
             self._place(job, KVLocation.DEVICE)
 
@@ -229,22 +257,39 @@ class BlockManager:
         )  # fmt: skip
 
     def check(self) -> None:
-        """Every block is free or owned by exactly one job; raise AssertionError if not."""
-        for pool, table_of in (
-            (self.device, lambda j: j.block_table),
-            (self.host, lambda j: j.host_block_table),
+        """Every block is free, idle (cached, unreferenced) or referenced, exactly once,
+        and a referenced block's count is the number of tables holding it; the cache's
+        names and the pools agree. Raise AssertionError if not."""
+        prefix = self.prefix
+        for pool, table_of, where in (
+            (self.device, lambda j: j.block_table, prefix.on_device),
+            (self.host, lambda j: j.host_block_table, prefix.on_host),
         ):
-            seen: dict[int, str] = {}
-            for b in pool.free_ids():
-                if b in seen:
-                    raise AssertionError(f"{pool.name} block {b} is twice in the free list")
-                seen[b] = "free"
+            held: dict[int, int] = {}
             for job in self._owners.values():
                 for b in table_of(job):
-                    if b in seen:
-                        raise AssertionError(
-                            f"{pool.name} block {b} of {job.job_id} is also in {seen[b]}"
-                        )
-                    seen[b] = job.job_id
-            if len(seen) != pool.num_blocks:
-                raise AssertionError(f"{pool.num_blocks - len(seen)} {pool.name} blocks are lost")
+                    held[b] = held.get(b, 0) + 1
+            free, idle = pool.free_ids(), pool.idle_ids()
+            if len(set(free)) != len(free):
+                raise AssertionError(f"a {pool.name} block is twice in the free list")
+            for state, blocks in (("free", free), ("idle", idle)):
+                for b in blocks:
+                    if b in held:
+                        raise AssertionError(f"{pool.name} block {b} is {state} and in a table")
+            if set(free) & set(idle):
+                raise AssertionError(f"a {pool.name} block is both free and idle")
+            for b, n in held.items():
+                if pool.refs(b) != n:
+                    raise AssertionError(
+                        f"{pool.name} block {b} is in {n} tables but counted {pool.refs(b)}"
+                    )
+            if len(free) + len(idle) + len(held) != pool.num_blocks:
+                lost = pool.num_blocks - len(free) - len(idle) - len(held)
+                raise AssertionError(f"{lost} {pool.name} blocks are lost")
+            if any(b not in pool.cached for b in idle):
+                raise AssertionError(f"an idle {pool.name} block holds nothing cached")
+            for uid, b in where.items():
+                if pool.cached.get(b) != uid:
+                    raise AssertionError(f"{pool.name} block {b} does not hold cached {uid}")
+            if len(where) != len(pool.cached):
+                raise AssertionError(f"{pool.name} cache and pool disagree on what is cached")

@@ -67,6 +67,7 @@ class BatchWalk:
         self.prefill_left = self.chunk  # prompt tokens this iteration may still carry
         # a smaller piece is not worth a step (unless one iteration holds no more)
         self.min_chunk = min(sched.cache.block_size, self.budget_all)
+        self.prefix = self.blocks.prefix.enabled
         # decodes that may still join (chunks leave them their tokens): at most a batch
         ready = itertools.islice(self._ready_decodes(busy), self.limit) if self.chunk else ()
         self.decodes_left = sum(1 for _ in ready)
@@ -133,6 +134,17 @@ class BatchWalk:
 
     def _consider(self, job: Job) -> bool:
         """Take `job` if it can run now; False when the walk should end."""
+        if job.kv is _NONE and self.prefix and not job.num_computed_tokens:
+            # its cached prefix is attached first (the step is what is left), and given
+            # back if it does not run after all
+            self.blocks.attach(job)
+            go_on = self._consider_job(job)
+            if job.job_id not in self.batch_ids and job.kv is _NONE:
+                self.blocks.detach(job)
+            return go_on
+        return self._consider_job(job)
+
+    def _consider_job(self, job: Job) -> bool:
         kv = job.kv
         # A host job could only join `wanted`, which is full. (Its new work is one token,
         # so the budget checks below would not have ended the walk either.)
@@ -193,6 +205,8 @@ class BatchWalk:
             if missing > self.blocks.device.num_free and not self._make_room(job, missing):
                 return False
             self.blocks.append(job, missing)
+        elif job.kv is _NONE:  # its cached prefix holds every block it needs
+            self.blocks.append(job, 0)
         return True
 
     def _make_room(self, job: Job, need: int) -> bool:

@@ -110,7 +110,8 @@ class MLFQQueue(LevelENST):
         level = 0
         if self.skip_join:
             level = self.entry_level(
-                self.cost.job_iteration_time(job.num_new_tokens, job.num_tokens)
+                # the prefill it will do: what the prefix cache held at arrival is reused
+                self.cost.job_iteration_time(job.num_new_tokens - job.prefix_hint, job.num_tokens)
             )
         job.last_run = now
         job.starve_since = now

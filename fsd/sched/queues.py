@@ -262,7 +262,12 @@ class SRPTQueue(_SortedQueue):
         left = (job.oracle_output_len or 0) - job.num_output_tokens
         t = 0.0
         if job.num_computed_tokens == 0:
-            t = c.prefill_time(job.num_new_tokens)
+            hint = job.prefix_hint  # reused from the prefix cache
+            t = (
+                c.chunk_time(job.num_new_tokens - hint, hint)
+                if hint
+                else c.prefill_time(job.num_new_tokens)
+            )
             left -= 1
         elif job.num_new_tokens > 1:  # partly prefilled: the rest of its prefill
             t = c.chunk_time(job.num_new_tokens, job.num_computed_tokens)

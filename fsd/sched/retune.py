@@ -14,8 +14,10 @@ from fsd.config import CacheConfig, SchedConfig, check_prefill_chunk
 from fsd.errors import ConfigError, SettingError
 from fsd.sched.registry import engine_policy
 
-# CacheConfig fields a running engine can change (the KV policy and its reserve)
-RETUNABLE_CACHE = ("kv_policy", "reserve_min_jobs", "reserve_top_levels", "admit_fraction")
+# CacheConfig fields a running engine can change (the KV policy, its reserve, the prefix cache)
+RETUNABLE_CACHE = (
+    "kv_policy", "reserve_min_jobs", "reserve_top_levels", "admit_fraction", "prefix_cache",
+)  # fmt: skip
 # SchedConfig fields: all but the profile (service is charged in one cost model)
 RETUNABLE_SCHED = tuple(f.name for f in dataclasses.fields(SchedConfig) if f.name != "profile")
 RETUNABLE = tuple(sorted(RETUNABLE_SCHED + RETUNABLE_CACHE))

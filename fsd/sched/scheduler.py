@@ -40,6 +40,7 @@ class SchedulerOutput:
     swap_out: list[SwapOp] = field(default_factory=list)
     swap_in: list[SwapOp] = field(default_factory=list)
     sync: list[SwapOp] = field(default_factory=list)  # the synchronous ones, in issue order
+    cache_copies: list[SwapOp] = field(default_factory=list)  # the prefix cache's (no job)
     preempted: list[Job] = field(default_factory=list)  # ran last iteration, not this one
     recomputed: list[Job] = field(default_factory=list)  # KV dropped this iteration
     promoted: list[Job] = field(default_factory=list)
@@ -62,6 +63,10 @@ class SchedulerOutput:
     def record(self, op: SwapOp) -> None:
         """A copy the block manager started for this iteration."""
         job = op.job
+        if job is None:  # the prefix cache's (always synchronous)
+            self.cache_copies.append(op)
+            self.sync.append(op)
+            return
         if op.direction == "out":
             job.swaps_out += 1
             self.swap_out.append(op)
@@ -109,6 +114,7 @@ class Scheduler:
         self.arrivals = ArrivalEstimate()
         self.kv_policy = make_kv_policy(blocks, cache, cost, self.arrivals)
         self.evictor = Evictor(blocks)
+        self._prefix_settings(cache)
         self._jobs: dict[str, Job] = {}
         # ENST of the latest decision, built on first use (most iterations need none)
         self._enst_for: tuple[float, int] = (0.0, 1)
@@ -133,10 +139,22 @@ class Scheduler:
 
     # ---- membership ------------------------------------------------------------
 
+    def _prefix_settings(self, cache: CacheConfig) -> None:
+        prefix, cost, bs = self.blocks.prefix, self.cost, cache.block_size
+        if prefix.enabled and not cache.prefix_cache:
+            prefix.clear()
+        prefix.enabled = cache.prefix_cache
+        # a host run comes back by copy when that beats recomputing it (both on the profile)
+        prefix.worth_copy = lambda n, start: cost.swap_time(n * bs) < cost.chunk_time(n * bs, start)
+
     def add(self, job: Job, now: float) -> None:
         self._jobs[job.job_id] = job
+        if not job.num_computed_tokens:  # skip-join places it by the prefill it will do
+            job.prefix_hint = self.blocks.prefix.peek(job)
         self.queue.add(job, now)
-        self.arrivals.observe(self.blocks.blocks_for(job.num_tokens + 1))
+        # the reserve: blocks a new job takes, shared ones counted once (not its own)
+        hint_blocks = job.prefix_hint // self.blocks.block_size
+        self.arrivals.observe(self.blocks.blocks_for(job.num_tokens + 1) - hint_blocks)
 
     def remove(self, job: Job) -> None:
         """Forget a finished or aborted job; its blocks return once no copy touches them."""
@@ -169,6 +187,7 @@ class Scheduler:
         fresh = None if config is None else self._make_queue(config, self.cost)
         if cache is not None:
             self.cache = cache
+            self._prefix_settings(cache)
             self.kv_policy = make_kv_policy(self.blocks, cache, self.cost, self.arrivals)
         if config is None or fresh is None:  # (both or neither)
             return
@@ -190,6 +209,7 @@ class Scheduler:
         """Form the next batch. `busy`: jobs inside an unfinished (pipelined) micro-batch;
         they stay in their queues but are not ready, and their KV may not move."""
         out = SchedulerOutput(promoted=self.queue.tick(now))
+        self.blocks.prefix.sink = out.record  # the cache's copies, in issue order
         known = self._jobs
         self.queue.set_running(known[i] for i in self._returned if i in known)
         # 1. walk the queue in priority order, taking ready jobs until the batch is full
@@ -342,7 +362,10 @@ class Scheduler:
         done: list[Job] = []
         finished = JobStatus.FINISHED
         scale = self.live_cost.scale
+        commit, device = self.blocks.prefix.commit, KVLocation.DEVICE
         for job in out.batch:
+            if job.kv is device:  # name its newly computed blocks (a finished job's too)
+                commit(job, job.block_table)
             if job.status is finished:
                 done.append(job)
             else:

@@ -84,7 +84,7 @@ class GittinsQueue(MLFQQueue):
 
         It reads the prefill left and one decode step of the job alone
         (`decode_line` is `job_iteration_time(1, n)` without the call)."""
-        n, done = job.num_tokens, job.num_computed_tokens
+        n, done = job.num_tokens, job.num_computed_tokens or job.prefix_hint
         new = n - done
         prefill = 0.0
         if new > 1:

@@ -38,7 +38,8 @@ from fsd.sched.scheduler import Scheduler
 from fsd.sim.capacity import Pools, size_pools
 from fsd.sim.job import SimJob
 from fsd.sim.loop import EventLoop, SimulationError
-from fsd.sim.metrics import summarize
+from fsd.sim.metrics import prefix_metrics, summarize
+from fsd.workload.mooncake import MOONCAKE_BLOCK_TOKENS
 from fsd.workload.spec import Workload
 
 
@@ -108,9 +109,11 @@ class Simulator:
         self.check(workload)
         t_wall = time.perf_counter()
         blocks = BlockManager(self.pools.device, self.cache_config.block_size, self.pools.host)
+        hb = int(workload.params.get("hash_block", MOONCAKE_BLOCK_TOKENS))  # type: ignore[call-overload]
         sched = make_scheduler(self.sched_config, self.cache_config, blocks, self.cost)
         jobs = [
-            SimJob(f"r{i}", r.arrival, r.prompt_len, r.output_len) for i, r in enumerate(workload)
+            SimJob(f"r{i}", r.arrival, r.prompt_len, r.output_len, workload.prefix_of(i), hb)
+            for i, r in enumerate(workload)
         ]
         loop = EventLoop(
             self.cost, sched, jobs, self.pipeline_stages, self.kv_sample_s, self._stalled
@@ -125,6 +128,7 @@ class Simulator:
         ):
             raise SimulationError("simulation ended with jobs or KV blocks still held")
         metrics = summarize(jobs, loop.counters, self.slo)
+        metrics.update(prefix_metrics(blocks.prefix.stats(), jobs))
         metrics["sim_wall_s"] = time.perf_counter() - t_wall
         return SimResult(
             sched.name, metrics, jobs, self.pools, loop.series, metrics["sim_wall_s"], sched

@@ -32,7 +32,15 @@ class SimJob(Job):
 
     num_tokens: int = 0  # shadows Job's property: instance attribute, read hot
 
-    def __init__(self, job_id: str, arrival: float, prompt_len: int, output_len: int) -> None:
+    def __init__(
+        self,
+        job_id: str,
+        arrival: float,
+        prompt_len: int,
+        output_len: int,
+        prefix_hashes: tuple[int, ...] = (),
+        hash_block: int = 512,
+    ) -> None:
         super().__init__(
             prompt_token_ids=[],
             params=_PARAMS,
@@ -46,6 +54,8 @@ class SimJob(Job):
         self.output_count = 0
         self.last_token_time = 0.0  # when it produced its last token
         self.gaps = array("d")  # seconds between consecutive tokens
+        self.prefix_hashes = prefix_hashes  # a trace's chained prompt-block hashes
+        self.hash_block = hash_block  # the prompt tokens each of them covers
 
     def _store_token(self, token: int, now: float) -> None:
         if self.output_count:
@@ -53,6 +63,16 @@ class SimJob(Job):
         self.last_token_time = now
         self.num_tokens += 1
         self.output_count += 1
+
+    def block_content(self, index: int, block_size: int) -> tuple[int, int] | None:
+        """A full prompt block's name from the trace: the hash of the trace block that
+        holds its last token (equal hashes: equal prompts up to that block's end) and
+        its index. None past the hashes or the prompt (outputs are never shared)."""
+        end = (index + 1) * block_size
+        k = (end - 1) // self.hash_block
+        if end > self.prompt_len or k >= len(self.prefix_hashes):
+            return None
+        return self.prefix_hashes[k], index
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -49,6 +49,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from fsd.kv.prefix import PrefixStats
 from fsd.metrics import percentile
 from fsd.sim.job import SimJob
 
@@ -234,3 +235,21 @@ def _token_times(jobs: Sequence[SimJob]) -> np.ndarray:
     cs = np.cumsum(np.concatenate(parts))
     before = np.concatenate(([0.0], cs))[np.cumsum(counts) - counts]
     return np.concatenate((first, cs - np.repeat(before, counts) + np.repeat(first, counts)))
+
+
+def prefix_metrics(stats: PrefixStats, jobs: Sequence[SimJob]) -> dict[str, float | int]:
+    """The prefix cache's part of a result row: the share of prompt tokens each job's
+    first prefill found cached (and by tier, over every lookup, recomputes included),
+    prefill tokens saved, and evictions."""
+    prompt = sum(j.prompt_len for j in jobs)
+    cached = sum(j.num_cached_tokens for j in jobs)
+    q = max(stats.queries, 1)
+    return {
+        "prefix_cache": int(stats.enabled),
+        "prefix_hit_rate": cached / prompt if prompt else 0.0,
+        "prefix_hit_rate_device": (stats.hits - stats.host_hits) / q,
+        "prefix_hit_rate_host": stats.host_hits / q,
+        "prefill_tokens_saved": stats.hits,
+        "prefix_evictions": stats.device_evictions,
+        "prefix_host_evictions": stats.host_evictions,
+    }

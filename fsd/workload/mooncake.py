@@ -31,6 +31,7 @@ from fsd.workload.spec import Request, Workload, check_time_scale
 from fsd.workload.trace import TraceRef
 
 MOONCAKE_FIELDS = ("timestamp", "input_length", "output_length", "hash_ids")
+MOONCAKE_BLOCK_TOKENS = 512  # the prompt tokens one hash id covers
 _MS = 1e-3  # timestamps are milliseconds
 
 Row = tuple[float, int, int, tuple[int, ...]]  # (time s, prompt, output, hash ids)

@@ -56,6 +56,7 @@ def test_sharded_tokens_equal_one_device_under_preemption_and_swapping(
         demote_rule="always",  # demotion churn forces the preemption and swapping
         kv_policy=kv_policy,
         profile=profile_path,
+        prefix_cache=False,  # every byte out comes back in (test_prefix_sharded has the cache)
         **SMALL_POOL,
     ) as llm:
         outs = llm.generate(PROMPTS, PARAMS)

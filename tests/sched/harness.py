@@ -4,6 +4,7 @@ job (a prefill chunk short of the prompt's end, none); asynchronous copies end
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -28,10 +29,13 @@ def job_specs(max_prompt: int, max_output: int, max_jobs: int) -> st.SearchStrat
     )
 
 
+_first_token = itertools.count(5)  # a token no other job starts with: no shared prefix
+
+
 def make_jobs(specs: list[tuple[int, int]], prefix: str = "j") -> list[Job]:
     return [
         Job(
-            prompt_token_ids=[5] * p,
+            prompt_token_ids=[next(_first_token)] + [5] * (p - 1),
             params=SamplingParams(max_tokens=o),
             job_id=f"{prefix}{i}",
             oracle_output_len=o,

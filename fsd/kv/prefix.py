@@ -1,0 +1,274 @@
+"""Prefix cache over the device and host tiers (no torch: engine and simulator).
+
+Naming: a full block's content is named by a uid interned from (parent's uid, its
+own content), so two blocks share a name exactly when their whole prefixes are
+equal. Why not a hash: dict lookup compares the content itself, so names never
+alias different token sequences, and the chain stays O(1) per block. The engine's
+content is a block's token ids; the simulator's is a trace's prefix-block hash
+(fsd.sim.job). A uid is forgotten when no tier holds its content any more.
+
+Tiers: each uid is cached in at most one block per tier. A job's computed full
+blocks are named after each iteration (`commit`); when a job ends or leaves a tier
+its named blocks stay there, idle, until the pool needs them (LRU, tail blocks
+first). A device block evicted is first copied to the host tier when the host
+lacks it; a host block evicted is gone. A new job (`attach`) reuses every leading
+block found: device blocks by reference, host blocks by a copy into a fresh device
+block when `worth_copy` says the copy beats recomputing them. A job whose whole
+sequence is cached still computes its last token (for its logits): its last block
+is copied first (copy on write), so no shared block is ever written.
+
+Every copy the cache makes is synchronous: it is handed to `sink` in the order it
+was decided, among the scheduler's own synchronous copies, so a block is read
+before anything later in the iteration writes it.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from fsd.kv.pool import BlockPool
+from fsd.kv.swap import SwapOp
+
+ROOT = 0  # the parent of a sequence's first block
+
+
+class HasPrefix(Protocol):
+    """What the prefix cache needs of a job."""
+
+    job_id: str
+    block_table: list[int]
+    num_computed_tokens: int
+    num_cached_tokens: int
+    prefix_uids: list[int]
+
+    @property
+    def num_tokens(self) -> int: ...
+
+    @property
+    def num_prompt_tokens(self) -> int: ...
+
+    @property
+    def num_output_tokens(self) -> int: ...
+
+    def block_content(self, index: int, block_size: int) -> Hashable | None: ...
+
+
+@dataclass(frozen=True)
+class PrefixStats:
+    """Counters as telemetry and /metrics publish them (tokens, blocks)."""
+
+    enabled: bool
+    queries: int  # tokens looked up at admission (vLLM: prefix_cache_queries)
+    hits: int  # of them, reused (vLLM: prefix_cache_hits)
+    host_hits: int  # of the hits, copied back from the host tier
+    device_blocks: int  # blocks holding cached content, on the device
+    host_blocks: int
+    device_evictions: int
+    host_evictions: int
+
+    @property
+    def hit_rate(self) -> float:
+        return self.hits / self.queries if self.queries else 0.0
+
+
+class PrefixCache:
+    """Names full blocks, finds a job's cached prefix, and moves evicted blocks down."""
+
+    def __init__(self, device: BlockPool, host: BlockPool, block_size: int) -> None:
+        self.device = device
+        self.host = host
+        self.block_size = block_size
+        self.enabled = True
+        self._uid: dict[tuple[int, Hashable], int] = {}
+        self._key: dict[int, tuple[int, Hashable]] = {}
+        self._next = itertools.count(ROOT + 1)
+        self.on_device: dict[int, int] = {}  # uid -> device block
+        self.on_host: dict[int, int] = {}  # uid -> host block
+        # where the cache's copies go (the scheduler points it at its output)
+        self.sink: Callable[[SwapOp], None] = _nowhere
+        # whether copying n host blocks beats recomputing them after `start` tokens
+        self.worth_copy: Callable[[int, int], bool] = lambda n, start: True
+        self.queries = self.hits = self.host_hits = 0
+        self._attached: dict[str, tuple[int, int]] = {}  # job -> (hit, host hit) to undo
+        device.on_evict = self._demote
+        host.on_evict = self._drop_host
+
+    # ---- names -----------------------------------------------------------------
+
+    def _intern(self, parent: int, content: Hashable) -> int:
+        key = (parent, content)
+        uid = self._uid.get(key)
+        if uid is None:
+            uid = self._uid[key] = next(self._next)
+            self._key[uid] = key
+        return uid
+
+    def _forget(self, uid: int) -> None:
+        if uid not in self.on_device and uid not in self.on_host:
+            key = self._key.pop(uid, None)
+            if key is not None:
+                del self._uid[key]
+
+    def _name(self, pool: BlockPool, where: dict[int, int], block: int, uid: int) -> None:
+        """`block` of `pool` holds `uid`'s content (unless the tier has it already)."""
+        if uid not in where and block not in pool.cached and uid in self._key:
+            where[uid] = block
+            pool.mark(block, uid)
+
+    def _lookup(self, job: HasPrefix) -> list[tuple[int, int, bool]]:
+        """(uid, block, on the device) of each leading full block found, in order."""
+        found: list[tuple[int, int, bool]] = []
+        bs, parent = self.block_size, ROOT
+        for i in range(job.num_tokens // bs):
+            content = job.block_content(i, bs)
+            uid = None if content is None else self._uid.get((parent, content))
+            if uid is None:
+                break
+            block = self.on_device.get(uid)
+            if block is not None:
+                found.append((uid, block, True))
+            elif (block := self.on_host.get(uid)) is not None:
+                found.append((uid, block, False))
+            else:
+                break
+            parent = uid
+        return found
+
+    # ---- a job's prefix ----------------------------------------------------------
+
+    def peek(self, job: HasPrefix) -> int:
+        """Tokens `attach` would reuse now (ignoring room), without taking anything."""
+        if not self.enabled:
+            return 0
+        found = self._lookup(job)
+        return min(len(found) * self.block_size, max(job.num_tokens - 1, 0))
+
+    def attach(self, job: HasPrefix) -> int:
+        """Give a job without KV the cached blocks of its prefix; returns the tokens
+        reused (its `num_computed_tokens`). Host blocks come back by copy."""
+        if not self.enabled or job.block_table or job.num_computed_tokens:
+            return 0
+        found = self._lookup(job)
+        bs = self.block_size
+        for i, (_, _, on_device) in enumerate(found):
+            if not on_device:  # copy the host run only if it beats recomputing it
+                if not self.worth_copy(sum(1 for f in found[i:] if not f[2]), i * bs):
+                    del found[i:]
+                break
+        device, host = self.device, self.host
+        for _, block, on_device in found:  # pin every block found while copies evict
+            (device if on_device else host).ref(block)
+        table: list[int] = []
+        for uid, block, on_device in found:
+            if not on_device:
+                if not device.num_free:
+                    break
+                dst = device.take(1)[0]
+                self.sink(SwapOp(None, "in", [block], [dst], True))
+                self._name(device, self.on_device, dst, uid)
+                block = dst
+            table.append(block)
+        for _, block, on_device in found:
+            if not on_device:
+                host.give((block,))
+        device.give(b for _, b, on_dev in found[len(table) :] if on_dev)
+        computed = len(table) * bs
+        if table and computed >= job.num_tokens:  # copy on write: the last token is computed
+            last = table.pop()
+            computed = len(table) * bs
+            if device.num_free:
+                dst = device.take(1)[0]
+                self.sink(SwapOp(None, "copy", [last], [dst], True))
+                table.append(dst)
+                computed = job.num_tokens - 1
+            device.give((last,))
+        job.block_table[:] = table
+        job.prefix_uids[:] = [uid for uid, _, _ in found[: len(table)]]
+        job.num_computed_tokens = computed
+        host_hit = bs * sum(1 for f in found[: len(table)] if not f[2])
+        self.queries += job.num_tokens
+        self.hits += computed
+        self.host_hits += host_hit
+        self._attached[job.job_id] = (computed, host_hit)
+        if computed and not job.num_cached_tokens and not job.num_output_tokens:
+            job.num_cached_tokens = min(computed, job.num_prompt_tokens)  # its first prefill
+        return computed
+
+    def detach(self, job: HasPrefix) -> None:
+        """Undo `attach` for a job that did not run after all (counters included)."""
+        self.device.give(reversed(job.block_table))
+        job.block_table.clear()
+        job.num_computed_tokens = 0
+        hit, host_hit = self._attached.pop(job.job_id, (0, 0))
+        self.queries -= job.num_tokens
+        self.hits -= hit
+        self.host_hits -= host_hit
+        if hit and job.num_cached_tokens == hit:
+            job.num_cached_tokens = 0
+
+    def commit(
+        self, job: HasPrefix, table: list[int], on_device: bool = True, moved: bool = False
+    ) -> None:
+        """Name the job's computed full blocks in `table`: those computed since the last
+        call, or all of them when the table is new (`moved`: a copy to the other tier
+        ended, which is when its blocks hold the content)."""
+        if not self.enabled:
+            return
+        if self._attached:  # it ran: what `attach` counted stays counted
+            self._attached.pop(job.job_id, None)
+        bs, uids = self.block_size, job.prefix_uids
+        full = min(job.num_computed_tokens // bs, len(table))
+        start = 0 if moved else len(uids)
+        if uids and uids[-1] not in self._key:  # a name forgotten meanwhile: re-derive
+            uids.clear()
+            start = 0
+        if len(uids) < full:
+            parent = uids[-1] if uids else ROOT
+            for i in range(len(uids), full):
+                content = job.block_content(i, bs)
+                if content is None:
+                    break
+                parent = self._intern(parent, content)
+                uids.append(parent)
+        pool, where = (self.device, self.on_device) if on_device else (self.host, self.on_host)
+        for i in range(start, min(full, len(uids))):
+            self._name(pool, where, table[i], uids[i])
+
+    # ---- eviction ------------------------------------------------------------------
+
+    def _demote(self, block: int, uid: int) -> None:
+        """A device block is evicted: its content moves to the host unless there already."""
+        self.on_device.pop(uid, None)
+        if uid not in self.on_host and self.host.num_free:
+            dst = self.host.take(1)[0]
+            self.sink(SwapOp(None, "out", [block], [dst], True))
+            self.on_host[uid] = dst
+            self.host.mark(dst, uid)
+            self.host.give((dst,))
+        self._forget(uid)
+
+    def _drop_host(self, block: int, uid: int) -> None:
+        self.on_host.pop(uid, None)
+        self._forget(uid)
+
+    def clear(self) -> None:
+        """Forget every cached block (idle ones become free; referenced ones stay)."""
+        for pool, where in ((self.device, self.on_device), (self.host, self.on_host)):
+            for block in list(where.values()):
+                pool.unmark(block)
+            where.clear()
+        self._uid.clear()
+        self._key.clear()
+
+    def stats(self) -> PrefixStats:
+        return PrefixStats(
+            self.enabled, self.queries, self.hits, self.host_hits, len(self.on_device),
+            len(self.on_host), self.device.evictions, self.host.evictions,
+        )  # fmt: skip
+
+
+def _nowhere(op: Any) -> None:
+    raise RuntimeError("the prefix cache copied a block with no sink to run the copy")
