@@ -70,6 +70,14 @@ class BlockManager:
     def blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 
+    def freed_by(self, job: HasBlocks) -> int:
+        """Device blocks that moving or dropping the job's KV makes available: shared
+        blocks stay with the other jobs holding them (counted once, by no one)."""
+        if not self.prefix.enabled:
+            return len(job.block_table)
+        refs = self.device.refs
+        return sum(1 for b in job.block_table if refs(b) == 1)
+
     def missing(self, job: HasBlocks, upto: int | None = None) -> int:
         """Device blocks the job lacks to hold its first `upto` tokens (default: all
         its current tokens; a prefill chunk needs only the tokens up to its end)."""

@@ -107,7 +107,7 @@ class SwapPlanner:
                 break  # past the reserve, evict only for jobs expected sooner than the victim
             if not blocks.can_swap_out(job):
                 continue  # host tier full: the job keeps its device blocks
-            n = len(job.block_table)
+            n = blocks.freed_by(job)
             ops.append(blocks.swap_out(job))
             free_soon += n
             budget -= n

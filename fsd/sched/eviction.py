@@ -57,13 +57,13 @@ class Evictor:
         for victim in victims:
             if free >= need:
                 break
-            n = len(victim.block_table)
+            n = len(victim.block_table)  # host blocks a swap takes at most
             swap = policy.swaps and n <= host_free
             if not swap and not may_drop:
                 continue
             plan.append((victim, swap))
             host_free -= n if swap else 0
-            free += n
+            free += blocks.freed_by(victim)  # its shared blocks stay
         if free < need:
             return False
         for victim, swap in plan:

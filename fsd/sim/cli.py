@@ -157,6 +157,10 @@ def simulate_command(
     admit_fraction: Annotated[
         float, typer.Option(help="New jobs start while device+host KV use stays under this.")
     ] = default_of(CacheConfig, "admit_fraction"),
+    prefix_cache: Annotated[
+        bool,
+        typer.Option(help="Reuse cached prefix blocks (a trace's prefix hashes: Mooncake)."),
+    ] = default_of(CacheConfig, "prefix_cache"),
     reserve_min_jobs: Annotated[
         int, typer.Option(help="K: reserve room for at least K new jobs.")
     ] = default_of(CacheConfig, "reserve_min_jobs"),

@@ -93,6 +93,22 @@ def print_table(rows: dict[str, dict[str, Any]], slo: float) -> None:
             str(m["peak_kv_blocks"]),
         )
     console().print(table)
+    if any(m.get("prefix_hit_rate") for m in rows.values()):
+        print_prefix(rows)
+
+
+def print_prefix(rows: dict[str, dict[str, Any]]) -> None:
+    """The prefix cache's reuse (a workload with prefix hashes: a Mooncake trace)."""
+    table = Table(title="prefix cache: prompt tokens reused at first prefill, by tier")
+    for col in ("policy", "hit rate", "device", "host", "prefill tok saved", "evicted dev/host"):
+        table.add_column(col, justify="left" if col == "policy" else "right")
+    for name, m in rows.items():
+        table.add_row(
+            name, f"{m['prefix_hit_rate']:.1%}", f"{m['prefix_hit_rate_device']:.1%}",
+            f"{m['prefix_hit_rate_host']:.1%}", f"{m['prefill_tokens_saved']:,}",
+            f"{m['prefix_evictions']:,}/{m['prefix_host_evictions']:,}",
+        )  # fmt: skip
+    console().print(table)
 
 
 def _yes(flag: Any) -> str:

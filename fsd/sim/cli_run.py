@@ -58,6 +58,7 @@ class SimOptions:
     preempt_threshold: int
     prefill_chunk: int | None
     admit_fraction: float
+    prefix_cache: bool
     reserve_min_jobs: int
     reserve_top_levels: int
     slo: float | None
@@ -178,6 +179,7 @@ def configs(o: SimOptions, workload: Any) -> tuple[SchedConfig, CacheConfig]:
         reserve_min_jobs=o.reserve_min_jobs,
         reserve_top_levels=o.reserve_top_levels,
         admit_fraction=o.admit_fraction,
+        prefix_cache=o.prefix_cache,
     )
     return sched, cache
 
