@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Any
 
@@ -9,6 +10,7 @@ from rich.table import Table
 
 from fsd import protocol as P
 from fsd.client import generation_rate
+from fsd.config import CacheConfig, SchedConfig
 from fsd.console.top.forms import FormError, parse_quanta, parse_seconds
 from fsd.errors import ConfigError
 
@@ -41,6 +43,13 @@ def parse_value(text: str) -> Any:
 SECONDS_KEYS = frozenset(
     {"quanta", "q1", "starve_limit", "starve_limit_waiting"}
 )  # settings measured in seconds
+# on/off settings (prefix_cache, charge_prefill): a word such as true or off, nothing else
+BOOL_KEYS = frozenset(
+    f.name
+    for config in (CacheConfig, SchedConfig)
+    for f in dataclasses.fields(config)
+    if f.type in ("bool", bool)
+)
 
 
 def parse_assignments(items: list[str]) -> dict[str, Any]:
@@ -48,6 +57,7 @@ def parse_assignments(items: list[str]) -> dict[str, Any]:
 
     Durations (SECONDS_KEYS) take a unit as the console's retune form does: 0.01, 10ms,
     250us, 1.5s; quanta is a list, or none. `KEY=none` resets an optional setting.
+    On/off settings (BOOL_KEYS) take true/false, yes/no or on/off.
     """
     changes: dict[str, Any] = {}
     for item in items:
@@ -55,8 +65,21 @@ def parse_assignments(items: list[str]) -> dict[str, Any]:
         key = key.strip()
         if not sep or not key:
             raise ConfigError(f"expected KEY=VALUE, got {item!r}")
-        changes[key] = _seconds(key, value) if key in SECONDS_KEYS else parse_value(value)
+        if key in SECONDS_KEYS:
+            changes[key] = _seconds(key, value)
+        elif key in BOOL_KEYS:
+            changes[key] = parse_bool(key, value)
+        else:
+            changes[key] = parse_value(value)
     return changes
+
+
+def parse_bool(key: str, text: str) -> bool:
+    """'true', 'on', 'yes' → True; 'false', 'off', 'no' → False (any case); else an error."""
+    value = _WORDS.get(text.strip().lower())
+    if value is None:
+        raise ConfigError(f"{key} takes true or false (or on/off, yes/no), got {text.strip()!r}")
+    return value
 
 
 def _seconds(key: str, text: str) -> Any:
@@ -173,6 +196,7 @@ def job_lines(j: P.JobInfo) -> list[str]:
         [] if j.prefilled is None else [("prefill", prefill_detail(j.prefilled, j.prompt_tokens))]
     )
     rank = [] if j.rank is None else [("rank", f"{j.rank} (1 runs first)")]
+    cached = f" ({j.cached_tokens} from the prefix cache)" if j.cached_tokens else ""
     rows = [
         ("job", j.job_id),
         ("state", j.state),
@@ -180,7 +204,7 @@ def job_lines(j: P.JobInfo) -> list[str]:
         *rank,
         ("kv", f"{j.kv} ({j.blocks} device blocks, {j.host_blocks} host blocks)"),
         ("enst", duration(j.enst)),
-        ("tokens", f"{j.prompt_tokens} prompt, {j.output_tokens} output"),
+        ("tokens", f"{j.prompt_tokens} prompt{cached}, {j.output_tokens} output"),
         *prefill,
         ("waited", duration(j.waited)),
         ("attained", duration(j.attained)),
@@ -209,7 +233,18 @@ def snapshot_line(s: P.Snapshot) -> str:
         f"running={running} queues=[{queues}] kv={kv.device_used}/{kv.device_total} "
         f"reserved={kv.device_reserved} host={kv.host_used}/{kv.host_total} "
         f"inflight={kv.bytes_in_flight}B tok/s={generation_rate(s):.1f} p95-ptl={ptl}"
+        + ("" if s.prefix is None else f" prefix-hit={prefix_hit(s.prefix)}")
     )
+
+
+def percent(fraction: float) -> str:
+    """0.634 → '63%' (a share of tokens: no decimals)."""
+    return f"{fraction * 100:.0f}%"
+
+
+def prefix_hit(p: P.PrefixInfo) -> str:
+    """The prefix cache's hit rate over every token queried since start, or 'off'."""
+    return percent(p.hit_rate) if p.enabled else "off"
 
 
 def event_line(e: P.Event) -> str:
@@ -229,5 +264,6 @@ def completion_stats(c: Any) -> str:
     return (
         f"{c.job_id}: {n} tokens, finish={c.finish_reason}, ttft={duration(c.ttft)}, "
         f"latency={duration(lat)}, {rate}, preemptions={c.preemptions}, "
-        f"swaps={c.swaps_out}/{c.swaps_in}, recomputes={c.recomputes}"
+        f"swaps={c.swaps_out}/{c.swaps_in}, recomputes={c.recomputes}, "
+        f"cached={c.cached_tokens}"
     )

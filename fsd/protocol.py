@@ -20,7 +20,8 @@ in `fsd.protocol_telemetry`; both are re-exported here.
 
 Within a version, a message grows only by optional fields (a None or empty default):
 an older peer skips what it does not know and a newer one reads an absent field as
-its default (`JobInfo.prefilled` and `rank`, `Snapshot.sched`).
+its default (`JobInfo.prefilled`, `rank` and `cached_tokens`, `Snapshot.sched` and
+`prefix`, `Finished.cached_tokens`).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from fsd.protocol_telemetry import (  # noqa: F401 - re-exported: the telemetry 
     KVInfo,
     LearnedInfo,
     LevelInfo,
+    PrefixInfo,
     SchedInfo,
     SLOInfo,
     Snapshot,
@@ -220,7 +222,10 @@ class Timings(msgspec.Struct, kw_only=True, omit_defaults=True):
 
 
 class Finished(_Msg, tag="finished"):
-    """A job ended: reason stop, length, abort or error (`message` says what failed)."""
+    """A job ended: reason stop, length, abort or error (`message` says what failed).
+
+    `cached_tokens`: prompt tokens its first prefill reused from the prefix cache.
+    """
 
     req_id: str
     job_id: str
@@ -233,6 +238,7 @@ class Finished(_Msg, tag="finished"):
     swaps_in: int = 0
     recomputes: int = 0
     message: str | None = None
+    cached_tokens: int = 0
 
 
 class Error(_Msg, tag="error"):

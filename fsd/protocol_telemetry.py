@@ -24,6 +24,8 @@ class JobInfo(msgspec.Struct, kw_only=True, omit_defaults=True):
     `rank` is the job's place in the scheduler's order, 1-based as levels are (1 runs
     first; running jobs rank where the preemption threshold lifts them). None from a
     daemon that predates it.
+    `cached_tokens`: prompt tokens its first prefill found in the prefix cache (0 from a
+    daemon that predates it).
     """
 
     job_id: str
@@ -47,6 +49,7 @@ class JobInfo(msgspec.Struct, kw_only=True, omit_defaults=True):
     demotions: int = 0
     tags: list[str] = []
     rank: int | None = None
+    cached_tokens: int = 0
 
 
 class LevelInfo(msgspec.Struct, kw_only=True):
@@ -68,6 +71,35 @@ class KVInfo(msgspec.Struct, kw_only=True):
     bytes_in_flight: int
     swapped_out_bytes: int
     swapped_in_bytes: int
+
+
+class PrefixInfo(msgspec.Struct, kw_only=True):
+    """The prefix cache's counters (`fsd.kv.prefix.PrefixStats`), cumulative since start.
+
+    `queries`: prompt tokens looked up at admission; `hits`: of them, reused (both as
+    vLLM counts them); `host_hits`: of the hits, copied back from the host tier.
+    `*_blocks`: blocks holding cached content per tier; `*_evictions`: cached blocks
+    taken for new content (a device block evicted moves to the host when it has room).
+    """
+
+    enabled: bool
+    queries: int
+    hits: int
+    host_hits: int
+    device_blocks: int
+    host_blocks: int
+    device_evictions: int
+    host_evictions: int
+
+    @property
+    def hit_rate(self) -> float:
+        """Hits / queries (0 before any query)."""
+        return self.hits / self.queries if self.queries else 0.0
+
+    @property
+    def host_hit_rate(self) -> float:
+        """The share of queried tokens reused from the host tier."""
+        return self.host_hits / self.queries if self.queries else 0.0
 
 
 class IterationInfo(msgspec.Struct, kw_only=True):
@@ -140,6 +172,7 @@ class Snapshot(msgspec.Struct, kw_only=True):
     slo: SLOInfo
     config: dict[str, Any]
     sched: SchedInfo | None = None  # None from a daemon that predates it
+    prefix: PrefixInfo | None = None  # the prefix cache; None from a daemon that predates it
 
 
 class Event(msgspec.Struct, kw_only=True, omit_defaults=True):

@@ -14,7 +14,15 @@ from rich.table import Table
 from rich.text import Text
 
 from fsd import protocol as P
-from fsd.console.cli_format import SECONDS_KEYS, clock, duration, level_name, prefill_progress
+from fsd.console.cli_format import (
+    SECONDS_KEYS,
+    clock,
+    duration,
+    level_name,
+    percent,
+    prefill_progress,
+    prefix_hit,
+)
 from fsd.console.top.data import JobRow, TopView
 
 _TICKS = "▁▂▃▄▅▆▇█"
@@ -97,7 +105,8 @@ def levels_panel(view: TopView, bar_width: int = 16) -> RenderableType:
 
 
 def kv_panel(view: TopView, spark: int = 16) -> RenderableType:
-    """Device used / reserved / free, host used, swap rates with sparklines."""
+    """Device used / reserved / free, host used, swap rates with sparklines, and the
+    prefix cache's hit rate, cached blocks and evictions (a daemon that reports them)."""
     s = view.snapshot
     if s is None:
         return NO_SNAPSHOT
@@ -122,7 +131,28 @@ def kv_panel(view: TopView, spark: int = 16) -> RenderableType:
         shown = "-" if rate is None else f"{fmt_bytes(rate)}/s"
         rows.append([(name, "bold"), (sparkline(values, spark), "yellow"), (f" {shown}", "")])
     rows.append([("in flight ", "bold"), (fmt_bytes(kv.bytes_in_flight), "")])
+    if s.prefix is not None:
+        rows.extend(prefix_rows(s.prefix))
     return _lines(rows)
+
+
+def prefix_rows(p: P.PrefixInfo) -> list[list[tuple[str, str]]]:
+    """'prefix    hit 63% (dev 50% host 13%)', then '          cached 12/3  evicted 5/1'
+    (blocks, device/host). Rates are of the prompt tokens queried since the daemon
+    started; device and host split the hits by the tier they were found in."""
+    if not p.enabled:
+        return [[("prefix    ", "bold"), ("off", "dim")]]
+    device, host = percent(p.hit_rate - p.host_hit_rate), percent(p.host_hit_rate)
+    blocks = f"cached {p.device_blocks}/{p.host_blocks}"
+    evicted = f"evicted {p.device_evictions}/{p.host_evictions}"
+    return [
+        [
+            ("prefix    ", "bold"),
+            (f"hit {prefix_hit(p)}", "green" if p.hits else ""),
+            (f" (dev {device} host {host})", ""),
+        ],
+        [("          ", ""), (f"{blocks}  {evicted}", "dim")],
+    ]
 
 
 def iterations_panel(view: TopView, spark: int = 24) -> RenderableType:

@@ -41,6 +41,7 @@ class Completion:
     swaps_in: int = 0
     recomputes: int = 0
     message: str | None = None  # what failed, when finish_reason is "error"
+    cached_tokens: int = 0  # prompt tokens its first prefill reused from the prefix cache
 
     @classmethod
     def of(cls, msg: P.Finished, prompt_tokens: int | None) -> Completion:
@@ -57,6 +58,7 @@ class Completion:
             swaps_in=msg.swaps_in,
             recomputes=msg.recomputes,
             message=msg.message,
+            cached_tokens=msg.cached_tokens,
         )
 
     @property

@@ -236,10 +236,15 @@ def _abandon(be: Backend, handle: AsyncJobHandle) -> None:
 def _whole(be: Backend, done: Completion, handle: AsyncJobHandle, chat: bool) -> web.Response:
     if done.finish_reason == "error":
         raise job_failed(done.message)
-    use = reply.usage(handle.prompt_tokens or 0, len(done.token_ids))
+    use = _usage(handle, done)
     body = reply.chat_body if chat else reply.completion_body
     rid = reply.new_id("chatcmpl" if chat else "cmpl")
     return web.json_response(body(rid, reply.now(), be.model, done.text, done.finish_reason, use))
+
+
+def _usage(handle: AsyncJobHandle, done: Completion) -> dict[str, Any]:
+    """The job's usage, its prompt tokens found in the prefix cache included."""
+    return reply.usage(handle.prompt_tokens or 0, len(done.token_ids), done.cached_tokens)
 
 
 async def _stream(
@@ -274,7 +279,7 @@ async def _stream(
             else:
                 await _event(resp, chunk(None, done.finish_reason))
                 if req.include_usage:
-                    use = reply.usage(handle.prompt_tokens or 0, len(done.token_ids))
+                    use = _usage(handle, done)
                     await _event(resp, reply.usage_chunk(rid, created, be.model, obj, use))
         except FsdError as exc:  # the job failed mid-stream: tell the client in-band
             err = (

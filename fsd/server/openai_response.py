@@ -15,11 +15,13 @@ def now() -> int:
     return int(time.time())
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict[str, Any]:
+    """OpenAI's usage object; `cached_tokens`: prompt tokens reused from the prefix cache."""
     return {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": cached_tokens},
     }
 
 
@@ -29,7 +31,7 @@ def _envelope(
     created: int,
     model: str,
     choices: list[dict[str, Any]],
-    use: dict[str, int] | None = None,
+    use: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The fields every completion body and stream chunk shares."""
     body: dict[str, Any] = {
@@ -49,7 +51,7 @@ def _choice(reason: str | None, **content: Any) -> dict[str, Any]:
 
 
 def completion_body(
-    rid: str, created: int, model: str, text: str, reason: str | None, use: dict[str, int]
+    rid: str, created: int, model: str, text: str, reason: str | None, use: dict[str, Any]
 ) -> dict[str, Any]:
     return _envelope(rid, "text_completion", created, model, [_choice(reason, text=text)], use)
 
@@ -61,7 +63,7 @@ def completion_chunk(
 
 
 def chat_body(
-    rid: str, created: int, model: str, text: str, reason: str | None, use: dict[str, int]
+    rid: str, created: int, model: str, text: str, reason: str | None, use: dict[str, Any]
 ) -> dict[str, Any]:
     message = {"role": "assistant", "content": text}
     return _envelope(
@@ -76,7 +78,7 @@ def chat_chunk(
 
 
 def usage_chunk(
-    rid: str, created: int, model: str, obj: str, use: dict[str, int]
+    rid: str, created: int, model: str, obj: str, use: dict[str, Any]
 ) -> dict[str, Any]:
     """The last chunk of a stream with stream_options.include_usage: no choices."""
     return _envelope(rid, obj, created, model, [], use)

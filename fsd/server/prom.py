@@ -6,7 +6,9 @@ queue and end-to-end latency, per-request prompt and generation tokens, preempti
 token and request counts), with vLLM's buckets, so existing dashboards work; fsd's
 own carry the `fsd_` prefix (per-level queues, swaps and their bytes, promotions,
 demotions, the next swap-in's ENST, the reserve). Every metric carries the
-`model_name` label, as vLLM's do.
+`model_name` label, as vLLM's do. The prefix cache's counters (vLLM's
+`prefix_cache_queries` / `hits` in tokens, fsd's host hits and per-tier blocks and
+evictions) mirror the engine's totals: read from each snapshot, as the swap bytes are.
 
 Time per output token is observed per token gap, as vLLM v1 does (the same samples
 as the inter-token latency, which later vLLM versions renamed it to). Queue time is

@@ -64,6 +64,8 @@ class SnapshotGauges(Collector):
                 m,
                 self.next_swap_in,
             )
+        if snap.prefix is not None:  # None from a daemon that predates the prefix cache
+            yield from self._prefix(snap.prefix)
         yield from self._slo(snap.slo)
         info = GaugeMetricFamily(
             "fsd_info", "The daemon's policies.", labels=["model_name", "policy", "kv_policy"]
@@ -120,6 +122,43 @@ class SnapshotGauges(Collector):
         swapped.add_metric([name, "out"], kv.swapped_out_bytes)
         swapped.add_metric([name, "in"], kv.swapped_in_bytes)
         yield swapped
+
+    def _prefix(self, p: P.PrefixInfo) -> Iterator[Metric]:
+        """The prefix cache: vLLM's token counters, then fsd's per-tier blocks and evictions."""
+        name, m = self.model_name, [self.model_name]
+        queries = "Prompt tokens looked up in the prefix cache."
+        host_hits = "Prefix cache hits copied back from the host tier (tokens)."
+        for metric, doc, value in (
+            ("vllm:prefix_cache_queries", queries, p.queries),
+            ("vllm:prefix_cache_hits", "Prompt tokens found in the prefix cache.", p.hits),
+            ("fsd_prefix_cache_host_hits", host_hits, p.host_hits),
+        ):
+            counter = CounterMetricFamily(metric, doc, labels=["model_name"])
+            counter.add_metric(m, value)
+            yield counter
+        yield _gauge(
+            "fsd_prefix_cache_enabled",
+            "1 while the prefix cache is on (retunable).",
+            m,
+            float(p.enabled),
+        )
+        tier = ["model_name", "tier"]
+        blocks = GaugeMetricFamily(
+            "fsd_prefix_cache_blocks", "KV blocks holding cached prefixes, by tier.", labels=tier
+        )
+        evictions = CounterMetricFamily(
+            "fsd_prefix_cache_evictions",
+            "Cached prefix blocks taken for new content, by tier (device ones move to the host).",
+            labels=tier,
+        )
+        for t, cached, evicted in (
+            ("device", p.device_blocks, p.device_evictions),
+            ("host", p.host_blocks, p.host_evictions),
+        ):
+            blocks.add_metric([name, t], cached)
+            evictions.add_metric([name, t], evicted)
+        yield blocks
+        yield evictions
 
     def _slo(self, slo: P.SLOInfo) -> Iterator[Metric]:
         m = [self.model_name]

@@ -98,4 +98,5 @@ def finished_message(out: RequestOutput, req_id: str) -> P.Finished:
         swaps_in=out.swaps_in,
         recomputes=out.recomputes,
         message=out.error,
+        cached_tokens=out.cached_tokens,
     )

@@ -55,6 +55,7 @@ def job_info(job: Job, now: float, rank: int | None = None) -> P.JobInfo:
         demotions=job.demotions,
         tags=list(job.tags),
         rank=None if rank is None else rank + 1,
+        cached_tokens=job.num_cached_tokens,
     )
 
 
@@ -115,6 +116,7 @@ def build_snapshot(
         slo=P.SLOInfo(**slo.stats(now)),
         config=config,
         sched=sched_info(stats),
+        prefix=prefix_info(engine),
     )
 
 
@@ -128,6 +130,13 @@ def _kv_info(engine: Engine, stats: SchedulerStats) -> P.KVInfo:
         swapped_out_bytes=swapper.bytes_out,
         swapped_in_bytes=swapper.bytes_in,
     )
+
+
+def prefix_info(engine: Engine) -> P.PrefixInfo:
+    """The prefix cache's counters: the wire struct's fields read from `PrefixStats`
+    (a field added there reaches the wire once `PrefixInfo` names it too)."""
+    stats = engine.blocks.prefix.stats()
+    return P.PrefixInfo(**{f: getattr(stats, f) for f in P.PrefixInfo.__struct_fields__})
 
 
 def _iteration_info(it: IterationStats) -> P.IterationInfo:

@@ -54,7 +54,16 @@ def test_sj_mlfq_under_a_small_device_pool_matches_each_prompt_run_alone(alone, 
 
 
 def test_a_swapped_out_job_really_leaves_the_device_and_comes_back_intact():
-    llm = LLM("tiny", policy="sj-mlfq", kv_policy="reactive", num_gpu_blocks=64, num_host_blocks=64)
+    # No prefix cache: with it, the swapped-out job's full blocks stay on the device as
+    # cached blocks and come back without a copy (tests/engine/test_prefix_engine.py).
+    llm = LLM(
+        "tiny",
+        policy="sj-mlfq",
+        kv_policy="reactive",
+        num_gpu_blocks=64,
+        num_host_blocks=64,
+        prefix_cache=False,
+    )
     eng = llm.engine
     job = eng.add_request(PROMPTS[4], PARAMS)
     for _ in range(3):
