@@ -28,6 +28,7 @@ import heapq
 import json
 import sys
 import time
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +60,37 @@ HOST_BYTES = 10**12  # 1 TB
 TARGET = 0.9  # of the unbounded bound
 
 
+def _block_keys(w: Workload, i: int, block_size: int) -> list[tuple[int, int]]:
+    """Request i's full `block_size` blocks, each named as the simulator names it."""
+    hashes, n = w.prefix_of(i), w[i].prompt_len // block_size
+    keys = []
+    for k in range(n):
+        j = ((k + 1) * block_size - 1) // MOONCAKE_BLOCK_TOKENS
+        if j >= len(hashes):
+            break
+        keys.append((hashes[j], k))
+    return keys
+
+
+def lru_bound(w: Workload, block_size: int, capacity: int) -> float:
+    """The share of prompt tokens an ideal LRU cache of `capacity` blocks reuses: every
+    request's blocks cached the moment it arrives, no job ever holding one. What the
+    tiers' size allows, against `reuse_bound`'s cache that never evicts."""
+    lru: OrderedDict[tuple[int, int], None] = OrderedDict()
+    hit = total = 0
+    for i, r in enumerate(w):
+        total += r.prompt_len
+        leading = True
+        for key in _block_keys(w, i, block_size):
+            leading = leading and key in lru
+            hit += block_size * leading
+            lru[key] = None
+            lru.move_to_end(key)
+            if len(lru) > capacity:
+                lru.popitem(last=False)
+    return hit / max(total, 1)
+
+
 def reuse_bound(w: Workload, block_size: int) -> tuple[float, float]:
     """(tokens, trace blocks): the share a cache that never evicts, shared by jobs that
     never overlap, could reuse: in tokens of full `block_size` blocks (what fsd caches),
@@ -67,21 +99,14 @@ def reuse_bound(w: Workload, block_size: int) -> tuple[float, float]:
     seen_ids: set[int] = set()
     reused = total = ids_reused = ids = 0
     for i, r in enumerate(w):
-        hashes = w.prefix_of(i)
         total += r.prompt_len
-        for h in hashes:
+        for h in w.prefix_of(i):
             ids += 1
             ids_reused += h in seen_ids
             seen_ids.add(h)
-        k = 0
-        while (end := (k + 1) * block_size) <= r.prompt_len:
-            j = (end - 1) // MOONCAKE_BLOCK_TOKENS
-            if j >= len(hashes):
-                break
-            key = (hashes[j], k)
+        for key in _block_keys(w, i, block_size):
             reused += block_size * (key in seen)
             seen.add(key)
-            k += 1
     return reused / max(total, 1), ids_reused / max(ids, 1)
 
 
@@ -89,11 +114,13 @@ def sim_section(args: argparse.Namespace, console: Console) -> dict[str, Any]:
     cost = load_profile(PROFILE)
     ctx = max_context_of(cost) or 131_072
     cache = CacheConfig()
-    host = HOST_BYTES // (cost.kv_bytes_per_token * cache.block_size)
+    host = int(args.host_bytes) // (cost.kv_bytes_per_token * cache.block_size)
+    device = Simulator(cost, SchedConfig(), cache, num_host_blocks=host).pools.device
     rows = []
     for scale in args.scales:
         w = read_mooncake(MOONCAKE, scale, args.limit).clipped(ctx)
         bound, bound_blocks = reuse_bound(w, cache.block_size)
+        fits = lru_bound(w, cache.block_size, device + host)
         res = {}
         for on in (True, False):
             t0 = time.perf_counter()
@@ -109,6 +136,8 @@ def sim_section(args: argparse.Namespace, console: Console) -> dict[str, Any]:
                 "requests": len(w),
                 "bound": bound,
                 "bound_512_blocks": bound_blocks,
+                "lru_bound": fits,
+                "of_lru_bound": on["prefix_hit_rate"] / fits if fits else 0.0,
                 "hit_rate": on["prefix_hit_rate"],
                 "of_bound": on["prefix_hit_rate"] / bound if bound else 0.0,
                 "hit_device": on["prefix_hit_rate_device"],
@@ -128,19 +157,29 @@ def sim_section(args: argparse.Namespace, console: Console) -> dict[str, Any]:
                 "sim_s_off": off["wall_s"],
             }
         )
-    t = Table(title=f"Mooncake conversation, {PROFILE}, host 1 TB ({host} blocks)")
-    for col in ("load", "hit rate", "bound", "of bound", "device", "host", "saved tok",
+    tb = args.host_bytes / 1e12
+    t = Table(title=f"Mooncake conversation, {PROFILE}, host {tb:g} TB ({host} blocks)")
+    for col in ("load", "hit rate", "bound", "of bound", "LRU bound", "of it", "device", "host",
+                "saved tok",
                 "TTFT on/off", "P95 tok on/off"):  # fmt: skip
         t.add_column(col, justify="right")
     for r in rows:
         t.add_row(
             f"x{r['scale']}", f"{r['hit_rate']:.1%}", f"{r['bound']:.1%}",
-            f"{r['of_bound']:.2f}", f"{r['hit_device']:.1%}", f"{r['hit_host']:.1%}",
+            f"{r['of_bound']:.2f}", f"{r['lru_bound']:.1%}", f"{r['of_lru_bound']:.2f}",
+            f"{r['hit_device']:.1%}", f"{r['hit_host']:.1%}",
             f"{r['prefill_tokens_saved']:,}", f"{r['ttft_on']:.2f}/{r['ttft_off']:.2f} s",
             f"{r['p95_ptl_on'] * 1e3:.0f}/{r['p95_ptl_off'] * 1e3:.0f} ms",
         )  # fmt: skip
     console.print(t)
-    return {"profile": PROFILE, "host_blocks": host, "target_of_bound": TARGET, "rows": rows}
+    return {
+        "profile": PROFILE,
+        "host_bytes": args.host_bytes,
+        "host_blocks": host,
+        "device_blocks": device,
+        "target_of_bound": TARGET,
+        "rows": rows,
+    }
 
 
 def run_chat(llm: LLM, path: Path) -> dict[str, Any]:
@@ -211,13 +250,20 @@ def chat_section(args: argparse.Namespace, console: Console) -> dict[str, Any]:
             f"{r['ttft_p50'] * 1e3:.1f} ms", f"{r['ttft_p95'] * 1e3:.1f} ms",
         )  # fmt: skip
     console.print(t)
-    return {"model": args.model, "scenario": str(CHAT.relative_to(ROOT)), **res}
+    scenario = str(CHAT.relative_to(ROOT))
+    return {
+        "model": args.model,
+        "scenario": scenario,
+        "torch_threads": torch.get_num_threads(),
+        **res,
+    }
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--only", choices=("sim", "chat"))
-    ap.add_argument("--scales", type=float, nargs=2, default=(0.1, 0.2))
+    ap.add_argument("--scales", type=float, nargs="+", default=(0.1, 0.2))
+    ap.add_argument("--host-bytes", type=float, default=HOST_BYTES, help="host tier (sim)")
     ap.add_argument("--limit", type=int, default=None, help="the first N Mooncake requests")
     ap.add_argument("--model", default="tiny")
     args = ap.parse_args()
@@ -230,7 +276,8 @@ def main() -> None:
         if not MOONCAKE.exists():
             console.print(f"skipping sim: {MOONCAKE} is not there")
         else:
-            data["sim"] = sim_section(args, console)
+            key = "sim" if args.host_bytes == HOST_BYTES else f"sim-host-{args.host_bytes:g}"
+            data[key] = sim_section(args, console)
     OUT.write_text(json.dumps(data, indent=1) + "\n")
     console.print(f"wrote {OUT.relative_to(ROOT)}")
 
