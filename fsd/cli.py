@@ -134,6 +134,7 @@ def start(
     num_host_blocks: Annotated[Optional[int], typer.Option(help="KV blocks in host memory.")] = None,  # noqa: UP045
     max_batch_size: Annotated[Optional[int], typer.Option(help="Most jobs in one iteration.")] = None,  # noqa: UP045
     prefill_chunk: Annotated[Optional[int], typer.Option(help="Chunked prefill: most prompt tokens per iteration (0 = whole prefills).")] = None,  # noqa: UP045
+    prefix_cache: Annotated[Optional[bool], typer.Option("--prefix-cache/--no-prefix-cache", help="Reuse the KV of cached prompt prefixes (default on).")] = None,  # noqa: UP045
     device: Annotated[Optional[str], typer.Option(help=_DEVICE_HELP)] = None,  # noqa: UP045
     dtype: Annotated[Optional[str], typer.Option(help=_DTYPE_HELP)] = None,  # noqa: UP045
     telemetry_hz: Annotated[Optional[float], typer.Option(help="Snapshots per second (0 = off).")] = None,  # noqa: UP045
@@ -275,7 +276,7 @@ def presets() -> None:
     for name, preset in PRESETS.items():
         arch = preset.arch
         typer.echo(
-            f"{name:12s} {arch.family:6s} layers={arch.num_layers} hidden={arch.hidden_size} "
+            f"{name:12s} {arch.model_type:7s} layers={arch.num_layers} hidden={arch.hidden_size} "
             f"heads={arch.num_heads}/{arch.num_kv_heads}"
         )
 
