@@ -1,24 +1,30 @@
-"""Paged decode attention on a GPU: achieved bandwidth against a device copy and torch SDPA.
+"""fsd's Triton kernels on a GPU, each against its limit and the strongest installed peer.
 
-    .venv/bin/python bench/kernels.py                 # on a CUDA machine
+    .venv/bin/python bench/kernels.py                 # on a CUDA machine (full grid)
+    .venv/bin/python bench/kernels.py --quick         # the grid scripts/gpu-check.sh runs
     .venv/bin/python bench/kernels.py --sweep         # also try tile / warp / stage / split configs
     .venv/bin/python bench/kernels.py --cpu-smoke     # tiny run in Triton's interpreter, no GPU
 
-For each (heads, batch, context) the Triton ``paged_decode`` reads K and V through
-shuffled block tables; its GB/s counts the bytes of K + V + q + out (+ tables). The
-ceiling is the measured ``dst.copy_(src)`` bandwidth of a few GB (read + write bytes).
-SDPA runs on the same K/V stored densely as [B, H, ctx, D] (``enable_gqa`` when the
-heads are grouped). Goals: paged decode >= 85% of copy bandwidth at batch >= 16 and
-context >= 2048, and no slower than SDPA.
+decode   paged decode GB/s (bytes of K + V + q + out + tables) against the measured
+         ``dst.copy_(src)`` bandwidth of a few GB (read + write bytes), at batch 1-64 and
+         context 512-32k, uniform and ragged batches (lengths spread evenly from 1/8 to
+         15/8 of the mean), in shuffled block tables. Goals: >= 85% of copy bandwidth
+         at batch >= 16 and context >= 2048, and no slower than the best peer.
+prefill  paged prefill TFLOP/s (causal, cached prefix or none) against the peer's
+         varlen prefill over contiguous K/V.
+store    store_kv GB/s (K/V read + cache written + slots) against copy bandwidth and
+         torch's indexed assignment (the reference the CPU engine runs).
 
-Prints a table and writes JSON (default bench/results/kernels-<gpu-name>.json).
+Peers (bench/attn_peers.py): FlashAttention 2/3 and FlashInfer when installed, else
+torch SDPA; a peer that is not installed is named with why. A case whose paged K/V
+would exceed --max-gib is skipped and listed. Prints tables and writes JSON (default
+bench/results/kernels-<gpu-name>.json), rewritten after every section.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 import time
@@ -26,40 +32,58 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from rich.console import Console
 from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import attn_peers  # noqa: E402
+import kernels_prefill  # noqa: E402
 from machine import describe_machine, machine_slug  # noqa: E402
 
 BW_GOAL = 0.85  # fraction of copy bandwidth
 BW_GOAL_MIN_BATCH = 16
 BW_GOAL_MIN_CONTEXT = 2048
-DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
+DTYPES = attn_peers.DTYPES
+QUICK = {"batches": "1,16,64", "contexts": "512,2048,8192,32768", "ragged": "16x2048,64x8192",
+         "prefill": "1x4096+0,4x1024+0,4x512+4096,16x128+2048", "store_tokens": "64,4096,65536",
+         "rep_ms": 100}  # fmt: skip
+SMOKE = {"batches": "2", "contexts": "33", "ragged": "3x40", "heads": "4/2", "head_dim": 32,
+         "dtype": "fp32", "copy_gib": 0.0625, "rep_ms": 20, "prefill": "2x16+0,1x8+24",
+         "store_tokens": "16", "sweep": False, "max_gib": 1.0}  # fmt: skip
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--batches", default="16,64", help="comma-separated batch sizes")
-    p.add_argument("--contexts", default="512,2048,8192", help="comma-separated context lengths")
+    p.add_argument("--batches", default="1,4,16,64", help="comma-separated batch sizes")
+    p.add_argument("--contexts", default="512,2048,8192,32768", help="context lengths")
+    p.add_argument("--ragged", default="16x2048,64x2048,16x8192,64x8192",
+                   help="ragged batches BxMEAN (lengths 1/8 .. 15/8 of the mean)")  # fmt: skip
     p.add_argument("--heads", default="32/8,32/32", help="query/kv head pairs, comma-separated")
     p.add_argument("--head-dim", type=int, default=128)
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--dtype", choices=sorted(DTYPES), default="fp16")
+    p.add_argument("--prefill", default="1x8192+0,4x2048+0,8x512+0,4x512+4096,16x256+2048",
+                   help="prefill cases SEQSxQUERY+CACHED_PREFIX")  # fmt: skip
+    p.add_argument("--store-tokens", default="64,4096,65536", help="store_kv batch sizes")
+    p.add_argument("--sections", default="decode,prefill,store", help="which to run")
+    p.add_argument("--max-gib", type=float, default=12.0, help="skip cases with more paged K/V")
     p.add_argument("--copy-gib", type=float, default=2.0, help="size of each copy buffer")
     p.add_argument("--rep-ms", type=int, default=200, help="do_bench repetition time")
-    p.add_argument("--sweep", action="store_true", help="also search launch configs per row")
+    p.add_argument("--sweep", action="store_true", help="also search decode launch configs")
     p.add_argument("--json", type=Path, default=None, help="result file")
+    p.add_argument("--quick", action="store_true", help="the smaller grid of gpu-check.sh")
     p.add_argument("--cpu-smoke", action="store_true", help="tiny interpreter run on the CPU")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    for key, value in (SMOKE if args.cpu_smoke else QUICK if args.quick else {}).items():
+        setattr(args, key, value)
+    return args
 
 
 # ----------------------------------------------------------------------------- timing
 
 
-def make_timer(device: torch.device, rep_ms: int) -> Callable[[Callable[[], object]], float]:
+def make_timer(device: torch.device, rep_ms: int) -> Callable[..., float]:
     """Milliseconds per call: triton's do_bench (L2 flushed) on CUDA, a plain loop on CPU."""
     if device.type == "cuda":
         from triton.testing import do_bench
@@ -92,223 +116,132 @@ def copy_bandwidth(device: torch.device, gib: float, timer) -> dict:
     return {"bytes": moved, "ms": ms, "gbps": moved / (ms * 1e-3) / 1e9}
 
 
-# ----------------------------------------------------------------------------- one case
+# ----------------------------------------------------------------------------- decode
 
 
-def make_case(
-    batch: int,
-    context: int,
-    num_heads: int,
-    num_kv_heads: int,
-    head_dim: int,
-    block_size: int,
-    dtype: torch.dtype,
-    device: torch.device,
-) -> dict:
-    """A paged cache holding ``batch`` sequences of ``context`` tokens in shuffled blocks."""
-    gen = torch.Generator(device=device).manual_seed(batch * 100003 + context)
-    per_seq = math.ceil(context / block_size)
-    num_blocks = batch * per_seq
-    shape = (num_blocks, block_size, num_kv_heads, head_dim)
-    k_cache = torch.randn(shape, generator=gen, dtype=dtype, device=device)
-    v_cache = torch.randn(shape, generator=gen, dtype=dtype, device=device)
-    order = torch.randperm(num_blocks, generator=gen, device=device)
-    tables = order.view(batch, per_seq).to(torch.int32)
-    lens = torch.full((batch,), context, dtype=torch.int32, device=device)
-    q = torch.randn((batch, num_heads, head_dim), generator=gen, dtype=dtype, device=device)
-    return {"q": q, "k_cache": k_cache, "v_cache": v_cache, "tables": tables, "lens": lens}
-
-
-def dense_kv(cache: torch.Tensor, tables: torch.Tensor, context: int) -> torch.Tensor:
-    """[B, Hkv, ctx, D] contiguous copy of the paged cache, for SDPA."""
-    batch, per_seq = tables.shape
-    blocks = cache[tables.long()]  # [B, per_seq, bs, Hkv, D]
-    flat = blocks.view(batch, per_seq * cache.shape[1], *cache.shape[2:])[:, :context]
-    return flat.permute(0, 2, 1, 3).contiguous()
-
-
-def decode_bytes(case: dict, context: int) -> int:
+def decode_bytes(case: dict) -> int:
     """Bytes paged decode must move: K + V of every context token, q, out, the tables."""
     q, k_cache = case["q"], case["k_cache"]
-    batch, _, head_dim = q.shape
-    kv = 2 * batch * context * k_cache.shape[2] * head_dim * k_cache.element_size()
-    return kv + 2 * q.numel() * q.element_size() + case["tables"].numel() * 4 + batch * 4
-
-
-def sdpa_fn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float):
-    """SDPA over dense [B, H, ctx, D] K/V; native GQA when torch has it, else repeated heads."""
-    q4 = q.unsqueeze(2)  # [B, Hq, 1, D]
-    grouped = q.shape[1] != k.shape[1]
-    if grouped:
-        try:
-            F.scaled_dot_product_attention(q4[:1], k[:1], v[:1], scale=scale, enable_gqa=True)
-        except TypeError:  # torch < 2.5
-            group = q.shape[1] // k.shape[1]
-            k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
-            mode = "repeat_kv"
-        else:
-            mode = "enable_gqa"
-            return (
-                lambda: F.scaled_dot_product_attention(q4, k, v, scale=scale, enable_gqa=True)
-            ), mode
-    else:
-        mode = "mha"
-    return (lambda: F.scaled_dot_product_attention(q4, k, v, scale=scale)), mode
+    tokens = int(case["lens"].sum())
+    kv = 2 * tokens * k_cache.shape[2] * k_cache.shape[3] * k_cache.element_size()
+    return kv + 2 * q.numel() * q.element_size() + case["tables"].numel() * 4 + q.shape[0] * 4
 
 
 def sweep_configs(default_splits: int) -> list[dict]:
     splits = sorted({max(1, default_splits // 2), default_splits, default_splits * 2})
-    return [
-        {"block_n": bn, "num_warps": w, "num_stages": st, "num_splits": sp}
-        for bn in (32, 64, 128)
-        for w in (4, 8)
-        for st in (2, 3)
-        for sp in splits
-    ]
+    return [{"block_n": bn, "num_warps": w, "num_stages": st, "num_splits": sp}
+            for bn in (32, 64, 128) for w in (4, 8) for st in (2, 3) for sp in splits]  # fmt: skip
 
 
-def time_paged(case: dict, scale: float, timer, moved: int, sweep: list[dict], rep_ms: int):
-    """Output, ms per call and (when sweeping) the fastest launch config of paged_decode."""
+def sweep_best(case: dict, scale: float, timer, moved: int, splits: int, rep_ms: int) -> dict:
     from fsd.kernels import paged_decode
 
-    q, kc, vc, tables, lens = (case[k] for k in ("q", "k_cache", "v_cache", "tables", "lens"))
-    out = paged_decode(q, kc, vc, tables, lens, scale)
-    ms = timer(lambda: paged_decode(q, kc, vc, tables, lens, scale))
-    best = None
-    for cfg in sweep:
+    args = (case["q"], case["k_cache"], case["v_cache"], case["tables"], case["lens"], scale)
+    best: dict = {}
+    for cfg in sweep_configs(splits):
         try:
-            cfg_ms = timer(
-                lambda cfg=cfg: paged_decode(q, kc, vc, tables, lens, scale, **cfg),
-                max(20, rep_ms // 8),
-            )
+            ms = timer(lambda cfg=cfg: paged_decode(*args, **cfg), max(20, rep_ms // 8))
         except Exception:  # e.g. triton's OutOfResources: too much shared memory
             continue
-        if best is None or cfg_ms < best["ms"]:
-            best = {**cfg, "ms": cfg_ms, "gbps": moved / (cfg_ms * 1e-3) / 1e9}
-    return out, ms, best
+        if not best or ms < best["ms"]:
+            best = {**cfg, "ms": ms, "gbps": attn_peers.gbps(moved, ms)}
+    return best
 
 
-def time_sdpa(case: dict, context: int, scale: float, timer):
-    """Output, ms per call and GQA mode of SDPA on a dense copy; frees the paged cache first."""
-    kd = dense_kv(case.pop("k_cache"), case["tables"], context)
-    vd = dense_kv(case.pop("v_cache"), case["tables"], context)
-    fn, mode = sdpa_fn(case["q"], kd, vd, scale)
-    ref = fn().squeeze(2)
-    return ref, timer(fn), mode
-
-
-def run_row(
-    args: argparse.Namespace,
-    heads: tuple[int, int],
-    batch: int,
-    context: int,
-    device: torch.device,
-    timer,
-    copy_gbps: float,
-) -> dict:
-    """Time paged decode and SDPA for one shape; return the row (see the table columns)."""
+def decode_row(lens: list[int], heads, args, device, timer, copy_gbps: float, peers) -> dict:
+    """Time paged decode and each peer on one batch; the row the table and JSON show."""
+    from fsd.kernels import paged_decode
     from fsd.kernels.launch import choose_num_splits, num_sms_of
 
-    num_heads, num_kv_heads = heads
-    dtype = DTYPES[args.dtype]
-    scale = args.head_dim**-0.5
-    case = make_case(
-        batch, context, num_heads, num_kv_heads, args.head_dim, args.block_size, dtype, device
-    )
-    moved = decode_bytes(case, context)
-    splits = choose_num_splits(
-        batch, num_kv_heads, case["tables"].shape[1] * args.block_size, num_sms_of(device)
-    )
-    sweep = sweep_configs(splits) if args.sweep else []
-    out, paged_ms, best = time_paged(case, scale, timer, moved, sweep, args.rep_ms)
-    ref, sdpa_ms, sdpa_mode = time_sdpa(case, context, scale, timer)
-    max_diff = float((out.float() - ref.float()).abs().max())
-    del case, out, ref
     if device.type == "cuda":
-        torch.cuda.empty_cache()
+        torch.cuda.empty_cache()  # the last row's tensors are gone: give their memory back
+    scale = args.head_dim**-0.5
+    case = attn_peers.make_case(lens, heads, args, device)
+    moved = decode_bytes(case)
+    splits = choose_num_splits(
+        len(lens), heads[1], case["tables"].shape[1] * args.block_size, num_sms_of(device)
+    )
+    call = (case["q"], case["k_cache"], case["v_cache"], case["tables"], case["lens"], scale)
+    out = paged_decode(*call)
+    paged_ms = timer(lambda: paged_decode(*call))
+    best = sweep_best(case, scale, timer, moved, splits, args.rep_ms) if args.sweep else None
+    peer = attn_peers.time_peers(attn_peers.decode_peer, peers, case, scale, out, timer)
+    name, peer_ms = attn_peers.best_peer(peer)
+    mean = round(sum(lens) / len(lens))
+    applies = len(lens) >= BW_GOAL_MIN_BATCH and mean >= BW_GOAL_MIN_CONTEXT
+    fraction = attn_peers.gbps(moved, paged_ms) / copy_gbps
+    return {"num_heads": heads[0], "num_kv_heads": heads[1], "batch": len(lens), "context": mean,
+            "max_context": max(lens), "ragged": len(set(lens)) > 1, "num_splits": splits,
+            "bytes": moved, "paged_ms": paged_ms, "paged_gbps": attn_peers.gbps(moved, paged_ms),
+            "fraction_of_copy": fraction, "peers": peer, "best_peer": name,
+            "best_peer_ms": peer_ms, "speedup_vs_best_peer": peer_ms / paged_ms if peer_ms else None,
+            "bw_goal": fraction >= BW_GOAL if applies else None,
+            "peer_goal": (paged_ms <= peer_ms) if applies and peer_ms else None,
+            "sweep_best": best}  # fmt: skip
 
-    paged_gbps = moved / (paged_ms * 1e-3) / 1e9
-    bw_applies = batch >= BW_GOAL_MIN_BATCH and context >= BW_GOAL_MIN_CONTEXT
-    return {
-        "num_heads": num_heads,
-        "num_kv_heads": num_kv_heads,
-        "batch": batch,
-        "context": context,
-        "num_splits": splits,
-        "bytes": moved,
-        "paged_ms": paged_ms,
-        "paged_gbps": paged_gbps,
-        "fraction_of_copy": paged_gbps / copy_gbps,
-        "sdpa_ms": sdpa_ms,
-        "sdpa_gbps": moved / (sdpa_ms * 1e-3) / 1e9,
-        "sdpa_mode": sdpa_mode,
-        "speedup_vs_sdpa": sdpa_ms / paged_ms,
-        "max_abs_diff_vs_sdpa": max_diff,
-        "bw_goal": (paged_gbps / copy_gbps >= BW_GOAL) if bw_applies else None,
-        "sdpa_goal": paged_ms <= sdpa_ms,
-        "sweep_best": best,
-    }
+
+def decode_cases(args) -> list[tuple[tuple[int, int], list[int]]]:
+    cases = []
+    for heads in _heads(args.heads):
+        cases += [(heads, [c] * b) for b in _ints(args.batches) for c in _ints(args.contexts)]
+        for spec in (s for s in args.ragged.split(",") if s.strip()):
+            b, mean = (int(x) for x in spec.split("x"))
+            cases.append((heads, attn_peers.ragged_lens(b, mean)))
+    return cases
+
+
+def run_decode(args, device, timer, copy: dict, peers: list[str], result: dict) -> None:
+    elem = torch.empty((), dtype=DTYPES[args.dtype]).element_size()
+    for heads, lens in decode_cases(args):
+        size = attn_peers.kv_case_bytes(lens, args.block_size, heads[1], args.head_dim, elem)
+        label = f"decode {heads[0]}/{heads[1]} b{len(lens)} ctx{round(sum(lens) / len(lens))}"
+        if size > args.max_gib * 2**30:
+            result["skipped"].append({"case": label, "why": f"{size / 2**30:.1f} GiB of K/V"})
+            continue
+        row = decode_row(lens, heads, args, device, timer, copy["gbps"], peers)
+        result["decode"].append(row)
+        vs = f", {row['speedup_vs_best_peer']:.2f}x {row['best_peer']}" if row["best_peer"] else ""
+        print(f"{label}: {row['paged_gbps']:.0f} GB/s "
+              f"({100 * row['fraction_of_copy']:.0f}% of copy){vs}", flush=True)  # fmt: skip
 
 
 # ----------------------------------------------------------------------------- report
 
 
-def _mark(ok: bool | None) -> str:
+def mark(ok: bool | None) -> str:
     if ok is None:
         return "[dim]-[/dim]"
     return "[green]yes[/green]" if ok else "[red]no[/red]"
 
 
-def print_table(console: Console, rows: list[dict], copy: dict, title: str) -> None:
+def print_decode(console: Console, rows: list[dict], copy: dict, title: str) -> None:
     table = Table(title=title)
-    for col in (
-        "heads q/kv",
-        "batch",
-        "ctx",
-        "splits",
-        "paged us",
-        "paged GB/s",
-        "% copy",
-        "SDPA us",
-        "SDPA GB/s",
-        "x SDPA",
-        "max |diff|",
-        ">=85% copy",
-        ">= SDPA",
-    ):
+    cols = ("heads q/kv", "batch", "ctx", "max", "splits", "paged us", "GB/s", "% copy",
+            "best peer", "peer us", "x peer", "max |diff|", ">=85% copy", ">= peer")  # fmt: skip
+    for col in cols:
         table.add_column(col, justify="right")
-    sweeping = any(r["sweep_best"] for r in rows)
-    if sweeping:
+    if any(r["sweep_best"] for r in rows):
         table.add_column("sweep best", justify="right")
     for r in rows:
-        best = r["sweep_best"]
-        best_txt = (
-            f"{best['gbps']:.0f} GB/s n{best['block_n']} w{best['num_warps']} "
-            f"s{best['num_stages']} k{best['num_splits']}"
-            if best
-            else ""
-        )
-        cells = [
-            f"{r['num_heads']}/{r['num_kv_heads']}",
-            str(r["batch"]),
-            str(r["context"]),
-            str(r["num_splits"]),
-            f"{1e3 * r['paged_ms']:.1f}",
-            f"{r['paged_gbps']:.0f}",
-            f"{100 * r['fraction_of_copy']:.1f}",
-            f"{1e3 * r['sdpa_ms']:.1f}",
-            f"{r['sdpa_gbps']:.0f}",
-            f"{r['speedup_vs_sdpa']:.2f}",
-            f"{r['max_abs_diff_vs_sdpa']:.1e}",
-            _mark(r["bw_goal"]),
-            _mark(r["sdpa_goal"]),
-        ]
-        table.add_row(*cells, *([best_txt] if sweeping else []))
+        peer = r["peers"].get(r["best_peer"] or "", {})
+        b = r["sweep_best"]
+        sweep = [f"{b['gbps']:.0f} GB/s n{b['block_n']} w{b['num_warps']} s{b['num_stages']} "
+                 f"k{b['num_splits']}"] if b else []  # fmt: skip
+        table.add_row(
+            f"{r['num_heads']}/{r['num_kv_heads']}", str(r["batch"]),
+            ("~" if r["ragged"] else "") + str(r["context"]), str(r["max_context"]),
+            str(r["num_splits"]), f"{1e3 * r['paged_ms']:.1f}", f"{r['paged_gbps']:.0f}",
+            f"{100 * r['fraction_of_copy']:.1f}", r["best_peer"] or "-",
+            f"{1e3 * r['best_peer_ms']:.1f}" if r["best_peer_ms"] else "-",
+            f"{r['speedup_vs_best_peer']:.2f}" if r["best_peer_ms"] else "-",
+            f"{peer['max_abs_diff']:.1e}" if "max_abs_diff" in peer else "-",
+            mark(r["bw_goal"]), mark(r["peer_goal"]), *sweep,
+        )  # fmt: skip
     console.print(table)
     console.print(
         f"device copy: {copy['gbps']:.0f} GB/s ({copy['bytes'] / 1e9:.1f} GB moved in "
         f"{copy['ms']:.2f} ms); goals: paged decode >= {100 * BW_GOAL:.0f}% of copy at batch "
-        f">= {BW_GOAL_MIN_BATCH} and ctx >= {BW_GOAL_MIN_CONTEXT}, and >= SDPA speed"
+        f">= {BW_GOAL_MIN_BATCH} and ctx >= {BW_GOAL_MIN_CONTEXT}, and no slower than the peer"
     )
 
 
@@ -317,87 +250,73 @@ def _ints(text: str) -> list[int]:
 
 
 def _heads(text: str) -> list[tuple[int, int]]:
-    pairs = []
-    for item in text.split(","):
-        hq, hkv = item.split("/")
-        pairs.append((int(hq), int(hkv)))
-    return pairs
+    return [(int(a), int(b)) for a, b in (item.split("/") for item in text.split(","))]
+
+
+def save(result: dict, path: Path | None, console: Console) -> None:
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(result, indent=2) + "\n")
+        console.print(f"wrote {path}")
+
+
+def setup(args) -> torch.device | None:
+    if args.cpu_smoke:
+        # The kernels import Triton on first call; interpreter mode must be set before that.
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        return None
+    return torch.device("cuda")
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     console = Console(width=200)
-    if args.cpu_smoke:
-        # The kernels import Triton on first call; interpreter mode must be set before that.
-        os.environ.setdefault("TRITON_INTERPRET", "1")
-        device = torch.device("cpu")
-        args.batches, args.contexts, args.heads = "2", "33,100", "4/2"
-        args.head_dim, args.dtype, args.copy_gib, args.rep_ms = 32, "fp32", 0.0625, 50
-        args.sweep = False
-    elif not torch.cuda.is_available():
-        console.print(
-            "bench/kernels.py measures GPU bandwidth and needs a CUDA device; none found. "
-            "Run with --cpu-smoke for a tiny interpreter check."
-        )
+    device = setup(args)
+    if device is None:
+        console.print("bench/kernels.py measures GPU kernels and needs a CUDA device; none "
+                      "found, nothing measured. --cpu-smoke runs a tiny interpreter check.")  # fmt: skip
         return 0
-    else:
-        device = torch.device("cuda")
-
-    timer = make_timer(device, args.rep_ms)
-    copy = copy_bandwidth(device, args.copy_gib, timer)
-    rows = []
-    for heads in _heads(args.heads):
-        for batch in _ints(args.batches):
-            for context in _ints(args.contexts):
-                row = run_row(args, heads, batch, context, device, timer, copy["gbps"])
-                rows.append(row)
-                console.print(
-                    f"heads {heads[0]}/{heads[1]} batch {batch} ctx {context}: "
-                    f"{row['paged_gbps']:.0f} GB/s ({100 * row['fraction_of_copy']:.0f}% of copy), "
-                    f"{row['speedup_vs_sdpa']:.2f}x SDPA"
-                )
-
     machine = describe_machine(device)
     if device.type == "cuda":
-        props = torch.cuda.get_device_properties(device)
-        machine["sm_count"] = props.multi_processor_count
+        machine["sm_count"] = torch.cuda.get_device_properties(device).multi_processor_count
         machine["cuda"] = torch.version.cuda
-    else:
-        import triton
-
-        machine["triton"] = triton.__version__
-    title = f"paged decode, {args.dtype}, head_dim {args.head_dim}, block {args.block_size}"
-    title += f" on {machine.get('gpu', 'cpu (interpreter smoke run)')}"
-    print_table(console, rows, copy, title)
-
-    result = {
-        "benchmark": "paged_decode",
-        "machine": machine,
-        "config": {
-            "dtype": args.dtype,
-            "head_dim": args.head_dim,
-            "block_size": args.block_size,
-            "copy_gib": args.copy_gib,
-            "rep_ms": args.rep_ms,
-            "sweep": args.sweep,
-            "cpu_smoke": args.cpu_smoke,
-        },
-        "goals": {
-            "fraction_of_copy": BW_GOAL,
-            "min_batch": BW_GOAL_MIN_BATCH,
-            "min_context": BW_GOAL_MIN_CONTEXT,
-            "at_least_sdpa_speed": True,
-        },
-        "copy": copy,
-        "rows": rows,
-    }
     path = args.json
     if path is None and not args.cpu_smoke:
         path = Path(__file__).resolve().parent / "results" / f"kernels-{machine_slug(device)}.json"
-    if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(result, indent=2) + "\n")
-        console.print(f"wrote {path}")
+    timer = make_timer(device, args.rep_ms)
+    copy = copy_bandwidth(device, args.copy_gib, timer)
+    status = attn_peers.peer_status()
+    peers = attn_peers.choose_peers(status)
+    console.print(
+        f"peers: {', '.join(peers)}; " + "; ".join(f"{k}: {v}" for k, v in status.items())
+    )
+    where = machine.get("gpu", "cpu (interpreter smoke run)")
+    keys = ("dtype", "head_dim", "block_size", "copy_gib", "rep_ms", "sweep", "quick", "cpu_smoke",
+            "max_gib")  # fmt: skip
+    result = {"benchmark": "kernels", "machine": machine,
+              "config": {k: getattr(args, k) for k in keys},
+              "goals": {"fraction_of_copy": BW_GOAL, "min_batch": BW_GOAL_MIN_BATCH,
+                        "min_context": BW_GOAL_MIN_CONTEXT, "no_slower_than_peer": True},
+              "peers": {"status": status, "decode": peers,
+                        "prefill": attn_peers.choose_peers(status, prefill=True)},
+              "copy": copy, "decode": [], "prefill": [], "store_kv": [], "skipped": []}  # fmt: skip
+    sections = args.sections.split(",")
+    if "decode" in sections:
+        run_decode(args, device, timer, copy, peers, result)
+        title = f"paged decode, {args.dtype}, head_dim {args.head_dim}, block {args.block_size}"
+        print_decode(console, result["decode"], copy, f"{title} on {where}")
+        kernels_prefill.print_peer_errors(console, result["decode"])
+        save(result, path, console)
+    if "prefill" in sections:
+        kernels_prefill.run_prefill(args, _heads(args.heads), device, timer, result, console)
+        save(result, path, console)
+    if "store" in sections:
+        kernels_prefill.run_store(args, _heads(args.heads), device, timer, result, console)
+        save(result, path, console)
+    for skip in result["skipped"]:
+        console.print(f"skipped {skip['case']}: {skip['why']}")
     return 0
 
 

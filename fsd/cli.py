@@ -135,6 +135,7 @@ def start(
     max_batch_size: Annotated[Optional[int], typer.Option(help="Most jobs in one iteration.")] = None,  # noqa: UP045
     prefill_chunk: Annotated[Optional[int], typer.Option(help="Chunked prefill: most prompt tokens per iteration (0 = whole prefills).")] = None,  # noqa: UP045
     prefix_cache: Annotated[Optional[bool], typer.Option("--prefix-cache/--no-prefix-cache", help="Reuse the KV of cached prompt prefixes (default on).")] = None,  # noqa: UP045
+    cuda_graphs: Annotated[Optional[bool], typer.Option("--cuda-graphs/--no-cuda-graphs", help="Replay decode steps as CUDA graphs (CUDA, Triton backend; default on).")] = None,  # noqa: UP045
     device: Annotated[Optional[str], typer.Option(help=_DEVICE_HELP)] = None,  # noqa: UP045
     dtype: Annotated[Optional[str], typer.Option(help=_DTYPE_HELP)] = None,  # noqa: UP045
     telemetry_hz: Annotated[Optional[float], typer.Option(help="Snapshots per second (0 = off).")] = None,  # noqa: UP045

@@ -50,6 +50,8 @@ class ModelConfig:
     seed: int = 0
     max_model_len: int | None = None
     attn_backend: str = "auto"
+    # replay decode steps as CUDA graphs (CUDA with the Triton backend; fsd.engine.cuda_graph)
+    cuda_graphs: bool = True
 
     def __post_init__(self) -> None:
         check_types(self)

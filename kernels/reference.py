@@ -1,8 +1,9 @@
 """Pure-torch references for the paged KV-cache kernels.
 
 They define what the Triton kernels must compute, and the CPU engine runs them in
-production, so they are vectorised where that is cheap: decode gathers whole cache
-blocks through the block table for the entire batch at once; prefill loops over
+production, so they are vectorised where that is cheap: decode gathers the used cache
+blocks of the entire batch at once, into scratch copies that every layer of a step
+reuses (`DecodeGather`), and runs one masked SDPA call; prefill loops over
 sequences (few per step) and hands each one to SDPA, with its built-in causal mask
 for a whole prompt and an explicit mask shifted by the cached prefix otherwise. Scores
 and softmax are in fp32; results come back in q's dtype.
@@ -52,9 +53,57 @@ def gather_context(cache: torch.Tensor, block_table: torch.Tensor, num_tokens: i
     block_size = cache.shape[1]
     num_blocks = -(-num_tokens // block_size)
     table = block_table[..., :num_blocks].to(device=cache.device, dtype=torch.int64)
-    blocks = cache[table]  # [..., nb, block_size, Hkv, D]
-    flat = blocks.reshape(*table.shape[:-1], num_blocks * block_size, *cache.shape[2:])
+    # whole blocks, one contiguous copy each (faster than advanced indexing)
+    blocks = cache.index_select(0, table.reshape(-1))
+    flat = blocks.view(*table.shape[:-1], num_blocks * block_size, *cache.shape[2:])
     return flat[..., :num_tokens, :, :]
+
+
+class DecodeGather:
+    """What a decode batch reads from the cache, worked out once and shared by every layer.
+
+    Each sequence reads the first ``num_blocks`` entries of its table, ``num_blocks``
+    covering the longest context. Gathered positions past a sequence's context (the
+    tail of its last block, or whole blocks of a shorter table) are ``pad_rows`` of the
+    flat [B * num_blocks * block_size] token rows: they are zeroed after each read,
+    since a free slot may hold anything, NaN included, and a masked score is added to,
+    not replaced. ``valid`` [B, num_blocks * block_size] is the attention mask (None
+    when nothing is padded). The K and V copies go to two scratch buffers that every
+    layer of the step reuses, so a step allocates them once.
+    """
+
+    def __init__(
+        self, block_tables: torch.Tensor, context_lens: torch.Tensor, block_size: int
+    ) -> None:
+        lens = context_lens.to(dtype=torch.int64)
+        self.batch = int(lens.shape[0])
+        max_ctx = int(lens.max()) if self.batch else 0
+        self.num_blocks = -(-max_ctx // block_size)
+        self.block_size = block_size
+        self.blocks = block_tables[:, : self.num_blocks].to(torch.int64).reshape(-1)
+        width = self.num_blocks * block_size
+        valid = torch.arange(width, device=lens.device)[None, :] < lens[:, None]
+        pad = (~valid).reshape(-1).nonzero().reshape(-1)
+        self.valid = valid if pad.numel() else None
+        self.pad_rows = pad if pad.numel() else None
+        self._scratch: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def read(self, k_cache: torch.Tensor, v_cache: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """K and V of every sequence, [B, num_blocks * block_size, Hkv, D], padding zeroed."""
+        shape = (self.batch * self.num_blocks, *k_cache.shape[1:])
+        bufs = self._scratch
+        if bufs is None or bufs[0].shape != shape or bufs[0].dtype != k_cache.dtype:
+            bufs = tuple(k_cache.new_empty(shape) for _ in range(2))
+            self._scratch = bufs
+        blocks = self.blocks.to(k_cache.device)
+        out = []
+        for cache, buf in zip((k_cache, v_cache), bufs, strict=True):
+            torch.index_select(cache, 0, blocks, out=buf)
+            rows = buf.view(-1, *cache.shape[2:])
+            if self.pad_rows is not None:
+                rows.index_fill_(0, self.pad_rows.to(rows.device), 0)
+            out.append(rows.view(self.batch, -1, *cache.shape[2:]))
+        return tuple(out)
 
 
 def paged_decode_ref(
@@ -64,35 +113,31 @@ def paged_decode_ref(
     block_tables: torch.Tensor,
     context_lens: torch.Tensor,
     scale: float,
+    gather: DecodeGather | None = None,
 ) -> torch.Tensor:
     """One query per sequence ([B, Hq, D]) attending to all its ``context_lens`` cached tokens.
 
-    K/V are gathered into padded [B, max_ctx, Hkv, D] tensors and masked past each
-    sequence's length (one batched SDPA call, fp32); returns [B, Hq, D] in q's dtype.
+    The used blocks are gathered into [B, N, Hkv, D] K/V (N: the longest context's
+    blocks), padding zeroed and masked (one batched SDPA call, fp32); returns [B, Hq, D]
+    in q's dtype. ``gather`` (a DecodeGather of these tables and lengths) lets the
+    layers of one step share the index work and the scratch copies.
     """
     batch, num_heads, head_dim = q.shape
     if batch == 0:
         return torch.empty_like(q)
+    if gather is None:
+        gather = DecodeGather(block_tables[:batch], context_lens[:batch], k_cache.shape[1])
     num_kv_heads = k_cache.shape[2]
     group = num_heads // num_kv_heads
-    lens = context_lens.to(device=q.device, dtype=torch.int64)
-    max_ctx = int(lens.max())
-    k = gather_context(k_cache, block_tables, max_ctx).float()  # [B, N, Hkv, D]
-    v = gather_context(v_cache, block_tables, max_ctx).float()
-    valid = torch.arange(max_ctx, device=q.device)[None, :] < lens[:, None]  # [B, N]
-    padding = ~valid
-    if bool(padding.any()):
-        # Slots past a sequence's end may hold anything, NaN included, and a masked
-        # score is added to, not replaced: zero them so nothing leaks through.
-        k[padding] = 0.0
-        v[padding] = 0.0
+    k, v = gather.read(k_cache, v_cache)
+    mask = gather.valid
     # The query heads sharing a KV head become SDPA's query rows: [B, Hkv, G, D].
     qg = q.float().view(batch, num_kv_heads, group, head_dim)
     out = F.scaled_dot_product_attention(
         qg,
-        k.permute(0, 2, 1, 3),
-        v.permute(0, 2, 1, 3),
-        attn_mask=valid[:, None, None, :],
+        k.float().permute(0, 2, 1, 3),
+        v.float().permute(0, 2, 1, 3),
+        attn_mask=None if mask is None else mask.to(q.device)[:, None, None, :],
         scale=scale,
     )
     return out.reshape(batch, num_heads, head_dim).to(q.dtype)

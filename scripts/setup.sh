@@ -10,8 +10,10 @@ python=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$python" -m venv .venv
 pip=(.venv/bin/python -m pip install -q --disable-pip-version-check)
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+    # a CPU build left from before would satisfy `pip install torch`: remove it first
     .venv/bin/python -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' \
-        2>/dev/null || "${pip[@]}" torch triton
+        2>/dev/null || { .venv/bin/python -m pip uninstall -y -q torch 2>/dev/null || true
+                         "${pip[@]}" torch triton; }
 else
     .venv/bin/python -c 'import torch' 2>/dev/null || "${pip[@]}" torch==2.13.0
 fi

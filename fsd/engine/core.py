@@ -100,6 +100,7 @@ class Engine(EngineFailures):
             self.blocks.device.num_blocks,
             self.blocks.block_size,
             self.scheduler.prefill_budget,
+            self.loaded.arch.context_note(self.max_model_len),
         )
 
     def add_request(

@@ -134,7 +134,12 @@ class LocalExecutor(Executor):
     copies_end_with_result = False
 
     def __init__(self, config: EngineConfig) -> None:
-        spec = WorkerSpec(config.model, config.cache, device=config.model.device)
+        spec = WorkerSpec(
+            config.model,
+            config.cache,
+            device=config.model.device,
+            max_batch_size=config.sched.max_batch_size,
+        )
         self.worker = worker = Worker(spec)
         weight_bytes = worker.setup()
         self.num_device_blocks, self.num_host_blocks = worker.capacity()

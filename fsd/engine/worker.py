@@ -9,35 +9,93 @@ to every worker and each moves its own slice of those blocks.
 `step(plan, hidden)` is the one model step of the engine: the local executor calls
 it in process on a worker that holds the whole model; `fsd.engine.ray_executor`
 runs this class as a Ray actor and calls `execute`, which adds the plan's copies
-and the hop between stages. Nothing here imports Ray except `rendezvous` and
+and the hop between stages. On a GPU a decode-only step replays a CUDA graph
+(`fsd.engine.cuda_graph`); a CPU worker with no thread count given picks one
+(`default_threads`). Nothing here imports Ray except `rendezvous` and
 `execute` (which fetches the previous stage's activations).
 """
 
 from __future__ import annotations
 
 import datetime
+import math
 import os
 import socket
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 from fsd.config import CacheConfig, ModelConfig
+from fsd.engine.cuda_graph import DecodeGraphs
 from fsd.engine.kv_cache import KVCachePool, KVShape, num_device_blocks, num_host_blocks
 from fsd.engine.plan import StepPlan
 from fsd.engine.sampler import Sampler
 from fsd.engine.stage import StageSpan, build_stage, stage_weights
 from fsd.engine.swapper import HostKVPool, Swapper
 from fsd.errors import ModelLoadError
-from fsd.layers.attention import AttentionMetadata
+from fsd.layers.attention import HostLayout, resolve_backend, upload
 from fsd.layers.parallel_state import set_tp_group
 from fsd.models.base import CausalLM
 from fsd.models.loader import describe_model, param_defaults, resolve_device
 
 # A collective that waits this long means a peer is gone without its socket closing.
 COLLECTIVE_TIMEOUT = datetime.timedelta(seconds=120)
+
+
+def _cgroup_cpus() -> float | None:
+    """The cgroup CPU quota in CPUs (v2 cpu.max, else v1); None when unlimited or unknown."""
+    try:
+        with open("/sys/fs/cgroup/cpu.max") as f:
+            quota, period = f.read().split()[:2]
+    except (OSError, ValueError):
+        try:
+            with open("/sys/fs/cgroup/cpu/cpu.cfs_quota_us") as f:
+                quota = f.read().strip()
+            with open("/sys/fs/cgroup/cpu/cpu.cfs_period_us") as f:
+                period = f.read().strip()
+        except OSError:
+            return None
+    try:
+        return None if quota in ("max", "-1") else int(quota) / int(period)
+    except (ValueError, ZeroDivisionError):
+        return None
+
+
+def usable_cpus() -> int:
+    """CPUs this process may run on: its affinity, capped by a cgroup CPU quota."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = os.cpu_count() or 1
+    quota = _cgroup_cpus()
+    if quota is not None:
+        cpus = min(cpus, math.ceil(quota))
+    return max(1, cpus)
+
+
+def default_threads() -> int | None:
+    """Torch threads for a CPU worker given none; None keeps the current setting.
+
+    torch starts with a thread per CPU it sees. Serving, those threads share the
+    cores with the daemon's own (engine loop, sockets, KV copies) and whatever else
+    runs there, and an OpenMP thread that spins on a taken core makes a step many
+    times slower at random. So while the count is still torch's default (and
+    OMP_NUM_THREADS is unset), a worker takes the usable CPUs (affinity, cgroup
+    quota) less one, at least one: 1 on a 2-CPU machine. A count set with
+    OMP_NUM_THREADS or torch.set_num_threads before the engine starts is kept.
+    """
+    if os.environ.get("OMP_NUM_THREADS"):
+        return None
+    try:
+        seen = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        seen = os.cpu_count() or 1
+    if torch.get_num_threads() != seen:
+        return None  # someone chose it
+    return max(1, usable_cpus() - 1)
 
 
 @dataclass(frozen=True)
@@ -50,7 +108,8 @@ class WorkerSpec:
     tp_rank: int = 0
     span: StageSpan | None = None  # None: the whole model, one stage
     device: str = "auto"  # "auto" | "cpu" | "cuda"
-    threads: int | None = None  # torch intra-op threads (CPU actors share the cores)
+    threads: int | None = None  # torch intra-op threads; None: default_threads() on a CPU
+    max_batch_size: int = 256  # the largest decode batch a CUDA graph is captured for
 
 
 class Worker:
@@ -58,13 +117,17 @@ class Worker:
 
     def __init__(self, spec: WorkerSpec) -> None:
         self.spec = spec
-        if spec.threads is not None:
-            torch.set_num_threads(max(1, spec.threads))
         self.device = resolve_device(spec.device)
+        threads = spec.threads
+        if threads is None and self.device.type == "cpu":
+            threads = default_threads()
+        if threads is not None:
+            torch.set_num_threads(max(1, threads))
         self.info = describe_model(spec.model, self.device)
         self.span = spec.span or StageSpan.whole(self.info.arch.num_layers)
         self.model: CausalLM | None = None
         self.pool: KVCachePool | None = None
+        self.graphs: DecodeGraphs | None = None  # CUDA graphs of decode steps, when on
         self.swapper: Swapper | None = None
         # only the rank whose result leaves the last stage draws tokens
         self.sampler: Sampler | None = None
@@ -141,7 +204,36 @@ class Worker:
         self.pool = KVCachePool(shape, device_blocks, bs, self.device)
         host = HostKVPool(shape, host_blocks, bs, pin=self.device.type == "cuda")
         self.swapper = Swapper(self.pool, host)
+        self.graphs = self._decode_graphs()
         return shape.bytes_per_block(bs)
+
+    def _decode_graphs(self, capture: Any = None, force: bool = False) -> DecodeGraphs | None:
+        """CUDA graphs for decode steps: on a GPU, Triton backend, one TP rank, unless
+        turned off (`cuda_graphs = false`). `force` and `capture` let a test run the
+        bookkeeping on a CPU with a stand-in capture."""
+        spec = self.spec
+        backend = resolve_backend(spec.model.attn_backend, self.device)
+        wanted = self.device.type == "cuda" and backend == "triton" and spec.tp == 1
+        if not force and not (spec.model.cuda_graphs and wanted):
+            return None
+        assert self.model is not None and self.pool is not None
+        model, span, bs = self.model, self.span, self.pool.block_size
+
+        def forward(ids: torch.Tensor, pos: torch.Tensor, hidden: Any, meta: Any) -> Any:
+            layers = self.pool.layers  # type: ignore[union-attr]
+            return model.forward_stage(ids, pos, hidden, layers, meta, span.first, span.last)
+
+        return DecodeGraphs(
+            forward,
+            max_batch_size=spec.max_batch_size,
+            max_blocks=-(-self.info.max_model_len // bs),
+            block_size=bs,
+            hidden_size=self.info.arch.hidden_size,
+            dtype=self.info.dtype,
+            device=self.device,
+            first=span.first,
+            capture=capture,
+        )
 
     def ping(self) -> str:
         return f"{self.label} pid {os.getpid()}"
@@ -166,24 +258,28 @@ class Worker:
         """
         assert self.model is not None and self.pool is not None
         dev = self.device
-        meta = AttentionMetadata.build(
-            query_lens=plan.query_lens,
-            context_lens=plan.context_lens,
-            block_tables=plan.block_tables,
-            block_size=self.pool.block_size,
-            device=dev,
+        layout = HostLayout.build(
+            plan.query_lens, plan.context_lens, plan.block_tables, self.pool.block_size
         )
-        ids = torch.tensor(plan.input_ids, dtype=torch.long, device=dev)
-        pos = torch.tensor(plan.positions, dtype=torch.long, device=dev)
+        ids = np.fromiter(plan.input_ids, np.int64, len(plan.input_ids))
+        pos = np.fromiter(plan.positions, np.int64, len(plan.positions))
         span = self.span
-        hidden = self.model.forward_stage(
-            ids, pos, hidden, self.pool.layers, meta, first=span.first, last=span.last
-        )
+        out = None if self.graphs is None else self.graphs.run(layout, ids, pos, hidden)
+        if out is None:  # eagerly: a prefill, graphs off, or no graph
+            out = self.model.forward_stage(
+                upload(ids, dev),
+                upload(pos, dev),
+                hidden,
+                self.pool.layers,
+                layout.to_device(dev),
+                first=span.first,
+                last=span.last,
+            )
         if not span.last:
-            return hidden
-        return self._sample(plan, hidden, meta.query_start_loc)
+            return out
+        return self._sample(plan, out, layout.query_start_loc)
 
-    def _sample(self, plan: StepPlan, hidden: torch.Tensor, starts: torch.Tensor) -> Any:
+    def _sample(self, plan: StepPlan, hidden: torch.Tensor, starts: np.ndarray) -> Any:
         """The head over each sampling row's last position, and its draw.
 
         A prefill chunk short of the end gets None and no logits, so its seeded
@@ -195,10 +291,12 @@ class Worker:
         rows = [i for i, s in enumerate(plan.samples) if s] if plan.samples else list(range(n))
         if not rows:
             return None if self.sampler is None else [None] * n
-        last = starts[1:].long() - 1
+        last = starts[1:].astype(np.int64) - 1
         if len(rows) < n:
-            last = last[torch.tensor(rows, dtype=torch.long, device=last.device)]
-        logits = self.model.compute_logits(hidden[last])
+            last = last[rows]
+        # every row is one sampled token (a decode batch): the rows are the hidden states
+        rows_out = hidden if len(last) == hidden.shape[0] else hidden[upload(last, hidden.device)]
+        logits = self.model.compute_logits(rows_out)
         if self.sampler is None:
             return None
         if len(rows) == n:

@@ -7,12 +7,115 @@ decode kernel and the prefill kernel each see one contiguous slice.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
+import numpy as np
 import torch
 
 from fsd.kernels import reference
+
+
+def upload(array: np.ndarray, device: torch.device | str) -> torch.Tensor:
+    """A host array as a tensor on `device`: shared memory on the CPU; on a GPU a copy
+    from pinned memory that does not block the host (the caching host allocator keeps
+    the pinned buffer until the copy has run)."""
+    host = torch.from_numpy(array)
+    device = torch.device(device)
+    if device.type == "cpu":
+        return host
+    return host.pin_memory().to(device, non_blocking=True)
+
+
+@dataclass
+class HostLayout:
+    """A batch's layout in host (numpy) arrays: what `AttentionMetadata` holds on the device."""
+
+    slot_mapping: np.ndarray  # [T] int64
+    block_tables: np.ndarray  # [S, max_blocks] int32, padded with 0
+    context_lens: np.ndarray  # [S] int32
+    query_start_loc: np.ndarray  # [S + 1] int32
+    positions: np.ndarray  # [T] int64: each new token's position
+    num_decodes: int
+    max_query_len: int
+    max_context_len: int
+
+    @classmethod
+    def build(
+        cls,
+        query_lens: Sequence[int],
+        context_lens: Sequence[int],
+        block_tables: Sequence[Sequence[int]],
+        block_size: int,
+    ) -> HostLayout:
+        """Vectorised: a few numpy operations whatever the batch (no per-token loop)."""
+        n = len(query_lens)
+        if len(context_lens) != n or len(block_tables) != n:
+            raise ValueError("query_lens, context_lens and block_tables differ in length")
+        c = np.fromiter(context_lens, np.int64, n)
+        widths = np.fromiter(map(len, block_tables), np.int64, n)
+        decode_only = query_lens.count(1) == n
+        q = c if decode_only else np.fromiter(query_lens, np.int64, n)  # (c: a stand-in)
+        if (
+            (not decode_only and min(query_lens) < 1)
+            or (c < (1 if decode_only else q)).any()
+            or (widths * block_size < c).any()
+        ):
+            _refuse(query_lens, context_lens, widths, block_size)
+        width = int(widths.max()) if n else 0
+        tables = np.zeros((n, max(width, 1)), np.int64)
+        total = int(widths.sum())
+        if total == n * width:  # every table as wide: one conversion
+            flat = np.fromiter(itertools.chain.from_iterable(block_tables), np.int64, total)
+            tables[:, :width] = flat.reshape(n, width)
+        elif total:
+            flat = np.fromiter(itertools.chain.from_iterable(block_tables), np.int64, total)
+            tables[np.arange(width)[None, :] < widths[:, None]] = flat
+        if decode_only:  # one new token per sequence, at context_len - 1
+            starts = np.arange(n + 1, dtype=np.int32)
+            num_decodes, rows, pos = n, starts[:-1], c - 1
+        else:
+            starts = np.zeros(n + 1, np.int32)
+            np.cumsum(q, out=starts[1:])
+            num_decodes = int((q != 1).argmax())
+            # A later one-token sequence is fine: the prefill kernel handles any query length.
+            rows = np.repeat(np.arange(n), q)
+            pos = np.arange(int(starts[-1])) - starts[rows] + (c - q)[rows]
+        slots = tables[rows, pos // block_size] * block_size + pos % block_size
+        return cls(
+            slot_mapping=slots,
+            block_tables=tables.astype(np.int32),
+            context_lens=c.astype(np.int32),
+            query_start_loc=starts,
+            positions=pos,
+            num_decodes=num_decodes,
+            max_query_len=max(query_lens, default=0),
+            max_context_len=max(context_lens, default=0),
+        )
+
+    def to_device(self, device: torch.device | str = "cpu") -> AttentionMetadata:
+        return AttentionMetadata(
+            slot_mapping=upload(self.slot_mapping, device),
+            block_tables=upload(self.block_tables, device),
+            context_lens=upload(self.context_lens, device),
+            query_start_loc=upload(self.query_start_loc, device),
+            num_decodes=self.num_decodes,
+            max_query_len=self.max_query_len,
+            max_context_len=self.max_context_len,
+        )
+
+
+def _refuse(
+    query_lens: Sequence[int], context_lens: Sequence[int], widths: np.ndarray, block_size: int
+) -> None:
+    """Raise for the first sequence whose lengths or table do not fit."""
+    for q, c, w in zip(query_lens, context_lens, widths.tolist(), strict=True):
+        if q < 1 or q > c:
+            raise ValueError(f"query_len {q} must be in [1, context_len {c}]")
+        if w * block_size < c:
+            raise ValueError(f"block table of {w} blocks cannot hold {c} tokens")
 
 
 @dataclass
@@ -26,6 +129,8 @@ class AttentionMetadata:
     num_decodes: int  # the first num_decodes sequences have exactly one new token
     max_query_len: int
     max_context_len: int
+    # work every layer of the step shares (the torch decode's DecodeGather), made once
+    shared: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def num_seqs(self) -> int:
@@ -44,37 +149,20 @@ class AttentionMetadata:
 
         The new tokens of sequence s sit at positions [context_len - query_len, context_len).
         """
-        num_decodes = 0
-        for q in query_lens:
-            if q != 1:
-                break
-            num_decodes += 1
-        # A later one-token sequence is fine: the prefill kernel handles any query length.
-        slots: list[int] = []
-        for q, c, table in zip(query_lens, context_lens, block_tables, strict=True):
-            if q < 1 or q > c:
-                raise ValueError(f"query_len {q} must be in [1, context_len {c}]")
-            if len(table) * block_size < c:
-                raise ValueError(f"block table of {len(table)} blocks cannot hold {c} tokens")
-            for pos in range(c - q, c):
-                slots.append(table[pos // block_size] * block_size + pos % block_size)
-        width = max((len(t) for t in block_tables), default=1) or 1
-        tables = torch.zeros((len(block_tables), width), dtype=torch.int32)
-        for i, t in enumerate(block_tables):
-            if t:
-                tables[i, : len(t)] = torch.tensor(t, dtype=torch.int32)
-        starts = [0]
-        for q in query_lens:
-            starts.append(starts[-1] + q)
-        return cls(
-            slot_mapping=torch.tensor(slots, dtype=torch.int64, device=device),
-            block_tables=tables.to(device),
-            context_lens=torch.tensor(list(context_lens), dtype=torch.int32, device=device),
-            query_start_loc=torch.tensor(starts, dtype=torch.int32, device=device),
-            num_decodes=num_decodes,
-            max_query_len=max(query_lens, default=0),
-            max_context_len=max(context_lens, default=0),
+        return HostLayout.build(query_lens, context_lens, block_tables, block_size).to_device(
+            device
         )
+
+    def decode_gather(self, block_size: int) -> reference.DecodeGather:
+        """The decode sequences' cache reads for the torch decode, made once per step."""
+        gather = self.shared.get("decode_gather")
+        if gather is None:
+            nd = self.num_decodes
+            gather = reference.DecodeGather(
+                self.block_tables[:nd], self.context_lens[:nd], block_size
+            )
+            self.shared["decode_gather"] = gather
+        return gather
 
 
 def resolve_backend(name: str, device: torch.device) -> str:
@@ -124,7 +212,14 @@ class PagedAttention(torch.nn.Module):
         nd = meta.num_decodes
         if nd:
             out[:nd] = ops.paged_decode(
-                q[:nd], k_cache, v_cache, meta.block_tables[:nd], meta.context_lens[:nd], self.scale
+                q[:nd],
+                k_cache,
+                v_cache,
+                meta.block_tables[:nd],
+                meta.context_lens[:nd],
+                self.scale,
+                # the torch decode shares its gather plan and scratch across the layers
+                **({"gather": meta.decode_gather(k_cache.shape[1])} if backend == "torch" else {}),
             )
         if nd < meta.num_seqs:
             starts = meta.query_start_loc[nd:] - meta.query_start_loc[nd]

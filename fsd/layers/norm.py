@@ -1,4 +1,5 @@
-"""Normalisation layers: LayerNorm (OPT) and RMSNorm (Llama), replicated on every rank."""
+"""Normalisation layers, replicated on every rank: LayerNorm (OPT), RMSNorm (Llama) and
+RMSNorm per attention head (the q/k norm of Qwen3)."""
 
 from __future__ import annotations
 
@@ -52,3 +53,15 @@ class RMSNorm(nn.Module):
 
     def extra_repr(self) -> str:
         return f"{self.hidden_size}, eps={self.eps}"
+
+
+class HeadRMSNorm(RMSNorm):
+    """RMSNorm of each head of a flattened [T, heads * head_dim] tensor (Qwen3's q/k norm).
+
+    One weight of head_dim for every head, so every tensor-parallel rank holds it whole
+    whatever heads it owns.
+    """
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        heads = x.reshape(*x.shape[:-1], -1, self.hidden_size)
+        return super().forward(heads).reshape(x.shape)

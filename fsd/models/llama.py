@@ -1,7 +1,11 @@
-"""Llama family (Llama 2 / 3.x and look-alikes), numerically matching HF `LlamaForCausalLM`.
+"""Llama family (Llama 2 / 3.x, Mistral, Qwen2 / 2.5, Qwen3), numerically matching HF's
+`LlamaForCausalLM`, `MistralForCausalLM`, `Qwen2ForCausalLM` and `Qwen3ForCausalLM`.
 
 RMSNorm, rotary positions (optionally llama3-scaled), SwiGLU MLP, grouped-query
-attention, optional attention / MLP biases, explicit head_dim, optional tied LM head.
+attention, optional attention / MLP biases, explicit head_dim, optional tied LM head;
+the variants are flags of ModelArch: `qkv_bias` (Qwen2: q/k/v biases, none on o_proj),
+`qk_norm` (Qwen3: RMSNorm over each q and k head before RoPE). A sliding window
+(Mistral) needs nothing here: the loader caps the context at the window.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ from fsd.layers.activation import SiluAndMul
 from fsd.layers.attention import AttentionMetadata, PagedAttention
 from fsd.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from fsd.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
-from fsd.layers.norm import RMSNorm
+from fsd.layers.norm import HeadRMSNorm, RMSNorm
 from fsd.layers.rotary import RotaryEmbedding
 from fsd.models.arch import ModelArch
 from fsd.models.base import CausalLM, KVCache, WeightSpec, linear_specs, norm_specs
@@ -25,10 +29,15 @@ class LlamaAttention(nn.Module):
     def __init__(self, arch: ModelArch, rotary: RotaryEmbedding, attn_backend: str) -> None:
         super().__init__()
         d = arch.head_dim
+        qkv_bias = arch.attention_bias or arch.qkv_bias
         self.qkv_proj = QKVParallelLinear(
-            arch.hidden_size, d, arch.num_heads, arch.num_kv_heads, bias=arch.attention_bias
+            arch.hidden_size, d, arch.num_heads, arch.num_kv_heads, bias=qkv_bias
         )
         self.o_proj = RowParallelLinear(arch.q_size, arch.hidden_size, bias=arch.attention_bias)
+        self.qk_norm = arch.qk_norm
+        if arch.qk_norm:  # one weight per head_dim, the same for every head (and rank)
+            self.q_norm = HeadRMSNorm(d, arch.norm_eps)
+            self.k_norm = HeadRMSNorm(d, arch.norm_eps)
         self.rotary_emb = rotary  # shared by every layer
         self.attn = PagedAttention(
             self.qkv_proj.num_heads,
@@ -46,6 +55,8 @@ class LlamaAttention(nn.Module):
         meta: AttentionMetadata,
     ) -> torch.Tensor:
         q, k, v = self.qkv_proj.split(self.qkv_proj(hidden))
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
         q, k = self.rotary_emb(positions, q, k)
         return self.o_proj(self.attn(q, k, v.contiguous(), kv_cache, meta))
 
@@ -126,14 +137,18 @@ class LlamaForCausalLM(CausalLM):
     def weight_specs(self) -> list[WeightSpec]:
         a = self.arch
         h, inter = a.hidden_size, a.intermediate_size
+        qkv_bias = a.attention_bias or a.qkv_bias
         specs = [WeightSpec("model.embed_tokens.weight", (a.vocab_size, h), "normal")]
         for i in range(a.num_layers):
             lp = f"model.layers.{i}"
             specs += norm_specs(f"{lp}.input_layernorm", h, bias=False)
-            specs += linear_specs(f"{lp}.self_attn.q_proj", a.q_size, h, a.attention_bias)
-            specs += linear_specs(f"{lp}.self_attn.k_proj", a.kv_size, h, a.attention_bias)
-            specs += linear_specs(f"{lp}.self_attn.v_proj", a.kv_size, h, a.attention_bias)
+            specs += linear_specs(f"{lp}.self_attn.q_proj", a.q_size, h, qkv_bias)
+            specs += linear_specs(f"{lp}.self_attn.k_proj", a.kv_size, h, qkv_bias)
+            specs += linear_specs(f"{lp}.self_attn.v_proj", a.kv_size, h, qkv_bias)
             specs += linear_specs(f"{lp}.self_attn.o_proj", h, a.q_size, a.attention_bias)
+            if a.qk_norm:
+                specs += norm_specs(f"{lp}.self_attn.q_norm", a.head_dim, bias=False)
+                specs += norm_specs(f"{lp}.self_attn.k_norm", a.head_dim, bias=False)
             specs += norm_specs(f"{lp}.post_attention_layernorm", h, bias=False)
             specs += linear_specs(f"{lp}.mlp.gate_proj", inter, h, a.mlp_bias)
             specs += linear_specs(f"{lp}.mlp.up_proj", inter, h, a.mlp_bias)

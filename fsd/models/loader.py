@@ -134,11 +134,19 @@ def resolve_dtype(name: str, device: torch.device, checkpoint_dtype: str | None)
 
 
 def _max_model_len(cfg: ModelConfig, arch: ModelArch) -> int:
+    """The configured context, or the model's: its positions or, if shorter, its sliding
+    window (fsd does not slide attention, so it serves no sequence beyond the window)."""
     if cfg.max_model_len is None:
-        return arch.max_position
+        return arch.max_context
     if cfg.max_model_len > arch.max_position:
         raise ConfigError(
             f"max_model_len {cfg.max_model_len} exceeds the model's {arch.max_position} positions"
+        )
+    if cfg.max_model_len > arch.max_context:
+        raise ConfigError(
+            f"max_model_len {cfg.max_model_len} exceeds the {arch.sliding_window}-token sliding "
+            f"window of this {arch.model_type} model: fsd does not implement sliding-window "
+            "attention and serves such a model up to its window only"
         )
     return cfg.max_model_len
 

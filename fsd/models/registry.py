@@ -21,7 +21,7 @@ MODEL_CLASSES: dict[str, type[CausalLM]] = {
 
 
 def model_class(family: str) -> type[CausalLM]:
-    """The class for a family ("opt" | "llama")."""
+    """The class for a family ("opt" | "llama"; Mistral and Qwen are "llama")."""
     try:
         return MODEL_CLASSES[family]
     except KeyError:

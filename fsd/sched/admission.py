@@ -23,6 +23,7 @@ class RequestLimits:
     device_blocks: int
     block_size: int
     prefill_chunk: int = 0  # chunked prefill: a prompt need not fit one iteration
+    context_note: str = ""  # why the context is what it is, if not the model's positions
 
     def blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
@@ -41,7 +42,7 @@ def check_request(prompt_len: int, max_tokens: int, limits: RequestLimits) -> in
     if prompt_len >= ctx:
         raise PromptTooLongError(
             f"prompt has {prompt_len} tokens; the model's context is {ctx} "
-            "tokens and at least one must be left for output"
+            f"tokens{limits.context_note} and at least one must be left for output"
         )
     if prompt_len > limits.max_batch_tokens and not limits.prefill_chunk:
         raise PromptTooLongError(

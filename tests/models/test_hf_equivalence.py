@@ -4,12 +4,13 @@ Each variant is a tiny random HF checkpoint saved to disk and loaded by
 `fsd.models.loader.load_model`. Logits must match HF's (fp32) for every prompt
 position after a prefill, after chunked prefills, and for decode steps one token at
 a time, with block size 4 and shuffled block tables; also for several sequences of
-different lengths (decodes and prefills) in one forward.
+different lengths (decodes and prefills) in one forward. On two gloo ranks, every
+family (OPT, Llama, Qwen2, Qwen3, Mistral; their single-device tests are in
+test_families.py) equals HF with TP=2, whole and as two pipeline stages.
 """
 
 from __future__ import annotations
 
-import random
 from pathlib import Path
 from typing import Any
 
@@ -18,19 +19,20 @@ import torch
 from safetensors import safe_open
 
 from fsd.config import ModelConfig
-from fsd.layers.attention import AttentionMetadata
-from fsd.layers.parallel_state import get_tp_world_size, reset_tp_group, set_tp_group
-from fsd.models.loader import LoadedModel, load_model
+from fsd.layers.parallel_state import reset_tp_group, set_tp_group
+from fsd.models.loader import load_model
 from tests.models.hf_fixtures import (
+    PagedRunner,
+    hf_greedy,
     hf_logits,
     load_hf_model,
+    make_checkpoint,
     make_llama_checkpoint,
     make_opt_checkpoint,
+    pipeline_stages,
 )
-
-ATOL = 1e-4
-RTOL = 1e-4
-BLOCK_SIZE = 4
+from tests.models.hf_fixtures import assert_logits_close as _close
+from tests.models.hf_fixtures import random_tokens as _tokens
 
 VARIANTS = {
     "opt": ("opt", {}),
@@ -64,47 +66,6 @@ VARIANTS = {
 }
 
 
-class PagedRunner:
-    """Drives a loaded model through a paged KV cache, the way the engine does."""
-
-    def __init__(self, lm: LoadedModel, num_blocks: int = 64, seed: int = 0) -> None:
-        self.lm = lm
-        a = lm.arch
-        kv_heads = a.kv_heads_per_rank(get_tp_world_size())
-        shape = (num_blocks, BLOCK_SIZE, kv_heads, a.head_dim)
-        self.caches = [
-            (torch.zeros(shape, dtype=lm.dtype), torch.zeros(shape, dtype=lm.dtype))
-            for _ in range(a.num_layers)
-        ]
-        self.free = list(range(num_blocks))
-        random.Random(seed).shuffle(self.free)
-        self.tables: dict[str, list[int]] = {}
-        self.lens: dict[str, int] = {}
-
-    def step(self, batch: list[tuple[str, list[int]]]) -> list[torch.Tensor]:
-        """One forward over [(seq, new ids)] (decodes first); logits [len(ids), vocab] each."""
-        query_lens, context_lens, tables, ids, positions = [], [], [], [], []
-        for seq, new in batch:
-            start = self.lens.get(seq, 0)
-            end = start + len(new)
-            table = self.tables.setdefault(seq, [])
-            while len(table) * BLOCK_SIZE < end:
-                table.append(self.free.pop())
-            self.lens[seq] = end
-            query_lens.append(len(new))
-            context_lens.append(end)
-            tables.append(list(table))
-            ids += new
-            positions += range(start, end)
-        meta = AttentionMetadata.build(query_lens, context_lens, tables, BLOCK_SIZE)
-        with torch.inference_mode():
-            hidden = self.lm.model(torch.tensor(ids), torch.tensor(positions), self.caches, meta)
-            assert hidden.shape == (len(ids), self.lm.arch.hidden_size)
-            logits = self.lm.model.compute_logits(hidden)
-        assert logits.dtype == torch.float32
-        return list(logits.split(query_lens))
-
-
 @pytest.fixture(scope="module", params=list(VARIANTS))
 def variant(request, tmp_path_factory):
     family, overrides = VARIANTS[request.param]
@@ -113,16 +74,6 @@ def variant(request, tmp_path_factory):
     make(path, **overrides)
     lm = load_model(ModelConfig(model=str(path), device="cpu", dtype="auto"))
     return path, lm, load_hf_model(path)
-
-
-def _tokens(n: int, seed: int, vocab: int = 259) -> list[int]:
-    rng = random.Random(seed)
-    return [rng.randrange(3, vocab) for _ in range(n)]
-
-
-def _close(ours: torch.Tensor, ref: torch.Tensor) -> None:
-    assert ours.shape == ref.shape
-    torch.testing.assert_close(ours, ref, atol=ATOL, rtol=RTOL)
 
 
 def test_logits_are_not_trivial(variant):
@@ -147,17 +98,7 @@ def test_prefill_then_decode(variant):
 def test_greedy_tokens_match_hf_generate(variant):
     _, lm, hf = variant
     prompt = lm.tokenizer.encode("The paged cache")
-    out = hf.generate(
-        torch.tensor([prompt]), max_new_tokens=8, do_sample=False, pad_token_id=0, eos_token_id=None
-    )
-    expected = out[0, len(prompt) :].tolist()
-    runner = PagedRunner(lm, seed=3)
-    (logits,) = runner.step([("g", prompt)])
-    got = [int(logits[-1].argmax())]
-    while len(got) < len(expected):
-        (logits,) = runner.step([("g", [got[-1]])])
-        got.append(int(logits[-1].argmax()))
-    assert got == expected
+    assert PagedRunner(lm, seed=3).greedy("g", prompt, 8) == hf_greedy(hf, prompt, 8)
 
 
 def test_chunked_prefill(variant):
@@ -211,7 +152,7 @@ def test_tokenizer_matches_checkpoint(variant):
     assert lm.arch.eos_token_id == hf.config.eos_token_id
 
 
-# -- tensor parallelism: two CPU ranks over gloo equal HF -------------------------------
+# -- tensor parallelism: two CPU ranks over gloo equal HF, whole and as 2 stages ---------
 
 TP_VARIANTS = {
     "opt": ("opt", {}),
@@ -220,6 +161,9 @@ TP_VARIANTS = {
         "llama",
         {"num_key_value_heads": 1, "tie_word_embeddings": True, "attention_bias": True},
     ),
+    "qwen2-tied": ("qwen2", {"tie_word_embeddings": True}),  # q/k/v biases split by heads
+    "qwen3-mqa": ("qwen3", {"num_key_value_heads": 1}),  # per-head q/k norms on both ranks
+    "mistral-window": ("mistral", {"sliding_window": 64}),
 }
 
 
@@ -231,22 +175,23 @@ def _tp_worker(rank: int, init_file: str, cases: list[tuple[str, list[int], Any]
     try:
         for path, ids, ref in cases:
             lm = load_model(ModelConfig(model=path, device="cpu"))
-            runner = PagedRunner(lm, seed=rank)  # each rank's cache layout may differ
-            (prefill,) = runner.step([("t", ids[:-3])])
-            steps = [runner.step([("t", [tok])])[0] for tok in ids[-3:]]
-            _close(torch.cat([prefill, *steps]), ref)
+            # TP=2, then TP=2 x PP=2 (each rank runs both stages of its shard in turn)
+            for stages in (None, pipeline_stages(path, 2)):
+                runner = PagedRunner(lm, seed=rank, stages=stages)  # layouts may differ
+                (prefill,) = runner.step([("t", ids[:-3])])
+                steps = [runner.step([("t", [tok])])[0] for tok in ids[-3:]]
+                _close(torch.cat([prefill, *steps]), ref)
     finally:
         reset_tp_group()
         dist.destroy_process_group()
 
 
-def test_tensor_parallel_two_ranks_match_hf(tmp_path):
+def test_tensor_parallel_two_ranks_whole_and_pipelined_match_hf(tmp_path):
     import torch.multiprocessing as mp
 
     cases = []
     for name, (family, overrides) in TP_VARIANTS.items():
-        make = make_opt_checkpoint if family == "opt" else make_llama_checkpoint
-        path = make(tmp_path / name, **overrides)
+        path = make_checkpoint(tmp_path / name, family, **overrides)
         ids = _tokens(12, 9)
         cases.append((str(path), ids, hf_logits(load_hf_model(path), ids)))
     mp.spawn(_tp_worker, args=(str(tmp_path / "dist-init"), cases), nprocs=2, join=True)

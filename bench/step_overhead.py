@@ -1,0 +1,168 @@
+"""What a step costs besides the model: the batch layout and the engine around the forward.
+
+    .venv/bin/python bench/step_overhead.py            # CPU, 1 thread
+    .venv/bin/python bench/step_overhead.py --batches 1,32 --steps 64
+
+Two tables. `AttentionMetadata.build`: the median time to lay out a batch of B
+decodes at context --context (block size 16), and of the same decodes beside one
+prefill of --context tokens. The step: the `tiny` preset decoding B jobs, each step
+timed (median) whole (`Engine.step`) and in parts: the model's forward
+(`forward_stage`), the rest of `Worker.step` (layout, input tensors, logits and
+sampling) and the rest of the engine (scheduler, plan, appending tokens). Writes
+bench/results/step-overhead-<device>.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+from rich.console import Console
+from rich.table import Table
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from machine import describe_machine, machine_slug  # noqa: E402
+
+from fsd import LLM, SamplingParams  # noqa: E402
+from fsd.layers.attention import AttentionMetadata  # noqa: E402
+
+BLOCK = 16
+
+
+def time_build(batch: int, context: int, prefill: int, reps: int) -> float:
+    """Median seconds of one build: `batch` decodes (+ one prefill of `prefill` tokens)."""
+    nb = -(-context // BLOCK)
+    q = [1] * batch + ([prefill] if prefill else [])
+    c = [context] * batch + ([prefill] if prefill else [])
+    tables = [tuple(range(i * nb, (i + 1) * nb)) for i in range(len(q))]
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        AttentionMetadata.build(q, c, tables, BLOCK)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+class Timer:
+    """Wraps a bound method; keeps each call's seconds."""
+
+    def __init__(self, obj, name: str) -> None:
+        self.fn = getattr(obj, name)
+        self.times: list[float] = []
+        setattr(obj, name, self)
+
+    def __call__(self, *args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return self.fn(*args, **kwargs)
+        finally:
+            self.times.append(time.perf_counter() - start)
+
+
+def time_steps(batch: int, args) -> dict:
+    llm = LLM(
+        "tiny",
+        device=args.device,
+        num_gpu_blocks=8192,
+        num_host_blocks=0,
+        max_batch_size=batch,
+        profile="opt-13b-h100",  # a shipped cost model: no calibration at start
+    )
+    eng = llm.engine
+    worker = eng.executor.worker
+    llm.generate([1, 2, 3], SamplingParams(max_tokens=4))  # warm up
+    params = SamplingParams(max_tokens=args.steps + 2, ignore_eos=True)
+    jobs = [
+        eng.add_request([(7 * i + k) % 200 + 1 for k in range(args.context)], params)
+        for i in range(batch)
+    ]
+    while not all(j.output_token_ids for j in jobs):
+        eng.step()  # until every job decodes
+    step_t = Timer(worker, "step")
+    fwd_t = Timer(worker.model, "forward_stage")
+    total = []
+    for _ in range(args.steps):
+        start = time.perf_counter()
+        eng.step()
+        total.append(time.perf_counter() - start)
+    llm.close()
+    med = statistics.median
+    whole, wstep, fwd = med(total), med(step_t.times), med(fwd_t.times)
+    return {
+        "batch": batch,
+        "step_ms": 1e3 * whole,
+        "forward_ms": 1e3 * fwd,
+        "worker_rest_ms": 1e3 * (wstep - fwd),
+        "engine_rest_ms": 1e3 * (whole - wstep),
+        "overhead_share": (whole - fwd) / whole,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--batches", default="1,8,32,128")
+    ap.add_argument("--context", type=int, default=512)
+    ap.add_argument("--steps", type=int, default=48)
+    ap.add_argument("--reps", type=int, default=400)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    console = Console()
+    batches = [int(b) for b in args.batches.split(",")]
+
+    builds = []
+    for b in batches:
+        builds.append(
+            {
+                "batch": b,
+                "decode_us": 1e6 * time_build(b, args.context, 0, args.reps),
+                "with_prefill_us": 1e6 * time_build(b, args.context, args.context, args.reps),
+            }
+        )
+    table = Table(title=f"AttentionMetadata.build, context {args.context}: us (median)")
+    for col in ("decodes", "decodes only", f"+ prefill of {args.context}"):
+        table.add_column(col, justify="right")
+    for r in builds:
+        table.add_row(str(r["batch"]), f"{r['decode_us']:.1f}", f"{r['with_prefill_us']:.1f}")
+    console.print(table)
+
+    steps = [time_steps(b, args) for b in batches]
+    table = Table(
+        title=f"tiny decode step at context {args.context}, {args.threads} thread(s): ms (median)"
+    )
+    for col in ("batch", "step", "forward", "worker rest", "engine rest", "not forward"):
+        table.add_column(col, justify="right")
+    for r in steps:
+        table.add_row(
+            str(r["batch"]),
+            f"{r['step_ms']:.2f}",
+            f"{r['forward_ms']:.2f}",
+            f"{r['worker_rest_ms']:.2f}",
+            f"{r['engine_rest_ms']:.2f}",
+            f"{100 * r['overhead_share']:.0f}%",
+        )
+    console.print(table)
+    dev = torch.device(args.device)
+    result = {
+        "bench": "step overhead",
+        "machine": describe_machine(dev),
+        "settings": {k: getattr(args, k) for k in ("context", "steps", "reps", "threads")},
+        "build": builds,
+        "steps": steps,
+    }
+    out = Path(args.json or f"bench/results/step-overhead-{machine_slug(dev)}.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    console.print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
