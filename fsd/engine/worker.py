@@ -84,7 +84,9 @@ def default_threads() -> int | None:
     runs there, and an OpenMP thread that spins on a taken core makes a step many
     times slower at random. So while the count is still torch's default (and
     OMP_NUM_THREADS is unset), a worker takes the usable CPUs (affinity, cgroup
-    quota) less one, at least one: 1 on a 2-CPU machine. A count set with
+    quota), less one where there are more than 4 to spare one for the daemon's own
+    threads; on 4 or fewer, a core left out costs more than the spinning (the CI
+    suite on 2 cores ran ~2x longer with one thread). A count set with
     OMP_NUM_THREADS or torch.set_num_threads before the engine starts is kept.
     """
     if os.environ.get("OMP_NUM_THREADS"):
@@ -95,7 +97,8 @@ def default_threads() -> int | None:
         seen = os.cpu_count() or 1
     if torch.get_num_threads() != seen:
         return None  # someone chose it
-    return max(1, usable_cpus() - 1)
+    usable = usable_cpus()
+    return usable - 1 if usable > 4 else usable
 
 
 @dataclass(frozen=True)

@@ -143,6 +143,8 @@ def test_default_threads(monkeypatch):
         monkeypatch.setenv("OMP_NUM_THREADS", "8")
         assert worker_mod.default_threads() is None
         monkeypatch.delenv("OMP_NUM_THREADS")
+        monkeypatch.setattr(worker_mod, "usable_cpus", lambda: 2)
+        assert worker_mod.default_threads() == 2  # a small machine keeps every core
         monkeypatch.setattr(worker_mod, "usable_cpus", lambda: 1)
         assert worker_mod.default_threads() == 1
     finally:
