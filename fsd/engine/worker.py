@@ -85,8 +85,8 @@ def default_threads() -> int | None:
     times slower at random. So while the count is still torch's default (and
     OMP_NUM_THREADS is unset), a worker takes the usable CPUs (affinity, cgroup
     quota), less one where there are more than 4 to spare one for the daemon's own
-    threads; on 4 or fewer, a core left out costs more than the spinning (the CI
-    suite on 2 cores ran ~2x longer with one thread). A count set with
+    threads; on 4 or fewer a core left out would cost a quarter to half of the
+    compute, more than the spinning is likely to. A count set with
     OMP_NUM_THREADS or torch.set_num_threads before the engine starts is kept.
     """
     if os.environ.get("OMP_NUM_THREADS"):
