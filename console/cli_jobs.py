@@ -18,6 +18,7 @@ from fsd.cli_errors import fail, friendly
 from fsd.cli_options import CLI_MAX_TOKENS, default_of
 from fsd.console import cli_format as fmt
 from fsd.console.cli_target import target_of
+from fsd.console.preview_format import preview_lines
 from fsd.errors import FsdError
 
 
@@ -144,12 +145,35 @@ def retune(
     settings: Annotated[
         list[str], typer.Argument(help="KEY=VALUE ..., e.g. policy=fcfs quanta=0.01,0.02,0.04")
     ],
+    preview: Annotated[
+        bool,
+        typer.Option(
+            "--preview",
+            help="Apply nothing: run the daemon's twin forward under the current settings "
+            "and under these, and print both.",
+        ),
+    ] = False,
+    horizon: Annotated[
+        float, typer.Option(help="With --preview: seconds of simulated time.")
+    ] = default_of(P.Preview, "horizon"),
+    seeds: Annotated[
+        int, typer.Option(help="With --preview: runs (arrival draws) per side.")
+    ] = default_of(P.Preview, "seeds"),
 ) -> None:
-    """Change scheduling settings live; prints each setting's new value."""
+    """Change scheduling settings live; prints each setting's new value (--preview: what
+    they would do, applying nothing)."""
     with friendly():
         changes = fmt.parse_assignments(settings)
         with target_of(ctx).client() as c:
-            config = c.retune(**changes)
+            if preview:
+                typer.echo(f"previewing... (runs the twin for {horizon:g} s of simulated time)", err=True)  # fmt: skip
+                reply = c.preview(horizon=horizon, seeds=seeds, **changes)
+            else:
+                config = c.retune(**changes)
+    if preview:
+        for line in preview_lines(reply):
+            typer.echo(line)
+        return
     for key, requested in changes.items():
         found, value = fmt.find_setting(config, key)
         value = value if found else requested

@@ -16,7 +16,8 @@ its traces inline (the daemon never opens a path a client names).
 
 The version, the size limits, `encode` and `ProtocolError` (an `FsdError` whose
 instances carry their code) live in `fsd.wire`, the telemetry messages and `JobInfo`
-in `fsd.protocol_telemetry`; both are re-exported here.
+in `fsd.protocol_telemetry`, the what-if pair (`Preview`, `PreviewReply`) in
+`fsd.protocol_preview`; all are re-exported here.
 
 Within a version, a message grows only by optional fields (a None or empty default):
 an older peer skips what it does not know and a newer one reads an absent field as
@@ -32,6 +33,13 @@ from typing import Any
 import msgspec
 
 from fsd.jobs import SamplingParams
+from fsd.protocol_preview import (  # noqa: F401 - re-exported: the what-if messages
+    Preview,
+    PreviewAssumptions,
+    PreviewReply,
+    PreviewSide,
+    Spread,
+)
 from fsd.protocol_telemetry import (  # noqa: F401 - re-exported: the telemetry messages
     Event,
     IterationInfo,
@@ -182,6 +190,7 @@ Request = (
     | Undrain
     | Shutdown
     | Ping
+    | Preview
 )
 
 
@@ -272,6 +281,7 @@ class StatusReply(_Msg, tag="status_reply"):
     client_timeout: float = 0.0
     step_seconds: float = 0.0  # engine-thread time in iterations (step + routing tokens)
     telemetry_seconds: float = 0.0  # engine-thread time reading and queueing telemetry
+    preview_seconds: float = 0.0  # engine-thread time snapshotting for previews
     role: str = "client"  # the role the asking request had: "client" or "operator"
 
 
@@ -283,7 +293,9 @@ class Ack(_Msg, tag="ack"):
     req_id: str | None = None  # the request's, when it had one (Inject)
 
 
-Reply = Accepted | Tokens | Finished | Error | JobList | JobReply | StatusReply | Ack
+Reply = (
+    Accepted | Tokens | Finished | Error | JobList | JobReply | StatusReply | Ack | PreviewReply
+)
 
 
 # ---- codecs (fsd.wire) ---------------------------------------------------------------

@@ -47,6 +47,8 @@ FORBIDDEN = {
         "torch", "fsd.sched", "fsd.engine", "fsd.server", "fsd.console", "fsd.sim", "fsd.models",
     ),
     "fsd/sim": ("torch", "fsd.engine", "fsd.server", "fsd.console"),
+    # the what-if twin runs in its own process: the simulator's imports, plus the wire
+    "fsd/twin": ("torch", "fsd.engine", "fsd.server", "fsd.console", "fsd.models"),
     "fsd/workload": ("torch", "fsd.sched", "fsd.kv", "fsd.engine", "fsd.server", "fsd.console"),
     "fsd/engine": ("fsd.server", "fsd.console", "fsd.sim"),
     # the SDK: the wire and the errors only (a client process loads no engine code)

@@ -275,8 +275,11 @@ class TopApp(App[None]):
         if self._no_control() or self._read_only("retune"):
             return
         config = self.view.snapshot.config if self.view.snapshot is not None else {}
-        dialog = RetuneScreen(forms.RetuneForm.from_config(config), self._retune, POLICIES, KV_POLICIES)  # fmt: skip
+        dialog = RetuneScreen(forms.RetuneForm.from_config(config), self._retune, POLICIES, KV_POLICIES, self._preview)  # fmt: skip
         self.push_screen(dialog, self._answered)
+
+    async def _preview(self, changes: dict[str, Any]) -> P.PreviewReply:
+        return await self._daemon().preview(**changes)
 
     async def _retune(self, changes: dict[str, Any]) -> str:
         config = await self._daemon().retune(**changes)

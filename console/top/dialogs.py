@@ -2,28 +2,35 @@
 
 A bad field is named in the dialog (and focused) before anything is sent; the
 daemon's refusal is shown in the dialog, which stays open to fix it. On success
-the dialog closes with the daemon's answer as its result.
+the dialog closes with the daemon's answer as its result. The retune dialog can
+also ask for a preview (the daemon's twin run under the current and the proposed
+settings, nothing applied), shown in the dialog until Apply or Cancel.
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
+from typing import Any
 
+from rich.text import Text
 from textual import on
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Grid, Horizontal, Vertical
+from textual.containers import Grid, Horizontal, Vertical, VerticalScroll
 from textual.message import Message
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Select, Static
 
 from fsd import protocol as P
+from fsd.cli_options import default_of
+from fsd.console.preview_format import preview_lines
 from fsd.console.top import forms
 from fsd.console.top.render import ROLE_HINT
 from fsd.errors import ForbiddenError, FsdError
 
 RetuneSend = Callable[[dict], Awaitable[str]]
+PreviewSend = Callable[[dict], Awaitable[P.PreviewReply]]
 InjectSend = Callable[[P.Burst | None, Path | None, str], Awaitable[str]]
 
 
@@ -34,6 +41,12 @@ def forbidden(exc: FsdError) -> bool:
 
 class Forbidden(Message):
     """Posted to the app when the daemon refused a dialog's request for its role."""
+
+
+# the retune dialog's rows besides a preview: border, title, form, error, answer, buttons
+PREVIEW_SPARE_ROWS = 18
+REFUSED = object()  # what `_Dialog._ask` returns once the daemon's refusal is shown
+PREVIEWING = f"previewing… (runs the twin for {default_of(P.Preview, 'horizon'):g} s of simulated time)"  # fmt: skip
 
 
 class _Dialog(ModalScreen[str | None]):
@@ -52,19 +65,24 @@ class _Dialog(ModalScreen[str | None]):
         if widget_id is not None:
             self.query_one(f"#{widget_id}").focus()
 
-    async def _send(self, request: Awaitable[str]) -> None:
+    async def _ask(self, request: Awaitable[Any], waiting: str) -> Any:
+        """The daemon's answer to `request`, or REFUSED once its refusal is shown."""
         self.query_one("#error", Static).update("")
-        self.query_one("#answer", Static).update("sending...")
+        self.query_one("#answer", Static).update(waiting)
         try:
-            answer = await request
+            return await request
         except FsdError as exc:
             if forbidden(exc):  # say what would make it work, and show the role
                 self.app.post_message(Forbidden())
                 self.show_error(f"daemon: {exc}\n{ROLE_HINT}")
             else:
                 self.show_error(f"daemon: {exc}")
-            return
-        self.dismiss(answer)
+            return REFUSED
+
+    async def _send(self, request: Awaitable[str]) -> None:
+        answer = await self._ask(request, "sending...")
+        if answer is not REFUSED:
+            self.dismiss(answer)
 
     def text(self, widget_id: str) -> str:
         return self.query_one(f"#{widget_id}", Input).value
@@ -81,15 +99,18 @@ def _select(widget_id: str, choices: Sequence[str], value: str) -> Select[str]:
 
 
 class RetuneScreen(_Dialog):
-    """Quanta (explicit, or q1 × ratio), α, K, K', admission share, policy and KV policy."""
+    """Quanta (explicit, or q1 × ratio), α, K, K', admission share, policy and KV policy;
+    Preview shows what the change would do before Apply (when `preview` is given)."""
 
-    BINDINGS = [*_Dialog.BINDINGS, Binding("ctrl+s", "apply", "apply")]
+    BINDINGS = [*_Dialog.BINDINGS, Binding("ctrl+s", "apply", "apply"), Binding("ctrl+p", "preview", "preview")]  # fmt: skip
     FIELDS = {"quanta": "quanta", "q1": "q1", "ratio": "ratio", "alpha": "alpha", "K": "k", "K'": "k_prime", "admit": "admit"}  # fmt: skip
 
-    def __init__(self, current: forms.RetuneForm, send: RetuneSend, policies: Sequence[str], kv_policies: Sequence[str]) -> None:  # fmt: skip
+    def __init__(self, current: forms.RetuneForm, send: RetuneSend, policies: Sequence[str], kv_policies: Sequence[str], preview: PreviewSend | None = None) -> None:  # fmt: skip
         super().__init__()
         self.current = current
         self._send_changes = send
+        self._send_preview = preview
+        self.previewing = False  # a preview is on its way (one at a time: the daemon's rule)
         self.policies = policies
         self.kv_policies = kv_policies
 
@@ -128,12 +149,17 @@ class RetuneScreen(_Dialog):
                 yield _select("kv_policy", self.kv_policies, c.kv_policy)
             yield Static(id="error", classes="error")
             yield Static(id="answer", classes="answer")
+            with VerticalScroll(id="preview-box"):
+                yield Static(id="preview")
             with Horizontal(classes="buttons"):
                 yield Button("Apply (ctrl+s)", id="apply", variant="primary")
+                if self._send_preview is not None:
+                    yield Button("Preview (ctrl+p)", id="preview-button")
                 yield Button("Cancel (esc)", id="cancel")
 
     def on_mount(self) -> None:
         self._show_mode(self.current.mode)
+        self.query_one("#preview-box").display = False
 
     def _show_mode(self, mode: str) -> None:
         for widget in self.query(".quanta-row"):
@@ -171,6 +197,41 @@ class RetuneScreen(_Dialog):
             return
         self.run_worker(self._send(self._send_changes(changes)), exclusive=True)
 
+    def action_preview(self) -> None:
+        if self._send_preview is None or self.previewing:
+            return
+        try:
+            changes = forms.retune_changes(self.form(), self.current)
+        except forms.FormError as exc:
+            self.fail(exc)
+            return
+        self.previewing = True
+        self.query_one("#preview-box").display = False  # an older preview would mislead
+        self.run_worker(self._preview(self._send_preview(changes)), group="preview")
+
+    async def _preview(self, request: Awaitable[P.PreviewReply]) -> None:
+        try:
+            reply = await self._ask(request, PREVIEWING)
+        finally:
+            self.previewing = False
+        if reply is REFUSED:
+            return
+        self.query_one("#answer", Static).update("")
+        # Text, not markup: the spreads' [lo–hi] would read as markup tags
+        self.query_one("#preview", Static).update(Text("\n".join(preview_lines(reply))))
+        box = self.query_one("#preview-box", VerticalScroll)
+        box.display = True
+        self._fit_preview()
+        box.scroll_home(animate=False)
+
+    def _fit_preview(self) -> None:
+        """The preview gets the rows the rest of the dialog leaves on the screen."""
+        rows = max(3, self.app.size.height - PREVIEW_SPARE_ROWS)
+        self.query_one("#preview-box").styles.max_height = rows
+
+    def on_resize(self) -> None:
+        self._fit_preview()
+
     @on(Input.Submitted)
     def _submitted(self) -> None:
         self.action_apply()
@@ -178,6 +239,8 @@ class RetuneScreen(_Dialog):
     def on_button_pressed(self, event: Button.Pressed) -> None:
         if event.button.id == "apply":
             self.action_apply()
+        elif event.button.id == "preview-button":
+            self.action_preview()
         else:
             self.dismiss(None)
 

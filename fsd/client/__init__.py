@@ -7,6 +7,7 @@
             print(chunk.text, end="", flush=True)
         out = c.complete("Hi", max_tokens=8)     # Completion: text, timings, counts
         c.retune(policy="fcfs"); c.status(); c.jobs()
+        c.preview(policy="fcfs")                 # what-if: current vs proposed, nothing applied
 
 Owns: the client side of the wire. `core` is the socket-free core (routing replies
 to calls and streams, deadlines, heartbeats, the liveness probe); `sync` (`Client`,
@@ -16,9 +17,10 @@ back; `keys` holds CURVE keys and connects sockets; `base` has the defaults, the
 `Completion` of a job and request building; `errors` the client's own errors. Import
 names from `fsd.client`, not from its modules.
 
-May import: the wire protocol (`fsd.protocol`, `fsd.wire`: messages, limits, the
-default endpoints), `fsd.errors`, `fsd.credentials`, and the plain data it sends:
-`fsd.jobs` (SamplingParams), `fsd.workload.scenario` (a scenario sent inline). Never
+May import: the wire protocol (`fsd.protocol`, `fsd.protocol_preview`, `fsd.wire`:
+messages, limits, the default endpoints), `fsd.errors`, `fsd.credentials`, and the
+plain data it sends: `fsd.jobs` (SamplingParams), `fsd.workload.scenario` (a
+scenario sent inline). Never
 config, engine, sched, kv, server or torch: fsctl and client programs load the SDK
 without the serving stack (tests/client/test_client_sdk.py holds it to that).
 """

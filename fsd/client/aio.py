@@ -6,6 +6,7 @@
         out = await c.complete("Hi", max_tokens=8)
         handles = [await c.submit(p) for p in prompts]
         results = await asyncio.gather(*(h.result() for h in handles))
+        await c.retune(policy="fcfs"); reply = await c.preview(policy="fcfs")
 
 Two tasks per client run on the event loop that first uses it: a reader that feeds
 every frame to the shared `ClientCore` (routing), and a watcher that sleeps until
@@ -30,8 +31,10 @@ from fsd.client.base import (
     DEFAULT_HEARTBEAT,
     DEFAULT_TIMEOUT,
     INJECT_CHECK_TIME,
+    PREVIEW_TIME,
     Completion,
     build_inject,
+    build_preview,
     build_submit,
     log,
 )
@@ -40,6 +43,7 @@ from fsd.client.errors import RequestError
 from fsd.client.keys import CurveKeys, connect
 from fsd.errors import ConfigError, FsdError
 from fsd.jobs import SamplingParams
+from fsd.protocol_preview import DEFAULT_HORIZON, DEFAULT_SEEDS
 
 
 class AsyncJobHandle:
@@ -197,6 +201,13 @@ class AsyncClient:
             raise ConfigError("retune needs at least one setting, e.g. policy='fcfs'")
         detail = (await self._call(P.Retune(changes=changes), "ack:retune")).detail
         return detail.get("config", detail)
+
+    async def preview(
+        self, horizon: float = DEFAULT_HORIZON, seeds: int = DEFAULT_SEEDS, **changes: Any
+    ) -> P.PreviewReply:
+        """What would `changes` do over `horizon` seconds (see `Client.preview`)."""
+        msg = build_preview(changes, horizon, seeds, self._core.next_req_id())
+        return await self._call(msg, "preview", PREVIEW_TIME)
 
     async def inject(
         self,

@@ -23,6 +23,7 @@ log = logging.getLogger("fsd.client")
 DEFAULT_TIMEOUT = 10.0  # seconds to wait for an answer: the daemon's default client_timeout
 DEFAULT_HEARTBEAT = DEFAULT_TIMEOUT / 3  # a Ping well inside the daemon's patience
 INJECT_CHECK_TIME = 30.0  # extra seconds the daemon may take to check an injected scenario
+PREVIEW_TIME = 300.0  # extra seconds a preview may take: its twin runs (any horizon)
 
 
 @dataclass(frozen=True)
@@ -143,6 +144,15 @@ def build_inject(
         raise ConfigError(f"scenario file {str(path)!r} does not exist")
     text, traces = bundle_scenario(path, P.MAX_SCENARIO_BYTES, P.MAX_TRACE_BYTES)
     return P.Inject(scenario=text, traces=traces, tag=tag, req_id=req_id)
+
+
+def build_preview(
+    changes: dict[str, Any], horizon: float, seeds: int, req_id: str | None
+) -> P.Preview:
+    """A `Preview` of `changes` (the daemon checks keys, values, horizon and seeds)."""
+    if not changes:
+        raise ConfigError("preview needs at least one setting, e.g. policy='fcfs'")
+    return P.Preview(changes=changes, horizon=horizon, seeds=seeds, req_id=req_id)
 
 
 def check_frame(frame: bytes) -> bytes:

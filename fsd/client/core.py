@@ -16,6 +16,9 @@ no tokens for them, only each one's `Finished` (req_id = job id). The core holds
 their ids from the `Ack` on, heartbeats while any is held, hands each `Finished` to
 the `injected` sink, and aborts them when the client closes, like streams.
 
+A `Preview` (what-if run of the daemon's twin) is answered by id as well, once its
+simulations end: the `PreviewReply`, or an `Error`, carries the request's `req_id`.
+
 An `Error` of code "duplicate-req-id" refuses a second submit under the id of a job
 that streams already: it is logged, and that job's stream goes on.
 
@@ -110,20 +113,29 @@ class _Call:
     future: Any  # concurrent.futures.Future / asyncio.Future; None for the probe
     deadline: float
     deferred: bool = False
-    req_id: str | None = None  # a call whose answer names it (Inject)
+    req_id: str | None = None  # a call whose answer names it (Inject, Preview)
+
+
+_REPLY_KEYS = {P.StatusReply: "status", P.JobList: "jobs", P.JobReply: "job", P.PreviewReply: "preview"}  # fmt: skip
 
 
 def answered_by_id(msg: P.Request) -> str | None:
     """The id a request's answer will carry, for requests answered by id (Inject: a
-    scenario is answered once checked, after other calls' answers)."""
-    return msg.req_id if isinstance(msg, P.Inject) else None
+    scenario is answered once checked; Preview: once its runs end; both after other
+    calls' answers)."""
+    return msg.req_id if isinstance(msg, P.Inject | P.Preview) else None
 
 
 def reply_key(msg: P.Reply) -> str:
-    """Which control call a reply answers: "status", "jobs", "job" or "ack:<what>"."""
+    """Which control call a reply answers: "status", "jobs", "job", "preview" or
+    "ack:<what>"."""
     if isinstance(msg, P.Ack):
         return f"ack:{msg.what}"
-    return {P.StatusReply: "status", P.JobList: "jobs", P.JobReply: "job"}.get(type(msg), "?")
+    return _REPLY_KEYS.get(type(msg), "?")
+
+
+# replies that name their request: a stream's, an injected job's, or a call's by id
+_NAMED = (P.Finished, P.Error, P.Ack, P.PreviewReply)
 
 
 @dataclass
@@ -198,14 +210,14 @@ class ClientCore:
             if stream is not None:
                 stream.deadline, stream.job_id = None, msg.job_id
                 stream.sink.put_nowait(msg)
-        elif isinstance(msg, P.Finished | P.Error | P.Ack) and msg.req_id is not None:
+        elif isinstance(msg, _NAMED) and msg.req_id is not None:
             self._route_named(msg, msg.req_id)
         else:
             self._answer(msg)
 
-    def _route_named(self, msg: P.Finished | P.Error | P.Ack, req_id: str) -> None:
+    def _route_named(self, msg: P.Finished | P.Error | P.Ack | P.PreviewReply, req_id: str) -> None:
         stream = self.streams.get(req_id)
-        if stream is not None and not isinstance(msg, P.Ack):
+        if stream is not None and isinstance(msg, P.Finished | P.Error):
             if isinstance(msg, P.Error) and msg.code == "duplicate-req-id":
                 log.warning("the daemon refused a duplicate submit of %s: %s", req_id, msg.message)
                 return  # the job already under that id streams on

@@ -8,6 +8,7 @@
         out = c.complete("Hi", max_tokens=8)     # Completion: text, timings, counts
         results = [h.result() for h in [c.submit(p) for p in prompts]]  # many at once
         c.retune(policy="fcfs"); c.status(); c.jobs()
+        c.preview(policy="fcfs").proposed.p95   # what-if: the twin runs, nothing applied
 
 Design: one I/O thread per `Client` owns the DEALER socket (`fsd.client.iothread`).
 Callers hand it requests through a queue and wait on futures (control calls) or on
@@ -32,8 +33,10 @@ from fsd.client.base import (
     DEFAULT_HEARTBEAT,
     DEFAULT_TIMEOUT,
     INJECT_CHECK_TIME,
+    PREVIEW_TIME,
     Completion,
     build_inject,
+    build_preview,
     build_submit,
 )
 from fsd.client.core import ClientCore, JobState, answered_by_id
@@ -42,6 +45,7 @@ from fsd.client.iothread import IOThread, Outgoing
 from fsd.client.keys import CurveKeys
 from fsd.errors import ConfigError, FsdError
 from fsd.jobs import SamplingParams
+from fsd.protocol_preview import DEFAULT_HORIZON, DEFAULT_SEEDS
 
 _GRACE = 2.0  # beyond a call's own deadline, in case the I/O thread itself is stuck
 
@@ -202,6 +206,18 @@ class Client:
             raise ConfigError("retune needs at least one setting, e.g. policy='fcfs'")
         detail = self._call(P.Retune(changes=changes), "ack:retune").detail
         return detail.get("config", detail)
+
+    def preview(
+        self, horizon: float = DEFAULT_HORIZON, seeds: int = DEFAULT_SEEDS, **changes: Any
+    ) -> P.PreviewReply:
+        """What would `changes` (retune's keys) do over the next `horizon` seconds?
+
+        The daemon runs its twin from a snapshot of the live state, `seeds` times under
+        the current settings and under `changes`; nothing is applied. Takes seconds to a
+        minute; RequestError "overloaded" while another preview runs.
+        """
+        msg = build_preview(changes, horizon, seeds, self._core.next_req_id())
+        return self._call(msg, "preview", PREVIEW_TIME)
 
     def inject(
         self,

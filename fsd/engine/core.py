@@ -8,8 +8,8 @@ or tensor x pipeline parallel on Ray. The step function is chosen once, as vLLM'
 EngineCore does: with one micro-batch in flight at most (pp = 1) a step schedules,
 runs and collects one batch; with pipeline parallelism up to `pp` micro-batches are
 in flight, and a step submits the next one (its jobs chosen from those not already
-in flight) and collects the oldest. What ends jobs when something fails lives in
-fsd.engine.failures.
+in flight) and collects the oldest. Failures: fsd.engine.failures; `history` feeds
+the what-if twin (fsd.twin).
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ from fsd.sched.pipeline import InFlight
 from fsd.sched.registry import engine_policy, make_scheduler
 from fsd.sched.retune import plain_value, plan_retune
 from fsd.sched.scheduler import SchedulerOutput
+from fsd.twin.history import WorkHistory
 
 log = logging.getLogger("fsd.engine")
 
@@ -86,6 +87,7 @@ class Engine(EngineFailures):
         self.last_iteration: IterationStats | None = None
         self.recent_iterations: deque[IterationStats] = deque(maxlen=128)
         self.events = EventLog()
+        self.history = WorkHistory(time.time())  # arrivals, lengths: the twin's (fsd.twin)
         self.last_schedule: SchedulerOutput | None = None
         self.iterations = 0
 
@@ -140,6 +142,7 @@ class Engine(EngineFailures):
         self._jobs[job.job_id] = job
         self._text[job.job_id] = JobDetokenizer(self.tokenizer, ids, params.stop)
         self.scheduler.add(job, job.arrival_time)
+        self.history.arrived(job.arrival_time)
         self.events.add(job.arrival_time, "arrive", job, prompt_tokens=len(ids), level=job.level)
         return job
 
@@ -147,8 +150,7 @@ class Engine(EngineFailures):
         """The profile that service is charged in: loaded, or measured quickly now."""
         cost = calibrate(self, self.config.sched.profile)
         pp = self.config.parallel.pp
-        if pp > 1 and cost.pipeline_stages == 1:
-            # measured through every stage: a new micro-batch can start each 1/pp of it
+        if pp > 1 and cost.pipeline_stages == 1:  # a micro-batch may start each 1/pp of it
             cost = dataclasses.replace(cost, pipeline_stages=pp)
         return cost
 
@@ -274,8 +276,7 @@ class Engine(EngineFailures):
         return self._copies_failed()
 
     def _idle(self, deltas: list[StepDelta]) -> None:
-        if not deltas and not self._flight and self.swapper.busy:
-            # only copies to wait for: block on them, not spin
+        if not deltas and not self._flight and self.swapper.busy:  # only copies: block, not spin
             self._copies_done(self.swapper.wait(timeout=0.05))
 
     def _submit_next(self) -> list[StepDelta] | None:
@@ -382,6 +383,7 @@ class Engine(EngineFailures):
         return StepDelta(job.job_id, (token,), delta, final)
 
     def _release(self, job: Job) -> RequestOutput:
+        self.history.ended(job)
         self._jobs.pop(job.job_id, None)
         text = self._text.pop(job.job_id, None)  # None: released already, mid-failure
         self.executor.forget(job.job_id)

@@ -272,3 +272,17 @@ class PrefixCache:
 
 def _nowhere(op: Any) -> None:
     raise RuntimeError("the prefix cache copied a block with no sink to run the copy")
+
+
+class CopyBeatsRecompute:
+    """`PrefixCache.worth_copy` on a cost model: copying a host run back beats
+    recomputing it. A class, not a closure, so a scheduler pickles (fsd.twin)."""
+
+    __slots__ = ("cost", "block_size")
+
+    def __init__(self, cost: Any, block_size: int) -> None:  # cost: fsd.cost.CostModel
+        self.cost, self.block_size = cost, block_size
+
+    def __call__(self, n: int, start: int) -> bool:
+        tokens = n * self.block_size
+        return bool(self.cost.swap_time(tokens) < self.cost.chunk_time(tokens, start))

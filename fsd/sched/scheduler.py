@@ -19,6 +19,7 @@ from fsd.cost import CostModel
 from fsd.jobs import Job, JobStatus, KVLocation
 from fsd.kv.block_manager import BlockManager
 from fsd.kv.policies import PlanInputs
+from fsd.kv.prefix import CopyBeatsRecompute
 from fsd.kv.registry import ArrivalEstimate, make_kv_policy
 from fsd.kv.swap import SwapOp
 from fsd.sched.batch import BatchWalk
@@ -145,7 +146,13 @@ class Scheduler:
             prefix.clear()
         prefix.enabled = cache.prefix_cache
         # a host run comes back by copy when that beats recomputing it (both on the profile)
-        prefix.worth_copy = lambda n, start: cost.swap_time(n * bs) < cost.chunk_time(n * bs, start)
+        prefix.worth_copy = CopyBeatsRecompute(cost, bs)
+
+    def __getstate__(self) -> dict[str, object]:
+        # picklable for the what-if twin (fsd.twin): the ENST closure is rebuilt on use
+        state = self.__dict__.copy()
+        state["_enst_built"] = None
+        return state
 
     def add(self, job: Job, now: float) -> None:
         self._jobs[job.job_id] = job
@@ -183,6 +190,8 @@ class Scheduler:
         Same policy: quanta, alpha and limits change in place (jobs keep their levels).
         Another policy: the jobs re-enter the new queue in their current order.
         """
+        config = None if config == self.config else config  # the same settings: a no-op
+        cache = None if cache == self.cache else cache
         # what can fail comes before the first change: a refused retune changes nothing
         fresh = None if config is None else self._make_queue(config, self.cost)
         if cache is not None:
@@ -382,3 +391,4 @@ class Scheduler:
         out.demoted = self.queue.account(ran, now)
         for job in done:
             self.remove(job)
+

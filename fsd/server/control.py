@@ -1,4 +1,4 @@
-"""Answers each request type: submit, abort, retune, inject, jobs, status, drain, shutdown.
+"""Answers each request type: submit, abort, retune, preview, inject, jobs, status, drain...
 
 Every handler takes the `Caller` (connection, role, CURVE key) and the decoded
 message; the operator-only requests were already checked by the service
@@ -22,6 +22,7 @@ from fsd.errors import (
 )
 from fsd.jobs import SamplingParams
 from fsd.server.injector import ScenarioInjector
+from fsd.server.preview import PreviewRunner
 from fsd.server.roles import OPERATOR, Caller
 from fsd.server.telemetry import job_infos
 
@@ -41,6 +42,7 @@ class ControlHandler:
         self.engine = service.engine
         self._rng = random.Random(0)
         self.scenarios = ScenarioInjector(service)
+        self.previews = PreviewRunner(service)
 
     def dispatch(self, caller: Caller, msg: P.Request) -> None:
         handler = getattr(self, f"on_{type(msg).__name__.lower()}")
@@ -172,6 +174,10 @@ class ControlHandler:
         except (ConfigError, TypeError) as exc:  # any other refusal of a setting is one too
             raise SettingError(str(exc)) from None
         self.service.send(caller.ident, P.Ack(what="retune", detail={"config": config.to_dict()}))
+
+    def on_preview(self, caller: Caller, msg: P.Preview) -> None:
+        """What-if: answered with a PreviewReply once the twin has run (fsd.server.preview)."""
+        self.previews.submit(caller, msg)
 
     def on_status(self, caller: Caller, msg: P.Status) -> None:
         self.service.send(caller.ident, self.service.status(caller.role))

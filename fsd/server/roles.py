@@ -6,8 +6,8 @@ token (a random secret written 0600 into the state folder at start, which only t
 user who started the daemon can read) or arrives over a CURVE connection whose key
 is listed in `curve_operators_dir`. Everyone else is a client: it may submit, read
 the job table and status, and abort the jobs its own connection (or CURVE key) made.
-Retune, inject, drain, undrain, shutdown and aborting another client's job need the
-operator role.
+Retune, preview, inject, drain, undrain, shutdown and aborting another client's job
+need the operator role.
 """
 
 from __future__ import annotations
@@ -47,6 +47,7 @@ class Caller:
 # requests that change the daemon for everyone
 _OPERATOR_ONLY: dict[type, str] = {
     P.Retune: "retune",
+    P.Preview: "preview",
     P.Inject: "inject",
     P.Drain: "drain",
     P.Undrain: "undrain",

@@ -160,7 +160,10 @@ class EngineService:
                 if self.engine.has_unfinished():
                     t0 = time.perf_counter()
                     self._step()
-                    self.step_seconds += time.perf_counter() - t0
+                    t1 = time.perf_counter()
+                    self.step_seconds += t1 - t0
+                    self._guarded("history", self._record_step, t0, t1)
+                self._guarded("previews", self.control.previews.pump)
                 t0 = time.perf_counter()
                 self._guarded("telemetry", self.telemetry.tick)
                 self.telemetry_seconds += time.perf_counter() - t0
@@ -187,6 +190,14 @@ class EngineService:
             deltas = self.engine.fail_all(f"internal error: {type(exc).__name__}: {exc}")
         self._guarded("routing tokens", self.routing.route, deltas)
 
+    def _record_step(self, start: float, end: float) -> None:
+        """The iteration's wall time for the what-if twin's clock (fsd.twin.history)."""
+        eng = self.engine
+        out = eng.last_schedule
+        ran = out is not None and bool(out.batch)
+        predicted = eng.scheduler.predicted_iteration_time
+        eng.history.stepped(start, end, predicted, ran, eng.has_unfinished())
+
     def _receive(self, block: bool) -> None:
         timeout = 0
         if block:
@@ -194,6 +205,8 @@ class EngineService:
             if self.telemetry_enabled:
                 wake = self.telemetry.wake_time()
                 timeout = int(max(0.0, min(0.2, wake - time.time())) * 1000)
+            if self.control.previews.running is not None:  # answer a preview promptly
+                timeout = min(timeout, 50)
             due = self.control.scenarios.next_due()
             if due is not None:  # wake for a scenario's next arrival, not 200 ms late
                 timeout = min(timeout, int(max(0.0, due - time.time()) * 1000))
@@ -301,12 +314,14 @@ class EngineService:
             client_timeout=self.cfg.client_timeout,
             step_seconds=self.step_seconds,
             telemetry_seconds=self.telemetry_seconds,
+            preview_seconds=self.control.previews.seconds,
             role=role,
         )
 
     def close(self) -> None:
         self.auth.close()
         self.control.scenarios.close()
+        self.control.previews.close()
         if self.http is not None:  # its socket must close before the context terminates
             self.http.stop()
         self.telemetry.flush()

@@ -135,13 +135,25 @@ class EventLoop:
         self.pipe = _Pipeline(stages)
         self._stalled = stalled
 
-    def run(self) -> None:
+    def resume(self, now: float, copies: list[SwapOp]) -> None:
+        """Start inside a running system (the what-if twin): the scheduler already holds
+        its jobs, and `copies` are in flight from `now` (each queued on its link)."""
+        self.live = len(self.sched)
+        bs = self.blocks.block_size
+        for op in copies:
+            end = self.links[op.direction].submit(now, self.cost.swap_time(op.num_blocks * bs))
+            heapq.heappush(self.copies, (end, self.seq, op))
+            self.seq += 1
+
+    def run(self, start: float | None = None, until: float = _INF) -> float:
+        """Run from `start` (the first arrival) until every job is done, or until the
+        first decision at or past `until`; returns the clock then."""
         pipe, sched, c = self.pipe, self.sched, self.counters
-        now = self.jobs[0].arrival_time if self.jobs else 0.0
+        now = start if start is not None else self.jobs[0].arrival_time if self.jobs else 0.0
         while True:
             self._settle(now)
-            if self.live == 0 and self.i >= self.n and not self.copies:
-                return
+            if now >= until or (self.live == 0 and self.i >= self.n and not self.copies):
+                return now
             if not pipe.can_enter(now):
                 # stage 1 is busy (or the pipeline full): nothing to decide until it frees
                 # or a micro-batch leaves; arrivals meanwhile wait for that decision
@@ -163,7 +175,7 @@ class EventLoop:
             if nxt == _INF:
                 if self.live:
                     raise SimulationError(self._stalled(sched, now))
-                return
+                return now
             now = max(nxt, now)
 
     def _settle(self, now: float) -> None:

@@ -9,15 +9,19 @@ It serves only what those tests need: `Submit` (a toy job whose output repeats i
 prompt's characters, token id = ord(char), one token per iteration, one `Tokens`
 message per client per iteration as the real daemon sends), `Ping`, `Status` (its
 `iterations` counts the Status requests answered, so a test can tell a late answer
-from a fresh one) and, with `telemetry`, a snapshot every 20 ms. Any other request
-gets an `Error` "unsupported". Knobs:
+from a fresh one), `Preview` (a canned `PreviewReply`, see `preview_reply`, after
+`preview_delay` seconds; an unknown key or a bad horizon / seeds refused at once with
+"invalid-setting", a second preview while one is pending with "overloaded", every
+`Error` naming the request's req_id as the real daemon's) and, with `telemetry`, a
+snapshot every 20 ms. Any other request gets an `Error` "unsupported". Knobs:
 
 - `hold`: iterations run only when a test calls `step()`: jobs stay outstanding;
 - `mute`: read requests but answer nothing (a hung daemon);
 - `reply_delay`: answer Status that many seconds late;
+- `hold_previews`: previews are answered only once a test sets it back to False;
 - `token`: an operator token. Set, a request carrying it has the operator role (its
-  `Status` says so) and retune, inject, drain, undrain and shutdown without it get an
-  `Error` "forbidden", as the real daemon answers; change it to rotate the token.
+  `Status` says so) and retune, inject, preview, drain, undrain and shutdown without it
+  get an `Error` "forbidden", as the real daemon answers; change it to rotate the token.
 """
 
 from __future__ import annotations
@@ -32,8 +36,10 @@ from dataclasses import dataclass, field
 import zmq
 
 from fsd import protocol as P
+from fsd.protocol_preview import MAX_HORIZON, MAX_SEEDS
+from fsd.sched.retune import RETUNABLE
 
-OPERATOR_ONLY = (P.Retune, P.Inject, P.Drain, P.Undrain, P.Shutdown)
+OPERATOR_ONLY = (P.Retune, P.Inject, P.Drain, P.Undrain, P.Shutdown, P.Preview)
 
 
 def free_port() -> int:
@@ -72,6 +78,9 @@ class FakeDaemon:
         self.hold = False
         self.mute = False
         self.reply_delay = 0.0
+        self.preview_delay = 0.05
+        self.hold_previews = False
+        self.previews: list[tuple[float, bytes, P.PreviewReply]] = []  # not answered yet
         self.received: list[tuple[float, P.Request]] = []
         self.jobs: dict[str, FakeJob] = {}
         self._ids = 0
@@ -124,6 +133,9 @@ class FakeDaemon:
                 if self._later and self._later[0][0] <= now:
                     _, ident, msg = self._later.pop(0)
                     self._send(ident, msg)
+                if self.previews and not self.hold_previews and self.previews[0][0] <= now:
+                    _, ident, reply = self.previews.pop(0)
+                    self._send(ident, reply)
                 if self.hold:
                     while self._steps > 0:
                         self._steps -= 1
@@ -152,7 +164,11 @@ class FakeDaemon:
         if self.mute or isinstance(msg, P.Ping):
             return
         if isinstance(msg, OPERATOR_ONLY) and self.role(msg) != "operator":
-            self._send(ident, P.Error(code="forbidden", message=f"{what} needs the operator role"))
+            req_id = msg.req_id if isinstance(msg, P.Preview) else None
+            message = f"{what} needs the operator role"
+            self._send(ident, P.Error(code="forbidden", message=message, req_id=req_id))
+        elif isinstance(msg, P.Preview):
+            self._preview(ident, msg)
         elif isinstance(msg, P.Submit):
             self._submit(ident, msg)
         elif isinstance(msg, P.Status):
@@ -179,6 +195,26 @@ class FakeDaemon:
         accepted = P.Accepted(req_id=msg.req_id, job_id=job.job_id, prompt_tokens=len(prompt))
         self._send(ident, accepted)
 
+    def _preview(self, ident: bytes, msg: P.Preview) -> None:
+        unknown = sorted(k for k in msg.changes if k not in RETUNABLE)
+        if unknown:
+            refusal = (
+                "invalid-setting",
+                f"cannot retune {', '.join(unknown)} while running; "
+                f"retunable: {', '.join(RETUNABLE)}",
+            )
+        elif not 0 < msg.horizon <= MAX_HORIZON:
+            refusal = ("invalid-setting", f"horizon must be in (0, {MAX_HORIZON:g}] seconds, got {msg.horizon!r}")  # fmt: skip
+        elif not 1 <= msg.seeds <= MAX_SEEDS:
+            refusal = ("invalid-setting", f"seeds must be an integer in [1, {MAX_SEEDS}], got {msg.seeds!r}")  # fmt: skip
+        elif self.previews:
+            refusal = ("overloaded", "a preview is running already; ask again when it ends")
+        else:
+            reply = preview_reply(msg.changes, msg.horizon, msg.seeds, msg.req_id)
+            self.previews.append((time.monotonic() + self.preview_delay, ident, reply))
+            return
+        self._send(ident, P.Error(code=refusal[0], message=refusal[1], req_id=msg.req_id))
+
     def _iterate(self) -> None:
         """One iteration: a token for every job; one Tokens message per client."""
         per_client: dict[bytes, list[P.Chunk]] = {}
@@ -204,6 +240,34 @@ def _finished(job: FakeJob) -> P.Finished:
         req_id=job.req_id, job_id=job.job_id, reason="length",
         text="".join(map(chr, job.out)), token_ids=list(job.out),
         timings=P.Timings(arrival=job.arrival, first_token=job.first, finish=now),
+    )  # fmt: skip
+
+
+def preview_reply(
+    changes: dict, horizon: float = 60.0, seeds: int = 4, req_id: str | None = None
+) -> P.PreviewReply:
+    """A canned what-if answer: the proposed side 20% faster, one note."""
+
+    def side(scale: float) -> P.PreviewSide:
+        def spread(mean: float) -> P.Spread:
+            return P.Spread(mean=mean * scale, lo=mean * scale * 0.9, hi=mean * scale * 1.1)
+
+        return P.PreviewSide(
+            avg=spread(0.02), p95=spread(0.05), ttft_p99=spread(1.5), goodput=spread(3.0 / scale**2),
+            finished=spread(180 / scale**2), unfinished=spread(12), preemptions=spread(40),
+            swaps=spread(6), peak_kv_blocks=spread(400),
+        )  # fmt: skip
+
+    assumptions = P.PreviewAssumptions(
+        taken_at=time.time(), horizon=horizon, seeds=list(range(seeds)), live_jobs=12,
+        sampled_remaining=9,
+        arrival_rate=3.2, arrival_cv=1.4, arrival_window=120.0, arrivals_seen=384,
+        lengths_from=250, clock_scale=1.05, clock_overhead=0.0004, clock_samples=900,
+        slo=0.05, notes=["the fake daemon's canned preview"],
+    )  # fmt: skip
+    return P.PreviewReply(
+        changes=changes, current=side(1.0), proposed=side(0.8), assumptions=assumptions,
+        wall_s=0.05, req_id=req_id,
     )  # fmt: skip
 
 

@@ -98,3 +98,21 @@ def test_a_prompt_queued_before_the_batch_token_limit_fell_below_it_runs_alone()
         batches.append([j.job_id for j in eng.last_schedule.batch])
     assert len(long_job.output_token_ids) == len(short.output_token_ids) == PARAMS.max_tokens
     assert [long_job.job_id] in batches  # its 40-token prefill went alone
+
+
+def test_a_retune_to_the_current_settings_changes_no_state() -> None:
+    """Same values: nothing is rebuilt (the queue's preemption memory, the KV policy)."""
+    llm = LLM("tiny", num_gpu_blocks=64, max_batch_size=2)
+    eng = llm.engine
+    for p in PROMPTS:
+        eng.add_request(p, PARAMS)
+    for _ in range(3):
+        eng.step()
+    sched = eng.scheduler
+    queue, kv_policy, lifted = sched.queue, sched.kv_policy, sched.queue._lifted
+    cfg = eng.config
+    eng.retune(policy=cfg.sched.policy, kv_policy=cfg.cache.kv_policy)
+    assert sched.queue is queue and sched.kv_policy is kv_policy
+    assert sched.queue._lifted is lifted
+    eng.retune(kv_policy="recompute")  # a real change still takes effect
+    assert sched.kv_policy is not kv_policy and eng.config.cache.kv_policy == "recompute"

@@ -1,0 +1,11 @@
+"""The what-if twin: preview a retune on a copy of the live daemon before applying it.
+
+`history` records what serving looked like (arrivals, lengths, iteration times),
+`snapshot` freezes the live scheduler, `forward` runs the simulator from it under
+the current and the proposed settings, `figures` measures a run (and, alike, the
+daemon observed over the same window). The daemon's side is fsd.server.preview.
+Nothing here imports torch: a preview runs in its own process.
+
+May import: fsd.sim, fsd.sched, fsd.kv, fsd.cost, fsd.jobs, fsd.config, fsd.metrics,
+fsd.protocol_preview, fsd.errors. Never torch, fsd.engine, fsd.server or the console.
+"""
