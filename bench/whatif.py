@@ -1,6 +1,6 @@
 """How right is the what-if preview? (issue P14) Predicted vs observed, on the real engine.
 
-    .venv/bin/python bench/whatif.py                         # every case (~12 min, 2 cores)
+    .venv/bin/python bench/whatif.py                         # every case (~16 min, 2 cores)
     .venv/bin/python bench/whatif.py --only fcfs,batch-half --horizon 30
 
 For each case a fresh daemon (`fsd start`, the embedded tiny model on this CPU) plays
@@ -166,6 +166,9 @@ def run_case(name: str, case: Case, args: argparse.Namespace) -> Outcome:
         for f in ends.values()
     ]
     observed = window_figures(times, t0, t0 + args.horizon, reply.assumptions.slo)
+    # what the twin could not know: the arrival rate the window really had
+    came = sum(t0 < j.arrival <= t0 + args.horizon for j in times)
+    observed["arrival_rate"] = came / args.horizon
     a = reply.assumptions
     return Outcome(
         name=name,
@@ -187,7 +190,8 @@ def _show(x: float, scale: float = 1e3) -> str:
 def table(rows: list[Outcome]) -> Table:
     t = Table(title="What-if: predicted vs observed over the horizon (per-token latency, ms)")
     for col in ("case", "change", "predicted current", "predicted proposed [lo-hi]",
-                "observed", "error", "ok", "P99 TTFT pred/obs s", "finished pred/obs"):  # fmt: skip
+                "observed", "error", "ok", "P99 TTFT pred/obs s", "finished pred/obs",
+                "rate fit/real"):  # fmt: skip
         t.add_column(col)
     for r in rows:
         p, c, o = r.predicted, r.current, r.observed
@@ -201,6 +205,7 @@ def table(rows: list[Outcome]) -> Table:
             "yes" if r.within else "NO",
             f"{_show(p['ttft_p99']['mean'], 1)}/{_show(o['ttft_p99'], 1)}",
             f"{p['finished']['mean']:.0f}/{o['finished']:.0f}",
+            f"{r.assumptions['arrival_rate']:.2f}/{o['arrival_rate']:.2f}",
         )
     return t
 
@@ -237,7 +242,7 @@ def main() -> None:
     ap.add_argument("--cv", type=float, default=2.0, help="inter-arrival CV")
     ap.add_argument("--batch", type=int, default=16, help="max_batch_size at start")
     ap.add_argument("--gpu-blocks", type=int, default=192, help="KV blocks of 16 tokens")
-    ap.add_argument("--warmup", type=float, default=40.0)
+    ap.add_argument("--warmup", type=float, default=90.0, help="seconds before the preview")
     ap.add_argument("--horizon", type=float, default=60.0)
     ap.add_argument("--seeds", type=int, default=4)
     ap.add_argument("--seed", type=int, default=7, help="the scenario's seed")

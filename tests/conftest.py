@@ -7,6 +7,9 @@ No test may touch the user's own files: HOME points at a temporary folder for th
 whole session (daemons, `fsd` processes and Ray inherit it), so a daemon started
 without --state-dir writes its pidfile, log and operator token there, not in the
 real ~/.local/state/fsd; the session fails if that folder gained files anyway.
+
+Test files run in parallel (pytest-xdist, `--dist loadfile`: a file stays on one
+worker, so a module's daemon starts once); `-p no:xdist` or `-n 0` runs them in one.
 """
 
 from __future__ import annotations
@@ -22,6 +25,18 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 _HOME_VARS = ("HOME", "XDG_STATE_HOME")
+MAX_WORKERS = 4
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """`-n auto` (pyproject's addopts): the usable CPUs, at most MAX_WORKERS. Each worker
+    loads torch and starts daemons; beyond a few the suite waits on its longest files."""
+    try:
+        usable = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        usable = os.cpu_count() or 1
+    return max(1, min(MAX_WORKERS, usable))
 
 
 def _files(folder: Path) -> set[str]:

@@ -15,9 +15,11 @@ done; a worker that dies is answered as an error and replaced on the next previe
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import logging
 import multiprocessing
 import os
+import signal
 import time
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -38,6 +40,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("fsd.server")
 
 MAX_REQ_ID = 256
+PR_SET_PDEATHSIG = 1  # prctl(2): the signal a process gets when its parent dies
 
 
 @dataclass
@@ -66,9 +69,14 @@ def check_preview(msg: P.Preview, sched: Any, cache: Any) -> dict[str, Any]:
     return changes
 
 
-def _lower_priority() -> None:
+def _worker_setup() -> None:
+    """In the worker: yield the CPU to the engine, and end with the daemon (Linux: a
+    daemon that is killed outright must not leave its twin running)."""
     with contextlib.suppress(OSError):  # not permitted: run at the daemon's priority
         os.nice(19)
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 class PreviewRunner:
@@ -105,7 +113,7 @@ class PreviewRunner:
     def _executor(self) -> ProcessPoolExecutor:
         if self._pool is None:
             ctx = multiprocessing.get_context("spawn")
-            self._pool = ProcessPoolExecutor(1, mp_context=ctx, initializer=_lower_priority)
+            self._pool = ProcessPoolExecutor(1, mp_context=ctx, initializer=_worker_setup)
         return self._pool
 
     def pump(self) -> None:

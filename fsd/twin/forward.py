@@ -65,10 +65,15 @@ def _arrivals(snap: TwinSnapshot, rng: np.random.Generator, horizon: float) -> l
     fit, lengths = snap.arrivals, snap.lengths
     if fit.rate <= 0 or not lengths:
         return []
-    mean = 1.0 / fit.rate
+    # the fitted rate is itself uncertain: n arrivals of a renewal process with this CV
+    # give it a relative error of about cv / sqrt(n); each future draws its own rate
+    # (lognormal, mean-preserving), so the spread covers a rate the fit got wrong
+    sigma = min(fit.cv, MAX_CV) / max(fit.seen, 1) ** 0.5
+    rate = fit.rate * float(np.exp(rng.normal(0.0, sigma) - sigma * sigma / 2))
+    mean = 1.0 / rate
     cv = min(max(fit.cv, 1e-3), MAX_CV)
     shape = 1.0 / (cv * cv)
-    n = int(fit.rate * horizon * 3) + 32
+    n = int(rate * horizon * 3) + 32
     times = snap.taken_at + np.cumsum(rng.gamma(shape, mean / shape, n))
     times = times[times <= snap.taken_at + horizon]
     picks = rng.integers(0, len(lengths), times.size)

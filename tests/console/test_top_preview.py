@@ -91,6 +91,7 @@ async def test_a_busy_daemon_and_a_bad_field_show_in_the_error_line():
             assert shown(dialog, "answer") == "" and not dialog.query_one("#preview-box").display
             assert not dialog.previewing and app.screen is dialog
             fake.hold_previews = False
+            await wait_for(pilot, lambda: not fake.previews)  # the other one was answered
             await pilot.press("ctrl+p")  # once the other one ended, it is answered
             await wait_for(pilot, lambda: dialog.query_one("#preview-box").display)
             assert shown(dialog, "error") == ""

@@ -2,9 +2,11 @@
 
 With `prefill_chunk` > 0 an iteration carries at most that many prompt tokens beside
 its decodes, so a prompt runs as chunks (each one continues a cached prefix) and its
-boundaries are preemption points. Every prompt length 1..600 is run at chunk sizes
-that do (16, 64) and do not (48, 100) align with the 16-token KV block, on the torch
-backend and on Triton (its CPU interpreter: a sample of lengths, see TRITON_LENGTHS),
+boundaries are preemption points. Prompt lengths 1..600 (all at chunk 16; at the
+others all to 200, then every chunk and block boundary and its neighbours) run at
+chunk sizes that do (16, 64) and do not (48, 100) align with the 16-token KV block,
+on the torch backend and on Triton (its CPU interpreter: a sample of lengths at
+chunks 16 and 48, see TRITON_LENGTHS),
 against the unchunked run of the same backend; seeded sampling draws the same tokens.
 A partly prefilled job is swapped out or dropped under every KV policy and resumes,
 or is aborted; a job dropped after its first tokens re-prefills them in chunks;
@@ -43,6 +45,22 @@ ALL_LENGTHS = list(range(1, 601))
 # run, 11.5k iterations at chunk 16) would take hours. Without a GPU it runs these,
 # which straddle the block size and every chunk size; on a GPU, all 600.
 TRITON_LENGTHS = [1, 15, 16, 17, 47, 48, 49, 65, 100, 101]
+# without a GPU the interpreter runs one whole-block chunk and one that is not
+TRITON_CHUNKS = CHUNKS if CUDA else [16, 48]
+
+
+def lengths_for(chunk: int) -> list[int]:
+    """Every length at the smallest chunk (every block and chunk boundary up to 600);
+    at the others every length up to 2 chunks of the largest, then each chunk and
+    block boundary and its neighbours up to 600 (what differs between two lengths
+    is where they end relative to a chunk and a block)."""
+    if chunk == min(CHUNKS):
+        return ALL_LENGTHS
+    edges = {e + d for step in (chunk, BLOCK) for e in range(step, 601, step) for d in (-1, 0, 1)}
+    dense = set(range(1, 2 * max(CHUNKS) + 1))
+    return sorted(n for n in dense | edges if 1 <= n <= 600)
+
+
 SWEEP_PARAMS = SamplingParams(max_tokens=3, ignore_eos=True)
 SWEEP_WINDOW = 8  # jobs in the engine at once: the walk stays short, iterations mix jobs
 
@@ -170,13 +188,15 @@ def assert_same(got: list[list[int]], want: list[list[int]], lengths: Sequence[i
 @pytest.mark.slow
 @pytest.mark.parametrize("chunk", CHUNKS)
 def test_every_prompt_length_gives_the_unchunked_tokens_on_torch(profile, unchunked, chunk):
-    got = sweep(profile, "torch", chunk, ALL_LENGTHS)
-    assert_same(got, unchunked("torch"), ALL_LENGTHS)
+    lengths = lengths_for(chunk)
+    got = sweep(profile, "torch", chunk, lengths)
+    want = dict(zip(ALL_LENGTHS, unchunked("torch"), strict=True))
+    assert_same(got, [want[n] for n in lengths], lengths)
 
 
 @pytest.mark.slow
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
-@pytest.mark.parametrize("chunk", CHUNKS)
+@pytest.mark.parametrize("chunk", TRITON_CHUNKS)
 def test_prompt_lengths_give_the_unchunked_tokens_on_triton(profile, unchunked, chunk):
     lengths = ALL_LENGTHS if CUDA else TRITON_LENGTHS
     got = sweep(profile, "triton", chunk, lengths)

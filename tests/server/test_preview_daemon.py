@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import math
 import time
+from pathlib import Path
 
 import pytest
 import zmq
 
 from fsd import protocol as P
-from tests.server.daemon_proc import Daemon, daemon_fixture
+from tests.server.daemon_proc import Daemon, daemon_fixture, start_daemon
 
 CONFIG = """
 [cache]
@@ -132,3 +133,48 @@ def test_a_client_may_not_preview_and_one_preview_runs_at_a_time(daemon: Daemon)
     assert isinstance(first, P.PreviewReply) and first.req_id == "long"
     status = _ask(s, P.Status(token=daemon.token), (P.StatusReply,))
     assert status.degraded is None
+
+
+def _children(pid: int) -> list[int]:
+    kids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            kids.append(int(stat.parent.name))
+    return kids
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc (Linux)")
+def test_the_twin_worker_ends_with_a_daemon_that_is_killed_mid_preview(tmp_path: Path) -> None:
+    d = start_daemon(tmp_path, CONFIG)
+    try:
+        s = _socket(d)
+        before = set(_children(d.proc.pid))
+        _load(d, s, count=6)
+        # minutes of runs: the worker is busy when its daemon is killed
+        s.send(P.encode(P.Preview(token=d.token, changes={"policy": "fcfs"}, horizon=600.0,
+                                  seeds=16, req_id="k")))  # fmt: skip
+        deadline = time.time() + 60
+        workers: list[int] = []
+        while not workers and time.time() < deadline:
+            time.sleep(0.2)
+            workers = [p for p in _children(d.proc.pid) if p not in before]
+        assert workers, "the preview runs in a worker process"
+        time.sleep(2.0)
+    finally:
+        d.proc.kill()
+        d.proc.wait()
+    deadline = time.time() + 15
+    while time.time() < deadline and [p for p in workers if _alive(p)]:
+        time.sleep(0.2)
+    assert not [p for p in workers if _alive(p)], "a twin worker outlived its daemon"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
