@@ -1,6 +1,7 @@
 """How right is the what-if preview? (issue P14) Predicted vs observed, on the real engine.
 
     .venv/bin/python bench/whatif.py                         # every case (~16 min, 2 cores)
+    .venv/bin/python bench/whatif.py --rate 8 --warmup 40    # overloaded
     .venv/bin/python bench/whatif.py --only fcfs,batch-half --horizon 30
 
 For each case a fresh daemon (`fsd start`, the embedded tiny model on this CPU) plays
@@ -19,7 +20,7 @@ halved), recompute (kv_policy proactive -> recompute).
 Goal: the observed average per-token latency within the predicted spread (lowest
 to highest seed) or within 25% of the predicted mean, in at least 3 of the 4 retunes.
 
-Prints a table and writes JSON (default bench/results/whatif-cpu.json).
+Prints a table and writes JSON (default bench/results/whatif-cpu-rate<R>.json).
 """
 
 from __future__ import annotations
@@ -238,7 +239,7 @@ def snapshot_cost(sizes: list[int]) -> list[dict[str, float]]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--only", default="", help="comma-separated case names")
-    ap.add_argument("--rate", type=float, default=4.0, help="arrivals per second")
+    ap.add_argument("--rate", type=float, default=5.0, help="arrivals per second")
     ap.add_argument("--cv", type=float, default=2.0, help="inter-arrival CV")
     ap.add_argument("--batch", type=int, default=16, help="max_batch_size at start")
     ap.add_argument("--gpu-blocks", type=int, default=192, help="KV blocks of 16 tokens")
@@ -247,8 +248,9 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, default=4)
     ap.add_argument("--seed", type=int, default=7, help="the scenario's seed")
     ap.add_argument("--snapshot-sizes", default="100,300,600", help="live jobs ('' skips)")
-    ap.add_argument("--out", default="bench/results/whatif-cpu.json")
+    ap.add_argument("--out", default="", help="default bench/results/whatif-cpu-rate<R>.json")
     args = ap.parse_args()
+    args.out = args.out or f"bench/results/whatif-cpu-rate{args.rate:g}.json"
     chosen = cases(args.batch)
     names = [n for n in args.only.split(",") if n] or list(chosen)
     unknown = [n for n in names if n not in chosen and n != "none"]

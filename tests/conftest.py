@@ -24,6 +24,16 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+# parallel workers share the CPUs: each takes its share of torch threads (an OpenMP
+# thread spinning on a core another worker holds slows both), unless set already
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _WORKERS > 1 and not os.environ.get("OMP_NUM_THREADS"):
+    _share = (
+        max(1, len(os.sched_getaffinity(0)) // _WORKERS) if hasattr(os, "sched_getaffinity") else 1
+    )
+    os.environ["OMP_NUM_THREADS"] = str(_share)
+    torch.set_num_threads(_share)
+
 _HOME_VARS = ("HOME", "XDG_STATE_HOME")
 MAX_WORKERS = 4
 

@@ -216,11 +216,11 @@ def _load_worker(endpoint: str, n: int, seed: int, results: mp.Queue) -> None:
 
 
 @pytest.mark.slow
-def test_two_thousand_requests_from_twenty_processes_all_end_and_free_the_pools(daemon):
+def test_a_thousand_requests_from_ten_processes_all_end_and_free_the_pools(daemon):
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     procs = [
-        ctx.Process(target=_load_worker, args=(daemon.endpoint, 100, k, results)) for k in range(20)
+        ctx.Process(target=_load_worker, args=(daemon.endpoint, 100, k, results)) for k in range(10)
     ]
     for p in procs:
         p.start()
@@ -228,7 +228,7 @@ def test_two_thousand_requests_from_twenty_processes_all_end_and_free_the_pools(
     for p in procs:
         p.join(60)
         assert p.exitcode == 0
-    assert sum(d for d, _ in totals) == 2000
+    assert sum(d for d, _ in totals) == 1000
     assert all(set(r) == {"length"} for _, r in totals)
     snap = wait_idle(daemon)
     assert snap.kv.device_used == 0 and snap.kv.host_used == 0

@@ -124,7 +124,7 @@ def test_a_client_may_not_preview_and_one_preview_runs_at_a_time(daemon: Daemon)
     assert rep.code == "forbidden"
     _load(daemon, s, count=6)
     # seconds of runs (the worker is warm): the second request arrives within milliseconds
-    long = P.Preview(token=daemon.token, changes={"policy": "fcfs"}, seeds=8, req_id="long")
+    long = P.Preview(token=daemon.token, changes={"policy": "fcfs"}, seeds=4, req_id="long")
     s.send(P.encode(long))
     second = P.Preview(token=daemon.token, changes={"policy": "fcfs"}, req_id="second")
     rep = _ask(s, second, (P.Error,))
