@@ -36,7 +36,7 @@ def alone(profile_path) -> dict[str, list[list[int]]]:
 @pytest.mark.parametrize(
     ("model", "tp", "pp", "kv_policy"),
     [
-        # each model under TP, PP and both, each KV policy with a copy on both models
+        # each model alone on TP or PP and on TP x PP; each KV policy that copies, on both
         ("tiny-opt", 2, 1, "reactive"),
         ("tiny-opt", 2, 2, "proactive"),
         ("tiny", 1, 2, "reactive"),
