@@ -29,6 +29,14 @@ telemetry_hz = 20
 """
 
 
+def raw(d: Daemon) -> zmq.Socket:
+    """A bare DEALER connected to the daemon: frames exactly as a test writes them."""
+    s = zmq.Context.instance().socket(zmq.DEALER)
+    s.setsockopt(zmq.LINGER, 0)
+    s.connect(d.endpoint)
+    return s
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

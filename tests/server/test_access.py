@@ -15,7 +15,7 @@ import zmq
 from fsd import protocol as P
 from fsd.client import Client, RequestError
 from fsd.credentials import token_path
-from tests.server.daemon_proc import Daemon, daemon_fixture, start_daemon
+from tests.server.daemon_proc import daemon_fixture, raw, start_daemon
 
 CONFIG = """
 [cache]
@@ -30,13 +30,6 @@ max_client_jobs = 6
 """
 
 daemon = daemon_fixture(CONFIG, "access")
-
-
-def raw(d: Daemon) -> zmq.Socket:
-    s = zmq.Context.instance().socket(zmq.DEALER)
-    s.setsockopt(zmq.LINGER, 0)
-    s.connect(d.endpoint)
-    return s
 
 
 def replies(s: zmq.Socket, until: type, timeout: float = 20.0) -> list[P.Reply]:

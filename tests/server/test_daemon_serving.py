@@ -11,7 +11,7 @@ import zmq
 
 from fsd import protocol as P
 from fsd.client import Client, RequestError
-from tests.server.daemon_proc import Daemon, daemon_fixture
+from tests.server.daemon_proc import Daemon, daemon_fixture, raw
 
 CONFIG = """
 [cache]
@@ -53,13 +53,6 @@ def test_generate_streams_chunks_that_add_up_to_the_completion(daemon):
         # the engine thread's time is accounted: iterations ran, telemetry (20 Hz) read
         assert status.iterations >= 24 and status.step_seconds > 0
         assert 0 < status.telemetry_seconds < status.uptime
-
-
-def raw(d: Daemon) -> zmq.Socket:
-    s = zmq.Context.instance().socket(zmq.DEALER)
-    s.setsockopt(zmq.LINGER, 0)
-    s.connect(d.endpoint)
-    return s
 
 
 def reply(s: zmq.Socket) -> P.Reply:

@@ -11,7 +11,7 @@ import pytest
 import zmq
 
 from fsd import protocol as P
-from tests.server.daemon_proc import Daemon, daemon_fixture, start_daemon
+from tests.server.daemon_proc import Daemon, daemon_fixture, raw, start_daemon
 
 CONFIG = """
 [cache]
@@ -25,13 +25,6 @@ client_timeout = 30.0
 """
 
 daemon = daemon_fixture(CONFIG, "preview")
-
-
-def _socket(d: Daemon) -> zmq.Socket:
-    s = zmq.Context.instance().socket(zmq.DEALER)
-    s.setsockopt(zmq.LINGER, 0)
-    s.connect(d.endpoint)
-    return s
 
 
 ENDS: dict[str, tuple[str, int]] = {}  # every injected job's end seen so far
@@ -61,7 +54,7 @@ def _load(d: Daemon, s: zmq.Socket, count: int = 10) -> list[str]:
 
 
 def test_a_preview_answers_for_both_sides_and_changes_nothing(daemon: Daemon) -> None:
-    s = _socket(daemon)
+    s = raw(daemon)
     ids = _load(daemon, s)
     before = first = _ask(s, P.Status(token=daemon.token), (P.StatusReply,))
     while before.iterations < first.iterations + 12:  # iterations for the twin's clock
@@ -96,7 +89,7 @@ def test_a_preview_answers_for_both_sides_and_changes_nothing(daemon: Daemon) ->
      {"profile": "other"}],
 )  # fmt: skip
 def test_bad_preview_input_gets_the_retunes_error(daemon: Daemon, change: dict) -> None:
-    s = _socket(daemon)
+    s = raw(daemon)
     retune = _ask(s, P.Retune(token=daemon.token, changes=change), (P.Error, P.Ack))
     assert isinstance(retune, P.Error) and retune.code == "invalid-setting"
     rep = _ask(s, P.Preview(token=daemon.token, changes=change, req_id="bad"), (P.Error,))
@@ -112,14 +105,14 @@ def test_bad_preview_input_gets_the_retunes_error(daemon: Daemon, change: dict) 
 def test_a_bad_horizon_or_seed_count_is_an_invalid_setting(
     daemon: Daemon, fields: dict, words: str
 ) -> None:
-    s = _socket(daemon)
+    s = raw(daemon)
     msg = P.Preview(token=daemon.token, req_id="h", **{"changes": {"policy": "fcfs"}, **fields})
     rep = _ask(s, msg, (P.Error,))
     assert rep.code == "invalid-setting" and words in rep.message and rep.req_id == "h"
 
 
 def test_a_client_may_not_preview_and_one_preview_runs_at_a_time(daemon: Daemon) -> None:
-    s = _socket(daemon)
+    s = raw(daemon)
     rep = _ask(s, P.Preview(changes={"policy": "fcfs"}, req_id="c"), (P.Error,))
     assert rep.code == "forbidden"
     _load(daemon, s, count=6)
@@ -151,7 +144,7 @@ def _children(pid: int) -> list[int]:
 def test_the_twin_worker_ends_with_a_daemon_that_is_killed_mid_preview(tmp_path: Path) -> None:
     d = start_daemon(tmp_path, CONFIG)
     try:
-        s = _socket(d)
+        s = raw(d)
         before = set(_children(d.proc.pid))
         _load(d, s, count=6)
         # minutes of runs: the worker is busy when its daemon is killed
