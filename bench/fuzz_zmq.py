@@ -1,6 +1,12 @@
 """Fuzz the daemon's ZeroMQ protocol: N hypothesis-generated messages, zero crashes wanted.
 
     .venv/bin/python bench/fuzz_zmq.py [--count 10000] [--batch 100] [--seed 0]
+    .venv/bin/python bench/fuzz_zmq.py --count 0 --identity-ops 10000 --sockets 500
+
+The identity fuzzer (tests/server/fuzz_identity.py) runs after the frames in a fresh
+daemon: peers choosing, reusing and colliding routing ids beside honest SDK clients;
+zero leaks, zero honest jobs cut short and a live daemon wanted (JSON default
+bench/results/fuzz-identity.json).
 
 A real daemon (tiny model, small limits so that oversize frames are cheap); messages
 from tests/server/fuzz_frames.py in batches on fresh connections; after each batch
@@ -30,6 +36,7 @@ from machine import describe_machine  # noqa: E402
 
 from tests.server.daemon_proc import start_daemon  # noqa: E402
 from tests.server.fuzz_frames import FuzzStats, fire, frames, settings_of  # noqa: E402
+from tests.server.fuzz_identity import IdentityFuzzer  # noqa: E402
 from tests.server.test_protocol_fuzz import CONFIG, MAX_FRAME  # noqa: E402
 
 
@@ -39,7 +46,55 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=100, help="messages per connection")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, default=Path("bench/results/fuzz-zmq.json"))
+    ap.add_argument("--identity-ops", type=int, default=10_000, help="0 skips the identity fuzzer")
+    ap.add_argument("--sockets", type=int, default=500, help="identity fuzzer's sockets")
+    ap.add_argument("--identity-out", type=Path, default=Path("bench/results/fuzz-identity.json"))
     args = ap.parse_args()
+    if args.count > 0:
+        frames_phase(args)
+    if args.identity_ops > 0:
+        identity_phase(args)
+
+
+def identity_phase(args: argparse.Namespace) -> None:
+    """Chosen, reused and colliding routing ids (tests/server/fuzz_identity.py)."""
+    start = time.time()
+    with tempfile.TemporaryDirectory() as tmp:
+        d = start_daemon(Path(tmp), CONFIG)
+        try:
+            stats = IdentityFuzzer(d.endpoint, args.sockets, args.seed, d.token).run(
+                args.identity_ops
+            )
+            alive = d.proc.poll() is None
+        finally:
+            code = d.stop()
+    elapsed = time.time() - start
+    result = {
+        "machine": describe_machine(torch.device("cpu")),
+        "command": "bench/fuzz_zmq.py " + " ".join(sys.argv[1:]),
+        "sockets": args.sockets,
+        **stats.as_dict(),
+        "daemon_alive": alive,
+        "daemon_exit_code": code,
+        "seconds": round(elapsed, 1),
+    }
+    table = Table(title=f"identity fuzz: {stats.ops} operations over {args.sockets} sockets")
+    table.add_column("figure")
+    table.add_column("value", justify="right")
+    for key in ("ops", "connects", "closes", "replies", "leak_count", "honest_jobs",
+                "daemon_alive", "daemon_exit_code", "seconds"):  # fmt: skip
+        table.add_row(key, str(result[key]))
+    table.add_row("honest jobs cut short", str(len(stats.honest_bad)))
+    Console().print(table)
+    args.identity_out.parent.mkdir(parents=True, exist_ok=True)
+    args.identity_out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {args.identity_out}")
+    if stats.leaks or stats.honest_bad or not alive or code != 0:
+        raise SystemExit(1)
+
+
+def frames_phase(args: argparse.Namespace) -> None:
+    """Hypothesis-generated frames in batches on fresh connections."""
     stats = FuzzStats()
     failures: list[str] = []
     start = time.time()

@@ -224,6 +224,8 @@ class ServerConfig:
     max_burst: int = 1000  # jobs one inline Inject burst may add
     max_client_jobs: int = 10_000  # live jobs one connection may own (submitted + injected)
     max_jobs: int = 100_000  # live jobs in the daemon, all clients together
+    # open client connections; more are refused (and capped by the open-files limit)
+    max_connections: int = 4096
     http: str | None = None  # OpenAI-compatible API and /metrics on "HOST:PORT"; None = off
     # plain HTTP has no CURVE: binding it beyond loopback is refused unless this is set
     http_allow_remote: bool = False
@@ -261,7 +263,7 @@ class ServerConfig:
             raise ConfigError(
                 f"max_frame_bytes must be in [1024, 67108864], got {self.max_frame_bytes}"
             )
-        for name in ("max_burst", "max_client_jobs", "max_jobs"):
+        for name in ("max_burst", "max_client_jobs", "max_jobs", "max_connections"):
             value = getattr(self, name)
             if not 1 <= value <= 10_000_000:
                 raise ConfigError(f"{name} must be in [1, 10000000], got {value}")

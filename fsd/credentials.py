@@ -1,14 +1,17 @@
 """Secret files: the operator token and CURVE secret keys, private to their owner.
 
-A secret is written 0600 inside a 0700 folder (atomically: a temporary file renamed
-into place), and refused when read if group or others may read it, as ssh refuses a
-private key that others can read. The operator token of a daemon lives in its state
+A secret is written 0600 inside a folder only its owner may write (`fsd.statedir`'s
+rule; a folder fsd creates is 0700), atomically: a temporary file created afresh
+(O_EXCL, O_NOFOLLOW, a random name: never a file someone planted) renamed into place.
+It is refused when read if group or others may read it, as ssh refuses a private key
+that others can read. The operator token of a daemon lives in its state
 folder, named after its endpoint like the pidfile: `fsctl` and `fsd stop` find it
 there, so the user who started the daemon is its operator and nobody else is.
 """
 
 from __future__ import annotations
 
+import errno
 import hmac
 import os
 import re
@@ -17,8 +20,10 @@ import stat
 from pathlib import Path
 
 from fsd.errors import ConfigError
+from fsd.statedir import check_state_dir, ensure_state_dir, open_state_file
 
 TOKEN_ENV = "FSD_TOKEN"  # an operator token given directly (overrides the token file)
+_TEMP_TRIES = 16  # random temporary names tried before giving up (a clash is ~never)
 
 
 def state_stem(endpoint: str) -> str:
@@ -31,28 +36,40 @@ def token_path(state_dir: str | Path, endpoint: str) -> Path:
     return Path(state_dir).expanduser() / f"{state_stem(endpoint)}.token"
 
 
-def private_dir(path: str | Path) -> Path:
-    """Create `path` (and parents) if missing; a folder we create is 0700."""
-    folder = Path(path).expanduser()
-    if not folder.is_dir():
-        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-    return folder
-
-
 def write_secret(path: str | Path, data: str | bytes) -> Path:
-    """Write `data` to `path` readable by its owner only (0600), replacing it atomically."""
+    """Write `data` to `path` readable by its owner only (0600), replacing it atomically.
+
+    ConfigError if the folder breaks `fsd.statedir`'s rule (it is created 0700 if missing).
+    """
     target = Path(path).expanduser()
-    private_dir(target.parent)
+    ensure_state_dir(target.parent, "folder")
     raw = data.encode() if isinstance(data, str) else data
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    fd, tmp = _new_temp(target)
     try:
-        os.fchmod(fd, 0o600)  # the umask cannot widen it, an old file cannot keep its mode
-        os.write(fd, raw)
-    finally:
-        os.close(fd)
-    os.replace(tmp, target)
+        try:
+            os.fchmod(fd, 0o600)  # exactly 0600, whatever the umask
+            view = memoryview(raw)
+            while view:
+                view = view[os.write(fd, view) :]
+        finally:
+            os.close(fd)
+        os.replace(tmp, target)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     return target
+
+
+def _new_temp(target: Path) -> tuple[int, Path]:
+    """(fd, path) of a new 0600 file beside `target` under a random name: never an old file."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    for _ in range(_TEMP_TRIES):
+        tmp = target.with_name(f".{target.name}.{secrets.token_hex(8)}.tmp")
+        try:
+            return os.open(tmp, flags, 0o600), tmp
+        except FileExistsError:
+            continue  # a name clash (or a planted file): draw another name
+    raise FileExistsError(errno.EEXIST, "no free temporary file name", str(target.parent))
 
 
 def check_private(path: str | Path, what: str = "secret file") -> None:
@@ -62,6 +79,11 @@ def check_private(path: str | Path, what: str = "secret file") -> None:
         mode = p.stat().st_mode
     except OSError as exc:
         raise ConfigError(f"{what} {str(p)!r} cannot be read: {exc.strerror}") from None
+    _check_mode(p, mode, what)
+
+
+def _check_mode(p: Path, mode: int, what: str) -> None:
+    """Refuse a secret whose `mode` lets group or others read or write it."""
     if mode & (stat.S_IRWXG | stat.S_IRWXO):
         raise ConfigError(
             f"{what} {str(p)!r} is readable by others (mode {stat.S_IMODE(mode):04o}); "
@@ -98,7 +120,9 @@ def find_operator_token(
 
     `FSD_TOKEN` wins; then `token_file`; then the daemon's own file in `state_dir`
     (default the daemon's default state folder). A missing file means no token (the
-    client has the plain client role); a file others can read is an error.
+    client has the plain client role); a file others can read is an error, and so is
+    a state folder others may steer, or a link or another user's file at the token's
+    path (`fsd.statedir`: read through one, the token could be any file of ours).
     """
     if os.environ.get(TOKEN_ENV):
         return os.environ[TOKEN_ENV].strip()
@@ -109,6 +133,22 @@ def find_operator_token(
 
         state_dir = ServerConfig().state_dir
     path = token_path(state_dir, endpoint)
-    if not path.is_file() or not os.access(path, os.R_OK):
+    check_state_dir(path.parent)
+    return _read_state_token(path)
+
+
+def _read_state_token(path: Path) -> str | None:
+    """The token in the state folder's file (not through a link, ours only), or None."""
+    what = "operator token file"
+    try:
+        fd = open_state_file(path, os.O_RDONLY)
+    except (FileNotFoundError, PermissionError):
         return None  # no daemon of ours there, or another user's: the plain client role
-    return read_secret(path, "operator token file")
+    except OSError as exc:
+        raise ConfigError(f"{what} {str(path)!r} cannot be read: {exc.strerror}") from None
+    with open(fd, "rb") as f:
+        _check_mode(path, os.fstat(fd).st_mode, what)
+        try:
+            return f.read().decode().strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"{what} {str(path)!r} cannot be read: {exc}") from None

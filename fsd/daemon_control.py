@@ -6,7 +6,9 @@ the pidfile names the child and says it serves: no socket probe, so it needs no 
 and a daemon of someone else answering on the endpoint cannot be mistaken for ours.
 If the child exits first, its error (from the lines it wrote during this start) is
 shown. `fsd stop` asks the daemon to drain on its socket, then signals the pid its
-held pidfile names.
+held pidfile names, once the kernel confirms that this process holds the lock
+(`fsd.pidfile.check_lock_holder`). Both refuse a state folder another user may
+steer (`fsd.statedir`).
 """
 
 from __future__ import annotations
@@ -22,7 +24,16 @@ from pathlib import Path
 from typing import Any
 
 from fsd.config import ServerConfig
-from fsd.pidfile import DaemonError, open_state, probe_pidfile, remove_stale, state_files
+from fsd.pidfile import (
+    DaemonError,
+    check_lock_holder,
+    lock_holders,
+    open_state,
+    probe_pidfile,
+    remove_stale,
+    state_files,
+)
+from fsd.statedir import check_state_dir, open_state_file
 
 log = logging.getLogger("fsd.daemon")
 DRAIN_TIMEOUT = 30.0
@@ -33,6 +44,7 @@ _POLL = 0.1
 def start_background(argv: list[str], server_cfg: ServerConfig, wait: float = START_TIMEOUT) -> int:
     """Spawn `fsd start --foreground ARGV` detached; return its pid once it serves."""
     pidfile, logfile = state_files(server_cfg)
+    check_state_dir(pidfile.parent)
     held, info = probe_pidfile(pidfile)
     if held:
         who = f"a daemon (pid {info['pid']})" if info.get("pid") else "a daemon"
@@ -77,11 +89,12 @@ def _start_failure(code: int, logfile: Path, offset: int) -> str:
 
 
 def _new_lines(path: Path, offset: int) -> list[str]:
+    """The log's lines from byte `offset` on (none if it cannot be read safely)."""
     try:
-        with open(path, "rb") as f:
+        with open(open_state_file(path, os.O_RDONLY), "rb") as f:
             f.seek(offset)
             return f.read().decode(errors="replace").splitlines()
-    except OSError:
+    except (OSError, ValueError):  # ConfigError: a link or another user's file now
         return []
 
 
@@ -97,10 +110,13 @@ def stop(
     daemon); a stale pidfile is removed. Without a held lock the daemon is still
     asked on its socket (one started with another state_dir, or a remote one with
     CURVE operator keys); then there is no pid to wait for and None is returned.
+    ConfigError for a state folder another user may steer; DaemonError, signalling
+    nothing, if the pidfile names a process that does not hold its lock.
     """
     from fsd.client import Client, DaemonUnavailable, RequestError
 
     pidfile, _ = state_files(server_cfg)
+    check_state_dir(pidfile.parent)
     held, info = probe_pidfile(pidfile)
     if not held and remove_stale(pidfile):
         log.info("removed the stale pidfile %s", pidfile)
@@ -138,10 +154,19 @@ def stop(
 
 
 def _signal(pidfile: Path, sig: int) -> None:
-    """Send `sig` to the daemon that holds `pidfile` (nothing if none holds it)."""
-    held, info = probe_pidfile(pidfile)
-    pid = info.get("pid")
-    if not held or not isinstance(pid, int) or pid <= 0:
-        return
+    """Send `sig` to the daemon that holds `pidfile` (nothing if none holds it).
+
+    DaemonError, and no signal, unless the pid the file names holds its lock and
+    runs as this user (`check_lock_holder`).
+    """
+    for _ in range(2):  # a second look if the lock changed hands between the two reads
+        holders = lock_holders(pidfile)  # first: a daemon exiting meanwhile is not held then
+        held, info = probe_pidfile(pidfile)
+        pid = info.get("pid")
+        if not held or type(pid) is not int or pid <= 0:
+            return
+        if holders is None or pid in holders:
+            break
     with contextlib.suppress(ProcessLookupError):  # it exited meanwhile
+        check_lock_holder(pidfile, pid, holders)
         os.kill(pid, sig)

@@ -6,6 +6,13 @@ has the pid written in the file" (pids are reused: a stale pidfile may name an
 unrelated process, which `fsd stop` must never signal). The kernel drops the lock
 when the process dies, however it dies. The file says `"state": "starting"` while the
 model loads and `"serving"` once the sockets are bound and signals are handled.
+
+The pidfile and the log file live in the state folder and are held to
+`fsd.statedir`'s rule: the folder is checked before anything is written there, and
+neither file is ever opened through a symbolic link or when another user owns it.
+Before `fsd stop` signals the pid a pidfile names, `check_lock_holder` asks the
+kernel (/proc/locks) whether that very process holds the file's lock and checks
+that it runs as this user: a pidfile is only words, the lock is the proof.
 """
 
 from __future__ import annotations
@@ -14,12 +21,14 @@ import fcntl
 import json
 import os
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, ClassVar
 
 from fsd.config import ServerConfig
-from fsd.credentials import private_dir, state_stem
+from fsd.credentials import state_stem
 from fsd.errors import FsdError
+from fsd.statedir import ensure_state_dir, open_state_file
 
 _LOCK_RETRY = 1.0  # seconds a starting daemon retries the lock (a reader may hold it briefly)
 
@@ -45,9 +54,10 @@ def probe_pidfile(pidfile: Path) -> tuple[bool, dict[str, Any]]:
     """(whether a live daemon holds `pidfile`'s lock, what the file says).
 
     Takes the shared lock for an instant: it is free unless a daemon holds it.
+    ConfigError for a link or another user's file at the path (never read).
     """
     try:
-        fd = os.open(pidfile, os.O_RDONLY | os.O_CLOEXEC)
+        fd = open_state_file(pidfile, os.O_RDONLY)
     except OSError:
         return False, {}
     try:
@@ -84,7 +94,7 @@ def read_pidfile(cfg: ServerConfig) -> dict[str, Any] | None:
 def remove_stale(pidfile: Path) -> bool:
     """Remove `pidfile` if no daemon holds it (left by a killed one); True if removed."""
     try:
-        fd = os.open(pidfile, os.O_RDONLY | os.O_CLOEXEC)
+        fd = open_state_file(pidfile, os.O_RDONLY)
     except OSError:
         return False
     try:
@@ -101,10 +111,14 @@ def remove_stale(pidfile: Path) -> bool:
 
 
 def open_state(path: Path, flags: int) -> int:
-    """Open a file of the state folder (made 0700 if missing); DaemonError if we may not."""
+    """Open a file of the state folder (made 0700 if missing); DaemonError if we may not.
+
+    ConfigError for a folder another user may steer, or a link or another user's
+    file at `path` (`fsd.statedir`): nothing is written then.
+    """
     try:
-        private_dir(path.parent)
-        return os.open(path, flags, 0o644)
+        ensure_state_dir(path.parent)
+        return open_state_file(path, flags, 0o644)
     except OSError as exc:
         raise DaemonError(
             f"cannot open {path}: {exc.strerror} (set state_dir to a folder this user may write)"
@@ -112,8 +126,9 @@ def open_state(path: Path, flags: int) -> int:
 
 
 def _same_file(fd: int, path: Path) -> bool:
+    """Whether `path` (not followed if a link) is the file open as `fd`."""
     try:
-        st = os.stat(path)
+        st = os.stat(path, follow_symlinks=False)
     except OSError:
         return False
     mine = os.fstat(fd)
@@ -163,3 +178,64 @@ class PidLock:
             self.path.unlink(missing_ok=True)
         os.close(self.fd)
         self.fd = None
+
+
+# ---- who holds the lock ---------------------------------------------------------------
+
+
+def lock_holders(pidfile: Path) -> set[int] | None:
+    """The pids holding an exclusive flock on `pidfile` (from /proc/locks); None if unknown."""
+    try:
+        st = os.stat(pidfile, follow_symlinks=False)
+        with open("/proc/locks") as f:
+            text = f.read()
+    except OSError:
+        return None
+    want = (os.major(st.st_dev), os.minor(st.st_dev), st.st_ino)
+    return {pid for pid, where in _flock_writers(text) if where == want}
+
+
+def _flock_writers(text: str) -> Iterator[tuple[int, tuple[int, int, int]]]:
+    """(pid, (major, minor, inode)) of each exclusive flock /proc/locks lists.
+
+    A line reads `1: FLOCK  ADVISORY  WRITE 1234 08:01:5678 0 EOF` (major and minor
+    in hex); a waiter's line has `->` after the number and is skipped, as are POSIX
+    and OFD locks and shared (READ) flocks.
+    """
+    for line in text.splitlines():
+        f = line.split()
+        if len(f) < 6 or f[1] != "FLOCK" or f[3] != "WRITE":
+            continue
+        try:
+            major, minor, ino = f[5].split(":")
+            yield int(f[4]), (int(major, 16), int(minor, 16), int(ino))
+        except ValueError:
+            continue
+
+
+def check_lock_holder(pidfile: Path, pid: int, holders: set[int] | None) -> None:
+    """Refuse (DaemonError) to trust `pid` unless it holds `pidfile`'s lock and is ours.
+
+    `holders` is what `lock_holders` found. ProcessLookupError if `pid` is gone.
+    """
+    if holders is None:
+        raise DaemonError(
+            f"cannot tell which process holds {pidfile} (no /proc/locks): "
+            f"not signalling pid {pid}; stop it yourself if it is the daemon"
+        )
+    if pid not in holders:
+        who = ", ".join(f"pid {p}" for p in sorted(holders)) or "no process visible here"
+        raise DaemonError(
+            f"pidfile {pidfile} names pid {pid}, but its lock is held by {who}: "
+            "signalled nothing (a pidfile the daemon did not write?)"
+        )
+    try:
+        owner = os.stat(f"/proc/{pid}").st_uid
+    except FileNotFoundError:
+        raise ProcessLookupError(pid) from None
+    me = os.geteuid()
+    if me != 0 and owner != me:
+        raise DaemonError(
+            f"pid {pid} (holding {pidfile}) runs as uid {owner}, not as you (uid {me}): "
+            "signalled nothing"
+        )

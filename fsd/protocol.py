@@ -14,6 +14,14 @@ Version 2: levels are 1-based everywhere (Q1 is the top level), `token`, `Undrai
 `Finished.message`, `StatusReply.role`, and `Inject` carries a scenario's text and
 its traces inline (the daemon never opens a path a client names).
 
+Sessions (still version 2: a request's optional `session`, and `Hello`/`Welcome`,
+which only a client that says Hello ever receives): who owns a job is its session,
+never a routing id. A client that says `Hello` gets its session's secret in the
+`Welcome`; presenting it in a later `Hello` from a new connection resumes the
+session's jobs there, and a request carrying another session's secret is refused
+("bad-session"). A client that never says Hello has an anonymous session bound to
+its connection (the gate issues every connection its own routing id).
+
 The version, the size limits, `encode` and `ProtocolError` (an `FsdError` whose
 instances carry their code) live in `fsd.wire`, the telemetry messages and `JobInfo`
 in `fsd.protocol_telemetry`, the what-if pair (`Preview`, `PreviewReply`) in
@@ -73,9 +81,12 @@ class _Msg(msgspec.Struct, tag_field="type", kw_only=True, omit_defaults=True):
 
 
 class _Req(_Msg, kw_only=True):
-    """A client's request; `token` claims the operator role (see the module doc)."""
+    """A client's request; `token` claims the operator role (see the module doc) and
+    `session` is the secret of the connection's session (its `Welcome`), checked when
+    present."""
 
     token: str | None = None
+    session: str | None = None
 
 
 # ---- client → daemon ---------------------------------------------------------------
@@ -178,6 +189,14 @@ class Ping(_Req, tag="ping"):
     """Heartbeat: a client that stops sending loses its jobs after the daemon's timeout."""
 
 
+class Hello(_Req, tag="hello"):
+    """A connection's first request: answered by a `Welcome` with the session's secret.
+
+    With `session` (the secret of an earlier connection's `Welcome`) the daemon moves
+    that session, its live jobs and its undelivered results, to this connection.
+    """
+
+
 Request = (
     Submit
     | Abort
@@ -191,6 +210,7 @@ Request = (
     | Shutdown
     | Ping
     | Preview
+    | Hello
 )
 
 
@@ -208,10 +228,15 @@ class Accepted(_Msg, tag="accepted"):
 
 
 class Chunk(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """New tokens of one job; `start` is how many output tokens came before them (a
+    client that sees a gap stops streaming that job and takes the rest from its
+    `Finished`, which carries every token)."""
+
     req_id: str
     job_id: str
     token_ids: list[int]
     text: str = ""
+    start: int | None = None
 
 
 class Tokens(_Msg, tag="tokens"):
@@ -293,8 +318,30 @@ class Ack(_Msg, tag="ack"):
     req_id: str | None = None  # the request's, when it had one (Inject)
 
 
+class Welcome(_Msg, tag="welcome"):
+    """The answer to `Hello`: this connection's session and its secret.
+
+    `resumed`: the Hello's session was found and now lives on this connection; `jobs`
+    are its req_ids still live or with a `Finished` on its way (sent right after).
+    A Hello whose session is unknown (expired, or another daemon's) gets a new one.
+    """
+
+    session: str
+    resumed: bool = False
+    jobs: list[str] = []
+
+
 Reply = (
-    Accepted | Tokens | Finished | Error | JobList | JobReply | StatusReply | Ack | PreviewReply
+    Accepted
+    | Tokens
+    | Finished
+    | Error
+    | JobList
+    | JobReply
+    | StatusReply
+    | Ack
+    | PreviewReply
+    | Welcome
 )
 
 

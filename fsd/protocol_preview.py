@@ -35,6 +35,7 @@ class Preview(msgspec.Struct, tag="preview", tag_field="type", kw_only=True, omi
 
     v: int = PROTOCOL_VERSION
     token: str | None = None
+    session: str | None = None  # the connection's session secret (fsd.protocol)
     changes: dict[str, Any]
     horizon: float = DEFAULT_HORIZON
     seeds: int = DEFAULT_SEEDS

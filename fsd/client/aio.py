@@ -299,6 +299,8 @@ class AsyncClient:
     async def _send(self, frame: bytes) -> None:
         assert self._sock is not None
         try:
+            for hello in self._core.before_send():  # a new socket's first frame
+                await self._sock.send(hello, zmq.NOBLOCK)
             await self._sock.send(frame, zmq.NOBLOCK)
         except zmq.Again:  # the send queue is full: the daemon has not read for a long time
             return

@@ -32,6 +32,7 @@ that the daemon still lives (jobs may legitimately wait long between tokens).
 from __future__ import annotations
 
 import itertools
+import math
 import uuid
 from collections import deque
 from dataclasses import dataclass, field
@@ -103,8 +104,11 @@ class JobState:
 @dataclass
 class _Stream:
     sink: Any  # queue.Queue / asyncio.Queue: put_nowait(item)
-    deadline: float | None  # until Accepted; None once accepted
+    deadline: float | None  # until Accepted (or resumed); None once accepted
     job_id: str | None = None
+    tokens: int = 0  # output tokens passed on so far
+    gapped: bool = False  # a chunk went missing: the rest comes with the Finished
+    resuming: bool = False  # waiting for the Welcome of a new connection
 
 
 @dataclass
@@ -153,17 +157,27 @@ class ClientCore:
     injected: Any = None  # sink (put_nowait) of the injected jobs' Finished messages
     last_rx: float = 0.0
     last_tx: float = 0.0
+    session: str | None = None  # the secret of this client's session (from Welcome)
 
     def __post_init__(self) -> None:
         self._ids = itertools.count(1)
         self._prefix = uuid.uuid4().hex[:8]
-        self._ping = P.encode(P.Ping())
+        self._hello_due = True  # a new socket says Hello before anything else
 
     def encode(self, msg: P.Request) -> bytes:
         """A request's frame, carrying the operator token when this client has one."""
         if self.token is not None:
             msg.token = self.token
+        if self.session is not None:
+            msg.session = self.session
         return check_frame(P.encode(msg))
+
+    def before_send(self) -> list[bytes]:
+        """The Hello a new socket owes before its first frame (resuming the session)."""
+        if not self._hello_due:
+            return []
+        self._hello_due = False
+        return [check_frame(P.encode(P.Hello(session=self.session)))]
 
     def next_req_id(self) -> str:
         return f"{self._prefix}-{next(self._ids)}"
@@ -202,7 +216,9 @@ class ClientCore:
             for chunk in msg.chunks:
                 stream = self.streams.get(chunk.req_id)
                 if stream is not None:
-                    stream.sink.put_nowait(chunk)
+                    self._chunk(stream, chunk)
+        elif isinstance(msg, P.Welcome):
+            self._welcome(msg)
         elif isinstance(msg, P.Accepted):
             if msg.client_timeout > 0:  # heartbeat well inside the daemon's patience
                 self.heartbeat = min(self.heartbeat, msg.client_timeout / 3)
@@ -214,6 +230,40 @@ class ClientCore:
             self._route_named(msg, msg.req_id)
         else:
             self._answer(msg)
+
+    def _chunk(self, stream: _Stream, chunk: P.Chunk) -> None:
+        """Pass a chunk on unless one before it went missing (a reconnect's gap)."""
+        if chunk.start is not None and chunk.start != stream.tokens:
+            stream.gapped = True  # JobState takes the rest from the Finished
+        if stream.gapped:
+            return
+        stream.tokens += len(chunk.token_ids)
+        stream.sink.put_nowait(chunk)
+
+    def _welcome(self, msg: P.Welcome) -> None:
+        """A (new) connection's session: resumed streams go on, the others are lost."""
+        self.session = msg.session
+        live = set(msg.jobs) if msg.resumed else set()
+        for req_id, stream in list(self.streams.items()):
+            if not stream.resuming:
+                continue
+            if req_id in live:
+                stream.resuming, stream.deadline = False, None
+                continue
+            del self.streams[req_id]
+            stream.sink.put_nowait(
+                RequestError(
+                    "lost",
+                    f"job {stream.job_id} was lost while this client reconnected (the daemon "
+                    "restarted, or it forgot the session after client_timeout)",
+                    req_id,
+                )
+            )
+        lost = self.held - live
+        if lost:
+            self.held -= lost
+            if self.injected is not None:
+                self.injected.put_nowait(RequestError("lost", f"{len(lost)} injected jobs lost"))
 
     def _route_named(self, msg: P.Finished | P.Error | P.Ack | P.PreviewReply, req_id: str) -> None:
         stream = self.streams.get(req_id)
@@ -263,12 +313,14 @@ class ClientCore:
         )
 
     def tick(self, now: float) -> list[bytes]:
-        """Frames due now: a heartbeat while jobs are out, a probe after long silence."""
+        """Frames due now: a heartbeat while jobs are out, a probe after long silence
+        (after the Hello a new socket owes)."""
         out: list[bytes] = []
         if not self.streams and not self.held:
             return out
+        out += self.before_send()
         if now - self.last_tx >= self.heartbeat:
-            out.append(self._ping)
+            out.append(self.encode(P.Ping()))
         if self._probe_due(now):
             self.add_call("status", None, now)
             out.append(self.encode(P.Status()))
@@ -286,7 +338,9 @@ class ClientCore:
             times.append(self.last_tx + self.heartbeat)
             if not self.calls:
                 times.append(self.last_rx + self.timeout)
-        return max(0.0, min(times) - now) if times else None
+        if not times or min(times) == math.inf:  # a link without timeouts, nothing due
+            return None
+        return max(0.0, min(times) - now)
 
     def fail_all(self, exc: BaseException) -> None:
         """Every pending call and stream ends with `exc` (socket lost or client closed)."""
@@ -301,9 +355,25 @@ class ClientCore:
                 call.future.set_exception(exc)
 
     def reset(self, now: float) -> DaemonUnavailable:
-        """The daemon did not answer: fail everything; the caller makes a new socket."""
+        """The daemon did not answer: the caller makes a new socket. Pending calls and
+        unaccepted submits fail; accepted jobs wait one more `timeout` for the new
+        socket's Welcome to resume them (then they fail too)."""
         exc = unavailable(self.endpoint, self.timeout, self.curve)
-        self.fail_all(exc)
+        calls, self.calls = self.calls, []
+        for call in calls:
+            if call.future is not None and not call.future.done():
+                call.future.set_exception(exc)
+        for req_id, stream in list(self.streams.items()):
+            if stream.deadline is None and self.session is not None:
+                stream.resuming, stream.deadline = True, now + self.timeout
+            else:
+                del self.streams[req_id]
+                stream.sink.put_nowait(exc)
+        if self.session is None and self.held:
+            self.held = set()
+            if self.injected is not None:
+                self.injected.put_nowait(exc)
+        self._hello_due = True
         self.last_rx = self.last_tx = now
         return exc
 

@@ -146,6 +146,8 @@ class IOThread:
 
 def _send(sock: zmq.Socket, frame: bytes, core: ClientCore, now: float) -> None:
     try:
+        for hello in core.before_send():  # a new socket's first frame
+            sock.send(hello, zmq.NOBLOCK)
         sock.send(frame, zmq.NOBLOCK)
     except zmq.Again:  # the send queue is full: the daemon has not read for a long time
         return

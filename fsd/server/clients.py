@@ -1,22 +1,55 @@
-"""Client bookkeeping: the connected clients, whose each live job is, and the job caps."""
+"""Client sessions: who owns each live job, which connection hears it, and the job caps.
+
+Design: a job belongs to a session, never to a routing id. A session is made the
+first time a connection speaks and gets an internal key that never leaves the
+daemon (`Caller.ident`); its connection (the routing id the gate issued, see
+`fsd.server.gate`) only says where its replies go now. A client that says `Hello`
+learns the session's secret and may move the session to a new connection by
+presenting it; a request that carries a secret must carry its connection's.
+Under CURVE a session also belongs to the key ZAP authenticated (the User-Id of
+each frame): a frame from another key on the same routing id gets a new session.
+
+Bounds: one session per open connection (the gate caps connections) plus the
+detached ones, each forgotten `client_timeout` after it last spoke; a detached
+session keeps its jobs' `Finished` and late answers for its next connection, at
+most one per job it owned plus `_OUTBOX_EXTRA`.
+"""
 
 from __future__ import annotations
 
+import hashlib
+import hmac
+import itertools
+import secrets
 from dataclasses import dataclass, field
 
+from fsd import protocol as P
 from fsd.config import ServerConfig
-from fsd.errors import OverloadedError
+from fsd.errors import FsdError, OverloadedError
 from fsd.server.roles import Caller
+
+_OUTBOX_EXTRA = 64  # answers kept for a detached session beyond one per job
+
+
+class SessionError(FsdError):
+    """A request carried a session secret that is not its connection's."""
+
+    code = "bad-session"
 
 
 @dataclass
 class ClientState:
-    """A connected client: when it last spoke and which of its jobs are live."""
+    """A client session: its connection (None while detached), its key, its live jobs."""
 
+    key: bytes  # the daemon's own name for it (Caller.ident); never on the wire
     last_seen: float
-    user_id: str | None = None  # its CURVE key (z85), None on plain loopback
+    user_id: str | None = None  # the CURVE key ZAP authenticated (z85), None on loopback
+    route: bytes | None = None  # the routing id of its connection now
+    secret: str | None = None  # given in Welcome once it said Hello
     jobs: dict[str, str] = field(default_factory=dict)  # job_id -> req_id
     req_ids: set[str] = field(default_factory=set)  # the req_ids of `jobs`
+    outbox: list[P.Reply] = field(default_factory=list)  # answers while detached
+    chunks: dict[str, P.Chunk] = field(default_factory=dict)  # tokens while detached, per job
 
     def add(self, job_id: str, req_id: str) -> None:
         self.jobs[job_id] = req_id
@@ -26,6 +59,37 @@ class ClientState:
         req_id = self.jobs.pop(job_id, None)
         if req_id is not None:
             self.req_ids.discard(req_id)
+
+    def keep(self, msg: P.Reply) -> None:
+        """Hold an answer for the next connection: tokens merged into one chunk per
+        live job, other answers as they are (at most one per job plus a few)."""
+        if isinstance(msg, P.Tokens):
+            for chunk in msg.chunks:
+                self._merge(chunk)
+        elif len(self.outbox) < len(self.jobs) + _OUTBOX_EXTRA:
+            self.outbox.append(msg)
+
+    def _merge(self, chunk: P.Chunk) -> None:
+        held = self.chunks.get(chunk.job_id)
+        if held is None:
+            if chunk.job_id in self.jobs:
+                self.chunks[chunk.job_id] = P.Chunk(
+                    req_id=chunk.req_id,
+                    job_id=chunk.job_id,
+                    token_ids=list(chunk.token_ids),
+                    text=chunk.text,
+                    start=chunk.start,
+                )
+            return
+        held.token_ids.extend(chunk.token_ids)
+        held.text += chunk.text
+
+    def take_held(self) -> list[P.Reply]:
+        """What was held while detached, in order: the tokens, then the answers."""
+        held: list[P.Reply] = [P.Tokens(chunks=list(self.chunks.values()))] if self.chunks else []
+        held += self.outbox
+        self.chunks, self.outbox = {}, []
+        return held
 
 
 @dataclass(frozen=True)
@@ -37,28 +101,112 @@ class Owner:
     stream: bool = True
 
 
+def _digest(secret: str) -> bytes:
+    return hashlib.sha256(secret.encode("utf-8", "surrogatepass")).digest()
+
+
 class ClientBook:
-    """The clients the daemon has heard from and the owner of each live job."""
+    """The sessions, the connection each is on, and the owner of each live job."""
 
     def __init__(self, cfg: ServerConfig) -> None:
         self.cfg = cfg
-        self.clients: dict[bytes, ClientState] = {}
+        self.clients: dict[bytes, ClientState] = {}  # by session key
+        self.routes: dict[bytes, bytes] = {}  # routing id -> session key
+        self._by_secret: dict[bytes, bytes] = {}  # digest of a secret -> session key
         self.owners: dict[str, Owner] = {}
+        self._streamed: dict[str, int] = {}  # job_id -> output tokens routed so far
+        self._keys = itertools.count(1)
 
-    def heard(self, ident: bytes, now: float, user_id: str | None) -> ClientState:
-        """The client `ident` (new ones with their CURVE key), marked as heard from now."""
-        client = self.clients.get(ident)
+    # ---- sessions and connections -----------------------------------------------------
+
+    def heard(self, route: bytes, now: float, user_id: str | None) -> ClientState:
+        """The session of connection `route` (a new one for a new connection, or for
+        another CURVE key than the session's), marked as heard from now."""
+        client = self.session_of(route)
+        if client is not None and client.user_id != user_id:
+            self.detach(route)
+            client = None
         if client is None:
-            client = self.clients[ident] = ClientState(now, user_id)
+            key = b"s%d" % next(self._keys)
+            client = self.clients[key] = ClientState(key, now, user_id, route)
+            self.routes[route] = key
         client.last_seen = now
         return client
 
+    def session_of(self, route: bytes) -> ClientState | None:
+        key = self.routes.get(route)
+        return self.clients.get(key) if key is not None else None
+
+    def check(self, client: ClientState, presented: str | None) -> None:
+        """Refuse a request whose session secret is not its connection's."""
+        if presented is None:
+            return
+        if client.secret is None or not hmac.compare_digest(
+            _digest(presented), _digest(client.secret)
+        ):
+            raise SessionError(
+                "this request carries a session that is not this connection's; send Hello "
+                "with it to resume that session here"
+            )
+
+    def hello(self, client: ClientState, presented: str | None, now: float) -> ClientState:
+        """Answer Hello on `client`'s connection: resume the session `presented` names
+        (same CURVE key) there, else give `client` its secret. The session now bound."""
+        target = None
+        if presented is not None:
+            key = self._by_secret.get(_digest(presented))
+            target = self.clients.get(key) if key is not None else None
+            if target is not None and target.user_id != client.user_id:
+                target = None
+        if target is None or target is client:
+            if client.secret is None:
+                client.secret = secrets.token_urlsafe(32)
+                self._by_secret[_digest(client.secret)] = client.key
+            return client
+        route = client.route
+        assert route is not None
+        self.detach(route)
+        if not client.jobs and client.secret is None:
+            self.forget(client.key)  # a fresh connection's empty session
+        if target.route is not None:
+            self.detach(target.route)  # the holder of the secret is the session now
+        target.route = route
+        target.last_seen = now
+        self.routes[route] = target.key
+        return target
+
+    def detach(self, route: bytes) -> None:
+        """Connection `route` is closed or taken over: its session keeps its jobs until
+        resumed or forgotten, and hears nothing meanwhile."""
+        key = self.routes.pop(route, None)
+        client = self.clients.get(key) if key is not None else None
+        if client is not None and client.route == route:
+            client.route = None
+
+    def forget(self, key: bytes) -> None:
+        """Drop a session whose jobs are gone (reaped or never had any)."""
+        client = self.clients.pop(key, None)
+        if client is None:
+            return
+        if client.route is not None and self.routes.get(client.route) == key:
+            del self.routes[client.route]
+        if client.secret is not None:
+            self._by_secret.pop(_digest(client.secret), None)
+
+    # ---- jobs ------------------------------------------------------------------------
+
     def own(self, job_id: str, caller: Caller, req_id: str, stream: bool = True) -> None:
-        """`job_id` is `caller`'s: streamed to it (or only finished), reaped with it."""
+        """`job_id` is `caller`'s session's: streamed to it (or only finished), reaped with it."""
         self.owners[job_id] = Owner(caller, req_id, stream)
         client = self.clients.get(caller.ident)
         if client is not None:
             client.add(job_id, req_id)
+
+    def streamed(self, job_id: str, count: int) -> int:
+        """Count `count` more tokens routed for `job_id`; how many came before them."""
+        before = self._streamed.get(job_id, 0)
+        self._streamed[job_id] = before + count
+        return before
 
     def owner_of(self, job_id: str) -> Caller | None:
         owner = self.owners.get(job_id)
@@ -67,6 +215,7 @@ class ClientBook:
     def release(self, job_id: str) -> Owner | None:
         """Forget an ended job; its owner (None when nobody owned it) is answered."""
         owner = self.owners.pop(job_id, None)
+        self._streamed.pop(job_id, None)
         if owner is not None:
             client = self.clients.get(owner.caller.ident)
             if client is not None:
@@ -74,7 +223,7 @@ class ClientBook:
         return owner
 
     def check_room(self, ident: bytes, count: int, live: int) -> None:
-        """Refuse `count` more jobs past the caller's or the daemon's (`live` now) cap."""
+        """Refuse `count` more jobs past the session's or the daemon's (`live` now) cap."""
         client = self.clients.get(ident)
         mine = len(client.jobs) if client is not None else 0
         if mine + count > self.cfg.max_client_jobs:
@@ -88,5 +237,5 @@ class ClientBook:
             )
 
     def silent_since(self, limit: float) -> list[tuple[bytes, ClientState]]:
-        """The clients not heard from since `limit` (a wall time)."""
-        return [(i, c) for i, c in self.clients.items() if c.last_seen < limit]
+        """The sessions not heard from since `limit` (a wall time)."""
+        return [(k, c) for k, c in self.clients.items() if c.last_seen < limit]

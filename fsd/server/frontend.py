@@ -15,6 +15,7 @@ import zmq
 
 from fsd import protocol as P
 from fsd.errors import FsdError
+from fsd.server.clients import ClientState
 from fsd.server.roles import Caller
 
 if TYPE_CHECKING:
@@ -51,28 +52,27 @@ class Frontend:
 
     def handle(self, frames: list) -> None:  # bytes, or zmq.Frame with CURVE
         """Answer one client message; nothing it holds may raise out of here."""
-        ident = bytes(frames[0])
+        route = bytes(frames[0])
         try:
-            self._handle_frames(ident, frames)
+            self._handle_frames(route, frames)
         except Exception as exc:  # noqa: BLE001 - bad input must never kill the daemon
             self.service.failures.exception("handling a request failed", exc)
-            self.send(ident, P.Error(code="internal", message=f"{type(exc).__name__}: {exc}"))
+            self._to_route(route, P.Error(code="internal", message=f"{type(exc).__name__}: {exc}"))
 
-    def _handle_frames(self, ident: bytes, frames: list) -> None:
+    def _handle_frames(self, route: bytes, frames: list) -> None:
         svc = self.service
-        user_id = None
-        if ident not in svc.book.clients and isinstance(frames[-1], zmq.Frame):
-            user_id = frames[-1].get("User-Id") or None
-        client = svc.book.heard(ident, time.time(), user_id)
+        # every frame's own User-Id: the key ZAP authenticated for this connection now
+        user_id = frames[-1].get("User-Id") or None if isinstance(frames[-1], zmq.Frame) else None
+        client = svc.book.heard(route, time.time(), user_id)
         if len(frames) != 2:
-            self.send(
-                ident, P.Error(code="malformed", message=f"expected 1 frame, got {len(frames) - 1}")
+            self._to_route(
+                route, P.Error(code="malformed", message=f"expected 1 frame, got {len(frames) - 1}")
             )
             return
         payload = frames[1] if isinstance(frames[1], bytes) else frames[1].bytes
         if len(payload) > self.cfg.max_frame_bytes:
-            self.send(
-                ident,
+            self._to_route(
+                route,
                 P.Error(
                     code="too-large",
                     message=f"frame of {len(payload)} bytes exceeds max_frame_bytes "
@@ -83,27 +83,60 @@ class Frontend:
         try:
             msg = P.decode_request(payload)
         except P.ProtocolError as exc:
-            self.send(ident, P.Error(code=exc.code, message=str(exc)))
+            self._to_route(route, P.Error(code=exc.code, message=str(exc)))
             return
-        caller = Caller(ident, svc.auth.role(msg, client.user_id), client.user_id)
+        if isinstance(msg, P.Hello):
+            self._hello(client, msg)
+            return
+        caller = Caller(client.key, svc.auth.role(msg, user_id), user_id)
         try:
+            svc.book.check(client, msg.session)
             svc.auth.check(msg, caller.role)
             svc.control.dispatch(caller, msg)
         except Exception as exc:  # noqa: BLE001 - FsdError is a refusal; others are bugs
             if not isinstance(exc, FsdError):  # a TypeError is answered "invalid", but logged
                 svc.failures.exception(f"request {type(msg).__name__} failed", exc)
-            self.send_error(ident, exc, getattr(msg, "req_id", None))
+            self.send_error(client.key, exc, getattr(msg, "req_id", None))
+
+    def _hello(self, client: ClientState, msg: P.Hello) -> None:
+        """Welcome: the session's secret; a resumed session's held answers follow it."""
+        route = client.route
+        session = self.service.book.hello(client, msg.session, time.time())
+        resumed = session is not client
+        held = session.take_held()
+        ended = {m.req_id for m in held if isinstance(m, P.Finished)}
+        jobs = sorted(session.req_ids | ended)
+        if resumed:
+            log.info(
+                "session %s resumed with %d live jobs", session.key.decode(), len(session.jobs)
+            )
+        self._to_route(route, P.Welcome(session=session.secret or "", resumed=resumed, jobs=jobs))
+        for msg in held:
+            self._to_route(route, msg)
 
     def send(self, ident: bytes | None, msg: P.Reply) -> None:
+        """To session `ident`'s connection; held for its next one while it has none."""
         if ident is None:
             return
+        client = self.service.book.clients.get(ident)
+        if client is None:
+            return
+        if client.route is None:
+            client.keep(msg)
+            return
+        self._to_route(client.route, msg)
+
+    def _to_route(self, route: bytes | None, msg: P.Reply) -> None:
+        if route is None:
+            return
         try:
-            self.service.router.send_multipart([ident, P.encode(msg)], zmq.NOBLOCK)
+            self.service.router.send_multipart([route, P.encode(msg)], zmq.NOBLOCK)
         except zmq.ZMQError as exc:  # a vanished peer or a full queue loses only its message
-            log.debug("dropped a reply to %r: %s", ident, exc)
+            log.debug("dropped a reply to %r: %s", route, exc)
 
     def send_error(self, ident: bytes, exc: BaseException, req_id: str | None = None) -> None:
-        """An `Error` for a refusal (stable code) or a failure (code "internal")."""
+        """An `Error` to session `ident` for a refusal (stable code) or a failure
+        (code "internal")."""
         if isinstance(exc, FsdError):  # each class (a ProtocolError: each instance) has its code
             code, text = exc.code, str(exc)
         elif isinstance(exc, TypeError):  # a wrong type deep in a request's values

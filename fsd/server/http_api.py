@@ -66,6 +66,9 @@ class Backend:
     api_key: str | None = None
     metrics_open: bool = False  # /metrics without the API key even when one is set
     vocab_size: int | None = None  # token ids in prompts and stop_token_ids stay below it
+    # seconds a request waits for the engine to take it (then 503; its job is aborted):
+    # the link itself never times out, so it never gives up the jobs it owns
+    accept_timeout: float = 10.0
     # aborts of jobs whose HTTP client left, running on after their handler was cancelled
     aborts: set[asyncio.Task[None]] = field(default_factory=set)
 
@@ -199,7 +202,17 @@ async def _serve(
     """
     try:
         try:
-            await handle.accepted()
+            try:
+                await asyncio.wait_for(handle.accepted(), be.accept_timeout)
+            except TimeoutError:
+                raise APIError(
+                    503,
+                    f"the engine did not take the request within {be.accept_timeout:g} s; "
+                    "it is overloaded, retry later",
+                    "service_unavailable",
+                    None,
+                    "engine_overloaded",
+                ) from None
             if not req.stream:
                 return _whole(be, await handle.result(), handle, chat)
         except RequestError as exc:
@@ -334,7 +347,10 @@ async def health(request: web.Request) -> web.Response:
     """200 while the engine answers and takes jobs; 503 when draining or unreachable."""
     be = request.app[BACKEND]
     try:
-        st = await be.client.status()
+        st = await asyncio.wait_for(be.client.status(), be.accept_timeout)
+    except TimeoutError:
+        detail = f"the engine did not answer within {be.accept_timeout:g} s"
+        return web.json_response({"status": "unavailable", "detail": detail}, status=503)
     except FsdError as exc:
         return web.json_response({"status": "unavailable", "detail": str(exc)}, status=503)
     if st.draining:

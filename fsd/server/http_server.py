@@ -1,9 +1,11 @@
 """The HTTP frontend's life: an asyncio loop on its own thread inside the daemon.
 
 It reaches the engine through an `inproc://` endpoint that the daemon's ROUTER also
-binds: no TCP hop, and no CURVE handshake (inproc never leaves the process), while
-the requests still go through the same admission and validation as every other
-client's. Telemetry reaches /metrics through a tap on the publisher and finished
+binds: no TCP hop, no gate and no CURVE handshake (inproc never leaves the process),
+while the requests still go through the same admission and validation as every
+other client's. That link has no timeout: it never resets, so the jobs it submitted
+are never orphaned; a request the engine does not take within `client_timeout`
+is answered 503 and its job aborted. Telemetry reaches /metrics through a tap on the publisher and finished
 jobs through `job_finished`, both queue puts; the HTTP thread does the rest.
 """
 
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import threading
 import time
 from typing import TYPE_CHECKING
@@ -127,7 +130,9 @@ class HttpFrontend:
         service = self._service
         # a shadow shares the daemon's context, which inproc endpoints need
         ctx = zmq.asyncio.Context.shadow(service.ctx.underlying)
-        client = AsyncClient(self._inproc, timeout=service.cfg.client_timeout, context=ctx)
+        # the link never times out, so it never resets and never leaves its jobs behind;
+        # a request that waits too long is answered 503 by the route (http_api)
+        client = AsyncClient(self._inproc, timeout=math.inf, context=ctx)
         engine = service.engine
         backend = Backend(
             client=client,
@@ -143,6 +148,7 @@ class HttpFrontend:
             api_key=service.cfg.http_api_key,
             metrics_open=service.cfg.metrics_open,
             vocab_size=engine.loaded.arch.vocab_size,
+            accept_timeout=service.cfg.client_timeout,
         )
         app = build_app(backend, service.cfg.max_frame_bytes)
         # the engine has drained by the time this stops: open streams get a second, not 60.

@@ -27,10 +27,10 @@ class JobRouter:
 
     def route(self, deltas: list[StepDelta]) -> None:
         """One iteration's new tokens (one `Tokens` per client), then the ended jobs."""
-        owners = self.service.book.owners
+        book = self.service.book
         per_client: dict[bytes, list[P.Chunk]] = defaultdict(list)
         for d in deltas:
-            owner = owners.get(d.job_id)
+            owner = book.owners.get(d.job_id)
             if owner is not None and owner.stream:
                 per_client[owner.caller.ident].append(
                     P.Chunk(
@@ -38,6 +38,7 @@ class JobRouter:
                         job_id=d.job_id,
                         token_ids=list(d.new_token_ids),
                         text=d.new_text,
+                        start=book.streamed(d.job_id, len(d.new_token_ids)),
                     )
                 )
         for ident, chunks in per_client.items():
@@ -65,16 +66,25 @@ class JobRouter:
             svc.send(owner.caller.ident, finished_message(out, owner.req_id))
 
     def reap_silent_clients(self) -> None:
-        """Abort the jobs of clients that stopped talking (no heartbeat)."""
+        """Abort the jobs of sessions that stopped talking (no heartbeat); forget the
+        silent ones no connection holds (an open connection keeps its empty session)."""
         svc = self.service
-        for ident, client in svc.book.silent_since(time.time() - svc.cfg.client_timeout):
+        now = time.time()
+        for ident, client in svc.book.silent_since(now - svc.cfg.client_timeout):
             if client.jobs:
-                log.info("client %r went silent: aborting its %d jobs", ident, len(client.jobs))
+                log.info(
+                    "session %s went silent: aborting its %d jobs",
+                    ident.decode(),
+                    len(client.jobs),
+                )
             for job_id in list(client.jobs):
                 with contextlib.suppress(UnknownJobError):  # if alive after all, it hears
                     self.finished(svc.engine.abort(job_id))
             svc.control.scenarios.cancel(ident)
-            del svc.book.clients[ident]
+            if client.route is None:
+                svc.book.forget(ident)
+            else:
+                client.last_seen = now  # reaped: not looked at again for a timeout
 
 
 def finished_message(out: RequestOutput, req_id: str) -> P.Finished:

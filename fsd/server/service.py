@@ -22,6 +22,7 @@ import contextlib
 import logging
 import os
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -39,6 +40,7 @@ from fsd.sched.registry import default_slo
 from fsd.server.clients import ClientBook, ClientState
 from fsd.server.control import ControlHandler
 from fsd.server.frontend import FRAME_SLACK, Frontend
+from fsd.server.gate import Gate, unpredictable_ids
 from fsd.server.roles import Authorizer, Caller
 from fsd.server.routing import JobRouter
 from fsd.server.security import Security
@@ -91,6 +93,8 @@ class EngineService:
         self.http = None  # the OpenAI-compatible API and /metrics (fsd.server.http_server)
         self.ctx = zmq.Context()
         self.security: Security | None = None
+        self.gate: Gate | None = None
+        self._closed: deque[bytes] = deque()  # routing ids of closed connections (gate thread)
         self._binding = cfg.endpoint
         try:
             self._open(cfg)
@@ -105,6 +109,7 @@ class EngineService:
 
     def _open(self, cfg: ServerConfig) -> None:
         self.security = Security(self.ctx, cfg)
+        unpredictable_ids()  # before the ROUTER exists: its made-up ids start from rand()
         self.router = self.ctx.socket(zmq.ROUTER)
         self.router.setsockopt(zmq.LINGER, 0)
         self.router.setsockopt(zmq.SNDHWM, 100_000)
@@ -113,7 +118,17 @@ class EngineService:
         configure = self.security.configure()
         if configure is not None:
             configure(self.router)
-        self.router.bind(cfg.endpoint)
+        if cfg.endpoint.startswith("inproc://"):  # in-process peers only: nothing to guard
+            self.router.bind(cfg.endpoint)
+        else:  # peers reach the ROUTER through the gate alone (fsd.server.gate)
+            self.gate = Gate(
+                cfg.endpoint,
+                curve=self.security.enabled,
+                max_connections=cfg.max_connections,
+                on_close=self._closed.append,
+            )
+            self.router.bind(self.gate.upstream)
+            self.gate.start()
         self._binding = cfg.telemetry_endpoint
         self.publisher = Publisher(self.ctx, cfg.telemetry_endpoint, configure)
         self.telemetry = TelemetryPump(self.engine, self.slo, cfg, self.publisher)
@@ -132,6 +147,8 @@ class EngineService:
         with contextlib.suppress(Exception):
             if self.http is not None:
                 self.http.stop()
+        if self.gate is not None:
+            self.gate.close()
         if getattr(self, "auth", None) is not None:
             self.auth.close()
         if getattr(self, "publisher", None) is not None:
@@ -156,6 +173,7 @@ class EngineService:
                 self._guarded("scenarios", self.control.scenarios.pump, time.time())
                 busy = self.engine.has_unfinished()
                 self._guarded("receiving", self._receive, not busy)
+                self._guarded("connections", self._detach_closed)
                 self._guarded("reaping", self.routing.reap_silent_clients)
                 if self.engine.has_unfinished():
                     t0 = time.perf_counter()
@@ -189,6 +207,11 @@ class EngineService:
             self.failures.exception("an engine step failed; its jobs are failed", exc)
             deltas = self.engine.fail_all(f"internal error: {type(exc).__name__}: {exc}")
         self._guarded("routing tokens", self.routing.route, deltas)
+
+    def _detach_closed(self) -> None:
+        """Sessions of connections the gate saw close hear nothing until resumed."""
+        while self._closed:
+            self.book.detach(self._closed.popleft())
 
     def _record_step(self, start: float, end: float) -> None:
         """The iteration's wall time for the what-if twin's clock (fsd.twin.history)."""
@@ -326,6 +349,8 @@ class EngineService:
             self.http.stop()
         self.telemetry.flush()
         self.publisher.close()
+        if self.gate is not None:
+            self.gate.close()
         self.router.close(linger=0)
         self.security.close()
         self.engine.close()

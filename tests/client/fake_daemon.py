@@ -167,6 +167,8 @@ class FakeDaemon:
             req_id = msg.req_id if isinstance(msg, P.Preview) else None
             message = f"{what} needs the operator role"
             self._send(ident, P.Error(code="forbidden", message=message, req_id=req_id))
+        elif isinstance(msg, P.Hello):  # no resuming here: every connection is new
+            self._send(ident, P.Welcome(session=f"fake-{ident.hex()}"))
         elif isinstance(msg, P.Preview):
             self._preview(ident, msg)
         elif isinstance(msg, P.Submit):

@@ -1,0 +1,278 @@
+"""The gate: the daemon's public request endpoint, in front of its ROUTER socket.
+
+Design: libzmq lets a peer choose its routing id, and a ROUTER that meets a chosen
+id equal to one it generated aborts the process (`fsd.server.zmtp`). So libzmq never
+listens where peers can reach it: the ROUTER binds an `ipc://` path inside a folder
+only the daemon's user may enter, and this gate listens on the public endpoint
+(tcp:// or ipc://), relays each connection's bytes to that path, and on the way
+replaces the routing id in the handshake with one it issues (`c` + a 64-bit
+counter: unique per connection, never reused). A routing id therefore names one
+connection and nothing else; who a caller is comes from its session or CURVE key
+(`fsd.server.clients`).
+
+It also holds the connection cap: past `max_connections` a new connection gets
+an `Error` "too-many-connections" (under NULL; under CURVE it is closed) and is
+closed, and the file-descriptor limit is raised to what the kernel allows at start.
+Each connection is two asyncio streams on the gate's own thread; backpressure is
+the streams' own (a slow reader stops its writer), so nothing is buffered past
+one read per direction here. Closed connections are reported through
+`on_close(routing_id)`, called on the gate's thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import logging
+import os
+import resource
+import shutil
+import tempfile
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from fsd import protocol as P
+from fsd.errors import ConfigError
+from fsd.server import zmtp
+
+log = logging.getLogger("fsd.server")
+
+_READ = 64 * 1024
+_FDS_PER_CONNECTION = 3  # the client's socket, the relay's ipc socket, libzmq's side of it
+_FD_RESERVE = 256  # descriptors kept for the model, logs, HTTP and telemetry
+_HANDSHAKE_TIMEOUT = 10.0  # seconds a connection may take to finish its handshake
+_START_TIMEOUT = 10.0
+_REFUSE_WAIT = 2.0  # seconds a refused connection may take to read its Error
+
+
+def unpredictable_ids() -> None:
+    """Seed the C library's rand() from the OS: libzmq's ROUTER starts the ids it makes
+    up at rand()'s next value (0x6B8B4567 unseeded), which only matters where peers
+    choose ids (CURVE, whose READY the gate cannot rewrite), and then a peer must guess."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None).srand(ctypes.c_uint(int.from_bytes(os.urandom(4), "little")))
+
+
+def raise_fd_limit() -> int:
+    """Raise the soft open-files limit to the hard one; the soft limit now."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft < hard:
+        target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+
+
+def connection_cap(configured: int, soft_limit: int) -> int:
+    """How many connections the gate takes: the setting, or what the fds allow."""
+    return max(1, min(configured, (soft_limit - _FD_RESERVE) // _FDS_PER_CONNECTION))
+
+
+class Gate:
+    """Relays the public endpoint to the ROUTER's private `ipc://` path (module doc)."""
+
+    def __init__(
+        self,
+        endpoint: str,
+        *,
+        curve: bool,
+        max_connections: int,
+        on_close: Callable[[bytes], None] = lambda rid: None,
+    ) -> None:
+        self.endpoint = endpoint
+        self.curve = curve
+        self.max_connections = connection_cap(max_connections, raise_fd_limit())
+        self.on_close = on_close
+        self._dir = Path(tempfile.mkdtemp(prefix="fsd-gate-"))  # 0700, ours
+        self.upstream_path = str(self._dir / "router")
+        self.upstream = f"ipc://{self.upstream_path}"
+        self.live = 0
+        self.refused = 0
+        self._count = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._server: asyncio.AbstractServer | None = None
+        self._stop: asyncio.Event | None = None
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="fsd-gate", daemon=True)
+
+    def start(self) -> None:
+        """Listen on the public endpoint; ConfigError (naming it) if it cannot be bound."""
+        self._thread.start()
+        if not self._ready.wait(_START_TIMEOUT):
+            raise ConfigError(f"the gate on {self.endpoint} did not start")
+        if self._error is not None:
+            self.close()
+            why = getattr(self._error, "strerror", None) or str(self._error)
+            raise ConfigError(
+                f"cannot bind {self.endpoint}: {why} (another fsd daemon or program listens there?)"
+            )
+
+    def close(self) -> None:
+        loop, stop = self._loop, self._stop
+        if loop is not None and stop is not None and not loop.is_closed():
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(stop.set)
+        if self._thread.is_alive():
+            self._thread.join(5.0)
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+    # ---- the thread ----------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            asyncio.run(self._main())
+        except BaseException as exc:  # noqa: BLE001 - reported to start() or logged
+            if not self._ready.is_set():
+                self._error = exc
+                self._ready.set()
+            else:
+                log.exception("the gate failed")
+
+    async def _main(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._stop = asyncio.Event()
+        self._server = await _listen(self.endpoint, self._serve)
+        self._ready.set()
+        try:
+            await self._stop.wait()
+        finally:
+            self._server.close()
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    def _next_id(self) -> bytes:
+        self._count += 1
+        return b"c" + self._count.to_bytes(8, "big")
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(asyncio.CancelledError):  # the gate closing
+            await self._relay(reader, writer)
+
+    async def _relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self.live >= self.max_connections:
+            await self._refuse(reader, writer)
+            return
+        self.live += 1
+        rid = self._next_id()
+        up_writer: asyncio.StreamWriter | None = None
+        try:
+            up_reader, up_writer = await asyncio.open_unix_connection(self.upstream_path)
+            inbound = asyncio.create_task(self._inbound(reader, up_writer, rid))
+            outbound = asyncio.create_task(_pipe(up_reader, writer))
+            _, pending = await asyncio.wait(
+                {inbound, outbound}, return_when=asyncio.FIRST_COMPLETED
+            )
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+        except OSError as exc:
+            log.warning("the gate could not reach the ROUTER: %s", exc)
+        finally:
+            self.live -= 1
+            for w in (writer, up_writer):
+                if w is not None:
+                    w.close()
+            self.on_close(rid)
+
+    async def _inbound(
+        self, reader: asyncio.StreamReader, up: asyncio.StreamWriter, rid: bytes
+    ) -> None:
+        """Client to ROUTER: through the handshake checks, then as it comes."""
+        shake = zmtp.Handshake(rid, self.curve)
+        try:
+            while not shake.done:
+                data = await asyncio.wait_for(reader.read(_READ), _HANDSHAKE_TIMEOUT)
+                if not data:
+                    return
+                out = shake.feed(data)
+                if out:
+                    up.write(out)
+                    await up.drain()
+        except zmtp.HandshakeRefused as exc:
+            log.debug("refused a connection: %s", exc)
+            return
+        except (TimeoutError, OSError):
+            return
+        await _pipe(reader, up)
+
+    async def _refuse(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """Past the cap: an Error frame (NULL) after the handshake, then close."""
+        self.refused += 1
+        if self.refused in (1, 10, 100, 1000) or self.refused % 10000 == 0:
+            log.warning(
+                "refused a connection: %d open, max_connections is %d (%d refused so far)",
+                self.live,
+                self.max_connections,
+                self.refused,
+            )
+        try:
+            if not self.curve:
+                error = P.Error(
+                    code="too-many-connections",
+                    message=f"the daemon holds {self.live} connections; max_connections is "
+                    f"{self.max_connections}: close idle clients or raise max_connections",
+                )
+                # the Error may only follow the peer's READY (libzmq drops a peer whose
+                # message arrives inside the handshake)
+                writer.write(zmtp.greeting())
+                await asyncio.wait_for(_read_handshake(reader), _REFUSE_WAIT)
+                writer.write(
+                    zmtp.ready([(b"Socket-Type", b"ROUTER")]) + zmtp.frame(P.encode(error))
+                )
+                writer.write_eof()
+                # read until the peer closes: closing on unread bytes resets the
+                # connection, which could discard the Error before the peer reads it
+                await asyncio.wait_for(_discard(reader), _REFUSE_WAIT)
+        except (OSError, TimeoutError, zmtp.HandshakeRefused):
+            pass
+        finally:
+            writer.close()
+
+
+async def _read_handshake(reader: asyncio.StreamReader) -> None:
+    """Consume a NULL peer's greeting and READY."""
+    shake = zmtp.Handshake(b"x", curve=False)
+    while not shake.done:
+        data = await reader.read(_READ)
+        if not data:
+            return
+        shake.feed(data)
+
+
+async def _discard(reader: asyncio.StreamReader) -> None:
+    while await reader.read(_READ):
+        pass
+
+
+async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """Copy until end of stream; the writer's drain is the backpressure."""
+    with contextlib.suppress(OSError, ConnectionError):
+        while True:
+            data = await reader.read(_READ)
+            if not data:
+                return
+            writer.write(data)
+            await writer.drain()
+
+
+async def _listen(endpoint: str, serve: Callable) -> asyncio.AbstractServer:
+    """A server on tcp://HOST:PORT or ipc://PATH."""
+    if endpoint.startswith("ipc://"):
+        path = endpoint[len("ipc://") :]
+        with contextlib.suppress(FileNotFoundError):
+            if Path(path).is_socket():
+                os.unlink(path)  # a dead daemon's socket (the pidfile lock says none runs)
+        return await asyncio.start_unix_server(serve, path=path)
+    parts = urlsplit(endpoint)
+    if parts.scheme != "tcp" or parts.port is None:
+        raise ConfigError(f"the endpoint must be tcp://HOST:PORT or ipc://PATH, got {endpoint!r}")
+    host = parts.hostname
+    if host in (None, "*", ""):
+        host = None  # every interface (only with CURVE: fsd.server.security)
+    return await asyncio.start_server(serve, host=host, port=parts.port, reuse_address=True)
