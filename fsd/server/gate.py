@@ -46,6 +46,7 @@ _FD_RESERVE = 256  # descriptors kept for the model, logs, HTTP and telemetry
 _HANDSHAKE_TIMEOUT = 10.0  # seconds a connection may take to finish its handshake
 _START_TIMEOUT = 10.0
 _REFUSE_WAIT = 2.0  # seconds a refused connection may take to read its Error
+_CLOSE_FLUSH = 2.0  # seconds closing waits for the ROUTER's last answers to reach peers
 
 
 def unpredictable_ids() -> None:
@@ -141,7 +142,11 @@ class Gate:
             await self._stop.wait()
         finally:
             self._server.close()
+            # the ROUTER closed first (EngineService.close): each relay ends once it has
+            # passed on what the ROUTER flushed, e.g. the answer to Shutdown
             tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            if tasks:
+                await asyncio.wait(tasks, timeout=_CLOSE_FLUSH)
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
@@ -165,12 +170,16 @@ class Gate:
             up_reader, up_writer = await asyncio.open_unix_connection(self.upstream_path)
             inbound = asyncio.create_task(self._inbound(reader, up_writer, rid))
             outbound = asyncio.create_task(_pipe(up_reader, writer))
-            _, pending = await asyncio.wait(
+            done, pending = await asyncio.wait(
                 {inbound, outbound}, return_when=asyncio.FIRST_COMPLETED
             )
             for task in pending:
                 task.cancel()
             await asyncio.gather(*pending, return_exceptions=True)
+            if outbound in done:  # the ROUTER's side ended: hand over its last bytes
+                writer.close()
+                with contextlib.suppress(OSError, TimeoutError):
+                    await asyncio.wait_for(writer.wait_closed(), _CLOSE_FLUSH)
         except OSError as exc:
             log.warning("the gate could not reach the ROUTER: %s", exc)
         finally:

@@ -47,6 +47,7 @@ from fsd.server.security import Security
 from fsd.server.telemetry import Publisher, TelemetryPump
 
 log = logging.getLogger("fsd.server")
+_ANSWER_LINGER = 1.0  # seconds closing waits for queued answers to leave the ROUTER
 
 
 class OnceLog:
@@ -349,9 +350,11 @@ class EngineService:
             self.http.stop()
         self.telemetry.flush()
         self.publisher.close()
-        if self.gate is not None:
-            self.gate.close()
-        self.router.close(linger=0)
+        # answers already sent (the Ack of Shutdown) still leave: the ROUTER lingers
+        # until they are out, then the gate relays them before it closes
+        self.router.close(linger=int(_ANSWER_LINGER * 1000))
         self.security.close()
         self.engine.close()
         self.ctx.term()
+        if self.gate is not None:
+            self.gate.close()

@@ -7,8 +7,9 @@ bench/fuzz_zmq.py (`--identity-ops 10000 --sockets 500`). Each operation picks o
 made-up ids, another slot's id, a closed slot's id, the empty id, random bytes),
 closes it, or sends it a Hello (none, a guessed or another slot's secret), a
 Ping, a Status, a small Submit, an Abort of anyone's job, or a request carrying
-another slot's secret. Found: a slot that hears a job it did not submit on that
-connection, a dead daemon, or an honest job that did not end with all its tokens.
+another slot's secret. Found: a slot that hears a job that neither it nor a holder of
+a secret it held (told in a Welcome or presented in a Hello) submitted, a dead
+daemon, or an honest job that did not end with all its tokens.
 """
 
 from __future__ import annotations
@@ -32,12 +33,13 @@ HONEST_TOKENS = 12
 
 @dataclass
 class Slot:
-    """One attacking socket incarnation: its id and what it submitted."""
+    """One attacking socket incarnation: its id, what it submitted, the secrets it held."""
 
     sock: zmq.Socket | None = None
     rid: bytes = b""
     req_ids: set[str] = field(default_factory=set)
     session: str | None = None
+    secrets: set[str] = field(default_factory=set)
 
 
 @dataclass
@@ -79,6 +81,7 @@ class IdentityFuzzer:
         self.slots = [Slot() for _ in range(sockets)]
         self.closed_ids: list[bytes] = []
         self.job_ids: list[str] = []
+        self.submitters: dict[str, set[str]] = {}  # req_id -> its submitter's secrets
         self.stats = IdentityStats()
         self.token = token
         self._count = 0
@@ -111,7 +114,7 @@ class IdentityFuzzer:
         if slot.rid:
             s.setsockopt(zmq.ROUTING_ID, slot.rid)
         s.connect(self.endpoint)
-        slot.sock, slot.req_ids, slot.session = s, set(), None
+        slot.sock, slot.req_ids, slot.session, slot.secrets = s, set(), None, set()
         self.stats.connects += 1
 
     def _close(self, slot: Slot) -> None:
@@ -134,6 +137,11 @@ class IdentityFuzzer:
             self.stats.replies += 1
             self._check(slot, P.decode_reply(frame))
 
+    def _may_hear(self, slot: Slot, req_id: str) -> bool:
+        """Its own job, or one submitted by a connection that shared a secret with it
+        (a session moves with its secret, jobs and all)."""
+        return req_id in slot.req_ids or bool(self.submitters.get(req_id, set()) & slot.secrets)
+
     def _check(self, slot: Slot, msg: P.Reply) -> None:
         names: list[str] = []
         if isinstance(msg, P.Tokens):
@@ -142,10 +150,12 @@ class IdentityFuzzer:
             names = [msg.req_id]
         elif isinstance(msg, P.Welcome):
             slot.session = msg.session
-            if msg.jobs and not set(msg.jobs) <= slot.req_ids:
-                self.stats.leaks.append(f"{slot.rid!r} resumed jobs {msg.jobs[:3]}")
+            slot.secrets.add(msg.session)
+            foreign = [j for j in msg.jobs if not self._may_hear(slot, j)]
+            if foreign:
+                self.stats.leaks.append(f"{slot.rid!r} resumed jobs {foreign[:3]}")
         for name in names:
-            if name not in slot.req_ids:
+            if not self._may_hear(slot, name):
                 self.stats.leaks.append(f"{slot.rid!r} heard {type(msg).__name__} of {name}")
         if isinstance(msg, P.Accepted):
             self.job_ids.append(msg.job_id)
@@ -188,8 +198,8 @@ class IdentityFuzzer:
             self._send(slot, P.Hello(session=guess))
         elif op == "hello-other":  # a secret another connection holds (an insider's leak)
             self._send(slot, P.Hello(session=other.session))
-            if other.session is not None and other is not slot:
-                slot.req_ids |= other.req_ids  # it holds the secret: those are its now
+            if other.session is not None:
+                slot.secrets.add(other.session)  # it holds the secret: that session is its
         elif op == "ping":
             self._send(slot, P.Ping())
         elif op == "status":
@@ -198,6 +208,7 @@ class IdentityFuzzer:
             self._count += 1
             req_id = f"f{self._count}"
             slot.req_ids.add(req_id)
+            self.submitters[req_id] = slot.secrets  # the live set: secrets it takes later too
             sampling = P.Sampling(max_tokens=self.rng.randint(1, 6), ignore_eos=True)
             self._send(slot, P.Submit(req_id=req_id, prompt_token_ids=[1, 2, 3], sampling=sampling))
         elif op == "abort" and self.job_ids:

@@ -31,6 +31,7 @@ client_timeout = 30
 
 daemon = daemon_fixture(CONFIG, "identity")
 LIBZMQ_FIRST_ID = 0x6B8B4567  # glibc's first rand(): libzmq's first made-up routing id
+LONG = 1000  # tokens: the victim's job outlives the thief's attempts (64 blocks of 16)
 
 
 def dealer(endpoint: str, rid: bytes | None = None) -> zmq.Socket:
@@ -92,7 +93,7 @@ def test_a_departed_connections_id_brings_nothing_of_its_session(daemon):
     submit = P.Submit(
         req_id="v1",
         prompt_token_ids=[9, 8, 7],
-        sampling=P.Sampling(max_tokens=300, ignore_eos=True),
+        sampling=P.Sampling(max_tokens=LONG, ignore_eos=True),
         session=welcome.session,
     )
     victim.send(P.encode(submit))
@@ -108,7 +109,10 @@ def test_a_departed_connections_id_brings_nothing_of_its_session(daemon):
     thief.send(P.encode(P.Abort(job_id=accepted.job_id)))
     got = collect(thief, 2)
     assert not [m for m in got if isinstance(m, P.Tokens | P.Finished | P.Welcome)]
-    assert [m.code for m in got if isinstance(m, P.Error)] == ["forbidden"]
+    # "forbidden" while the job runs; "unknown-job" only if a fast machine finished it
+    # first (never "aborted": its Finished below says "length")
+    codes = [m.code for m in got if isinstance(m, P.Error)]
+    assert codes in (["forbidden"], ["unknown-job"])
     thief.send(P.encode(P.Status(session="not-the-secret")))
     [refused] = collect(thief, 5, P.Error)
     assert refused.code == "bad-session"
@@ -124,7 +128,7 @@ def test_a_departed_connections_id_brings_nothing_of_its_session(daemon):
     assert isinstance(resumed, P.Welcome) and resumed.resumed and resumed.jobs == ["v1"]
     finished = got[-1]
     assert isinstance(finished, P.Finished) and finished.reason == "length"
-    assert len(finished.token_ids) == 300
+    assert len(finished.token_ids) == LONG
     streamed = [t for m in got if isinstance(m, P.Tokens) for c in m.chunks for t in c.token_ids]
     assert streamed == finished.token_ids[len(finished.token_ids) - len(streamed) :]
     back.close()
