@@ -228,7 +228,7 @@ class ClientBook:
         mine = len(client.jobs) if client is not None else 0
         if mine + count > self.cfg.max_client_jobs:
             raise OverloadedError(
-                f"this connection has {mine} live jobs; max_client_jobs is "
+                f"this client (session) has {mine} live jobs; max_client_jobs is "
                 f"{self.cfg.max_client_jobs}"
             )
         if live + count > self.cfg.max_jobs:

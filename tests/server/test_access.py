@@ -162,3 +162,45 @@ def test_the_operator_token_file_is_private_and_goes_with_the_daemon(tmp_path):
     finally:
         assert d.stop() == 0
     assert not path.exists()
+
+
+def test_the_daemon_wide_job_cap_refuses_every_session_clearly(tmp_path):
+    # max_client_jobs bounds one session; max_jobs bounds them all: a third client
+    # past it hears "overloaded" naming the cap, and serves again once jobs end
+    d = start_daemon(tmp_path, CONFIG + "max_jobs = 8\n")
+    try:
+        with d.client() as a, d.client(operator=False) as b:
+            held = [a.submit([7] * 4, max_tokens=400, ignore_eos=True) for _ in range(6)]
+            held += [b.submit([8] * 4, max_tokens=400, ignore_eos=True) for _ in range(2)]
+            for h in held:
+                h.accepted(timeout=20)
+            with d.client(operator=False) as c:
+                with pytest.raises(RequestError) as info:
+                    c.complete([3, 4], max_tokens=2)
+                assert info.value.code == "overloaded"
+                assert "max_jobs is 8" in info.value.message
+                held[0].abort()
+                held[0].result(timeout=20)
+                assert len(c.complete([3, 4], max_tokens=2, ignore_eos=True).token_ids) == 2
+            for h in held[1:]:
+                h.abort()
+        assert d.proc.poll() is None
+    finally:
+        assert d.stop() == 0
+
+
+def test_a_client_filling_the_kv_does_not_hold_back_anothers_short_job(daemon):
+    # six long jobs need more KV than the device pool holds; once they swap, a short job
+    # from another client still ends before any of them (under FCFS it would wait)
+    with daemon.client() as hog, daemon.client(operator=False) as other:
+        long_jobs = [hog.submit([9] * 4, max_tokens=800, ignore_eos=True) for _ in range(6)]
+        for h in long_jobs:
+            h.accepted(timeout=20)
+        deadline = time.time() + 120
+        while daemon.snapshot().kv.host_used == 0:  # the device pool is full: they swap
+            assert time.time() < deadline, "the long jobs never filled the device pool"
+        short = other.complete([3, 4], max_tokens=4, ignore_eos=True)
+        assert len(short.token_ids) == 4
+        assert not [h for h in long_jobs if h.done]
+        for h in long_jobs:
+            h.abort()

@@ -10,11 +10,13 @@ import sys
 import time
 from pathlib import Path
 
+import msgspec
 import zmq
 import zmq.auth
 
 from fsd import protocol as P
 from fsd.client import Client, CurveKeys
+from fsd.client.telemetry import decode_frame
 from fsd.server.security import generate_keys
 from tests.server.daemon_proc import daemon_fixture, start_daemon
 
@@ -31,7 +33,7 @@ client_timeout = 30
 
 daemon = daemon_fixture(CONFIG, "identity")
 LIBZMQ_FIRST_ID = 0x6B8B4567  # glibc's first rand(): libzmq's first made-up routing id
-LONG = 1000  # tokens: the victim's job outlives the thief's attempts (64 blocks of 16)
+LONG = 900  # tokens: a job outlives a few requests about it (the pool: 64 blocks of 16)
 
 
 def dealer(endpoint: str, rid: bytes | None = None) -> zmq.Socket:
@@ -222,3 +224,80 @@ def test_under_curve_a_client_key_on_an_operators_old_id_is_a_client(tmp_path):
         intruder.close()
     finally:
         assert d.stop() == 0
+
+
+def _words(obj: object) -> tuple[set[str], list[list[int]]]:
+    """Every string and every list of ints inside a decoded message."""
+    strings: set[str] = set()
+    lists: list[list[int]] = []
+    stack = [msgspec.to_builtins(obj)]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            strings.add(item)
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            if item and all(isinstance(x, int) for x in item):
+                lists.append(item)
+            stack.extend(item)
+    return strings, lists
+
+
+def test_what_others_learn_of_a_job_is_its_shape_never_its_text_name_or_session(daemon):
+    # a subscriber (anyone who reaches the telemetry port) and another client's
+    # ListJobs / GetJob see job ids, lengths and levels: no prompt, no output, no req_id,
+    # no session secret
+    sub = zmq.Context.instance().socket(zmq.SUB)
+    sub.setsockopt(zmq.LINGER, 0)
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    sub.connect(daemon.telemetry)
+    frames: list[list[bytes]] = []
+    owner = dealer(daemon.endpoint)
+    nosy = dealer(daemon.endpoint)
+    try:
+        time.sleep(0.5)  # the subscription reaches the publisher
+        owner.send(P.encode(P.Hello()))
+        [welcome] = collect(owner, 10, P.Welcome)
+        secret_prompt = "the vault code is swordfish"
+        submit = P.Submit(
+            req_id="private-request-name",
+            prompt=secret_prompt,
+            sampling=P.Sampling(max_tokens=LONG, ignore_eos=True),
+            session=welcome.session,
+        )
+        owner.send(P.encode(submit))
+        accepted = collect(owner, 20, P.Accepted)[-1]
+        assert isinstance(accepted, P.Accepted)
+        nosy.send(P.encode(P.ListJobs()))
+        nosy.send(P.encode(P.GetJob(job_id=accepted.job_id)))
+        seen = collect(nosy, 5)
+        owned = collect(owner, 120, P.Finished)
+        finished = owned[-1]
+        assert isinstance(finished, P.Finished) and len(finished.token_ids) == LONG
+        time.sleep(0.5)  # the last snapshot and the finish event
+        while sub.poll(100):
+            frames.append(sub.recv_multipart())
+    finally:
+        for s in (owner, nosy, sub):
+            s.close()
+    views = [m for m in seen if isinstance(m, P.JobList | P.JobReply)]
+    assert len(views) == 2
+    listed = [j.job_id for v in views for j in (v.jobs if isinstance(v, P.JobList) else [v.job])]
+    assert listed.count(accepted.job_id) == 2  # it saw the job, as a shape
+    assert frames, "no telemetry arrived"
+    private = [secret_prompt.encode(), b"swordfish", b"private-request-name"]
+    private.append(welcome.session.encode())
+    raw = [b"".join(f) for f in frames] + [P.encode(v) for v in views]
+    for blob in raw:
+        assert not [p for p in private if p in blob]
+    decoded = [decode_frame(*f) for f in frames] + views
+    outputs = finished.token_ids
+    for message in decoded:
+        strings, lists = _words(message)
+        assert not strings & {secret_prompt, "private-request-name", welcome.session}
+        # no run of 8 output tokens (the text a subscriber could decode) in any list
+        runs = {tuple(outputs[i : i + 8]) for i in range(len(outputs) - 7)}
+        for ints in lists:
+            assert not {tuple(ints[i : i + 8]) for i in range(len(ints) - 7)} & runs
