@@ -58,6 +58,13 @@ def _ms(x: Any) -> str:
     return f"{float(x) * 1e3:.1f}"
 
 
+def _per_request(m: dict[str, Any]) -> str:
+    """Preemptions / swaps per finished request (a result that predates them: "-")."""
+    if m.get("swaps_per_request") is None:
+        return "-"
+    return f"{m['preemptions_per_request']:.2f}/{m['swaps_per_request']:.2f}"
+
+
 def print_table(rows: dict[str, dict[str, Any]], slo: float) -> None:
     table = Table(title=f"per-token latency (ms/token), SLO {slo * 1e3:.1f} ms")
     for col in (
@@ -73,6 +80,7 @@ def print_table(rows: dict[str, dict[str, Any]], slo: float) -> None:
         "SLO %",
         "preempt",
         "swaps",
+        "per req",
         "peak KV",
     ):
         table.add_column(col, justify="left" if col == "policy" else "right")
@@ -90,6 +98,7 @@ def print_table(rows: dict[str, dict[str, Any]], slo: float) -> None:
             f"{100 * m['slo_attainment']:.1f}",
             str(m["preemptions"]),
             str(m["swaps"]),
+            _per_request(m),
             str(m["peak_kv_blocks"]),
         )
     console().print(table)

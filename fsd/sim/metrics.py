@@ -133,6 +133,9 @@ def summarize(jobs: Sequence[SimJob], counters: Counters, slo: float) -> dict[st
         "sustainable": kept.sustainable,
         "preemptions": sum(j.preemptions for j in done),
         "swaps": sum(j.swaps_out + j.swaps_in for j in done),
+        # per finished request: thrashing shows here whatever the run's length
+        "preemptions_per_request": sum(j.preemptions for j in done) / n if n else 0.0,
+        "swaps_per_request": sum(j.swaps_out + j.swaps_in for j in done) / n if n else 0.0,
         "swaps_out": sum(j.swaps_out for j in done),
         "swaps_in": sum(j.swaps_in for j in done),
         "recomputes": sum(j.recomputes for j in done),

@@ -181,8 +181,13 @@ def test_jobs_csv_records_every_job_that_the_metrics_summarize(tmp_path):
         assert np.percentile(per_token, 95) == pytest.approx(row["p95"])
         for key in ("preemptions", "swaps_out", "swaps_in", "recomputes", "promotions"):
             assert sum(int(j[key]) for j in jobs) == row[key], key
+        swaps = sum(int(j["swaps_out"]) + int(j["swaps_in"]) for j in jobs)
+        assert row["swaps_per_request"] == pytest.approx(swaps / len(jobs))
+        preempted = sum(int(j["preemptions"]) for j in jobs)
+        assert row["preemptions_per_request"] == pytest.approx(preempted / len(jobs))
     # the small device pool made sj-mlfq swap, so the records are not all zeros
     assert data["policies"]["sj-mlfq"]["swaps_out"] > 0
+    assert data["policies"]["sj-mlfq"]["swaps_per_request"] > 0
 
 
 def test_jobs_csv_refuses_a_sweep_and_a_path_it_cannot_create(tmp_path):
