@@ -135,6 +135,11 @@ class BatchWalk:
     def _consider(self, job: Job) -> bool:
         """Take `job` if it can run now; False when the walk should end."""
         if job.kv is _NONE and self.prefix and not job.num_computed_tokens:
+            if -(-(job.num_tokens + 1) // self.blocks.block_size) > self.admit_room:
+                # it cannot be admitted: its cached blocks are not touched (attaching
+                # and giving them back would refresh their place in the LRU order and
+                # change what is evicted later, unlike the walk that skips it)
+                return True
             # its cached prefix is attached first (the step is what is left), and given
             # back if it does not run after all
             self.blocks.attach(job)
