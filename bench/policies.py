@@ -25,7 +25,7 @@ Sections:
   seeds   fsd's default against FCFS on 5 draws (seeds) of each synthetic workload;
   sweep   each policy's highest sustainable time scale of the conversation trace under
           the SLO, and its P95 goodput (fsd.sim.sweep);
-  validation  (--only validation; bench/validation.py) the held-out set: nine workloads of
+  validation  (--only validation; bench/validation.py) the held-out set: thirteen workloads of
           shapes not in the tuning set on llama3.1-8b-h100 at three loads each, the share
           of SRPT's gain each policy captures, P95 and P99 TTFT against FCFS, and the
           default with each of its rules switched off (written to policies-validation.json);

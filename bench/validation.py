@@ -3,11 +3,12 @@
 The tuning set is bench/policies.py's TUNING_CASES (opt-13b-a100, in-repo shapes,
 seeds 0-4). The validation set below shares none of its shapes, profiles or seeds:
 a modern profile (llama3.1-8b-h100, 128k context: nothing is clipped) with fsd's
-default chunked prefill, seeds from VALIDATION_SEED up, and nine workloads:
+default chunked prefill, seeds from VALIDATION_SEED up, and thirteen workloads:
 prefill-dominated bursty (code-bursty, Gamma CV 8 and 16), long-context multi-turn
 (the Mooncake trace), light-tailed alike jobs (Poisson and CV 4), mixtures of two
-services, long-document summaries and decode-heavy generation. Each runs at three
-loads.
+services, long-document summaries, decode-heavy generation, and (issue P16) a
+reasoning service, four tenants, a transient overload and KV pressure. Each runs at
+three loads; in the last four the top load is past what FCFS sustains.
 
 Per (workload, load): FCFS's and SRPT's average per-token latency, and for each
 candidate the share of SRPT's gain it captures, (fcfs - x) / (fcfs - srpt), its P95
@@ -15,7 +16,9 @@ against FCFS's, and its P99 TTFT against FCFS's. The targets (issue P11): captur
 >= 50% wherever FCFS's average is >= 1.5x SRPT's ("eligible"), P95 <= 1.02x FCFS's
 at every load, P99 TTFT <= 0.5x FCFS's at >= 80% load on the prefill-dominated
 workloads. Ablations switch one rule of the default off at a time: a rule is kept
-only if the validation set is worse without it.
+only if the validation set is worse without it. `worst_case` judges a candidate by
+its worst point (regret against the best non-oracle candidate there) and lists the
+points that miss P16's targets.
 """
 
 from __future__ import annotations
