@@ -146,10 +146,17 @@ class Swapper:
         else:
             torch.cuda.current_stream(self.device_pool.data.device).wait_event(handle)
 
-    def _copy_all(self, ops: list[SwapOp]) -> None:
+    def _copy_all(self, ops: list[SwapOp]) -> list[tuple[SwapOp, str]]:
+        """Each copy on its own: one that fails loses its job's KV, never the others'
+        in the batch (they are copied all the same). The failed ones, with why."""
         keep: list[torch.Tensor] = []
+        failed: list[tuple[SwapOp, str]] = []
         for op in ops:
-            self._copy(op, keep)
+            try:
+                self._copy(op, keep)
+            except Exception as exc:  # noqa: BLE001 - reported for this op's job alone
+                failed.append((op, f"a KV copy failed: {type(exc).__name__}: {exc}"))
+        return failed
 
     def poll(self) -> list[SwapOp]:
         """The asynchronous copies that have ended since the last poll.
@@ -161,9 +168,7 @@ class Swapper:
         still: list[_Batch] = []
         for batch in self._pending:
             if _finished(batch.done):
-                why = _failure(batch.done)
-                if why is not None:
-                    self._failed.extend((op, why) for op in batch.ops)
+                self._failed.extend(_failures(batch.done, batch.ops))
                 done.extend(batch.ops)
             else:
                 still.append(batch)
@@ -205,13 +210,15 @@ def _finished(done: Any) -> bool:
     return done.done() if isinstance(done, Future) else bool(done.query())
 
 
-def _failure(done: Any) -> str | None:
-    """Why a finished copy failed, or None (a CUDA event has no failure to report)."""
-    if isinstance(done, Future):
-        exc = done.exception()
-        if exc is not None:
-            return f"a KV copy failed: {type(exc).__name__}: {exc}"
-    return None
+def _failures(done: Any, ops: Sequence[SwapOp]) -> list[tuple[SwapOp, str]]:
+    """The copies of a finished batch that failed, with why (a CUDA event has no
+    failure to report: a failing CUDA copy raises in `start`)."""
+    if not isinstance(done, Future):
+        return []
+    exc = done.exception()
+    if exc is not None:  # the batch itself broke: none of its copies is known good
+        return [(op, f"a KV copy failed: {type(exc).__name__}: {exc}") for op in ops]
+    return list(done.result())
 
 
 def _raise_if_failed(done: Any) -> None:
@@ -219,3 +226,5 @@ def _raise_if_failed(done: Any) -> None:
         exc = done.exception()
         if exc is not None:
             raise RuntimeError(f"a KV copy failed: {exc}") from exc
+        if done.result():
+            raise RuntimeError(done.result()[0][1])

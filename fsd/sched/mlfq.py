@@ -9,15 +9,16 @@ Service is charged in profiled iteration time, so placement and demotion are
 deterministic. Starvation: a job that has waited `starve_limit` since it last ran
 moves up; ENST combines that promotion clock with the work queued above the job.
 
-sj-mlfq's departures from the paper were tuned on the in-repo workloads (README,
-"Scheduling results"); fsd's default is now `gittins` (fsd.sched.soap), which kept
-only what held on the validation set (README, "Validation"):
+sj-mlfq is fsd's default: judged by its worst point on the validation set
+(bench/validation.py, `worst_case`) it beats `gittins` (fsd.sched.soap) and naive
+MLFQ. Its departures from the paper, tuned on the in-repo workloads (README,
+"Scheduling results"):
 - promotion one level up ("up1") with alpha = 100 x the SLO: the paper's move to Q1
   with alpha = the SLO turns an overloaded MLFQ into round robin.
 - a prefill is not charged at the skip-join level (skip-join placed the job by it).
 - at a quantum's end a job keeps its level while the Gittins index of its output so
   far (fsd.sched.gittins) is above a fresh job's: always demoting alike outputs is
-  round robin. Before enough jobs finished, a started job keeps its level.
+  round robin. Before enough jobs finished, it demotes as the paper does.
 - a job that has not started is promoted after alpha_waiting = 8 x the SLO.
 - the last batch's jobs rank `preempt_threshold` (3) levels above their own, so
   near-equal jobs stop taking turns through host memory.

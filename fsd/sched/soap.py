@@ -1,4 +1,5 @@
-"""Gittins-ranked levels: fsd's default policy (DESIGN §4; README, "Scheduling results").
+"""Gittins-ranked levels (DESIGN §4): fsd's default from P11 until policies were judged
+by their worst validation point, where sj-mlfq does better (README, "Validation").
 
 Three rules, each with a reason rather than a fitted constant:
 

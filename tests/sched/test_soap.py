@@ -179,14 +179,14 @@ def test_a_running_job_is_preempted_only_by_a_job_ahead_even_after_the_switch_co
     assert no_lift.key(r2)[0] == r2.level
 
 
-def test_gittins_is_the_default_and_retunes_its_level_edges():
-    assert DEFAULT_POLICY == "gittins" == resolve_policy("default")
-    q = make_queue(SchedConfig(), cost())
+def test_gittins_retunes_its_level_edges():
+    assert DEFAULT_POLICY == "sj-mlfq" == resolve_policy("default")  # by the worst case
+    q = make_queue(SchedConfig(policy="gittins"), cost())
     assert isinstance(q, GittinsQueue) and q.limits()[1:] == (None, None)
     teach(q, 10, [5] * 40)
     j = job(10, "j")
     q.add(j, 0.0)
-    wider = make_queue(SchedConfig(quanta=(100.0, 200.0)), cost())
+    wider = make_queue(SchedConfig(policy="gittins", quanta=(100.0, 200.0)), cost())
     assert q.adopt(wider) and j.level == 0 and q.quanta == [100.0, 200.0]
     assert len(q.service.pooled) == 40  # what was learned stays
 
