@@ -32,6 +32,8 @@ class Finish:
     per_token_latency: float
     ttft: float
     tokens: int
+    preemptions: int = 0
+    swaps: int = 0  # KV copies out and back in
 
 
 class SLOWindow:
@@ -65,4 +67,7 @@ class SLOWindow:
             "tokens_per_s": sum(i.tokens for i in items) / span,
             "requests_per_s": len(items) / span,
             "slo_per_token_latency": self.slo,
+            # thrashing shows here first: preemptions and swaps per finished request
+            "preemptions_per_request": mean([i.preemptions for i in items]),
+            "swaps_per_request": mean([i.swaps for i in items]),
         }

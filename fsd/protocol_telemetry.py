@@ -122,6 +122,8 @@ class SLOInfo(msgspec.Struct, kw_only=True):
     tokens_per_s: float
     requests_per_s: float
     slo_per_token_latency: float
+    preemptions_per_request: float | None = None  # None: nothing finished, or an older daemon
+    swaps_per_request: float | None = None
 
 
 class LearnedInfo(msgspec.Struct, kw_only=True, omit_defaults=True):

@@ -57,6 +57,8 @@ class JobRouter:
                     out.per_token_latency,
                     out.ttft,
                     len(out.token_ids),
+                    out.preemptions,
+                    out.swaps_out + out.swaps_in,
                 )
             )
         if svc.http is not None:
