@@ -18,7 +18,8 @@ results"):
 - a prefill is not charged at the skip-join level (skip-join placed the job by it).
 - at a quantum's end a job keeps its level while the Gittins index of its output so
   far (fsd.sched.gittins) is above a fresh job's: always demoting alike outputs is
-  round robin. Before enough jobs finished, a started job keeps its level.
+  round robin. Before enough jobs finished, the max_tokens caps decide
+  (fsd.sched.gittins, "Cold start").
 - a job that has not started is promoted after alpha_waiting = 8 x the SLO.
 - the last batch's jobs rank `preempt_threshold` (3) levels above their own, so
   near-equal jobs stop taking turns through host memory.
@@ -294,7 +295,7 @@ class MLFQQueue(LevelENST):
             job.attained = attained = job.attained + service
             if attained + 1e-12 < quanta[level]:
                 continue  # its starvation entry stays; tick re-arms it from starve_since
-            if lengths is not None and lengths.keeps_level(job.num_output_tokens):
+            if lengths is not None and self._keeps(lengths, job):
                 job.attained = 0.0  # a fresh quantum here, ahead of the jobs that came later
                 continue
             target = min(job.level + 1, last)
@@ -306,6 +307,22 @@ class MLFQQueue(LevelENST):
                 demoted.append(job)
             self._place(job, target)
         return demoted
+
+    def _keeps(self, lengths: OutputLengthIndex, job: Job) -> bool:
+        """The gittins demote rule; before lengths are learned it compares caps with
+        the shortest-capped job waiting to start (fsd.sched.gittins, "Cold start")."""
+        if lengths.ready:
+            return lengths.keeps_level(job.num_output_tokens)
+        fresh = min(
+            (
+                j.params.max_tokens
+                for level in self._levels
+                for j in level.values()
+                if not j.num_output_tokens and j is not job
+            ),
+            default=0,
+        )
+        return lengths.keeps_level(job.num_output_tokens, job.params.max_tokens, fresh)
 
     # ---- views -----------------------------------------------------------------
 

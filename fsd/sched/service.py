@@ -17,9 +17,8 @@ from __future__ import annotations
 
 import math
 
-from fsd.sched.gittins import LearnedLengths, OutputLengthIndex
+from fsd.sched.gittins import UNKNOWN_CAP, LearnedLengths, OutputLengthIndex
 
-UNKNOWN_CAP = 1 << 20  # a max_tokens this large says nothing (the simulator's jobs)
 CLASS_BASE = 128  # prompt tokens of the first class's upper edge
 MAX_CLASS = 10  # 128 * 2^10 = 131k tokens and beyond share the last class
 

@@ -57,13 +57,17 @@ def test_outliving_every_sample_gives_zero():
     assert index_of([5] * 32).index(5) == 0.0
 
 
-def test_before_enough_jobs_finished_a_job_that_has_progressed_keeps_its_level():
+def test_before_enough_jobs_finished_the_caps_decide():
     idx = index_of([1] * 16 + [100] * 15, min_samples=32)
-    # the cold-start prior (uniform up to the cap): any progress outranks a fresh job
+    # no caps known (the simulator's jobs): the uniform prior, progress keeps the place
     assert not idx.ready and idx.keeps_level(10) and not idx.keeps_level(0)
+    # one cap: as FCFS; a long job near its end behind short ones waiting: demoted
+    assert idx.keeps_level(10, cap=64, fresh_cap=64)
+    assert not idx.keeps_level(435, cap=512, fresh_cap=8)
+    assert idx.keeps_level(510, cap=512, fresh_cap=8)  # 2 left: still ahead of 8
     idx.observe(100)
     # learned now: 10 tokens in, only the 100s remain, far behind a fresh job
-    assert idx.ready and not idx.keeps_level(10)
+    assert idx.ready and not idx.keeps_level(10) and not idx.keeps_level(10, 64, 64)
 
 
 def test_the_window_forgets_old_lengths():
@@ -119,6 +123,18 @@ def test_a_fresh_queue_keeps_a_job_whose_quantum_ran_out():
     for t in (1.0, 2.0, 3.0):
         assert run_once(q, a, t) == []
     assert a.level == 1 and a.demotions == 0 and list(q.ordered()) == [a, b]
+
+
+def test_a_fresh_queue_demotes_a_long_job_that_short_arrivals_wait_behind():
+    # the live scene: a long job (cap 512) 3 tokens from its quantum's end, a short
+    # one (cap 8) waiting; nothing learned yet: the long one expects far more left
+    q = gittins_queue([])
+    long = Job(prompt_token_ids=[1] * 4, params=SamplingParams(max_tokens=512), job_id="l")
+    short = Job(prompt_token_ids=[1] * 4, params=SamplingParams(max_tokens=8), job_id="s")
+    q.add(long, 0.0)
+    q.add(short, 0.0)
+    demoted = [run_once(q, long, t) for t in (1.0, 2.0, 3.0)]
+    assert [long] in demoted and list(q.ordered())[0] is short
 
 
 def test_a_job_past_the_short_outputs_is_demoted_as_usual():
