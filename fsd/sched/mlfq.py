@@ -9,10 +9,10 @@ Service is charged in profiled iteration time, so placement and demotion are
 deterministic. Starvation: a job that has waited `starve_limit` since it last ran
 moves up; ENST combines that promotion clock with the work queued above the job.
 
-Judged by its worst point on the validation set (bench/validation.py, `worst_case`)
-sj-mlfq beats `gittins` (fsd.sched.soap, still the default) and naive MLFQ. Its
-departures from the paper, tuned on the in-repo workloads (README, "Scheduling
-results"):
+sj-mlfq is fsd's default: judged by its worst point on the validation set
+(bench/validation.py, `worst_case`) it beats `gittins` (fsd.sched.soap) and naive
+MLFQ. Its departures from the paper, tuned on the in-repo workloads (README,
+"Scheduling results"):
 - promotion one level up ("up1") with alpha = 100 x the SLO: the paper's move to Q1
   with alpha = the SLO turns an overloaded MLFQ into round robin.
 - a prefill is not charged at the skip-join level (skip-join placed the job by it).

@@ -15,10 +15,8 @@ if TYPE_CHECKING:  # the policies load on first use: `fsd --help` needs only the
     from fsd.sched.queues import JobQueue
     from fsd.sched.scheduler import Scheduler
 
-# chosen by its mean on the validation set; by its worst point (bench/validation.py,
-# worst_case) sj-mlfq does better, and is the default once the tests that lean on
-# gittins' preemptions in their set-ups pin their policy (README, "Judged by the worst point")
-DEFAULT_POLICY = "gittins"
+# the smallest worst-case regret on the validation set (bench/validation.py, worst_case)
+DEFAULT_POLICY = "sj-mlfq"
 SLO_DECODE_STEPS = 10  # the per-token latency SLO: 10 decode steps
 STARVE_LIMIT_SLOS = 100  # the default starvation limit alpha, in SLOs
 WAITING_LIMIT_SLOS = 8  # the default alpha for a job that has not started, in SLOs

@@ -64,7 +64,7 @@ def test_a_plain_client_may_not_steer_the_daemon(daemon):
         assert Client(daemon.endpoint, token="0" * 64).status().role == "client"
     with daemon.client() as op:
         assert op.status().role == "operator"
-        assert op.status().policy == "gittins" and not op.status().draining  # nothing changed
+        assert op.status().policy == "sj-mlfq" and not op.status().draining  # nothing changed
 
 
 def test_a_client_aborts_its_own_jobs_only_an_operator_anyones(daemon):
