@@ -14,8 +14,13 @@ PARAMS = SamplingParams(max_tokens=40, ignore_eos=True)
 
 
 def small_pool(kv_policy: str, **options: object) -> LLM:
-    """sj-mlfq on 14 device blocks, batch of 4: the seven prompts must preempt."""
-    return LLM(
+    """sj-mlfq on 14 device blocks, batch of 4: the seven prompts must preempt.
+
+    Service is charged in the profile's seconds and nothing starves within the run,
+    so the preemptions come from the quanta alone, not from how busy the machine is
+    (wall-clock promotions once left the defer case without a single drop)."""
+    options = {"starve_limit": 86400.0, "starve_limit_waiting": 86400.0, **options}
+    llm = LLM(
         "tiny",
         policy="sj-mlfq",
         kv_policy=kv_policy,
@@ -24,6 +29,8 @@ def small_pool(kv_policy: str, **options: object) -> LLM:
         max_batch_size=4,
         **options,
     )
+    llm.engine.scheduler.observe_iteration = lambda *_: None  # type: ignore[method-assign]
+    return llm
 
 
 @pytest.fixture(scope="module")
