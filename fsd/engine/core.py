@@ -395,6 +395,8 @@ class Engine(EngineFailures):
         return RequestOutput.of(job, text.text if text else "")
 
     def close(self) -> None:
-        """Stop the workers and copy threads (the engine cannot run afterwards)."""
+        """Stop the workers and copy threads and give their memory back (the engine
+        cannot run afterwards)."""
         self._flight.clear()
+        self.pool = self.host_pool = None
         self.executor.close()

@@ -162,6 +162,13 @@ class LocalExecutor(Executor):
         self._results: dict[int, StepResult] = {}
         self._seq = 0
 
+    def close(self) -> None:
+        """Release the copy thread, then the worker's weights and KV (their memory
+        returns to the device: fsd.engine.worker.Worker.shutdown)."""
+        super().close()
+        self.pool = self.swapper = self.host_pool = None  # type: ignore[assignment]
+        self.worker.shutdown()
+
     def submit(
         self, batch: Sequence[Job], sync_ops: Sequence[SwapOp], async_ops: Sequence[SwapOp]
     ) -> int:

@@ -37,6 +37,15 @@ def num_device_blocks(cfg: CacheConfig, shape: KVShape, device: torch.device) ->
     if device.type == "cuda":
         free, total = torch.cuda.mem_get_info(device)
         budget = free - int(total * (1.0 - cfg.gpu_memory_utilization))
+        if budget < per_block:
+            gib = 1 << 30
+            raise ConfigError(
+                f"no KV block fits on {device}: {free / gib:.1f} of {total / gib:.1f} GiB are "
+                f"free and gpu_memory_utilization {cfg.gpu_memory_utilization} leaves "
+                f"{total * (1.0 - cfg.gpu_memory_utilization) / gib:.1f} GiB unused; another "
+                "process (or an engine not closed) holds the rest. Raise "
+                "gpu_memory_utilization or set num_gpu_blocks"
+            )
     else:
         budget = cfg.cpu_kv_bytes
     blocks = budget // per_block

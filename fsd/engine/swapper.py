@@ -200,10 +200,13 @@ class Swapper:
         return sum(b.nbytes for b in self._pending)
 
     def close(self) -> None:
+        """Finish the copies in flight, stop the copy thread and let go of both pools
+        (their memory returns once the worker drops them too; no copy runs after)."""
         while self._pending:
             self.wait()
         if self._thread is not None:
             self._thread.shutdown(wait=True)
+        self.device_pool = self.host_pool = None  # type: ignore[assignment]
 
 
 def _finished(done: Any) -> bool:

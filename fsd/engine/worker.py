@@ -349,8 +349,17 @@ class Worker:
         return self.label, out
 
     def shutdown(self) -> None:
+        """Stop the copy threads and give the weights' and KV's memory back: a second
+        engine in the same process sizes its KV from what is free (on a GPU, torch's
+        allocator keeps freed blocks until emptied, so it is emptied here)."""
         if self.swapper is not None:
             self.swapper.close()
+        self.model = self.pool = self.graphs = self.swapper = None
+        if self.device.type == "cuda":
+            import gc
+
+            gc.collect()  # the model's modules hold reference cycles
+            torch.cuda.empty_cache()
         if self.spec.tp > 1:
             import torch.distributed as dist
 
