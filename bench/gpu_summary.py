@@ -202,7 +202,9 @@ def figures(kernels: dict | None, swap: dict | None, parallel: dict | None) -> l
         )
     for r in (swap or {}).get("overlap") or []:
         lines.append(
-            f"decode step while swapping {r['direction']}: x{r['inflation']:.2f} "
+            f"decode step while swapping {r['direction']}"
+            f"{' (' + r['host_blocks'] + ' host blocks)' if 'host_blocks' in r else ''}: "
+            f"x{r['inflation']:.2f} "
             f"({r['step_alone_ms']:.2f} -> {r['step_during_swap_ms']:.2f} ms)"
         )
     par = parallel or {}

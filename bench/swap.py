@@ -27,6 +27,7 @@ bench/results/swap-<gpu-name>.json).
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import random
 import statistics
@@ -178,10 +179,16 @@ def overlap(swapper: Swapper, batch: DecodeBatch, args, rng, bw: dict[str, float
     per_block = swapper.host_pool.bytes_per_block
     free = range(batch.used, swapper.device_pool.num_blocks)
     rows = []
-    for direction in ("out", "in"):
+    for direction, layout in itertools.product(("out", "in"), ("scattered", "adjacent")):
         want = args.overlap_steps * alone * bw[direction] * 1e9 / per_block
         n = int(max(4, min(want, args.max_swap_blocks, len(free), swapper.host_pool.num_blocks)))
-        dev, host = rng.sample(free, n), rng.sample(range(swapper.host_pool.num_blocks), n)
+        dev = rng.sample(free, n)
+        # host blocks at random (the worst case: a copy per block) or adjacent, as the
+        # host pool's free list hands them out (the swapper copies a run at once)
+        host = rng.sample(range(swapper.host_pool.num_blocks), n)
+        if layout == "adjacent":
+            first = rng.randrange(swapper.host_pool.num_blocks - n + 1)
+            host = list(range(first, first + n))
         ops = swap_ops(direction, *((dev, host) if direction == "out" else (host, dev)))
         sync(batch.device)
         start = time.perf_counter()
@@ -194,7 +201,8 @@ def overlap(swapper: Swapper, batch: DecodeBatch, args, rng, bw: dict[str, float
         reactive = swap_seconds(swapper, ops, "sync", batch.device)
         after = statistics.median(step_times(batch, max(3, args.steps // 3)))
         mid = statistics.median(during)
-        rows.append({"direction": direction, "blocks": n, "bytes": n * per_block,
+        rows.append({"direction": direction, "host_blocks": layout, "blocks": n,
+                     "bytes": n * per_block,
                      "step_alone_ms": 1e3 * alone, "step_during_swap_ms": 1e3 * mid,
                      "step_after_ms": 1e3 * after, "inflation": mid / alone,
                      "steps_during_swap": len(during), "overlapped_ms": 1e3 * total,
@@ -229,11 +237,11 @@ def print_tables(console: Console, result: dict) -> None:
                   f"{100 * r['fraction_of_pinned']:.0f}")  # fmt: skip
     console.print(t)
     t = Table(title=f"decode step (batch {result['batch']}, ctx {result['context']}) during a swap")
-    for col in ("swap", "blocks", "alone ms", "during ms", "inflation", "steps during",
-                "swap ms", "reactive step ms"):  # fmt: skip
+    for col in ("swap", "host blocks", "blocks", "alone ms", "during ms", "inflation",
+                "steps during", "swap ms", "reactive step ms"):  # fmt: skip
         t.add_column(col, justify="right")
     for r in result["overlap"]:
-        t.add_row(r["direction"], str(r["blocks"]), f"{r['step_alone_ms']:.2f}",
+        t.add_row(r["direction"], r.get("host_blocks", "scattered"), str(r["blocks"]), f"{r['step_alone_ms']:.2f}",
                   f"{r['step_during_swap_ms']:.2f}", f"x{r['inflation']:.2f}",
                   str(r["steps_during_swap"]), f"{r['overlapped_ms']:.1f}",
                   f"{r['reactive_step_ms']:.2f}")  # fmt: skip
@@ -250,6 +258,7 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.device("cpu" if args.cpu_smoke else "cuda")
     rng = random.Random(0)
     lm, pool, swapper = build(args, device)
+    block_bytes = swapper.host_pool.bytes_per_block  # (close() lets go of the pools)
     try:
         batch = DecodeBatch(lm, pool, args.batch, args.context)
         batch.step()  # warm up (kernels compile)
@@ -260,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
         swapper.close()
     result = {"benchmark": "swap", "machine": describe_machine(device), "model": args.model,
               "dtype": str(lm.dtype).removeprefix("torch."), "block_size": args.block_size,
-              "block_bytes": swapper.host_pool.bytes_per_block, "batch": args.batch,
+              "block_bytes": block_bytes, "batch": args.batch,
               "context": args.context, "cpu_smoke": args.cpu_smoke, "bandwidth": bw,
               "overlap": lapped}  # fmt: skip
     print_tables(console, result)

@@ -107,6 +107,9 @@ class CacheConfig:
             raise ConfigError(f"num_host_blocks must be >= 0, got {self.num_host_blocks}")
 
 
+MAX_REFUSE_SLOS = 1e6  # refuse_late's bound: a million SLOs is never
+
+
 @dataclass(frozen=True)
 class SchedConfig:
     """Scheduling policy and batch limits."""
@@ -118,21 +121,32 @@ class SchedConfig:
     q1: float | None = None  # seconds; None = the profile's minimum iteration time
     quantum_ratio: float = 2.0
     quanta: tuple[float, ...] | None = None  # explicit per-level quanta (strictly increasing)
-    starve_limit: float | None = None  # alpha, seconds; None = 100 x the SLO (1000 decode steps)
-    # alpha for a job that has not started (no output token yet); None = 8 x the SLO
+    # The settings below default to None: the policy's own. `fsd` (the default policy)
+    # departs from the paper's skip-join MLFQ (`sj-mlfq`, faithful to its section 4) on
+    # each; fsd.sched.registry.POLICY_RULES lists both sets and why.
+    starve_limit: float | None = None  # alpha, seconds (fsd: 100 x the SLO; paper: the SLO)
+    # alpha for a job that has not started (no output token yet; fsd: 8 x the SLO)
     starve_limit_waiting: float | None = None
-    # where a starved job goes: "up1" (one level up, fsd's default), "top" (Q1, the
-    # paper) or "entry" (the level its next iteration would skip-join)
-    starve_promote: str = "up1"
+    # where a starved job goes: "up1" (one level up, fsd), "top" (Q1, the paper) or
+    # "entry" (the level its next iteration would skip-join)
+    starve_promote: str | None = None
     # charge a prefill iteration as attained service (the paper); fsd does not: skip-join
     # already placed the job by its prefill time, so the quantum at that level is for decoding
-    charge_prefill: bool = False
-    # at a quantum's end: "always" demote (the paper) or, "gittins", keep the job's level
-    # while recent output lengths say it is closer to done than a fresh job (fsd.sched.gittins)
-    demote_rule: str = "gittins"
+    charge_prefill: bool | None = None
+    # at a quantum's end: "always" demote (the paper) or, "gittins" (fsd), keep the job's
+    # level while recent output lengths say it is closer to done than a fresh job
+    demote_rule: str | None = None
     # a job in the running batch is ranked this many levels above its own: a waiting job
-    # preempts it only from further up (fewer swaps for a small difference in priority)
-    preempt_threshold: int = 3
+    # preempts it only from further up (fsd: 3; the paper: 0)
+    preempt_threshold: int | None = None
+    # fsd: new work starts only while started work fits the device (a block of growth kept
+    # per batch slot), and a started job goes to host memory only for a job the batch
+    # wants, when the move pays (fsd.kv.planner.SwapGate); off (the paper): ENST swaps
+    # keep a reserve for arrivals
+    swap_gate: bool | None = None
+    # refuse (error "overloaded") a request whose predicted per-token latency on arrival
+    # exceeds this many SLOs (Scheduler.predicted_latency); None: never refuse (default)
+    refuse_late: float | None = None
     # chunked prefill: an iteration carries at most this many prompt tokens beside its
     # decodes; a longer prompt runs as chunks, each a preemption point (0: whole
     # prefills; None: the most whose prefill fits the per-token SLO, fsd.sched.chunking)
@@ -142,12 +156,14 @@ class SchedConfig:
     def __post_init__(self) -> None:
         """Types, then ranges: every value a retune may set has a lower and an upper bound."""
         check_types(self)
-        for name in ("q1", "quantum_ratio", "starve_limit", "starve_limit_waiting"):
+        for name in ("q1", "quantum_ratio", "starve_limit", "starve_limit_waiting", "refuse_late"):
             finite(name, getattr(self, name))
         if self.quanta is not None:
             object.__setattr__(self, "quanta", check_quanta(self.quanta))
-        choice("starve_promote", self.starve_promote, ("up1", "top", "entry"))
-        choice("demote_rule", self.demote_rule, ("always", "gittins"))
+        if self.starve_promote is not None:
+            choice("starve_promote", self.starve_promote, ("up1", "top", "entry"))
+        if self.demote_rule is not None:
+            choice("demote_rule", self.demote_rule, ("always", "gittins"))
         if not 1 <= self.num_levels <= MAX_LEVELS:
             raise ConfigError(f"num_levels must be in 1..{MAX_LEVELS}, got {self.num_levels}")
         if self.q1 is not None and self.q1 <= 0:
@@ -173,8 +189,13 @@ class SchedConfig:
             )
         for name in ("starve_limit", "starve_limit_waiting"):
             at_most(name, getattr(self, name), MAX_SECONDS, " seconds (one day)")
+        if self.refuse_late is not None and not 0 < self.refuse_late <= MAX_REFUSE_SLOS:
+            raise ConfigError(
+                f"refuse_late must be in (0, {MAX_REFUSE_SLOS}] SLOs, got {self.refuse_late}"
+            )
         # a threshold of (levels - 1) already lifts every running job to Q1
-        int_range("preempt_threshold", self.preempt_threshold, 0, MAX_LEVELS, " levels")
+        if self.preempt_threshold is not None:
+            int_range("preempt_threshold", self.preempt_threshold, 0, MAX_LEVELS, " levels")
         int_range("max_batch_size", self.max_batch_size, 1, MAX_BATCH_SIZE)
         int_range("max_batch_tokens", self.max_batch_tokens, 1, MAX_BATCH_TOKENS)
         if self.prefill_chunk is not None:

@@ -76,12 +76,14 @@ def test_without_a_gpu_it_prints_the_plan_and_exits_0(tmp_path: Path) -> None:
 def test_dry_run_on_a_gpu_machine_names_the_folder_after_the_gpu(
     tmp_path: Path, gpus: int, parallel_limit: int
 ) -> None:
+    steps = ROOT / "bench" / "results" / "gpu-h100" / "steps.tsv"  # a real run's, committed
+    before = steps.read_bytes() if steps.exists() else None
     done = _run("--dry-run", bin_dir=_fake_smi(tmp_path, gpus=gpus))
     assert done.returncode == 0, done.stderr
     assert "dry run; nothing is run" in done.stdout
     assert "results in bench/results/gpu-h100/, budget 570 s" in done.stdout
     assert f"parallel   <= {parallel_limit:3d} s" in done.stdout
-    assert not (ROOT / "bench" / "results" / "gpu-h100" / "steps.tsv").exists()
+    assert (steps.read_bytes() if steps.exists() else None) == before  # nothing written
 
 
 def test_help_and_a_bad_option(tmp_path: Path) -> None:

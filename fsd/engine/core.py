@@ -30,13 +30,14 @@ from fsd.engine.failures import EngineFailures
 from fsd.engine.flight import MicroBatch
 from fsd.engine.output import IterationStats, JobFault, RequestOutput, StepDelta, describe
 from fsd.engine.profiler import calibrate
-from fsd.errors import ConfigError, SettingError, UnknownJobError
+from fsd.engine.prompts import check_stop_ids, prompt_ids
+from fsd.errors import ConfigError, OverloadedError, SettingError, UnknownJobError
 from fsd.jobs import FinishReason, Job, SamplingParams
 from fsd.kv.block_manager import BlockManager
 from fsd.kv.swap import SwapOp
-from fsd.sched.admission import RequestLimits, check_request
+from fsd.sched.admission import RequestLimits, check_request, refuse_late_job
 from fsd.sched.pipeline import InFlight
-from fsd.sched.registry import engine_policy, make_scheduler
+from fsd.sched.registry import default_slo, engine_policy, make_scheduler
 from fsd.sched.retune import plain_value, plan_retune
 from fsd.sched.scheduler import SchedulerOutput
 from fsd.twin.history import WorkHistory
@@ -90,6 +91,7 @@ class Engine(EngineFailures):
         self.history = WorkHistory(time.time())  # arrivals, lengths: the twin's (fsd.twin)
         self.last_schedule: SchedulerOutput | None = None
         self.iterations = 0
+        self.refused_late = 0  # requests refused as predicted to miss the SLO (refuse_late)
 
     # ---- admission -------------------------------------------------------------
 
@@ -119,13 +121,8 @@ class Engine(EngineFailures):
         params = SamplingParams() if params is None else params
         if not isinstance(params, SamplingParams):
             raise ConfigError(f"params must be a SamplingParams, got {type(params).__name__}")
-        vocab = self.loaded.arch.vocab_size
-        bad = [t for t in params.stop_token_ids if t >= vocab]
-        if bad:  # an id past the logits would fail the job's every sampling step
-            raise ConfigError(
-                f"stop_token_ids must be below the model's vocabulary size {vocab}, got {bad[:5]}"
-            )
-        ids = self._prompt_ids(prompt)
+        check_stop_ids(params, self.loaded.arch.vocab_size)
+        ids = prompt_ids(prompt, self.tokenizer, self.loaded.arch.vocab_size)
         max_output = check_request(len(ids), params.max_tokens, self.limits)
         if request_id is not None and request_id in self._jobs:
             raise ConfigError(f"request id {request_id!r} is already in use")
@@ -139,12 +136,25 @@ class Engine(EngineFailures):
         )
         if request_id is not None:
             job.job_id = request_id
+        self.scheduler.add(job, job.arrival_time)
+        self._refuse_if_late(job)
         self._jobs[job.job_id] = job
         self._text[job.job_id] = JobDetokenizer(self.tokenizer, ids, params.stop)
-        self.scheduler.add(job, job.arrival_time)
         self.history.arrived(job.arrival_time)
         self.events.add(job.arrival_time, "arrive", job, prompt_tokens=len(ids), level=job.level)
         return job
+
+    def _refuse_if_late(self, job: Job) -> None:
+        """With refuse_late set, take back a job just queued whose predicted per-token
+        latency misses the SLO by that factor, and say so (fsd.sched.admission)."""
+        late, now = self.config.sched.refuse_late, time.time()
+        try:
+            refuse_late_job(self.scheduler, job, now, late, default_slo(self.cost))
+        except OverloadedError:
+            self.scheduler.remove(job)
+            self.refused_late += 1
+            self.events.add(now, "refuse", job)
+            raise
 
     def _cost_model(self) -> CostModel:
         """The profile that service is charged in: loaded, or measured quickly now."""
@@ -153,19 +163,6 @@ class Engine(EngineFailures):
         if pp > 1 and cost.pipeline_stages == 1:  # a micro-batch may start each 1/pp of it
             cost = dataclasses.replace(cost, pipeline_stages=pp)
         return cost
-
-    def _prompt_ids(self, prompt: str | Sequence[int]) -> list[int]:
-        if isinstance(prompt, str):
-            ids = self.tokenizer.encode(prompt)
-        else:
-            ids = list(prompt)
-            vocab = self.loaded.arch.vocab_size
-            bad = [t for t in ids if not isinstance(t, int) or not 0 <= t < vocab]
-            if bad:
-                raise ConfigError(f"token ids must be ints in [0, {vocab}); got {bad[:5]}")
-        if not ids:
-            raise ConfigError("the prompt is empty")
-        return ids
 
     def abort(self, job_id: str) -> RequestOutput:
         """End a job now; its blocks return to the pool."""

@@ -24,6 +24,72 @@ if TYPE_CHECKING:
     from fsd.kv.policies import ArrivalEstimate
 
 
+class SwapGate:
+    """fsd's rule for sending a started job to host memory (the paper's planner sends
+    out by ENST alone): only to make room for a job the batch wants now, and only when
+    that pays.
+
+    Why no swap for arrivals: past capacity, keeping a reserve free for arrivals sent
+    started jobs out and brought them back, over and over (2.8 swaps per request on
+    the conversation trace at x0.5, a quarter of them back within 41 iterations).
+    Under this rule admission stands in for the reserve (`Scheduler.admission_room`):
+    new work starts only while started work fits the device (less a block of growth
+    per batch slot), so room for arrivals comes from jobs that finish. Sizing that
+    headroom as the reserve (K typical new jobs) idled half of a small device on long
+    prompts (4.3x the average of the ungated rule in bench/validation.py's
+    kv-pressure); letting arrivals park started jobs (each at most once, when the
+    exchange below pays) added swaps and won nowhere consistently.
+    Why the exchange: moving victim v out so that u runs first changes the sum of
+    completion times by about v's time left - u's time left (u stops waiting for v, v
+    now waits for u), each read from the queue's learned lengths (`tokens_left`, in
+    decode steps of the batch). The move costs the copy out and back at the host
+    link's bandwidth, queued behind the copies already on the link, and a job sent
+    out k times before is likely to be sent out again: its move is charged k + 1
+    round trips (hysteresis). Unknown lengths: the queue's order decides.
+    """
+
+    def __init__(
+        self,
+        tokens_left: Callable[[Job], float | None],
+        step_s: float,
+        block_s: float,
+        backlog_blocks: int,
+    ) -> None:
+        self.tokens_left = tokens_left
+        self.step_s = step_s  # seconds per output token of a job in the batch
+        self.block_s = block_s  # seconds one block takes over the host link, one way
+        self.backlog_blocks = backlog_blocks  # blocks already queued on the link
+
+    @classmethod
+    def over(
+        cls,
+        blocks: BlockManager,
+        tokens_left: Callable[[Job], float | None],
+        step_s: float,
+        swap_time: Callable[[int], float],
+    ) -> SwapGate:
+        """The gate for `blocks`'s link now: `swap_time(tokens)` is the profile's."""
+        backlog = sum(op.num_blocks for op in blocks.moving.values())
+        return cls(tokens_left, step_s, swap_time(blocks.block_size), backlog)
+
+    def pays(self, victim: Job, for_job: Job) -> bool:
+        """Whether `victim` may go out to make room for `for_job`."""
+        gain, left = self.tokens_left(for_job), self.tokens_left(victim)
+        if gain is None or left is None:
+            return True
+        round_trip = (self.backlog_blocks + 2 * len(victim.block_table)) * self.block_s
+        return (left - gain) * self.step_s > round_trip * (1 + victim.swaps_out)
+
+    def longest(self, jobs: Sequence[Job]) -> Job:
+        """The job expected to run longest (unknown: the longest): if a move pays for
+        it, it pays for the others."""
+        return max(jobs, key=lambda j: float("inf") if (t := self.tokens_left(j)) is None else t)
+
+    def took(self, blocks: int) -> None:
+        """A copy of `blocks` was queued on the link."""
+        self.backlog_blocks += blocks
+
+
 class SwapPlanner:
     """Chooses asynchronous swap-outs and swap-ins for one iteration."""
 
@@ -70,6 +136,7 @@ class SwapPlanner:
         in_flight: Mapping[str, SwapOp],
         max_blocks: int | None,
         by_enst: Callable[[], Iterator[tuple[float, Job]]],
+        gate: SwapGate | None = None,
     ) -> list[SwapOp]:
         """Start the copies that keep `reserve` free and bring the next jobs in.
 
@@ -80,6 +147,8 @@ class SwapPlanner:
         `by_enst`: yields the device-resident jobs outside the batch (the swap-out
         candidates) as (ENST, job), largest first, lazily (the queue knows which jobs
         can have a large ENST).
+        `gate`: fsd's rule (SwapGate): jobs go out only for `wanted` jobs and only when
+        that pays; the reserve is kept by admission, not by swaps (None: the paper's).
         """
         blocks = self.blocks
         ops: list[SwapOp] = []
@@ -92,10 +161,12 @@ class SwapPlanner:
         # each wanted job's room and ENST, read again by the swap-in loop below
         known = {j.job_id: (self._room_to_run(j), enst(j)) for j in wanted}
         urgent = sum([room for room, _ in known.values()])
+        for_job = gate.longest(wanted) if gate is not None and wanted else None
+        keep = 0 if gate is not None else reserve  # what swap-outs keep free for arrivals
         soonest = min([e for _, e in known.values()], default=float("inf"))
         freeing = sum(op.num_blocks for op in in_flight.values() if op.direction == "out")
         free_soon = blocks.num_free + freeing
-        target = min(reserve + urgent, blocks.device.num_blocks)
+        target = min(keep + urgent, blocks.device.num_blocks)
         sent_out = float("inf")  # smallest ENST sent out this round
         candidates: Iterator[tuple[float, Job]] = iter(())
         if free_soon < target:
@@ -103,11 +174,15 @@ class SwapPlanner:
         for e, job in candidates:
             if free_soon >= target or budget <= 0:
                 break
-            if free_soon >= reserve and e <= soonest:
+            if free_soon >= keep and e <= soonest:
                 break  # past the reserve, evict only for jobs expected sooner than the victim
             if not blocks.can_swap_out(job):
                 continue  # host tier full: the job keeps its device blocks
+            if for_job is not None and gate is not None and not gate.pays(job, for_job):
+                continue
             n = blocks.freed_by(job)
+            if gate is not None:
+                gate.took(len(job.block_table))
             ops.append(blocks.swap_out(job))
             free_soon += n
             budget -= n

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 from fsd.jobs import Job, KVLocation
 from fsd.kv.block_manager import BlockManager
-from fsd.kv.planner import SwapPlanner
+from fsd.kv.planner import SwapGate, SwapPlanner
 from fsd.kv.swap import SwapOp
 
 if TYPE_CHECKING:
@@ -57,6 +57,7 @@ class PlanInputs:
     enst: Callable[[Job], float]
     by_enst: Callable[[], Iterator[tuple[float, Job]]]  # movable jobs, largest ENST first
     iteration_time: float  # the previous batch's profiled time (copies beside one step)
+    gate: Callable[[], SwapGate | None] = lambda: None  # whether a swap-out pays (built lazily)
 
 
 class KVPolicy(ABC):
@@ -149,4 +150,5 @@ class ProactivePolicy(ReactivePolicy):
             moving,
             self.planner.block_budget(self.cost, inputs.iteration_time),
             inputs.by_enst,
+            inputs.gate(),
         )

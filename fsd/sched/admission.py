@@ -1,4 +1,5 @@
-"""Whether a request can ever run here: the one admission rule.
+"""Admission: whether a request can ever run here, whether it may start now, and
+whether an overloaded daemon takes it at all.
 
 The engine (`Engine.add_request`), the simulator (`Simulator.check`) and the scenario
 injector (`check_fits`) refuse the same requests with the same words: a job that
@@ -7,9 +8,18 @@ could never be scheduled would wait forever and hold its client.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from fsd.errors import PromptTooLongError
+from fsd.errors import OverloadedError, PromptTooLongError
+from fsd.jobs import Job
+from fsd.kv.block_manager import BlockManager
+
+if TYPE_CHECKING:
+    from fsd.cost import CostModel
+    from fsd.sched.queues import JobQueue
+    from fsd.sched.scheduler import Scheduler
 
 NO_CONTEXT_LIMIT = 1 << 62  # the simulator's model has no context length
 
@@ -57,3 +67,56 @@ def check_request(prompt_len: int, max_tokens: int, limits: RequestLimits) -> in
             f"blocks; the device pool has {limits.device_blocks}"
         )
     return max_output
+
+
+def admission_room(blocks: BlockManager, admit_fraction: float, headroom: int | None) -> float:
+    """Blocks that jobs without KV may still take this iteration.
+
+    Why: under overload, starting more jobs than device + host can hold means some
+    started job must later drop its KV (recompute) with nowhere to go; capping what
+    new jobs may take keeps the started ones whole. With nothing started, anything
+    that fits is admitted (no job is ever refused forever). `headroom` (fsd's swap
+    gate; None: off): started work fits the device itself, less that many blocks for
+    a full batch to grow into; a start beyond it would send a started job to host
+    memory, and back, for nothing the batch needed (fsd.kv.planner.SwapGate).
+    """
+    used = blocks.device.num_used + blocks.host.num_used
+    if used == 0:
+        return float("inf")
+    room = admit_fraction * (blocks.device.num_blocks + blocks.host.num_blocks) - used
+    if headroom is not None:
+        room = min(room, blocks.device.num_blocks - headroom - used)
+    return room
+
+
+def predicted_latency(
+    queue: JobQueue,
+    cost: CostModel,
+    job: Job,
+    now: float,
+    batch_size: int,
+    pending: Sequence[tuple[Job, float]] = (),
+) -> float:
+    """Seconds per output token a queued `job` is predicted to see: its ENST (the
+    paper's, plus the jobs ahead of it at its own level) spread over the tokens
+    expected of it (its cap, or the learned mean if smaller), plus one decode step."""
+    wait = queue.enst_fn(now, batch_size, pending)(job) + queue.level_backlog(job, batch_size)
+    learned = queue.learned()
+    tokens = float(max(job.max_output, 1))
+    if learned is not None and learned.ready and learned.mean is not None:
+        tokens = max(min(tokens, learned.mean), 1.0)
+    return wait / tokens + cost.min_iteration_time
+
+
+def refuse_late_job(sched: Scheduler, job: Job, now: float, late: float | None, slo: float) -> None:
+    """Overload refusal (SchedConfig.refuse_late; None: off): raise OverloadedError when
+    the job just queued is predicted to see more than `late` SLOs per output token."""
+    if late is None:
+        return
+    per_token = sched.predicted_latency(job, now)
+    if per_token > late * slo:
+        raise OverloadedError(
+            f"refused: {len(sched)} jobs queued, and this one is predicted to see "
+            f"{per_token:.3g} s per output token, more than refuse_late = {late:g} x the "
+            f"SLO of {slo:.3g} s; try again later"
+        )

@@ -39,6 +39,23 @@ if TYPE_CHECKING:
 _DEVICE, _HOST, _NONE = KVLocation.DEVICE, KVLocation.HOST, KVLocation.NONE
 
 
+def walk_order(sched: Scheduler, admit_room: float) -> Iterable[Job]:
+    """The jobs to walk, in priority order.
+
+    When admission lets no job without KV start, only the jobs holding KV can run;
+    with a long queue of waiting jobs (10k) sorting those few beats walking the
+    whole queue past thousands of jobs that would all be skipped.
+    """
+    if admit_room < 1:
+        on_device, on_host = sched.blocks.on_device, sched.blocks.on_host
+        if 4 * (len(on_device) + len(on_host)) < len(sched):
+            return sorted(
+                itertools.chain(on_device.values(), on_host.values()),  # type: ignore[arg-type]
+                key=sched.queue.key,
+            )
+    return sched.queue.ordered()
+
+
 class BatchWalk:
     """The state of one iteration's walk and the batch it builds."""
 

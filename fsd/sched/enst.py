@@ -31,6 +31,13 @@ class LevelENST(JobQueue):
     def _due(self, job: Job) -> float:
         raise NotImplementedError
 
+    def level_backlog(self, job: Job, batch_size: int) -> float:
+        """Seconds the jobs queued at `job`'s own level ahead of it take before it runs,
+        each up to the level's quantum (ENST counts only the levels above)."""
+        level = min(max(job.level, 0), len(self._levels) - 1)
+        ahead = sum(1 for j in self._levels[level].values() if j.queue_seq < job.queue_seq)
+        return ahead * self.quanta[level] / max(batch_size, 1)
+
     def largest_enst_first(self, jobs: Iterable[Job], chosen: Container[str], enst: Fn) -> Ranked:
         """Largest ENST first, reading the levels lazily.
 

@@ -9,10 +9,10 @@ Service is charged in profiled iteration time, so placement and demotion are
 deterministic. Starvation: a job that has waited `starve_limit` since it last ran
 moves up; ENST combines that promotion clock with the work queued above the job.
 
-sj-mlfq is fsd's default: judged by its worst point on the validation set
-(bench/validation.py, `worst_case`) it beats `gittins` (fsd.sched.soap) and naive
-MLFQ. Its departures from the paper, tuned on the in-repo workloads (README,
-"Scheduling results"):
+Two policies share this class. `sj-mlfq` is the paper's, faithful to its section 4:
+alpha = the SLO, starved jobs to Q1, every iteration charged, demotion at each
+quantum's end, no threshold. `fsd`, the default, departs from it where the tuning
+workloads said so (fsd.sched.registry.FSD_RULES, each with its reason):
 - promotion one level up ("up1") with alpha = 100 x the SLO: the paper's move to Q1
   with alpha = the SLO turns an overloaded MLFQ into round robin.
 - a prefill is not charged at the skip-join level (skip-join placed the job by it).
@@ -23,6 +23,7 @@ MLFQ. Its departures from the paper, tuned on the in-repo workloads (README,
 - a job that has not started is promoted after alpha_waiting = 8 x the SLO.
 - the last batch's jobs rank `preempt_threshold` (3) levels above their own, so
   near-equal jobs stop taking turns through host memory.
+- the swap gate (fsd.kv.planner.SwapGate, set by the scheduler).
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from fsd.cost import CostModel
 from fsd.jobs import FinishReason, Job, KVLocation
 from fsd.sched.enst import LevelENST
-from fsd.sched.gittins import LearnedLengths, OutputLengthIndex
+from fsd.sched.gittins import UNKNOWN_CAP, LearnedLengths, OutputLengthIndex
 from fsd.sched.queues import JobQueue, LevelView
 
 PROMOTE_RULES = ("up1", "top", "entry")
@@ -144,9 +145,16 @@ class MLFQQueue(LevelENST):
             heapq.heappush(self._starve, (self._due(job), job.queue_seq, job))
 
     def _due(self, job: Job) -> float:
-        """When the job is promoted unless it runs first."""
+        """When the job is promoted unless it runs first.
+
+        Alpha is a count of SLOs, decode steps of the profile; on a machine slower than
+        its profile (live cost, fsd.sched.calibration) a step takes `live_scale` times
+        as long, and so does alpha: unscaled, a CPU 25x slower than its profile promoted
+        a waiting job past the running ones within 3 iterations, and identical jobs took
+        turns (issue P16, tests/engine/test_identical_jobs.py).
+        """
         alpha = self.starve_limit if job.num_output_tokens else self.waiting_limit
-        return job.starve_since + alpha
+        return job.starve_since + alpha * self.live_scale
 
     def __len__(self) -> int:
         return sum(len(lvl) for lvl in self._levels)
@@ -337,6 +345,18 @@ class MLFQQueue(LevelENST):
 
     def learned(self) -> LearnedLengths:
         return self.lengths.summary()
+
+    def tokens_left(self, job: Job) -> float | None:
+        """Decode steps per unit of completion the job is expected to need: 1 / its
+        Gittins index (fsd.sched.gittins; equal to the tokens left when outputs are
+        alike, smaller than their mean when most are short). Before lengths are
+        learned: half its cap, if it has one."""
+        lengths, done = self.lengths, job.num_output_tokens
+        if lengths.ready:
+            return lengths.rank_steps(done, 0.0, lengths.mean_inverse)
+        cap = job.params.max_tokens
+        return (cap - done) / 2 if 0 < cap < UNKNOWN_CAP else None
+
 
     def new_jobs_in_top_levels(self, k: int, cap: int) -> int:
         count = 0

@@ -94,6 +94,17 @@ class JobQueue(ABC):
         """The output-length distribution learned from finished jobs (None: none learned)."""
         return None
 
+    def level_backlog(self, job: Job, batch_size: int) -> float:
+        """Seconds of work queued beside `job` that `enst_fn` does not count (0 here: a
+        ranking's ENST already counts every job ahead)."""
+        return 0.0
+
+    def tokens_left(self, job: Job) -> float | None:
+        """Expected output tokens `job` has still to generate (None: this queue cannot
+        tell). The swap gate (fsd.kv.planner.swap_pays) weighs victims by it."""
+        return None
+
+
     def ranks(self) -> dict[str, int]:
         """Every job's place in `ordered()` (0 runs first): one walk, for telemetry."""
         return {job.job_id: i for i, job in enumerate(self.ordered())}
@@ -254,6 +265,14 @@ class SRPTQueue(_SortedQueue):
                 del keys[i], order[i]
                 self._insert(job, new)
         return []
+
+    def level_backlog(self, job: Job, batch_size: int) -> float:
+        """Seconds of work queued beside `job` that `enst_fn` does not count (0 here: a
+        ranking's ENST already counts every job ahead)."""
+        return 0.0
+
+    def tokens_left(self, job: Job) -> float | None:
+        return float(max((job.oracle_output_len or 0) - job.num_output_tokens, 0))
 
     def remaining_time(self, job: Job) -> float:
         """Its prefill if due, then one decode step at today's context per token left

@@ -10,24 +10,26 @@ verbs.
 
 from __future__ import annotations
 
-import itertools
-from collections.abc import Callable, Collection, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from fsd.cost import CostModel
 from fsd.jobs import Job, JobStatus, KVLocation
 from fsd.kv.block_manager import BlockManager
+from fsd.kv.planner import SwapGate
 from fsd.kv.policies import PlanInputs
 from fsd.kv.prefix import CopyBeatsRecompute
 from fsd.kv.registry import ArrivalEstimate, make_kv_policy
 from fsd.kv.swap import SwapOp
-from fsd.sched.batch import BatchWalk
+from fsd.sched.admission import admission_room, predicted_latency
+from fsd.sched.batch import BatchWalk, walk_order
 from fsd.sched.calibration import LiveCost
 from fsd.sched.chunking import prefill_budget
 from fsd.sched.eviction import Evictor
 from fsd.sched.gittins import LearnedLengths
 from fsd.sched.queues import JobQueue, LevelView
+from fsd.sched.registry import rules_for
 
 if TYPE_CHECKING:
     from fsd.config import CacheConfig, SchedConfig
@@ -110,6 +112,7 @@ class Scheduler:
         self.cost = cost
         self._make_queue = make_queue
         self.queue = make_queue(config, cost)
+        self.gated = rules_for(config).swap_gate  # fsd's swap gate and admission (SwapGate)
         # prompt tokens one iteration may carry (0: whole prefills)
         self.prefill_budget = prefill_budget(config.prefill_chunk, cost, cache.block_size)
         self.arrivals = ArrivalEstimate()
@@ -201,6 +204,7 @@ class Scheduler:
         if config is None or fresh is None:  # (both or neither)
             return
         old, self.config = self.queue, config
+        self.gated = rules_for(config).swap_gate
         self.prefill_budget = prefill_budget(config.prefill_chunk, self.cost, self.cache.block_size)
         if fresh.name == old.name and old.adopt(fresh):
             return
@@ -223,7 +227,7 @@ class Scheduler:
         self.queue.set_running(known[i] for i in self._returned if i in known)
         # 1. walk the queue in priority order, taking ready jobs until the batch is full
         walk = BatchWalk(self, out, busy)
-        walk.run(self._candidates(walk.admit_room))
+        walk.run(walk_order(self, walk.admit_room))
         # 2. the KV policy's asynchronous copies beside the step
         self._enst_for, self._enst_built = (now, self.config.max_batch_size), None
         for op in self.kv_policy.plan(self._plan_inputs(walk)):
@@ -254,7 +258,15 @@ class Scheduler:
                 self._enst,
             ),
             self._last_batch_cost,
+            self._swap_gate,
         )
+
+    def _swap_gate(self) -> SwapGate | None:
+        """fsd's rule: a job goes to host memory only when that pays (None: off)."""
+        if not self.gated:
+            return None
+        step = max(self._last_batch_cost, self.cost.min_iteration_time)
+        return SwapGate.over(self.blocks, self.queue.tokens_left, step, self.cost.swap_time)
 
     def _mark_preempted(
         self, out: SchedulerOutput, batch_ids: set[str], busy: Collection[str]
@@ -269,36 +281,10 @@ class Scheduler:
                 out.preempted.append(job)
         self._returned = set()
 
-    def _candidates(self, admit_room: float) -> Iterable[Job]:
-        """The jobs to walk, in priority order.
-
-        When admission lets no job without KV start, only the jobs holding KV can
-        run; with a long queue of waiting jobs (10k) sorting those few beats walking
-        the whole queue past thousands of jobs that would all be skipped.
-        """
-        if admit_room < 1:
-            on_device, on_host = self.blocks.on_device, self.blocks.on_host
-            if 4 * (len(on_device) + len(on_host)) < len(self._jobs):
-                return sorted(
-                    itertools.chain(on_device.values(), on_host.values()),  # type: ignore[arg-type]
-                    key=self.queue.key,
-                )
-        return self.queue.ordered()
-
     def admission_room(self) -> float:
-        """Blocks that jobs without KV may still take this iteration.
-
-        Why: under overload, starting more jobs than device + host can hold means
-        some started job must later drop its KV (recompute) with nowhere to go;
-        capping what new jobs may take keeps the started ones whole. With nothing
-        started, anything that fits is admitted (no job is ever refused forever).
-        """
-        blocks = self.blocks
-        used = blocks.device.num_used + blocks.host.num_used
-        if used == 0:
-            return float("inf")
-        total = blocks.device.num_blocks + blocks.host.num_blocks
-        return self.cache.admit_fraction * total - used
+        """Blocks that jobs without KV may still take this iteration (fsd.sched.admission)."""
+        headroom = self.config.max_batch_size if self.gated else None
+        return admission_room(self.blocks, self.cache.admit_fraction, headroom)
 
     @property
     def _enst(self) -> Callable[[Job], float]:
@@ -315,6 +301,13 @@ class Scheduler:
             if done and new > 1:  # (not: its KV was dropped since)
                 pending.append((job, chunk(new, done)))
         return pending
+
+    def predicted_latency(self, job: Job, now: float) -> float:
+        """Seconds per output token a queued job is predicted to see (the overload
+        refusal compares it with the SLO: fsd.sched.admission)."""
+        return predicted_latency(
+            self.queue, self.cost, job, now, self.config.max_batch_size, self._pending_prefills()
+        )
 
     def enst_of(self, job: Job) -> float:
         """The job's ENST under the latest scheduling decision (O(1))."""

@@ -23,6 +23,7 @@ EVENT_COUNTERS = {
     "recompute": ("recomputes", None),
     "swap-out-begin": ("swaps", "out"),
     "swap-in-begin": ("swaps", "in"),
+    "refuse": ("refused", None),
 }
 
 
@@ -61,6 +62,7 @@ class RequestMetrics:
             self.promotions,
             self.demotions,
             self.recomputes,
+            self.refused,
         ):
             metric.labels(model_name)
         for reason in ("stop", "length", "abort", "error"):
@@ -124,6 +126,10 @@ class RequestMetrics:
         self.promotions = c("fsd_promotions", "Starvation promotions to a higher MLFQ level.")
         self.demotions = c("fsd_demotions", "Demotions to a lower MLFQ level (quantum used up).")
         self.recomputes = c("fsd_recomputes", "KV caches dropped to be recomputed later.")
+        self.refused = c(
+            "fsd_requests_refused_overloaded",
+            "Requests refused as predicted to miss the SLO (refuse_late; off by default).",
+        )
         self.swaps = c(
             "fsd_swaps", "KV swaps started, by direction (out to host, in to device).", "direction"
         )

@@ -123,29 +123,37 @@ def simulate_command(
         SchedConfig, "num_levels"
     ),
     starve_limit: Annotated[
-        float | None,
-        typer.Option(help=f"Alpha, s (default: {STARVE_LIMIT_SLOS} x the SLO)."),
+        Optional[float],  # noqa: UP045 - typer reads the annotation at run time
+        typer.Option(help=f"Alpha, s (default: the policy's; fsd {STARVE_LIMIT_SLOS} x the SLO)."),
     ] = default_of(SchedConfig, "starve_limit"),
     starve_limit_waiting: Annotated[
-        float | None,
+        Optional[float],  # noqa: UP045
         typer.Option(
-            help=f"Alpha for jobs not yet started, s (default: {WAITING_LIMIT_SLOS} x the SLO)."
+            help=f"Alpha for jobs not yet started, s (fsd: {WAITING_LIMIT_SLOS} x the SLO)."
         ),
     ] = default_of(SchedConfig, "starve_limit_waiting"),
     starve_promote: Annotated[
-        str, typer.Option(help="Where starved jobs go: up1 (one level), top (Q1) or entry.")
+        Optional[str],  # noqa: UP045
+        typer.Option(help="Where starved jobs go: up1 (one level, fsd), top (Q1, paper) or entry."),
     ] = default_of(SchedConfig, "starve_promote"),
     charge_prefill: Annotated[
-        bool, typer.Option(help="Charge a prefill as attained service (the paper's rule).")
+        Optional[bool],  # noqa: UP045
+        typer.Option(help="Charge a prefill as attained service (the paper's rule; fsd: no)."),
     ] = default_of(SchedConfig, "charge_prefill"),
     demote_rule: Annotated[
-        str,
-        typer.Option(help="At a quantum's end: gittins (learned lengths) or always demote."),
+        Optional[str],  # noqa: UP045
+        typer.Option(help="At a quantum's end: gittins (learned lengths, fsd) or always (paper)."),
     ] = default_of(SchedConfig, "demote_rule"),
     preempt_threshold: Annotated[
-        int,
-        typer.Option(help="Levels the running jobs rank above their own (0: any higher preempts)."),
+        Optional[int],  # noqa: UP045
+        typer.Option(help="Levels the running jobs rank above their own (fsd 3; paper 0)."),
     ] = default_of(SchedConfig, "preempt_threshold"),
+    swap_gate: Annotated[
+        Optional[bool],  # noqa: UP045
+        typer.Option(
+            help="Start work within the device less the reserve; swap only when it pays (fsd)."
+        ),
+    ] = default_of(SchedConfig, "swap_gate"),
     prefill_chunk: Annotated[
         Optional[int],  # noqa: UP045 - typer reads the annotation at run time
         typer.Option(

@@ -52,10 +52,11 @@ class SimOptions:
     num_levels: int
     starve_limit: float | None
     starve_limit_waiting: float | None
-    starve_promote: str
-    charge_prefill: bool
-    demote_rule: str
-    preempt_threshold: int
+    starve_promote: str | None
+    charge_prefill: bool | None
+    demote_rule: str | None
+    preempt_threshold: int | None
+    swap_gate: bool | None
     prefill_chunk: int | None
     admit_fraction: float
     prefix_cache: bool
@@ -170,6 +171,7 @@ def configs(o: SimOptions, workload: Any) -> tuple[SchedConfig, CacheConfig]:
         charge_prefill=o.charge_prefill,
         demote_rule=o.demote_rule,
         preempt_threshold=o.preempt_threshold,
+        swap_gate=o.swap_gate,
         prefill_chunk=o.prefill_chunk,
         profile=o.profile,
     )

@@ -38,7 +38,7 @@ def test_version():
 def test_status(daemon):
     result = fsctl(daemon, "status")
     assert result.exit_code == 0, result.output
-    assert "policy      sj-mlfq  (kv: proactive)" in result.stdout
+    assert "policy      fsd  (kv: proactive)" in result.stdout
     assert f"pid {daemon.proc.pid}" in result.stdout
     as_json = json.loads(fsctl(daemon, "status", "--json").stdout)
     assert as_json["model"] == "preset:tiny" and as_json["type"] == "status_reply"
@@ -177,7 +177,7 @@ def test_watch_snapshots_and_events(daemon):
     assert result.exit_code == 0, result.output
     lines = result.stdout.splitlines()
     assert len(lines) == 3 and all(" snapshot #" in line for line in lines)
-    assert "policy=sj-mlfq" in lines[0] and "/512 " in lines[0]
+    assert "policy=fsd" in lines[0] and "/512 " in lines[0]
 
     stop = threading.Event()
 

@@ -241,7 +241,8 @@ def _long_beside_decodes(profile, kv_policy: str):
     """A 16-block pool: four short jobs start decoding, then the long prompt arrives."""
     llm = LLM(
         "tiny-opt",
-        policy="sj-mlfq",
+        policy="fsd",  # fsd's rules less the swap gate: the long job must be preempted
+        swap_gate=False,
         kv_policy=kv_policy,
         dtype="float32",
         prefill_chunk=16,

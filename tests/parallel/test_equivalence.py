@@ -145,7 +145,8 @@ def test_sharded_chunked_prefill_under_preemption_equals_one_device_unchunked(
         tp=tp,
         pp=pp,
         device="cpu",
-        policy="sj-mlfq",
+        policy="fsd",  # fsd's rules less the swap gate: the preemption churn this needs
+        swap_gate=False,
         demote_rule="always",
         preempt_threshold=0,
         kv_policy=kv_policy,

@@ -123,8 +123,8 @@ def iterations_per_level(sched: Scheduler, slowdown: float | None, n: int) -> di
 
 def test_a_100x_slower_machine_charges_100x_and_long_jobs_sink_100x_sooner():
     # demote_rule "always": the quantum's end alone decides (no learned lengths yet)
-    plain = iterations_per_level(scheduler(cost=UNIT, demote_rule="always", device=512), None, 300)
-    sched = scheduler(cost=UNIT, demote_rule="always", device=512)
+    plain = iterations_per_level(scheduler("fsd", cost=UNIT, demote_rule="always", device=512), None, 300)
+    sched = scheduler("fsd", cost=UNIT, demote_rule="always", device=512)
     slow = iterations_per_level(sched, 100.0, 300)
     assert sched.live_cost.scale == pytest.approx(100.0)
     assert sched.stats().live_cost == pytest.approx(100.0)
@@ -145,7 +145,7 @@ def test_a_100x_slower_machine_charges_100x_and_long_jobs_sink_100x_sooner():
 
 
 def test_the_charge_is_the_prediction_times_the_scale():
-    sched = scheduler(cost=UNIT, demote_rule="always", num_levels=2, quanta=(1000.0, 2000.0))
+    sched = scheduler("fsd", cost=UNIT, demote_rule="always", num_levels=2, quanta=(1000.0, 2000.0))
     job = long_job()
     sched.add(job, 0.0)
     for i in range(3):  # the prefill (not charged at the skip-join level), two decodes

@@ -13,7 +13,7 @@ from fsd.errors import ConfigError
 from fsd.sched import resolve_policy
 from tests.sched.harness import drive, job_specs, make_jobs, scheduler
 
-POLICIES = ["fcfs", "priority", "mlfq", "sj-mlfq", "gittins", "srpt"]
+POLICIES = ["fcfs", "priority", "mlfq", "sj-mlfq", "fsd", "gittins", "srpt"]
 KV = ["defer", "recompute", "reactive", "proactive"]
 
 
@@ -59,7 +59,7 @@ def test_a_running_job_is_preempted_only_by_a_job_far_enough_ahead(threshold, fi
 
 def test_a_fresh_gittins_queue_runs_alike_jobs_first_come_first_served():
     # nothing finished yet: a job that has generated tokens keeps its place (cold start)
-    s = scheduler("sj-mlfq", max_batch_size=1, quanta=(1.0, 2.0, 4.0, 8.0), starve_limit=86_400.0)
+    s = scheduler("fsd", max_batch_size=1, quanta=(1.0, 2.0, 4.0, 8.0), starve_limit=86_400.0)
     run = drive(s, make_jobs([(4, 20), (4, 20), (4, 20)]))
     assert run.finished == ["j0", "j1", "j2"]
     assert all(b == ["j0"] for b in run.batches[:20])

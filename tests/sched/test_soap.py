@@ -180,7 +180,7 @@ def test_a_running_job_is_preempted_only_by_a_job_ahead_even_after_the_switch_co
 
 
 def test_gittins_retunes_its_level_edges():
-    assert DEFAULT_POLICY == "sj-mlfq" == resolve_policy("default")  # by the worst case
+    assert DEFAULT_POLICY == "fsd" == resolve_policy("default")  # by the worst case
     q = make_queue(SchedConfig(policy="gittins"), cost())
     assert isinstance(q, GittinsQueue) and q.limits()[1:] == (None, None)
     teach(q, 10, [5] * 40)

@@ -3,6 +3,7 @@ operator, whose jobs a client may abort, job caps, drain/undrain, the token file
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 import subprocess
@@ -64,7 +65,7 @@ def test_a_plain_client_may_not_steer_the_daemon(daemon):
         assert Client(daemon.endpoint, token="0" * 64).status().role == "client"
     with daemon.client() as op:
         assert op.status().role == "operator"
-        assert op.status().policy == "sj-mlfq" and not op.status().draining  # nothing changed
+        assert op.status().policy == "fsd" and not op.status().draining  # nothing changed
 
 
 def test_a_client_aborts_its_own_jobs_only_an_operator_anyones(daemon):
@@ -203,4 +204,6 @@ def test_a_client_filling_the_kv_does_not_hold_back_anothers_short_job(daemon):
         assert len(short.token_ids) == 4
         assert not [h for h in long_jobs if h.done]
         for h in long_jobs:
-            h.abort()
+            if not h.done:  # (one may have ended since: nothing to abort)
+                with contextlib.suppress(RequestError):
+                    h.abort()

@@ -45,7 +45,7 @@ def test_start_status_stop_in_the_background(tmp_path):
     assert started.returncode == 0, started.stderr
     assert "fsd started: pid" in started.stdout
     st = fsd("status", "--endpoint", ep)
-    assert st.returncode == 0 and "model preset:tiny" in st.stdout and "policy sj-mlfq" in st.stdout
+    assert st.returncode == 0 and "model preset:tiny" in st.stdout and "policy fsd" in st.stdout
     again = fsd("start", "--endpoint", ep, "--telemetry-endpoint", tep, "--state-dir", state)
     assert again.returncode == 2 and "already serves" in again.stderr
     stopped = fsd("stop", "--endpoint", ep, "--state-dir", state)

@@ -203,6 +203,14 @@ def test_every_metric_carries_the_model_name():
     assert "fsd_next_swap_in_enst_seconds" in fsd and "fsd_swap_bytes" in fsd
 
 
+def test_refused_requests_are_counted():
+    m = MetricsCollector("tiny")
+    assert samples(m.render().decode())[("fsd_requests_refused_overloaded_total", ())] == 0
+    for job_id in ("a", "b"):
+        m.telemetry(P.TOPIC_EVENT, P.Event(time=1.0, kind="refuse", job_id=job_id))
+    assert samples(m.render().decode())[("fsd_requests_refused_overloaded_total", ())] == 2
+
+
 def test_no_gauges_before_the_first_snapshot():
     got = samples(MetricsCollector("tiny").render().decode())
     assert not any(name == "vllm:num_requests_running" for name, _ in got)

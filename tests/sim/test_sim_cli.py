@@ -45,20 +45,20 @@ def test_trace_run_prints_a_table_and_writes_every_key(small_trace, tmp_path):
         "--time-scale",
         "0.5",
         "--policies",
-        "fcfs,sj-mlfq,srpt,default",
+        "fcfs,fsd,srpt,default",
         "--json",
         str(out),
     )
     assert r.exit_code == 0, r.output
     assert "fcfs" in r.stdout and "srpt" in r.stdout and "SLO" in r.stdout
     data = json.loads(out.read_text())
-    assert list(data["policies"]) == ["fcfs", "sj-mlfq", "srpt", "default"]
+    assert list(data["policies"]) == ["fcfs", "fsd", "srpt", "default"]
     for row in data["policies"].values():
         assert set(row) >= set(HEADLINE)
         assert row["requests"] == 120
     assert data["workload"]["time_scale"] == 0.5
     assert data["max_context"] == 2048 and data["profile"] == "opt-13b-a100"
-    assert data["policies"]["default"]["avg"] == data["policies"]["sj-mlfq"]["avg"]
+    assert data["policies"]["default"]["avg"] == data["policies"]["fsd"]["avg"]
 
 
 def test_synthetic_bursty_workload_with_settings(tmp_path):
