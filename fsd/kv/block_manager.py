@@ -75,8 +75,7 @@ class BlockManager:
         blocks stay with the other jobs holding them (counted once, by no one)."""
         if not self.prefix.enabled:
             return len(job.block_table)
-        refs = self.device.refs
-        return sum(1 for b in job.block_table if refs(b) == 1)
+        return list(map(self.device.refs, job.block_table)).count(1)
 
     def missing(self, job: HasBlocks, upto: int | None = None) -> int:
         """Device blocks the job lacks to hold its first `upto` tokens (default: all
@@ -114,7 +113,7 @@ class BlockManager:
         if missing is None:
             missing = self.missing(job)
         if missing:
-            job.block_table.extend(self.device.take(missing))
+            job.block_table.extend(_take(self.device, missing))
         self._owners[job.job_id] = job
         if job.kv is KVLocation.NONE:
             self._place(job, KVLocation.DEVICE)
@@ -128,6 +127,7 @@ class BlockManager:
         job.host_block_table.clear()
         self._owners.pop(job.job_id, None)
         self._place(job, KVLocation.NONE)
+        self.prefix.forget_job(job.job_id)
 
     def release(self, job: HasBlocks) -> None:
         """The job ended: free its blocks now, or once the copy of its KV in flight ends."""
@@ -157,15 +157,22 @@ class BlockManager:
     def can_swap_out(self, job: HasBlocks) -> bool:
         if not job.block_table or job.host_block_table:
             return False
-        return (
-            self._room(self.host, self._cached(job, job.block_table, False)) <= self.host.num_free
-        )
+        return self._fits(job, job.block_table, self.host, False)
 
     def can_swap_in(self, job: HasBlocks) -> bool:
         if not job.host_block_table or job.block_table:
             return False
-        need = self._room(self.device, self._cached(job, job.host_block_table, True))
-        return need <= self.device.num_free
+        return self._fits(job, job.host_block_table, self.device, True)
+
+    def _fits(self, job: HasBlocks, table: list[int], pool: BlockPool, to_device: bool) -> bool:
+        """Whether `pool` has the free blocks moving `table` there takes (`_room`).
+        The move takes at most a block per block of the table: when the pool has that
+        many free, the table is not read (the planner asks this of every candidate,
+        every iteration, and a long context holds thousands of blocks)."""
+        free = pool.num_free
+        if len(table) <= free:
+            return True
+        return self._room(pool, self._cached(job, table, to_device)) <= free
 
     def swap_out(self, job: HasBlocks, sync: bool = False) -> SwapOp:
         """Start copying the job's KV to the host (a `sync` copy is accounted done now).
@@ -186,17 +193,21 @@ class BlockManager:
     def _cached(self, job: HasBlocks, table: list[int], to_device: bool) -> list[int | None]:
         """For each block of `table`, the block of the other tier that caches the same
         content (None: it must be copied)."""
-        prefix = self.prefix
+        prefix, n = self.prefix, len(table)
         uids = getattr(job, "prefix_uids", ())
         if not prefix.enabled or not uids:
-            return [None] * len(table)
+            return [None] * n
         where = prefix.on_device if to_device else prefix.on_host
-        return [where.get(uids[i]) if i < len(uids) else None for i in range(len(table))]
+        cached: list[int | None] = list(map(where.get, uids[:n]))
+        if len(cached) < n:  # blocks past its names: copied
+            cached.extend([None] * (n - len(cached)))
+        return cached
 
     @staticmethod
     def _room(pool: BlockPool, cached: list[int | None]) -> int:
         """Free blocks a move takes: a copy each, and each idle cached block it pins."""
-        return sum(1 for b in cached if b is None or pool.refs(b) == 0)
+        held = [b for b in cached if b is not None]
+        return len(cached) - len(held) + list(map(pool.refs, held)).count(0)
 
     def _mirror(
         self, job: HasBlocks, table: list[int], pool: BlockPool, to_device: bool
@@ -206,7 +217,7 @@ class BlockManager:
         for b in cached:  # pinned first: the copies' blocks may evict idle ones
             if b is not None:
                 pool.ref(b)
-        fresh = iter(pool.take(sum(1 for b in cached if b is None)))
+        fresh = iter(_take(pool, cached.count(None)))
         mirror = [next(fresh) if b is None else b for b in cached]
         src = [s for s, b in zip(table, cached, strict=True) if b is None]
         dst = [d for d, b in zip(mirror, cached, strict=True) if b is None]
@@ -301,3 +312,24 @@ class BlockManager:
                     raise AssertionError(f"{pool.name} block {b} does not hold cached {uid}")
             if len(where) != len(pool.cached):
                 raise AssertionError(f"{pool.name} cache and pool disagree on what is cached")
+
+
+def _take(pool: BlockPool, n: int) -> list[int]:
+    """`pool.take(n)`: its free blocks, then its least recently used idle ones, each
+    evicted through `on_evict` (the prefix cache moves it down), in the same order.
+    A loop of its own: a long context evicts thousands of blocks at a time."""
+    free, evict = pool._free, pool.on_evict
+    if n <= len(free) or n > pool.num_free or evict is None:
+        return pool.take(n)  # (nothing to evict, or its MemoryError)
+    idle, cached = pool._idle, pool.cached
+    out = list(free)
+    free.clear()
+    for _ in range(n - len(out)):
+        block = idle.popitem(last=False)[0]
+        pool.evictions += 1
+        evict(block, cached.pop(block))
+        out.append(block)
+    refs = pool._refs
+    for block in out:  # (no eviction reads a count)
+        refs[block] = 1
+    return out

@@ -197,8 +197,12 @@ class EventLoop:
         """Queue the asynchronous copies on their links; returns the synchronous seconds."""
         sync_s = 0.0
         bs, c = self.blocks.block_size, self.counters
-        for op in out.cache_copies:  # the prefix cache's, all synchronous
-            sync_s += self.cost.swap_time(op.num_blocks * bs)
+        if out.cache_copies:  # the prefix cache's, all synchronous: mostly one block each
+            swap_time = self.cost.swap_time
+            one = swap_time(bs)
+            for op in out.cache_copies:
+                n = len(op.src)
+                sync_s += one if n == 1 else swap_time(n * bs)
         for op in out.swap_out + out.swap_in:
             secs = self.cost.swap_time(op.num_blocks * bs)
             if op.sync:

@@ -1,0 +1,286 @@
+"""The prefix cache and the block manager's swap checks as first written (before
+P16's speed-ups): the plain implementation the fast one must match, copy for copy
+(tests/kv/test_prefix_fast.py, tests/sim/test_prefix_sim_fast.py).
+
+`reference_block_manager()` gives a BlockManager whose prefix cache and swap checks
+are these.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Hashable
+
+from fsd.jobs import KVLocation
+from fsd.kv.block_manager import BlockManager, HasBlocks
+from fsd.kv.pool import BlockPool
+from fsd.kv.prefix import ROOT, HasPrefix, PrefixStats, _nowhere
+from fsd.kv.swap import SwapOp
+
+
+class ReferencePrefixCache:
+    """fsd.kv.prefix.PrefixCache as first written: one pool call per block, and a
+    lookup that walks every job's chain from the root."""
+
+    def __init__(self, device: BlockPool, host: BlockPool, block_size: int) -> None:
+        self.device = device
+        self.host = host
+        self.block_size = block_size
+        self.enabled = True
+        self._uid: dict[tuple[int, Hashable], int] = {}
+        self._key: dict[int, tuple[int, Hashable]] = {}
+        self._next = itertools.count(ROOT + 1)
+        self.on_device: dict[int, int] = {}  # uid -> device block
+        self.on_host: dict[int, int] = {}  # uid -> host block
+        # where the cache's copies go (the scheduler points it at its output)
+        self.sink: Callable[[SwapOp], None] = _nowhere
+        # whether copying n host blocks beats recomputing them after `start` tokens
+        self.worth_copy: Callable[[int, int], bool] = lambda n, start: True
+        self.queries = self.hits = self.host_hits = 0
+        self._attached: dict[str, tuple[int, int]] = {}  # job -> (hit, host hit) to undo
+        device.on_evict = self._demote
+        host.on_evict = self._drop_host
+
+    # ---- names -----------------------------------------------------------------
+
+    def _intern(self, parent: int, content: Hashable) -> int:
+        key = (parent, content)
+        uid = self._uid.get(key)
+        if uid is None:
+            uid = self._uid[key] = next(self._next)
+            self._key[uid] = key
+        return uid
+
+    def _forget(self, uid: int) -> None:
+        if uid not in self.on_device and uid not in self.on_host:
+            key = self._key.pop(uid, None)
+            if key is not None:
+                del self._uid[key]
+
+    def _name(self, pool: BlockPool, where: dict[int, int], block: int, uid: int) -> None:
+        """`block` of `pool` holds `uid`'s content (unless the tier has it already)."""
+        if uid not in where and block not in pool.cached and uid in self._key:
+            where[uid] = block
+            pool.mark(block, uid)
+
+    def _lookup(self, job: HasPrefix) -> list[tuple[int, int, bool]]:
+        """(uid, block, on the device) of each leading full block found, in order."""
+        found: list[tuple[int, int, bool]] = []
+        bs, parent = self.block_size, ROOT
+        for i in range(job.num_tokens // bs):
+            content = job.block_content(i, bs)
+            uid = None if content is None else self._uid.get((parent, content))
+            if uid is None:
+                break
+            block = self.on_device.get(uid)
+            if block is not None:
+                found.append((uid, block, True))
+            elif (block := self.on_host.get(uid)) is not None:
+                found.append((uid, block, False))
+            else:
+                break
+            parent = uid
+        return found
+
+    # ---- a job's prefix ----------------------------------------------------------
+
+    def peek(self, job: HasPrefix) -> int:
+        """Tokens `attach` would reuse now (ignoring room), without taking anything."""
+        if not self.enabled:
+            return 0
+        found = self._lookup(job)
+        return min(len(found) * self.block_size, max(job.num_tokens - 1, 0))
+
+    def attach(self, job: HasPrefix) -> int:
+        """Give a job without KV the cached blocks of its prefix; returns the tokens
+        reused (its `num_computed_tokens`). Host blocks come back by copy."""
+        if not self.enabled or job.block_table or job.num_computed_tokens:
+            return 0
+        found = self._lookup(job)
+        bs = self.block_size
+        for i, (_, _, on_device) in enumerate(found):
+            if not on_device:  # copy the host run only if it beats recomputing it
+                if not self.worth_copy(sum(1 for f in found[i:] if not f[2]), i * bs):
+                    del found[i:]
+                break
+        device, host = self.device, self.host
+        for _, block, on_device in found:  # pin every block found while copies evict
+            (device if on_device else host).ref(block)
+        table: list[int] = []
+        for uid, block, on_device in found:
+            if not on_device:
+                if not device.num_free:
+                    break
+                dst = device.take(1)[0]
+                self.sink(SwapOp(None, "in", [block], [dst], True))
+                self._name(device, self.on_device, dst, uid)
+                block = dst
+            table.append(block)
+        for _, block, on_device in found:
+            if not on_device:
+                host.give((block,))
+        device.give(b for _, b, on_dev in found[len(table) :] if on_dev)
+        computed = len(table) * bs
+        if table and computed >= job.num_tokens:  # copy on write: the last token is computed
+            last = table.pop()
+            computed = len(table) * bs
+            if device.num_free:
+                dst = device.take(1)[0]
+                self.sink(SwapOp(None, "copy", [last], [dst], True))
+                table.append(dst)
+                computed = job.num_tokens - 1
+            device.give((last,))
+        job.block_table[:] = table
+        job.prefix_uids[:] = [uid for uid, _, _ in found[: len(table)]]
+        job.num_computed_tokens = computed
+        host_hit = bs * sum(1 for f in found[: len(table)] if not f[2])
+        self.queries += job.num_tokens
+        self.hits += computed
+        self.host_hits += host_hit
+        self._attached[job.job_id] = (computed, host_hit)
+        if computed and not job.num_cached_tokens and not job.num_output_tokens:
+            job.num_cached_tokens = min(computed, job.num_prompt_tokens)  # its first prefill
+        return computed
+
+    def detach(self, job: HasPrefix) -> None:
+        """Undo `attach` for a job that did not run after all (counters included)."""
+        self.device.give(reversed(job.block_table))
+        job.block_table.clear()
+        job.num_computed_tokens = 0
+        hit, host_hit = self._attached.pop(job.job_id, (0, 0))
+        self.queries -= job.num_tokens
+        self.hits -= hit
+        self.host_hits -= host_hit
+        if hit and job.num_cached_tokens == hit:
+            job.num_cached_tokens = 0
+
+    def commit(
+        self, job: HasPrefix, table: list[int], on_device: bool = True, moved: bool = False
+    ) -> None:
+        """Name the job's computed full blocks in `table`: those computed since the last
+        call, or all of them when the table is new (`moved`: a copy to the other tier
+        ended, which is when its blocks hold the content)."""
+        if not self.enabled:
+            return
+        if self._attached:  # it ran: what `attach` counted stays counted
+            self._attached.pop(job.job_id, None)
+        bs, uids = self.block_size, job.prefix_uids
+        full = min(job.num_computed_tokens // bs, len(table))
+        start = 0 if moved else len(uids)
+        if uids and uids[-1] not in self._key:  # a name forgotten meanwhile: re-derive
+            uids.clear()
+            start = 0
+        if len(uids) < full:
+            parent = uids[-1] if uids else ROOT
+            for i in range(len(uids), full):
+                content = job.block_content(i, bs)
+                if content is None:
+                    break
+                parent = self._intern(parent, content)
+                uids.append(parent)
+        pool, where = (self.device, self.on_device) if on_device else (self.host, self.on_host)
+        for i in range(start, min(full, len(uids))):
+            self._name(pool, where, table[i], uids[i])
+
+    # ---- eviction ------------------------------------------------------------------
+
+    def _demote(self, block: int, uid: int) -> None:
+        """A device block is evicted: its content moves to the host unless there already."""
+        self.on_device.pop(uid, None)
+        if uid not in self.on_host and self.host.num_free:
+            dst = self.host.take(1)[0]
+            self.sink(SwapOp(None, "out", [block], [dst], True))
+            self.on_host[uid] = dst
+            self.host.mark(dst, uid)
+            self.host.give((dst,))
+        self._forget(uid)
+
+    def _drop_host(self, block: int, uid: int) -> None:
+        self.on_host.pop(uid, None)
+        self._forget(uid)
+
+    def clear(self) -> None:
+        """Forget every cached block (idle ones become free; referenced ones stay)."""
+        for pool, where in ((self.device, self.on_device), (self.host, self.on_host)):
+            for block in list(where.values()):
+                pool.unmark(block)
+            where.clear()
+        self._uid.clear()
+        self._key.clear()
+
+    def forget_job(self, job_id: str) -> None:
+        """(Nothing remembered between lookups.)"""
+
+    def stats(self) -> PrefixStats:
+        return PrefixStats(
+            self.enabled, self.queries, self.hits, self.host_hits, len(self.on_device),
+            len(self.on_host), self.device.evictions, self.host.evictions,
+        )  # fmt: skip
+
+
+class ReferenceBlockManager(BlockManager):
+    """A BlockManager on `ReferencePrefixCache`, with its swap checks, `freed_by` and
+    its pool takes (`append`, `_mirror`) as first written."""
+
+    def __init__(self, num_device_blocks: int, block_size: int, num_host_blocks: int = 0) -> None:
+        super().__init__(num_device_blocks, block_size, num_host_blocks)
+        self.prefix = ReferencePrefixCache(self.device, self.host, block_size)  # type: ignore[assignment]
+
+    def append(self, job: HasBlocks, missing: int | None = None) -> None:
+        if missing is None:
+            missing = self.missing(job)
+        if missing:
+            job.block_table.extend(self.device.take(missing))
+        self._owners[job.job_id] = job
+        if job.kv is KVLocation.NONE:
+            self._place(job, KVLocation.DEVICE)
+
+    def _mirror(
+        self, job: HasBlocks, table: list[int], pool: BlockPool, to_device: bool
+    ) -> tuple[list[int], list[int], list[int]]:
+        cached = self._cached(job, table, to_device)
+        for b in cached:
+            if b is not None:
+                pool.ref(b)
+        fresh = iter(pool.take(sum(1 for b in cached if b is None)))
+        mirror = [next(fresh) if b is None else b for b in cached]
+        src = [s for s, b in zip(table, cached, strict=True) if b is None]
+        dst = [d for d, b in zip(mirror, cached, strict=True) if b is None]
+        return mirror, src, dst
+
+    def freed_by(self, job: HasBlocks) -> int:
+        if not self.prefix.enabled:
+            return len(job.block_table)
+        refs = self.device.refs
+        return sum(1 for b in job.block_table if refs(b) == 1)
+
+    def can_swap_out(self, job: HasBlocks) -> bool:
+        if not job.block_table or job.host_block_table:
+            return False
+        return (
+            self._room(self.host, self._cached(job, job.block_table, False)) <= self.host.num_free
+        )
+
+    def can_swap_in(self, job: HasBlocks) -> bool:
+        if not job.host_block_table or job.block_table:
+            return False
+        need = self._room(self.device, self._cached(job, job.host_block_table, True))
+        return need <= self.device.num_free
+
+    def _cached(self, job: HasBlocks, table: list[int], to_device: bool) -> list[int | None]:
+        prefix = self.prefix
+        uids = getattr(job, "prefix_uids", ())
+        if not prefix.enabled or not uids:
+            return [None] * len(table)
+        where = prefix.on_device if to_device else prefix.on_host
+        return [where.get(uids[i]) if i < len(uids) else None for i in range(len(table))]
+
+    @staticmethod
+    def _room(pool: BlockPool, cached: list[int | None]) -> int:
+        return sum(1 for b in cached if b is None or pool.refs(b) == 0)
+
+
+def reference_block_manager(
+    num_device_blocks: int, block_size: int, num_host_blocks: int = 0
+) -> BlockManager:
+    return ReferenceBlockManager(num_device_blocks, block_size, num_host_blocks)
