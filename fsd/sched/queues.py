@@ -101,7 +101,7 @@ class JobQueue(ABC):
 
     def tokens_left(self, job: Job) -> float | None:
         """Expected output tokens `job` has still to generate (None: this queue cannot
-        tell). The swap gate (fsd.kv.planner.swap_pays) weighs victims by it."""
+        tell). The swap gate (fsd.kv.planner.SwapGate) weighs victims by it."""
         return None
 
 

@@ -151,7 +151,7 @@ def simulate_command(
     swap_gate: Annotated[
         Optional[bool],  # noqa: UP045
         typer.Option(
-            help="Start work within the device less the reserve; swap only when it pays (fsd)."
+            help="Start work only while it fits the device; swap only when it pays (fsd)."
         ),
     ] = default_of(SchedConfig, "swap_gate"),
     prefill_chunk: Annotated[
