@@ -34,10 +34,10 @@ class SwapGate:
     the conversation trace at x0.5, a quarter of them back within 41 iterations).
     Under this rule admission stands in for the reserve (`Scheduler.admission_room`):
     new work starts only while started work fits the device (less a block of growth
-    per batch slot), so room for arrivals comes from jobs that finish. Sizing that
-    headroom as the reserve (K typical new jobs) idled half of a small device on long
-    prompts (4.3x the average of the ungated rule in bench/validation.py's
-    kv-pressure); letting arrivals park started jobs (each at most once, when the
+    per batch slot, at most a quarter of the pool), so room for arrivals comes from
+    jobs that finish. Sizing that headroom as the reserve (K typical new jobs) idled
+    half of a small device on long prompts (4.3x the average of the ungated rule in
+    bench/validation.py's kv-pressure); letting arrivals park started jobs (each at most once, when the
     exchange below pays) added swaps and won nowhere consistently.
     Why the exchange: moving victim v out so that u runs first changes the sum of
     completion times by about v's time left - u's time left (u stops waiting for v, v

@@ -39,7 +39,9 @@ class RequestLimits:
         return -(-num_tokens // self.block_size)
 
 
-def check_request(prompt_len: int, max_tokens: int, limits: RequestLimits) -> int:
+def check_request(
+    prompt_len: int, max_tokens: int, limits: RequestLimits, clip: bool = True
+) -> int:
     """The job's output bound (max_tokens clipped to the context); raise if it cannot run.
 
     A prompt must leave one token of context for output and, unless prefills are
@@ -47,12 +49,23 @@ def check_request(prompt_len: int, max_tokens: int, limits: RequestLimits) -> in
     together must fit the device pool,
     since a running job's KV is wholly on the device. A job whose KV is later dropped
     re-prefills more than max_batch_tokens: the scheduler runs it alone.
+
+    `clip` False refuses a max_tokens that does not fit the context after the prompt,
+    naming the limit (a client's request, as vLLM's and OpenAI's APIs answer: a
+    silently shorter reply reads as the model stopping); True cuts it to the context
+    (offline `fsd.LLM`, scenarios, the simulator: "up to the context").
     """
     ctx = limits.max_model_len
     if prompt_len >= ctx:
         raise PromptTooLongError(
             f"prompt has {prompt_len} tokens; the model's context is {ctx} "
             f"tokens{limits.context_note} and at least one must be left for output"
+        )
+    if not clip and prompt_len + max_tokens > ctx:
+        raise PromptTooLongError(
+            f"prompt has {prompt_len} tokens and max_tokens is {max_tokens}: "
+            f"{prompt_len + max_tokens} tokens, more than the model's context of {ctx} "
+            f"tokens{limits.context_note}; ask for at most {ctx - prompt_len} output tokens"
         )
     if prompt_len > limits.max_batch_tokens and not limits.prefill_chunk:
         raise PromptTooLongError(
@@ -78,15 +91,24 @@ def admission_room(blocks: BlockManager, admit_fraction: float, headroom: int | 
     that fits is admitted (no job is ever refused forever). `headroom` (fsd's swap
     gate; None: off): started work fits the device itself, less that many blocks for
     a full batch to grow into; a start beyond it would send a started job to host
-    memory, and back, for nothing the batch needed (fsd.kv.planner.SwapGate).
+    memory, and back, for nothing the batch needed (fsd.kv.planner.SwapGate). Under
+    the gate the bound holds from the first iteration: with nothing started the walk
+    admits its first job whatever its size (`first_admission_free`), and the rest
+    within the room, so a batch never starts more prompts than it can finish with.
     """
     used = blocks.device.num_used + blocks.host.num_used
-    if used == 0:
+    if used == 0 and headroom is None:
         return float("inf")
     room = admit_fraction * (blocks.device.num_blocks + blocks.host.num_blocks) - used
     if headroom is not None:
         room = min(room, blocks.device.num_blocks - headroom - used)
     return room
+
+
+def first_admission_free(blocks: BlockManager) -> bool:
+    """With nothing started, the first job admitted fits whatever the room says (no job
+    is ever refused forever: `check_request` already knows it fits the device)."""
+    return blocks.device.num_used + blocks.host.num_used == 0
 
 
 def predicted_latency(

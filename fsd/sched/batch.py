@@ -32,6 +32,7 @@ from collections.abc import Collection, Iterable, Iterator
 from typing import TYPE_CHECKING
 
 from fsd.jobs import Job, JobStatus, KVLocation
+from fsd.sched.admission import first_admission_free
 
 if TYPE_CHECKING:
     from fsd.sched.scheduler import Scheduler, SchedulerOutput
@@ -69,8 +70,11 @@ class BatchWalk:
         self.batch_ids: set[str] = set(busy)
         self.budget = self.budget_all = sched.config.max_batch_tokens
         self.admit_room = sched.admission_room()
+        self.first_free = first_admission_free(self.blocks)  # nothing started yet
         # a job without KV of this many tokens or more cannot be admitted now
-        self._skip_at = _skip_threshold(self.admit_room, self.blocks.block_size)
+        self._skip_at = math.inf if self.first_free else _skip_threshold(
+            self.admit_room, self.blocks.block_size
+        )
         self.wanted: list[Job] = []  # host jobs the batch would have taken
         self.upcoming: list[Job] = []  # host jobs next in line after a full batch
         self.wanted_full = False
@@ -128,6 +132,7 @@ class BatchWalk:
     def _admit(self, need: int) -> None:
         """Claim `need` blocks of the admission room, and move the skip threshold."""
         self.admit_room = room = self.admit_room - need
+        self.first_free = False
         self._skip_at = _skip_threshold(room, self.blocks.block_size)
 
     def _join_decodes(self) -> None:
@@ -152,7 +157,8 @@ class BatchWalk:
     def _consider(self, job: Job) -> bool:
         """Take `job` if it can run now; False when the walk should end."""
         if job.kv is _NONE and self.prefix and not job.num_computed_tokens:
-            if -(-(job.num_tokens + 1) // self.blocks.block_size) > self.admit_room:
+            need = -(-(job.num_tokens + 1) // self.blocks.block_size)
+            if need > self.admit_room and not self.first_free:
                 # it cannot be admitted: its cached blocks are not touched (attaching
                 # and giving them back would refresh their place in the LRU order and
                 # change what is evicted later, unlike the walk that skips it)
@@ -177,7 +183,7 @@ class BatchWalk:
             # the room is claimed in priority order even by a job that then cannot start
             # (device full, token budget spent): lower jobs must not take its share
             need = -(-(num_tokens + 1) // self.blocks.block_size)
-            if need > self.admit_room:
+            if need > self.admit_room and not self.first_free:
                 return True
             self._admit(need)
         job_id = job.job_id

@@ -10,6 +10,7 @@ verbs.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -227,7 +228,7 @@ class Scheduler:
         self.queue.set_running(known[i] for i in self._returned if i in known)
         # 1. walk the queue in priority order, taking ready jobs until the batch is full
         walk = BatchWalk(self, out, busy)
-        walk.run(walk_order(self, walk.admit_room))
+        walk.run(walk_order(self, math.inf if walk.first_free else walk.admit_room))
         # 2. the KV policy's asynchronous copies beside the step
         self._enst_for, self._enst_built = (now, self.config.max_batch_size), None
         for op in self.kv_policy.plan(self._plan_inputs(walk)):
@@ -283,7 +284,9 @@ class Scheduler:
 
     def admission_room(self) -> float:
         """Blocks that jobs without KV may still take this iteration (fsd.sched.admission)."""
-        headroom = self.config.max_batch_size if self.gated else None
+        # a block of growth per batch slot, but no more than a quarter of a small pool
+        headroom = min(self.config.max_batch_size, self.blocks.device.num_blocks // 4)
+        headroom = headroom if self.gated else None
         return admission_room(self.blocks, self.cache.admit_fraction, headroom)
 
     @property

@@ -41,25 +41,21 @@ class SlowClock:
 
 
 @pytest.mark.parametrize(
-    "gpu_blocks, slow",
+    "gpu_blocks, slow, max_tokens, preempts",
     [
-        (1024, 1.0),
-        (1024, 100.0),
-        (1024, 400.0),
-        pytest.param(
-            64,
-            100.0,
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="open (issue P16): with 3 jobs' KV on the device, a job sent to "
-                "host memory for an older job's growth is overtaken by 2 later ones",
-            ),
-        ),
+        (1024, 1.0, 64, False),
+        (1024, 100.0, 64, False),
+        (1024, 400.0, 64, False),
+        # 3 jobs' KV on the device: admission starts no 4th prompt that could not finish
+        (64, 100.0, 64, False),
+        # ... and when the 3 outgrow it, the youngest goes to host memory and is back
+        # before any later job starts
+        (64, 100.0, 128, True),
     ],
-    ids=["roomy", "roomy-slow", "roomy-very-slow", "tight-pool-slow"],
+    ids=["roomy", "roomy-slow", "roomy-very-slow", "tight-pool-slow", "tight-pool-preempting"],
 )
 def test_a_preempted_job_never_waits_behind_later_identical_jobs(
-    monkeypatch, tmp_path, gpu_blocks, slow
+    monkeypatch, tmp_path, gpu_blocks, slow, max_tokens, preempts
 ):
     profile = tmp_path / "fixed.json"  # a fixed cost model: nothing depends on this machine
     CostModel(name="fixed-test").save(profile)
@@ -74,7 +70,7 @@ def test_a_preempted_job_never_waits_behind_later_identical_jobs(
         monkeypatch.setattr(time, "perf_counter", clock.time)
         monkeypatch.setattr(executor, "submit", clock.stepping(executor.submit))
         prompt = [(k * 7) % 250 + 1 for k in range(256)]
-        outs = llm.generate([prompt] * N, SamplingParams(max_tokens=64, ignore_eos=True))
+        outs = llm.generate([prompt] * N, SamplingParams(max_tokens=max_tokens, ignore_eos=True))
     finally:
         monkeypatch.undo()
         llm.close()
@@ -89,4 +85,5 @@ def test_a_preempted_job_never_waits_behind_later_identical_jobs(
         f"{len(overtaken)} pairs: a later identical job finished first, e.g. {overtaken[:3]}; "
         f"preemptions {[outs[i].preemptions for i in order]}"
     )
-    assert all(len(o.token_ids) == 64 for o in outs)
+    assert all(len(o.token_ids) == max_tokens for o in outs)
+    assert any(o.preemptions for o in outs) == preempts
