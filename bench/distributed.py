@@ -49,7 +49,7 @@ from fsd.sim.runner import RunSpec, run_many  # noqa: E402
 from fsd.workload import Workload, gamma, length_model, poisson, read_trace, synthetic  # noqa: E402
 
 PROFILE = "opt-175b-a100-tp8pp2"
-TRACE = Path(__file__).resolve().parents[2] / "shared" / "data" / "azure-llm-2023-conv.csv"
+TRACE = Path(__file__).resolve().parents[1] / "scenarios" / "traces" / "azure-llm-2023-conv.csv"
 POLICIES = ("fcfs", "sj-mlfq", "srpt")
 NO_PIPELINE = "fcfs, pp=1"
 KEEP = (

@@ -83,7 +83,7 @@ from fsd.workload.scenario import load_scenario  # noqa: E402
 from fsd.workload.timeline import expand  # noqa: E402
 
 PROFILE = "opt-13b-a100"
-TRACE = Path(__file__).resolve().parents[2] / "shared" / "data" / "azure-llm-2023-conv.csv"
+TRACE = Path(__file__).resolve().parents[1] / "scenarios" / "traces" / "azure-llm-2023-conv.csv"
 KEEP = (
     "avg",
     "p50",

@@ -4,7 +4,7 @@ the real CPU engine, each with the cache on and off.
     .venv/bin/python bench/prefix.py                # both sections (~20 min on 2 cores)
     .venv/bin/python bench/prefix.py --only chat    # the CPU engine part (~1 min)
 
-sim   shared/data/mooncake-conversation.jsonl (12,031 long-context requests, 512-token
+sim   scenarios/traces/mooncake-conversation.jsonl (12,031 long-context requests, 512-token
       prefix-block hashes) on llama3.1-8b-h100 (128k context), the default policy
       and KV policy, a host tier of 1 TB, at two loads (`--scales`, x the trace's
       rate). Reports the prefix hit rate (prompt tokens each job's first prefill
@@ -52,7 +52,7 @@ from fsd.workload.mooncake import MOONCAKE_BLOCK_TOKENS, read_mooncake  # noqa: 
 from fsd.workload.spec import Workload  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-MOONCAKE = ROOT.parent / "shared" / "data" / "mooncake-conversation.jsonl"
+MOONCAKE = ROOT / "scenarios" / "traces" / "mooncake-conversation.jsonl"
 CHAT = ROOT / "scenarios" / "chat" / "multi-turn.toml"
 OUT = ROOT / "bench" / "results" / "prefix-cpu.json"
 PROFILE = "llama3.1-8b-h100"

@@ -66,7 +66,7 @@ from fsd.sim.runner import RunSpec, map_tasks, run_many  # noqa: E402
 from fsd.workload.spec import Workload  # noqa: E402
 from fsd.workload.trace import read_trace  # noqa: E402
 
-_DATA = Path("shared") / "data"
+_DATA = Path("scenarios") / "traces"
 GOAL_S = 30.0
 PREFIX_GOAL = 3.0  # the prefix cache on, over off: the simulation's wall seconds
 PREFIX_LIMIT = 4000  # requests of the Mooncake trace for the prefix section
@@ -77,12 +77,8 @@ LONG_CONTEXT = 131_072  # what the Mooncake trace needs (its longest prompt: 126
 
 
 def data_file(name: str) -> Path:
-    """shared/data/<name> beside the checkout (or inside it)."""
-    here = Path(__file__).resolve()
-    for root in (here.parents[2], here.parents[1]):
-        if (root / _DATA / name).exists():
-            return root / _DATA / name
-    return here.parents[2] / _DATA / name
+    """scenarios/traces/<name> in the checkout."""
+    return Path(__file__).resolve().parents[1] / _DATA / name
 
 
 def default_trace() -> Path:

@@ -39,7 +39,7 @@ from fsd.workload.mooncake import read_mooncake
 
 PROFILE = "llama3.1-8b-h100"
 VALIDATION_SEED = 1000  # tuning draws seeds 0-4; these are never used there
-MOONCAKE = Path(__file__).resolve().parents[2] / "shared" / "data" / "mooncake-conversation.jsonl"
+MOONCAKE = Path(__file__).resolve().parents[1] / "scenarios" / "traces" / "mooncake-conversation.jsonl"
 KEEP = (
     "avg", "p95", "ttft", "ttft_p99", "tbt_p99", "preemptions", "swaps",
     "preemptions_per_request", "swaps_per_request", "sustainable", "mean_batch", "sim_wall_s",

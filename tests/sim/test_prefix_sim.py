@@ -16,7 +16,7 @@ from fsd.workload.mooncake import read_mooncake
 from fsd.workload.spec import Workload
 
 MOONCAKE = (
-    Path(__file__).resolve().parents[2].parent / "shared" / "data" / "mooncake-conversation.jsonl"
+    Path(__file__).resolve().parents[2] / "scenarios" / "traces" / "mooncake-conversation.jsonl"
 )
 COST = load_profile("llama3.1-8b-h100")
 
@@ -70,7 +70,6 @@ def test_blocks_evicted_from_a_small_device_come_back_from_the_host():
     assert m["prefill_tokens_saved"] == 4096
 
 
-@pytest.mark.skipif(not MOONCAKE.exists(), reason="needs ../shared/data")
 def test_mooncake_reuse_stays_under_the_unbounded_bound():
     w = read_mooncake(MOONCAKE, 0.2, 300)
     seen: set = set()

@@ -16,19 +16,14 @@ from fsd.cli import app
 from fsd.sim.metrics import HEADLINE
 from fsd.sim.records import COLUMNS
 
-TRACE = Path(__file__).resolve().parents[3] / "shared" / "data" / "azure-llm-2023-conv.csv"
+TRACE = Path(__file__).resolve().parents[2] / "scenarios" / "traces" / "azure-llm-2023-conv.csv"
 
 
 @pytest.fixture
 def small_trace(tmp_path: Path) -> Path:
-    """The first 120 requests of the conversation trace (or a stand-in if it is absent)."""
+    """The first 120 requests of the conversation trace (scenarios/traces)."""
     path = tmp_path / "conv.csv"
-    if TRACE.exists():
-        lines = TRACE.read_text().splitlines()[:121]
-    else:
-        lines = ["TIMESTAMP,ContextTokens,GeneratedTokens"] + [
-            f"{i * 0.3:.3f},{200 + 37 * i % 900},{10 + 13 * i % 200}" for i in range(120)
-        ]
+    lines = TRACE.read_text().splitlines()[:121]
     path.write_text("\n".join(lines) + "\n")
     return path
 
@@ -59,6 +54,16 @@ def test_trace_run_prints_a_table_and_writes_every_key(small_trace, tmp_path):
     assert data["workload"]["time_scale"] == 0.5
     assert data["max_context"] == 2048 and data["profile"] == "opt-13b-a100"
     assert data["policies"]["default"]["avg"] == data["policies"]["fsd"]["avg"]
+
+
+def test_each_policys_run_shows_its_progress_on_stderr_when_not_a_terminal(small_trace):
+    r = run("--trace", str(small_trace), "--policies", "fcfs,srpt")
+    assert r.exit_code == 0, r.output
+    lines = r.stderr.splitlines()
+    for policy in ("fcfs", "srpt"):
+        assert f"simulating {policy}: 0/120" in lines
+        assert any(ln.startswith(f"simulating {policy}: done 120/120 in ") for ln in lines)
+    assert "simulating" not in r.stdout  # the table's stream stays clean
 
 
 def test_synthetic_bursty_workload_with_settings(tmp_path):

@@ -12,7 +12,7 @@ from fsd.errors import ConfigError
 from fsd.workload import Request, Workload, read_mooncake
 from fsd.workload.trace import TraceRef
 
-SHIPPED = Path(__file__).resolve().parents[3] / "shared" / "data" / "mooncake-conversation.jsonl"
+SHIPPED = Path(__file__).resolve().parents[2] / "scenarios" / "traces" / "mooncake-conversation.jsonl"
 
 
 def line(t: object = 0, n: object = 600, m: object = 10, h: object = None, **extra) -> str:
@@ -145,7 +145,6 @@ def test_workload_refuses_hashes_that_do_not_match_its_requests():
     assert Workload((Request(0.0, 5, 5),)).prefix_of(0) == ()
 
 
-@pytest.mark.skipif(not SHIPPED.exists(), reason="shared trace not present")
 def test_shipped_conversation_trace():
     w = read_mooncake(SHIPPED)
     s = w.summary()

@@ -9,7 +9,7 @@ import pytest
 from fsd.errors import ConfigError
 from fsd.workload.trace import parse_timestamp, read_trace
 
-SHIPPED = Path(__file__).resolve().parents[3] / "shared" / "data" / "azure-llm-2023-conv.csv"
+SHIPPED = Path(__file__).resolve().parents[2] / "scenarios" / "traces" / "azure-llm-2023-conv.csv"
 HEADER = "TIMESTAMP,ContextTokens,GeneratedTokens\n"
 GOOD = (
     HEADER
@@ -107,7 +107,6 @@ def test_parse_timestamp_keeps_seven_fractional_digits():
     assert parse_timestamp(" 12.5 ") == 12.5
 
 
-@pytest.mark.skipif(not SHIPPED.exists(), reason="shared trace not present")
 def test_shipped_conversation_trace_slice():
     w = read_trace(SHIPPED, limit=500)
     s = w.summary()
