@@ -14,7 +14,6 @@ Prints a table and writes JSON (default bench/results/serve-<device>.json).
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing as mp
 import statistics
 import sys
@@ -22,14 +21,13 @@ import tempfile
 import time
 from pathlib import Path
 
-import torch
 from rich.console import Console
 from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from machine import describe_machine  # noqa: E402
+from machine import write_result  # noqa: E402
 
 from fsd.client import Client  # noqa: E402
 from tests.server.daemon_proc import start_daemon  # noqa: E402
@@ -125,17 +123,11 @@ def main() -> None:
         f"A/B iteration rate difference {100 * overhead:+.1f}% (noise of the same order)"
     )
 
-    result = {
-        "machine": describe_machine(torch.device("cpu")),
-        "settings": vars(args),
-        "runs": runs,
-        "median": med,
-        "telemetry_engine_share": share,
-        "telemetry_overhead": overhead,
-    }
-    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
-    console.print(f"wrote {args.json}")
+    out = write_result(
+        args.json, vars(args),
+        runs=runs, median=med, telemetry_engine_share=share, telemetry_overhead=overhead,
+    )  # fmt: skip
+    console.print(f"wrote {out}")
 
 
 if __name__ == "__main__":

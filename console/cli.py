@@ -14,7 +14,7 @@ from typing import Annotated, Optional
 import typer
 
 from fsd.cli_errors import fail, friendly
-from fsd.cli_options import ClientKey, ServerKey
+from fsd.cli_options import ClientKey, ServerKey, version_option
 from fsd.console import cli_jobs, cli_telemetry
 from fsd.console.cli_target import (
     DEFAULT_ENDPOINT,
@@ -49,6 +49,7 @@ def main(
     client_key: ClientKey = None,
     state_dir: StateDir = None,
     token_file: TokenFile = None,
+    version: Annotated[Optional[bool], version_option("fsctl")] = None,  # noqa: UP045
 ) -> None:
     """fsctl: inspect and steer a running fsd daemon."""
     if timeout <= 0:

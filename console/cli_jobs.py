@@ -166,8 +166,10 @@ def retune(
         changes = fmt.parse_assignments(settings)
         with target_of(ctx).client() as c:
             if preview:
-                typer.echo(f"previewing... (runs the twin for {horizon:g} s of simulated time)", err=True)  # fmt: skip
-                reply = c.preview(horizon=horizon, seeds=seeds, **changes)
+                from fsd.progress import Progress
+
+                with Progress(f"previewing... (runs the twin for {horizon:g} s of simulated time)"):  # fmt: skip
+                    reply = c.preview(horizon=horizon, seeds=seeds, **changes)
             else:
                 config = c.retune(**changes)
     if preview:
@@ -223,13 +225,17 @@ def inject(
 
 
 def _wait_injected(client, ids: list[str]) -> None:  # client: fsd.client.Client
-    """Count the injected jobs down as they end; Ctrl-C aborts the rest (exit 130)."""
+    """Count the injected jobs down as they end (a bar on a terminal, lines in a log);
+    Ctrl-C aborts the rest (exit 130)."""
     from collections import Counter
 
+    from fsd.progress import Progress
+
     reasons: Counter[str] = Counter()
-    typer.echo(f"waiting for {len(ids)} jobs (Ctrl-C aborts them)", err=True)
     try:
-        for fin in client.wait_injected(ids).values():
+        with Progress(f"waiting for {len(ids)} jobs (Ctrl-C aborts them)", len(ids)) as bar:
+            ended = client.wait_injected(ids, on_progress=bar.update)
+        for fin in ended.values():
             reasons[fin.reason] += 1
     except KeyboardInterrupt:
         typer.echo("interrupted: the injected jobs still running are aborted", err=True)

@@ -57,10 +57,19 @@ class Target:
 
         return find_operator_token(self.endpoint, self.state_dir, self.token_file)
 
+    def check_daemon(self) -> None:
+        """DaemonUnavailable at once when no daemon can answer at a local endpoint
+        (`fsd.local_daemon`), not after --timeout."""
+        from fsd.local_daemon import check_daemon
+
+        check_daemon(self.endpoint, self.state_dir, self.timeout)
+
     def client(self):  # -> fsd.client.Client
         from fsd.client import Client
 
-        return Client(self.endpoint, timeout=self.timeout, curve=self.curve(), token=self.token())
+        curve, token = self.curve(), self.token()  # a bad option is said first
+        self.check_daemon()
+        return Client(self.endpoint, timeout=self.timeout, curve=curve, token=token)
 
     def telemetry(self, snapshots: bool, events: bool):  # -> fsd.client.TelemetryClient
         from fsd.client import TelemetryClient

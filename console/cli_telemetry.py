@@ -110,12 +110,15 @@ def top(
     from fsd.console.top import run
 
     with friendly():
+        curve, token = target.curve(), None if replay is not None else target.token()
+        if replay is None:
+            target.check_daemon()
         run(
             target.endpoint,
             target.telemetry_endpoint,
             timeout=target.timeout,
-            curve=target.curve(),
-            token=None if replay is not None else target.token(),
+            curve=curve,
+            token=token,
             once=once,
             replay=replay,
             hz=hz,

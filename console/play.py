@@ -22,13 +22,14 @@ from typing import Any
 
 import numpy as np
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from fsd.client import AsyncClient, AsyncTelemetryClient, CurveKeys
 from fsd.console.play_stats import SPLIT, JobRecord, split_latency, summarize
 from fsd.console.play_telemetry import TelemetryLog, record
 from fsd.errors import FsdError
+from fsd.progress import Progress
+from fsd.workload.lengths import clip_lengths
 from fsd.workload.scenario import Scenario
 from fsd.workload.timeline import Action, Arrival, Timeline, expand
 
@@ -82,14 +83,16 @@ def play(
     curve: CurveKeys | None = None,
     console: Console | None = None,
     token: str | None = None,
+    label: str | None = None,
 ) -> PlayResult:
     """Play `timeline` against the daemon at `endpoint` (blocking).
 
     `token`: the daemon's operator token, which the scenario's retune and inject events
     need (without it the daemon refuses them and the summary lists them as failed).
+    `label`: the progress's (default: the scenario's name).
     """
     return asyncio.run(
-        _play(timeline, endpoint, telemetry_endpoint, opts, timeout, curve, console, token)
+        _play(timeline, endpoint, telemetry_endpoint, opts, timeout, curve, console, token, label)
     )
 
 
@@ -102,6 +105,7 @@ async def _play(
     curve: CurveKeys | None,
     console: Console | None,
     token: str | None = None,
+    label: str | None = None,
 ) -> PlayResult:
     records = [
         JobRecord(i, a.origin, a.time, a.prompt_len, a.output_len)
@@ -111,12 +115,16 @@ async def _play(
     live: dict[int, Any] = {}
     actions: list[dict[str, Any]] = []
     async with AsyncClient(endpoint, timeout=timeout, curve=curve, token=token) as client:
-        await client.status()  # no daemon: DaemonUnavailable now, not at the first job
+        # no daemon: DaemonUnavailable now, not at the first job; and the context each
+        # job is clipped to, as the injector and the simulator clip them
+        context = (await client.status()).max_model_len or None
+        for rec in records:
+            p, o = clip_lengths(np.array([rec.prompt_len]), np.array([rec.output_len]), context)
+            rec.prompt_len, rec.output_len = int(p[0]), int(o[0])
         tel = AsyncTelemetryClient(telemetry_endpoint, curve=curve)
         stop = asyncio.Event()
         tel_task = asyncio.create_task(record(tel, tlog, stop))
-        progress = _progress(console, opts.progress)
-        task_id = progress.add_task(timeline.name, total=len(records), info="")
+        progress = _progress(console, opts.progress, label or timeline.name, len(records))
         rng = np.random.default_rng(0)
         loop = asyncio.get_running_loop()
         t0, started = loop.time(), time.time()
@@ -128,9 +136,10 @@ async def _play(
             info = (
                 f"sent {sent}  live {len(live)}  {loop.time() - t0:.0f}/{timeline.duration:.0f} s"
             )
-            progress.update(task_id, completed=done, info=info)
+            if progress is not None:
+                progress.update(done, info=info)
 
-        with progress:
+        with progress or contextlib.nullcontext():
             ticker = asyncio.create_task(_tick(show))
             try:
                 for t, step in timeline.steps():
@@ -185,16 +194,11 @@ async def _drain(
             await asyncio.wait(pending, timeout=timeout)
 
 
-def _progress(console: Console | None, enabled: bool) -> Progress:
-    return Progress(
-        TextColumn("[bold]{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("{task.fields[info]}"),
-        TimeElapsedColumn(),
-        console=console or Console(stderr=True),
-        disable=not enabled,
-    )
+def _progress(console: Console | None, enabled: bool, label: str, total: int) -> Progress | None:
+    """Jobs done of `total` on `console`'s stream (stderr): a bar, or lines in a log."""
+    if not enabled:
+        return None
+    return Progress(label, total, stream=console.file if console is not None else None)
 
 
 async def _tick(show: Any) -> None:

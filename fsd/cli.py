@@ -19,6 +19,7 @@ from fsd.cli_options import (
     default_of,
     given_argv,
     one_of,
+    version_option,
 )
 from fsd.config import (
     DEVICES,
@@ -36,6 +37,11 @@ from fsd.sim.cli import simulate_command
 
 app = typer.Typer(help="fsd: a FastServe-style LLM serving daemon.", no_args_is_help=True)
 err = Console(stderr=True)
+
+
+@app.callback()
+def main(version: Annotated[Optional[bool], version_option("fsd")] = None) -> None:  # noqa: UP045
+    """fsd: a FastServe-style LLM serving daemon."""
 
 
 def _runs_in_engine(name: str) -> bool:
@@ -138,7 +144,9 @@ def start(
     cuda_graphs: Annotated[Optional[bool], typer.Option("--cuda-graphs/--no-cuda-graphs", help="Replay decode steps as CUDA graphs (CUDA, Triton backend; default on).")] = None,  # noqa: UP045
     device: Annotated[Optional[str], typer.Option(help=_DEVICE_HELP)] = None,  # noqa: UP045
     dtype: Annotated[Optional[str], typer.Option(help=_DTYPE_HELP)] = None,  # noqa: UP045
+    threads: Annotated[Optional[int], typer.Option(help="Torch threads of a CPU worker (default: usable CPUs less one; the log says why).")] = None,  # noqa: UP045
     telemetry_hz: Annotated[Optional[float], typer.Option(help="Snapshots per second (0 = off).")] = None,  # noqa: UP045
+    stats_interval: Annotated[Optional[float], typer.Option(help="Seconds between the log's stats lines (0 = none).")] = None,  # noqa: UP045
     profile: Annotated[Optional[str], typer.Option(help="Cost-model JSON (fsd profile) or shipped name.")] = None,  # noqa: UP045
     state_dir: Annotated[Optional[str], typer.Option(help="Where the pidfile and log file go.")] = None,  # noqa: UP045
     http: Annotated[Optional[str], typer.Option(help="OpenAI-compatible API and /metrics on HOST:PORT, e.g. 127.0.0.1:8000.")] = None,  # noqa: UP045
@@ -209,11 +217,13 @@ def status(
     from fsd.client import Client, DaemonUnavailable
     from fsd.config_file import build_configs
     from fsd.credentials import find_operator_token
+    from fsd.local_daemon import check_daemon
 
     with friendly():
         _, cfg = build_configs(None, endpoint=endpoint, state_dir=state_dir)
         token = find_operator_token(cfg.endpoint, cfg.state_dir)
         curve = curve_keys(server_key, client_key)
+        check_daemon(cfg.endpoint, cfg.state_dir, timeout)  # at once when none can answer
         try:
             with Client(endpoint, timeout=timeout, curve=curve, token=token) as client:
                 st = client.status()

@@ -10,6 +10,7 @@ holds every command to it.
 from __future__ import annotations
 
 import dataclasses
+import importlib.metadata
 from collections.abc import Collection, Iterable
 from typing import TYPE_CHECKING, Annotated, Any, Optional
 
@@ -83,6 +84,29 @@ def given_argv(ctx: typer.Context, skip: Collection[str] = ()) -> list[str]:
             continue
         argv += [param.opts[0], str(value)]
     return argv
+
+
+def package_version() -> str:
+    """The installed fsd's version (its metadata), else the source tree's."""
+    try:
+        return importlib.metadata.version("fsd")
+    except importlib.metadata.PackageNotFoundError:  # a checkout run without installing
+        from fsd import __version__
+
+        return __version__
+
+
+def version_option(prog: str) -> Any:
+    """An eager `--version`: prints "PROG VERSION" and exits before any command runs."""
+
+    def show(value: bool) -> None:
+        if value:
+            typer.echo(f"{prog} {package_version()}")
+            raise typer.Exit()
+
+    return typer.Option(
+        "--version", callback=show, is_eager=True, help="Print the version and exit."
+    )
 
 
 def curve_keys(server_key: str | None, client_key: str | None) -> CurveKeys | None:

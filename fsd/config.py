@@ -52,6 +52,8 @@ class ModelConfig:
     attn_backend: str = "auto"
     # replay decode steps as CUDA graphs (CUDA with the Triton backend; fsd.engine.cuda_graph)
     cuda_graphs: bool = True
+    # torch threads of a CPU worker; None: OMP_NUM_THREADS, else fsd.engine.threads decides
+    threads: int | None = None
 
     def __post_init__(self) -> None:
         check_types(self)
@@ -60,6 +62,8 @@ class ModelConfig:
         choice("attn_backend", self.attn_backend, ATTN_BACKENDS)
         if self.max_model_len is not None and self.max_model_len < 1:
             raise ConfigError(f"max_model_len must be >= 1, got {self.max_model_len}")
+        if self.threads is not None:
+            int_range("threads", self.threads, 1, 1024)
 
 
 @dataclass(frozen=True)
@@ -236,6 +240,7 @@ class ServerConfig:
     telemetry_job_budget: float = 0.02
     client_timeout: float = 10.0  # seconds without a message before a client's jobs are aborted
     slo_window: float = 60.0  # seconds of finished jobs in the SLO statistics
+    stats_interval: float = 10.0  # seconds between the log's stats lines (0 = none)
     max_frame_bytes: int = 8 * 1024 * 1024
     curve_secret_key: str | None = None  # the daemon's key file (fsd keys generate)
     curve_authorized_dir: str | None = None  # clients' public key files allowed in
@@ -280,6 +285,10 @@ class ServerConfig:
             raise ConfigError(f"client_timeout must be > 0 seconds, got {self.client_timeout}")
         if self.slo_window <= 0:
             raise ConfigError(f"slo_window must be > 0 seconds, got {self.slo_window}")
+        if not self.stats_interval >= 0:  # also refuses NaN
+            raise ConfigError(
+                f"stats_interval must be >= 0 seconds (0 turns it off), got {self.stats_interval}"
+            )
         if not 1024 <= self.max_frame_bytes <= 64 * 1024 * 1024:
             raise ConfigError(
                 f"max_frame_bytes must be in [1024, 67108864], got {self.max_frame_bytes}"

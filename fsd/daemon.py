@@ -138,7 +138,21 @@ def serve_foreground(engine_cfg: EngineConfig, server_cfg: ServerConfig) -> None
         signal.signal(signal.SIGTERM, _exit_on_signal)
         signal.signal(signal.SIGINT, _exit_on_signal)
         check_addresses(server_cfg)
+        m = engine_cfg.model
+        # what `fsd start` shows while it waits, and the operator's record of the start
+        log.info(
+            "loading %s (device %s, dtype %s), then its cost model", m.model, m.device, m.dtype
+        )
+        t0 = time.monotonic()
         engine = Engine(engine_cfg)
+        log.info(
+            "loaded %s in %.1f s: %d device and %d host KV blocks, cost model %s",
+            engine.loaded.source,
+            time.monotonic() - t0,
+            engine.blocks.device.num_blocks,
+            engine.blocks.host.num_blocks,
+            engine.cost.name,
+        )
         try:
             service = _serve_on(engine, server_cfg)
         except BaseException:

@@ -2,8 +2,10 @@
 
 `fsd start` re-runs itself as `fsd start --foreground` in a new session (so it
 outlives the shell), with stdout and stderr appended to a log file, and waits until
-the pidfile names the child and says it serves: no socket probe, so it needs no keys
-and a daemon of someone else answering on the endpoint cannot be mistaken for ours.
+the pidfile names the child and says it serves (showing, past a few seconds, what
+the daemon logs meanwhile: loading the model, measuring its cost): no socket probe,
+so it needs no keys and a daemon of someone else answering on the endpoint cannot be
+mistaken for ours.
 If the child exits first, its error (from the lines it wrote during this start) is
 shown. `fsd stop` asks the daemon to drain on its socket, then signals the pid its
 held pidfile names, once the kernel confirms that this process holds the lock
@@ -16,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -33,12 +36,16 @@ from fsd.pidfile import (
     remove_stale,
     state_files,
 )
+from fsd.progress import Progress
 from fsd.statedir import check_state_dir, open_state_file
 
 log = logging.getLogger("fsd.daemon")
 DRAIN_TIMEOUT = 30.0
 START_TIMEOUT = 300.0  # seconds `fsd start` waits for the model to load and the sockets to bind
 _POLL = 0.1
+# `fsd.daemon.setup_logging`'s "2025-01-02 10:11:12,345 INFO fsd.daemon: " before a message
+_LOG_PREFIX = re.compile(r"\d{4}-\d\d-\d\d [\d:,.]+ [A-Z]+ [\w.]+: ")
+_MESSAGE_CHARS = 80  # of the last log message shown beside the progress
 
 
 def start_background(argv: list[str], server_cfg: ServerConfig, wait: float = START_TIMEOUT) -> int:
@@ -65,13 +72,16 @@ def start_background(argv: list[str], server_cfg: ServerConfig, wait: float = ST
         return held and info.get("pid") == proc.pid and info.get("state") == "serving"
 
     deadline = time.monotonic() + wait
-    while time.monotonic() < deadline:
-        if serving():
-            return proc.pid
-        code = proc.poll()
-        if code is not None:
-            raise DaemonError(_start_failure(code, logfile, offset))
-        time.sleep(_POLL)
+    # quiet when it is quick: a failed start's error stays the one line on stderr
+    with Progress("starting the daemon", transient=True, announce=False) as bar:
+        while time.monotonic() < deadline:
+            if serving():
+                return proc.pid
+            code = proc.poll()
+            if code is not None:
+                raise DaemonError(_start_failure(code, logfile, offset))
+            bar.update(info=last_message(logfile, offset))
+            time.sleep(_POLL)
     if serving():  # never stop a daemon that made it
         return proc.pid
     proc.terminate()  # it never served: do not leave it loading in the background
@@ -86,6 +96,16 @@ def _start_failure(code: int, logfile: Path, offset: int) -> str:
         return f"the daemon did not start: {errors[-1].removeprefix('error:').strip()}"
     tail = "\n".join(lines[-20:]) or "(it wrote nothing)"
     return f"the daemon exited with code {code} while starting; its log ({logfile}) says:\n{tail}"
+
+
+def last_message(path: Path, offset: int = 0) -> str:
+    """The daemon's last log message from byte `offset` on, without its time and level:
+    what a starting daemon does now (loading the model, measuring its cost)."""
+    lines = [ln for ln in _new_lines(path, offset) if ln.strip()]
+    if not lines:
+        return ""
+    prefix = _LOG_PREFIX.match(lines[-1])
+    return lines[-1][prefix.end() if prefix else 0 :][:_MESSAGE_CHARS]
 
 
 def _new_lines(path: Path, offset: int) -> list[str]:

@@ -25,9 +25,9 @@ MAX_SEED = 2**64 - 1  # torch.Generator.manual_seed takes any unsigned 64-bit se
 # Below this temperature sampling is greedy (vLLM's _SAMPLING_EPS): dividing logits by
 # 1e-46 would turn them into inf and the probabilities into NaN.
 GREEDY_BELOW = 1e-5
-# At 100 the logits of a real model are within a few tenths of each other: the draw
-# is already uniform in practice. A larger value is a client's mistake.
-MAX_TEMPERATURE = 100.0
+# OpenAI's range, the one range every entry point takes (SDK, fsctl, ZeroMQ, HTTP):
+# past 2 the draw of a real model is close to uniform, and a client meant otherwise.
+MAX_TEMPERATURE = 2.0
 # The stop-string check runs on every token of the job: keep its work bounded.
 MAX_STOP_STRINGS = 16
 MAX_STOP_LEN = 1024

@@ -55,7 +55,8 @@ class LLM:
         """Generate for each prompt; outputs come back in the prompts' order.
 
         A job that failed comes back finished, with finish_reason "error" and the
-        reason in `error`; the other prompts are unaffected.
+        reason in `error`; the other prompts are unaffected. A max_tokens past the
+        model's context is cut to it here (the daemon refuses one, naming the limit).
         """
         batch = _as_prompt_list(prompts)
         params = _as_params_list(sampling_params, len(batch))

@@ -308,6 +308,7 @@ class StatusReply(_Msg, tag="status_reply"):
     telemetry_seconds: float = 0.0  # engine-thread time reading and queueing telemetry
     preview_seconds: float = 0.0  # engine-thread time snapshotting for previews
     role: str = "client"  # the role the asking request had: "client" or "operator"
+    max_model_len: int = 0  # the model's context in tokens (0: not reported)
 
 
 class Ack(_Msg, tag="ack"):

@@ -95,3 +95,18 @@ def test_start_in_the_background_forwards_the_given_options_by_their_flags(tmp_p
     assert seen["wait"] == 7.0 and seen["cfg"].telemetry_hz == 2.5
     bad = CliRunner().invoke(app, ["start", "--state-dir", state, "--wait", "0"])
     assert bad.exit_code == 2 and bad.stderr == "error: --wait must be > 0 seconds, got 0.0\n"
+
+
+def test_fsd_and_fsctl_print_their_version():
+    import importlib.metadata
+
+    from typer.testing import CliRunner
+
+    from fsd.cli import app as fsd_app
+    from fsd.console.cli import app as fsctl_app
+
+    version = importlib.metadata.version("fsd")
+    for app, prog in ((fsd_app, "fsd"), (fsctl_app, "fsctl")):
+        out = CliRunner().invoke(app, ["--version"])
+        assert out.exit_code == 0 and out.stdout == f"{prog} {version}\n"
+    assert fsd("--version").stdout == f"fsd {version}\n"  # as a user runs it

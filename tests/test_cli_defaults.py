@@ -193,3 +193,28 @@ def test_simulate_options_are_the_commands_parameters():
     """`fsd simulate` hands its parameters to SimOptions by name: the two lists agree."""
     params = [p.name for p in command(fsd_app, ("simulate",)).params]
     assert params == [f.name for f in dataclasses.fields(SimOptions)]
+
+
+def test_simulate_limit_help_says_what_runs_without_it(tmp_path):
+    """--limit's help once said 2000 for a trace, which ran whole: it states each default."""
+    from fsd.sim.cli_workload import DEFAULT_REQUESTS, load_workload
+
+    limit = options(fsd_app, ("simulate",))["limit"]
+    assert limit.default is None
+    assert "(default: all of them)" in limit.help and f"(default {DEFAULT_REQUESTS})" in limit.help
+    trace = tmp_path / "t.csv"
+    rows = [f"{i * 0.5},{10 + i},{5 + i}" for i in range(DEFAULT_REQUESTS + 7)]
+    trace.write_text("\n".join(["TIMESTAMP,ContextTokens,GeneratedTokens", *rows]) + "\n")
+    none = (None,) * 5  # arrival, rate, cv, lengths, theta
+    assert len(load_workload(trace, 1.0, None, *none, 0, None)) == DEFAULT_REQUESTS + 7
+    assert len(load_workload(trace, 1.0, 3, *none, 0, None)) == 3
+    assert len(load_workload(None, 1.0, None, *none, 0, None)) == DEFAULT_REQUESTS
+
+
+def test_the_example_config_lists_every_policy():
+    from pathlib import Path
+
+    example = (Path(__file__).resolve().parents[1] / "fsd.example.toml").read_text()
+    line = next(ln for ln in example.splitlines() if ln.startswith("policy ="))
+    listed = set(line.split("#", 1)[1].replace("(", " ").split())
+    assert {*POLICIES, "default"} <= listed, line  # srpt (the simulator's) included

@@ -129,3 +129,53 @@ def test_fsd_toml_states_each_keys_default_as_the_code_has_it():
         if text != toml(getattr(slices[sec], key))
     }
     assert not wrong, f"fsd.toml(5) defaults differ from the code (page, code): {wrong}"
+
+
+def see_also(page: Path) -> list[str]:
+    """The pages a page's SEE ALSO section cites, as file names ("fsctl.1")."""
+    section = page.read_text().split(".SH SEE ALSO", 1)[1].split("\n.SH", 1)[0]
+    return [
+        f"{name.replace(chr(92) + '-', '-')}.{sec}"
+        for name, sec in re.findall(r"^\.BR\s+(\S+)\s+\((\d)\)", section, re.M)
+    ]
+
+
+def test_every_see_also_cites_a_page_that_ships():
+    shipped = sorted(p.name for p in (ROOT / "man").glob("*.[1-9]"))
+    assert {"fsd.1", "fsctl.1", "fsd.toml.5", "fsd-scenario.5"} <= set(shipped)
+    assert sorted(manual.PAGES.values()) == shipped  # `fsd man` shows every page
+    for name in shipped:
+        cited = see_also(ROOT / "man" / name)
+        assert cited, f"{name} has no SEE ALSO"
+        missing = [c for c in cited if c not in shipped]
+        assert not missing, f"{name} cites pages that do not ship: {missing}"
+
+
+def test_setup_links_the_pages_where_man_finds_them(tmp_path):
+    """`man fsd` in an activated venv: man(1) derives VENV/share/man from VENV/bin on PATH."""
+    import shutil
+    import subprocess
+
+    assert "scripts/install-man.sh" in (ROOT / "scripts" / "setup.sh").read_text()
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    subprocess.run(["bash", str(ROOT / "scripts" / "install-man.sh"), str(venv)], check=True)
+    for name in manual.PAGES.values():
+        installed = venv / "share" / "man" / f"man{name[-1]}" / name
+        assert installed.read_text() == (ROOT / "man" / name).read_text()
+    man = shutil.which("man")
+    if man is None:  # the files are where man would look; man itself is not installed
+        return
+    env = {"PATH": f"{venv / 'bin'}:/usr/bin:/bin", "HOME": str(tmp_path), "LANG": "C"}
+    for page, file in (("fsd", "fsd.1"), ("fsctl", "fsctl.1"), ("fsd.toml", "fsd.toml.5")):
+        found = subprocess.run([man, "-w", page], env=env, capture_output=True, text=True)
+        assert found.returncode == 0, found.stderr
+        assert Path(found.stdout.strip()).resolve() == (ROOT / "man" / file).resolve()
+
+
+def test_fsctl_retune_lists_every_retunable_key():
+    from fsd.sched.retune import RETUNABLE
+
+    text = page_text("fsctl").split("fsctl retune", 1)[1].split("fsctl inject", 1)[0]
+    missing = [k for k in RETUNABLE if not re.search(rf"\b{k}\b", text)]
+    assert not missing, f"fsctl(1)'s retune section lacks: {missing}"

@@ -9,6 +9,7 @@ settings, nothing applied), shown in the dialog until Apply or Cancel.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -46,7 +47,15 @@ class Forbidden(Message):
 # the retune dialog's rows besides a preview: border, title, form, error, answer, buttons
 PREVIEW_SPARE_ROWS = 18
 REFUSED = object()  # what `_Dialog._ask` returns once the daemon's refusal is shown
-PREVIEWING = f"previewing… (runs the twin for {default_of(P.Preview, 'horizon'):g} s of simulated time)"  # fmt: skip
+
+
+def previewing(elapsed: float) -> str:
+    """The answer line while a preview runs: what runs, and for how long so far."""
+    horizon, seeds = default_of(P.Preview, "horizon"), default_of(P.Preview, "seeds")
+    return (
+        f"previewing… {elapsed:.0f} s so far (the twin runs both settings for {horizon:g} s "
+        f"of simulated time, {seeds} seeds each)"
+    )
 
 
 class _Dialog(ModalScreen[str | None]):
@@ -210,9 +219,16 @@ class RetuneScreen(_Dialog):
         self.run_worker(self._preview(self._send_preview(changes)), group="preview")
 
     async def _preview(self, request: Awaitable[P.PreviewReply]) -> None:
+        started = time.monotonic()
+
+        def tick() -> None:  # a preview takes up to a minute: show that it goes on
+            self.query_one("#answer", Static).update(previewing(time.monotonic() - started))
+
+        timer = self.set_interval(1.0, tick)
         try:
-            reply = await self._ask(request, PREVIEWING)
+            reply = await self._ask(request, previewing(0.0))
         finally:
+            timer.stop()
             self.previewing = False
         if reply is REFUSED:
             return

@@ -110,8 +110,7 @@ def slo_command(
                 time_scale=time_scale,
                 length_scale=length_scale,
                 duration=duration,
-                drain_timeout=drain_timeout,
-                progress=console.is_terminal,
+                drain_timeout=drain_timeout,  # progress: a bar on a terminal, else lines
             ),
             slo=slo,
             metric=metric,

@@ -20,7 +20,9 @@ from pathlib import Path
 from fsd.client import Client
 from fsd.config import ServerConfig
 from fsd.daemon import probe_pidfile, state_files
+from fsd.daemon_control import last_message
 from fsd.errors import FsdError
+from fsd.progress import Progress
 
 
 class BenchDaemonError(FsdError):
@@ -120,16 +122,18 @@ class BenchDaemon:
             )
         )
         deadline = time.time() + wait
-        while time.time() < deadline:
-            held, info = probe_pidfile(pidfile)
-            if held and info.get("pid") == self.proc.pid and info.get("state") == "serving":
-                return
-            if self.proc.poll() is not None:
-                raise BenchDaemonError(
-                    f"the {self.spec.policy} daemon exited {self.proc.returncode}:\n"
-                    + self.log_path.read_text()[-2000:]
-                )
-            time.sleep(0.1)
+        with Progress(f"starting the {self.spec.policy} daemon", transient=True) as bar:
+            while time.time() < deadline:
+                held, info = probe_pidfile(pidfile)
+                if held and info.get("pid") == self.proc.pid and info.get("state") == "serving":
+                    return
+                if self.proc.poll() is not None:
+                    raise BenchDaemonError(
+                        f"the {self.spec.policy} daemon exited {self.proc.returncode}:\n"
+                        + self.log_path.read_text()[-2000:]
+                    )
+                bar.update(info=last_message(self.log_path))
+                time.sleep(0.1)
         self.stop()
         raise BenchDaemonError(f"the {self.spec.policy} daemon did not answer in {wait:g} s")
 

@@ -89,7 +89,15 @@ def _run_policy(
         for rate in bench.rates:
             opts = replace(bench.play, rate_factor=rate / base, tag=f"bench-{policy}")
             timeline = prepare(bench.scenario, opts)
-            result = play(timeline, d.endpoint, d.telemetry, opts, timeout=30.0, token=token)
+            result = play(
+                timeline,
+                d.endpoint,
+                d.telemetry,
+                opts,
+                timeout=30.0,
+                token=token,
+                label=f"{policy} @ {rate:g}/s",
+            )
             if slo is None:
                 slo = result.telemetry.slo
             d.wait_idle()

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import queue
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
@@ -48,6 +48,7 @@ from fsd.jobs import SamplingParams
 from fsd.protocol_preview import DEFAULT_HORIZON, DEFAULT_SEEDS
 
 _GRACE = 2.0  # beyond a call's own deadline, in case the I/O thread itself is stuck
+_PROGRESS_EVERY = 1.0  # seconds: longest a waiting call's progress callback goes unheard
 
 
 class JobHandle:
@@ -232,12 +233,17 @@ class Client:
         return list(reply.detail.get("job_ids", []))
 
     def wait_injected(
-        self, job_ids: Sequence[str], timeout: float | None = None
+        self,
+        job_ids: Sequence[str],
+        timeout: float | None = None,
+        on_progress: Callable[[int, int], None] | None = None,
     ) -> dict[str, P.Finished]:
         """Wait until each of `job_ids` (from `inject`) has finished; their `Finished`.
 
         The daemon sends no tokens for injected jobs, only their end; this client
         heartbeats meanwhile so that they are not reaped. TimeoutError after `timeout`.
+        `on_progress(finished, total)` is called as they end and at least every second
+        (a progress bar's clock).
         """
         want = set(job_ids)
         got = {
@@ -245,11 +251,14 @@ class Client:
         }
         deadline = None if timeout is None else time.monotonic() + timeout
         while len(got) < len(want):
+            if on_progress is not None:
+                on_progress(len(got), len(want))
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
                 raise TimeoutError(f"{len(want) - len(got)} injected jobs still running")
+            wait = left if on_progress is None else min(left or _PROGRESS_EVERY, _PROGRESS_EVERY)
             try:
-                item = self._injected.get(timeout=left)
+                item = self._injected.get(timeout=wait)
             except queue.Empty:
                 continue
             if isinstance(item, BaseException):
@@ -258,6 +267,8 @@ class Client:
                 got[item.job_id] = item
             else:
                 self._finished_injected[item.job_id] = item
+        if on_progress is not None:
+            on_progress(len(got), len(want))
         return got
 
     def jobs(self) -> list[P.JobInfo]:

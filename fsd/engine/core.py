@@ -67,9 +67,7 @@ class Engine(EngineFailures):
             self.pool = ex.pool
             self.host_pool = ex.host_pool
         self.swapper = ex.swapper
-        self.blocks = BlockManager(
-            ex.num_device_blocks, config.cache.block_size, ex.num_host_blocks
-        )
+        self.blocks = BlockManager(ex.num_device_blocks, config.cache.block_size, ex.num_host_blocks)
         self._flight: InFlight[MicroBatch] = InFlight()
         # chosen once: one batch at a time, or a pipeline of micro-batches
         self._step_fn = self._step_pipelined if ex.max_in_flight > 1 else self._step_one
@@ -114,8 +112,10 @@ class Engine(EngineFailures):
         request_id: str | None = None,
         arrival_time: float | None = None,
         tags: Sequence[str] = (),
+        clip: bool = True,
     ) -> Job:
-        """Validate and queue one request; raise a clear FsdError on bad input."""
+        """Validate and queue one request; raise a clear FsdError on bad input (`clip`
+        False: a max_tokens past the context is refused, not cut to it)."""
         if self._refusing:
             raise WorkerFailure(f"the engine is not serving: {self.degraded}")
         params = SamplingParams() if params is None else params
@@ -123,7 +123,7 @@ class Engine(EngineFailures):
             raise ConfigError(f"params must be a SamplingParams, got {type(params).__name__}")
         check_stop_ids(params, self.loaded.arch.vocab_size)
         ids = prompt_ids(prompt, self.tokenizer, self.loaded.arch.vocab_size)
-        max_output = check_request(len(ids), params.max_tokens, self.limits)
+        max_output = check_request(len(ids), params.max_tokens, self.limits, clip)
         if request_id is not None and request_id in self._jobs:
             raise ConfigError(f"request id {request_id!r} is already in use")
         job = Job(

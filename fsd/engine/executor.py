@@ -138,6 +138,7 @@ class LocalExecutor(Executor):
             config.model,
             config.cache,
             device=config.model.device,
+            threads=config.model.threads,
             max_batch_size=config.sched.max_batch_size,
         )
         self.worker = worker = Worker(spec)

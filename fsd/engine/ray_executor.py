@@ -182,8 +182,8 @@ class RayExecutor(Executor):
         # CPU actors share the cores, one left to the driver: spinning OpenMP threads
         # on an oversubscribed core slow a step down many times over
         cpus = min(int(self.ray.cluster_resources().get("CPU", 1)), os.cpu_count() or 1)
-        threads = max(1, (cpus - 1) // (self.tp * self.pp))
         cfg = self.config
+        threads = cfg.model.threads or max(1, (cpus - 1) // (self.tp * self.pp))
         cache = shard_budgets(cfg.cache, self.tp * self.pp)
         self.workers = [
             [

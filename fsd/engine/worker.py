@@ -11,14 +11,14 @@ it in process on a worker that holds the whole model; `fsd.engine.ray_executor`
 runs this class as a Ray actor and calls `execute`, which adds the plan's copies
 and the hop between stages. On a GPU a decode-only step replays a CUDA graph
 (`fsd.engine.cuda_graph`); a CPU worker with no thread count given picks one
-(`default_threads`). Nothing here imports Ray except `rendezvous` and
+(`fsd.engine.threads`). Nothing here imports Ray except `rendezvous` and
 `execute` (which fetches the previous stage's activations).
 """
 
 from __future__ import annotations
 
 import datetime
-import math
+import logging
 import os
 import socket
 from collections.abc import Iterable
@@ -35,70 +35,16 @@ from fsd.engine.plan import StepPlan
 from fsd.engine.sampler import Sampler
 from fsd.engine.stage import StageSpan, build_stage, stage_weights
 from fsd.engine.swapper import HostKVPool, Swapper
+from fsd.engine.threads import pick_threads
 from fsd.errors import ModelLoadError
 from fsd.layers.attention import HostLayout, resolve_backend, upload
 from fsd.layers.parallel_state import set_tp_group
 from fsd.models.base import CausalLM
 from fsd.models.loader import describe_model, param_defaults, resolve_device
 
+log = logging.getLogger("fsd.engine")
 # A collective that waits this long means a peer is gone without its socket closing.
 COLLECTIVE_TIMEOUT = datetime.timedelta(seconds=120)
-
-
-def _cgroup_cpus() -> float | None:
-    """The cgroup CPU quota in CPUs (v2 cpu.max, else v1); None when unlimited or unknown."""
-    try:
-        with open("/sys/fs/cgroup/cpu.max") as f:
-            quota, period = f.read().split()[:2]
-    except (OSError, ValueError):
-        try:
-            with open("/sys/fs/cgroup/cpu/cpu.cfs_quota_us") as f:
-                quota = f.read().strip()
-            with open("/sys/fs/cgroup/cpu/cpu.cfs_period_us") as f:
-                period = f.read().strip()
-        except OSError:
-            return None
-    try:
-        return None if quota in ("max", "-1") else int(quota) / int(period)
-    except (ValueError, ZeroDivisionError):
-        return None
-
-
-def usable_cpus() -> int:
-    """CPUs this process may run on: its affinity, capped by a cgroup CPU quota."""
-    try:
-        cpus = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        cpus = os.cpu_count() or 1
-    quota = _cgroup_cpus()
-    if quota is not None:
-        cpus = min(cpus, math.ceil(quota))
-    return max(1, cpus)
-
-
-def default_threads() -> int | None:
-    """Torch threads for a CPU worker given none; None keeps the current setting.
-
-    torch starts with a thread per CPU it sees. Serving, those threads share the
-    cores with the daemon's own (engine loop, sockets, KV copies) and whatever else
-    runs there, and an OpenMP thread that spins on a taken core makes a step many
-    times slower at random. So while the count is still torch's default (and
-    OMP_NUM_THREADS is unset), a worker takes the usable CPUs (affinity, cgroup
-    quota), less one where there are more than 4 to spare one for the daemon's own
-    threads; on 4 or fewer a core left out would cost a quarter to half of the
-    compute, more than the spinning is likely to. A count set with
-    OMP_NUM_THREADS or torch.set_num_threads before the engine starts is kept.
-    """
-    if os.environ.get("OMP_NUM_THREADS"):
-        return None
-    try:
-        seen = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        seen = os.cpu_count() or 1
-    if torch.get_num_threads() != seen:
-        return None  # someone chose it
-    usable = usable_cpus()
-    return usable - 1 if usable > 4 else usable
 
 
 @dataclass(frozen=True)
@@ -111,7 +57,7 @@ class WorkerSpec:
     tp_rank: int = 0
     span: StageSpan | None = None  # None: the whole model, one stage
     device: str = "auto"  # "auto" | "cpu" | "cuda"
-    threads: int | None = None  # torch intra-op threads; None: default_threads() on a CPU
+    threads: int | None = None  # torch intra-op threads; None: fsd.engine.threads decides
     max_batch_size: int = 256  # the largest decode batch a CUDA graph is captured for
 
 
@@ -121,11 +67,13 @@ class Worker:
     def __init__(self, spec: WorkerSpec) -> None:
         self.spec = spec
         self.device = resolve_device(spec.device)
-        threads = spec.threads
-        if threads is None and self.device.type == "cpu":
-            threads = default_threads()
-        if threads is not None:
-            torch.set_num_threads(max(1, threads))
+        if self.device.type == "cpu":
+            threads = pick_threads(spec.threads)
+            if threads.count is not None:
+                torch.set_num_threads(threads.count)
+            log.info(threads.log_line(torch.get_num_threads()))
+        elif spec.threads is not None:
+            torch.set_num_threads(spec.threads)
         self.info = describe_model(spec.model, self.device)
         self.span = spec.span or StageSpan.whole(self.info.arch.num_layers)
         self.model: CausalLM | None = None

@@ -7,10 +7,18 @@ scripted retune before the scenario starts, so both refuse with the same words.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 from collections.abc import Mapping
 from typing import Any
 
-from fsd.config import CacheConfig, SchedConfig, check_prefill_chunk
+from fsd.config import (
+    CacheConfig,
+    ModelConfig,
+    ParallelConfig,
+    SchedConfig,
+    ServerConfig,
+    check_prefill_chunk,
+)
 from fsd.errors import ConfigError, SettingError
 from fsd.sched.registry import engine_policy
 
@@ -21,6 +29,12 @@ RETUNABLE_CACHE = (
 # SchedConfig fields: all but the profile (service is charged in one cost model)
 RETUNABLE_SCHED = tuple(f.name for f in dataclasses.fields(SchedConfig) if f.name != "profile")
 RETUNABLE = tuple(sorted(RETUNABLE_SCHED + RETUNABLE_CACHE))
+# every setting fsd.toml has: one of these that is not retunable is known, but fixed at start
+KNOWN = frozenset(
+    f.name
+    for cls in (ModelConfig, CacheConfig, SchedConfig, ParallelConfig, ServerConfig)
+    for f in dataclasses.fields(cls)
+)
 
 
 def plan_retune(
@@ -30,11 +44,7 @@ def plan_retune(
 
     Nothing is applied here: a refused retune changes nothing.
     """
-    unknown = sorted(k for k in changes if k not in RETUNABLE)
-    if unknown:
-        raise SettingError(
-            f"cannot retune {', '.join(unknown)} while running; retunable: {', '.join(RETUNABLE)}"
-        )
+    check_names(changes)
     plain = {k: tuple(v) if isinstance(v, list) else v for k, v in changes.items()}
     sched_kw = {k: v for k, v in plain.items() if k in RETUNABLE_SCHED}
     cache_kw = {k: v for k, v in plain.items() if k in RETUNABLE_CACHE}
@@ -46,6 +56,24 @@ def plan_retune(
     except (ConfigError, TypeError) as exc:
         raise SettingError(str(exc)) from None
     return (new_sched if sched_kw else None), (new_cache if cache_kw else None)
+
+
+def check_names(changes: Mapping[str, Any]) -> None:
+    """SettingError unless every name is retunable: an unknown name is called unknown
+    (with the nearest retunable one, for a typo), a setting fixed at start is called so."""
+    unknown = sorted(k for k in changes if k not in KNOWN)
+    fixed = sorted(k for k in changes if k in KNOWN and k not in RETUNABLE)
+    valid = f"retunable: {', '.join(RETUNABLE)}"
+    if unknown:
+        near = [m for k in unknown for m in difflib.get_close_matches(k, RETUNABLE, 1)]
+        hint = f" (did you mean {', '.join(near)}?)" if near else ""
+        s = "s" if len(unknown) > 1 else ""
+        raise SettingError(f"unknown setting{s} {', '.join(unknown)}{hint}; {valid}")
+    if fixed:
+        raise SettingError(
+            f"cannot retune {', '.join(fixed)} while running: fixed when the daemon starts "
+            f"(set in fsd.toml, then restart); {valid}"
+        )
 
 
 def plain_value(value: Any) -> Any:

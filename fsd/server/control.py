@@ -21,6 +21,7 @@ from fsd.errors import (
     UnknownJobError,
 )
 from fsd.jobs import SamplingParams
+from fsd.server.audit import audit, settings
 from fsd.server.injector import ScenarioInjector
 from fsd.server.preview import PreviewRunner
 from fsd.server.roles import OPERATOR, Caller
@@ -83,7 +84,10 @@ class ControlHandler:
         params = msg.sampling.params()
         svc.check_room(caller.ident, 1)
         prompt = msg.prompt if msg.prompt is not None else msg.prompt_token_ids
-        job = self.engine.add_request(prompt, params, tags=msg.tags)  # type: ignore[arg-type]
+        # a client's max_tokens past the context is refused, naming the limit (HTTP too)
+        job = self.engine.add_request(
+            prompt, params, tags=msg.tags, clip=False  # type: ignore[arg-type]
+        )
         svc.own(job.job_id, caller, msg.req_id)
         svc.send(
             caller.ident,
@@ -105,6 +109,7 @@ class ControlHandler:
                 "needs the operator role"
             )
         out = self.engine.abort(msg.job_id)  # UnknownJobError -> Error unknown-job
+        audit(caller, "abort", f"job {msg.job_id} at {len(out.token_ids)} output tokens")
         svc.finished(out)
         svc.send(
             caller.ident,
@@ -146,6 +151,9 @@ class ControlHandler:
             job = self.engine.add_request(prompt, params, tags=[msg.tag])  # checked: 1st fails
             svc.own(job.job_id, caller, job.job_id, stream=False)
             ids.append(job.job_id)
+        span = f"{ids[0]}..{ids[-1]}" if len(ids) > 1 else ids[0]
+        detail = f"{b.count} jobs of {b.input_len}+{b.output_len} tokens, tag {msg.tag} ({span})"
+        audit(caller, "inject", detail)
         svc.send(caller.ident, P.Ack(what="inject", detail={"job_ids": ids}, req_id=msg.req_id))
 
     def on_listjobs(self, caller: Caller, msg: P.ListJobs) -> None:
@@ -173,6 +181,7 @@ class ControlHandler:
             raise  # the service answers Error(code=exc.code), "invalid-setting"
         except (ConfigError, TypeError) as exc:  # any other refusal of a setting is one too
             raise SettingError(str(exc)) from None
+        audit(caller, "retune", settings(changes))
         self.service.send(caller.ident, P.Ack(what="retune", detail={"config": config.to_dict()}))
 
     def on_preview(self, caller: Caller, msg: P.Preview) -> None:
@@ -183,14 +192,19 @@ class ControlHandler:
         self.service.send(caller.ident, self.service.status(caller.role))
 
     def on_drain(self, caller: Caller, msg: P.Drain) -> None:
-        self.service.begin_drain(caller.ident, check_timeout(msg.timeout))
+        timeout = check_timeout(msg.timeout)
+        self.service.begin_drain(caller.ident, timeout)
+        audit(caller, "drain", f"({len(self.engine.scheduler)} jobs live, timeout {timeout:g} s)")
 
     def on_undrain(self, caller: Caller, msg: P.Undrain) -> None:
         self.service.end_drain()
+        audit(caller, "undrain")
         self.service.send(caller.ident, P.Ack(what="undrain", detail={"draining": False}))
 
     def on_shutdown(self, caller: Caller, msg: P.Shutdown) -> None:
         timeout = check_timeout(msg.timeout)
+        how = f"draining up to {timeout:g} s" if msg.drain else "now"
+        audit(caller, "shutdown", f"{how} ({len(self.engine.scheduler)} jobs live)")
         self.service.send(caller.ident, P.Ack(what="shutdown", detail={"drain": msg.drain}))
         self.service.begin_shutdown(msg.drain, timeout)
 

@@ -40,6 +40,7 @@ from fsd.errors import (
 from fsd.jobs import SamplingParams
 from fsd.sched.admission import RequestLimits, check_request
 from fsd.sched.retune import plan_retune
+from fsd.server.audit import audit, settings
 from fsd.server.roles import Caller
 from fsd.workload.feed import TimelineFeed
 from fsd.workload.scenario import INLINE, Scenario, parse_scenario
@@ -119,13 +120,11 @@ class ScenarioInjector:
         self._count += 1
         feed = TimelineFeed(timeline, now, prefix=f"{p.tag}-s{self._count}-", tag=p.tag)
         self.feeds.append(_Owned(feed, np.random.default_rng(self._count), p.owner))
-        log.info(
-            "scenario %s: %d jobs and %d actions over %.1f s, tag %s",
-            scenario.name,
-            len(timeline.arrivals),
-            len(timeline.actions),
-            timeline.duration,
-            p.tag,
+        audit(
+            p.owner,
+            "inject",
+            f"scenario {scenario.name}: {len(timeline.arrivals)} jobs and "
+            f"{len(timeline.actions)} actions over {timeline.duration:.1f} s, tag {p.tag}",
         )
         detail = {
             "job_ids": feed.job_ids,
@@ -237,6 +236,10 @@ class ScenarioInjector:
                 self.engine.retune(**action.changes)
             except (ConfigError, TypeError) as exc:
                 log.warning("scenario retune %s refused: %s", action.changes, exc)
+                return
+            audit(
+                owned.owner, "retune", f"{settings(action.changes)} (scenario {owned.feed.prefix})"
+            )
             return
         aborted = 0
         for job_id in owned.feed.started_ids():

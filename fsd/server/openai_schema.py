@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fsd.errors import ConfigError
-from fsd.jobs import SamplingParams
+from fsd.jobs import MAX_TEMPERATURE, SamplingParams
 from fsd.server.openai_errors import APIError, bad_request, clip, show
 
 INT64_MAX = 2**63 - 1  # the bound of the integer parameters (vLLM's torch.long range)
@@ -193,7 +193,7 @@ def _sampling(
                 f"{name}={show(value)} is not supported by fsd", name, "unsupported_parameter"
             )
     kw: dict[str, Any] = {"max_tokens": _int(max_tokens, max_name, 1)}
-    for name, lo, hi in (("temperature", 0.0, 2.0), ("top_p", 0.0, 1.0)):
+    for name, lo, hi in (("temperature", 0.0, MAX_TEMPERATURE), ("top_p", 0.0, 1.0)):
         if body.get(name) is not None:
             kw[name] = _number(body[name], name, lo, hi)
     if body.get("seed") is not None:

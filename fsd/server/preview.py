@@ -5,21 +5,18 @@ preview is refused in the words a retune would be) and freezes the scheduler
 (fsd.twin.snapshot: one pickling pass, milliseconds); the runs go to a worker
 process. A process, not a thread: the simulator is pure Python, and a thread would
 take the GIL from the engine thread between its every torch call. The worker is
-started with `spawn` (the daemon has threads; forking it is unsafe), lowers its own
-CPU priority (nice 19) so the engine's threads come first on a busy machine, and is
-kept for the next preview. One preview runs at a time; another is refused
-("overloaded") until it ends. `pump` answers from the engine loop when the runs are
-done; a worker that dies is answered as an error and replaced on the next preview.
+started with `spawn` (the daemon has threads; forking it is unsafe), asks for one
+BLAS thread and the idle CPU priority (`fsd.twin.worker`) so the engine's threads
+come first on a busy machine, and is kept for the next preview. One preview runs at
+a time; another is refused ("overloaded") until it ends. `pump` answers from the
+engine loop when the runs are done; a worker that dies is answered as an error and
+replaced on the next preview.
 """
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import logging
 import multiprocessing
-import os
-import signal
 import time
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -33,6 +30,7 @@ from fsd.sched.retune import plan_retune
 from fsd.server.roles import Caller
 from fsd.twin.forward import preview
 from fsd.twin.snapshot import take_snapshot
+from fsd.twin.worker import setup_worker
 
 if TYPE_CHECKING:
     from fsd.server.service import EngineService
@@ -40,7 +38,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("fsd.server")
 
 MAX_REQ_ID = 256
-PR_SET_PDEATHSIG = 1  # prctl(2): the signal a process gets when its parent dies
 
 
 @dataclass
@@ -67,16 +64,6 @@ def check_preview(msg: P.Preview, sched: Any, cache: Any) -> dict[str, Any]:
     changes = {k: tuple(v) if isinstance(v, list) else v for k, v in msg.changes.items()}
     plan_retune(sched, cache, changes)  # SettingError in retune's words
     return changes
-
-
-def _worker_setup() -> None:
-    """In the worker: yield the CPU to the engine, and end with the daemon (Linux: a
-    daemon that is killed outright must not leave its twin running)."""
-    with contextlib.suppress(OSError):  # not permitted: run at the daemon's priority
-        os.nice(19)
-    with contextlib.suppress(OSError, AttributeError):
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 class PreviewRunner:
@@ -113,7 +100,7 @@ class PreviewRunner:
     def _executor(self) -> ProcessPoolExecutor:
         if self._pool is None:
             ctx = multiprocessing.get_context("spawn")
-            self._pool = ProcessPoolExecutor(1, mp_context=ctx, initializer=_worker_setup)
+            self._pool = ProcessPoolExecutor(1, mp_context=ctx, initializer=setup_worker)
         return self._pool
 
     def pump(self) -> None:

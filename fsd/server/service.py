@@ -44,6 +44,7 @@ from fsd.server.gate import Gate, unpredictable_ids
 from fsd.server.roles import Authorizer, Caller
 from fsd.server.routing import JobRouter
 from fsd.server.security import Security
+from fsd.server.stats_log import StatsLog
 from fsd.server.telemetry import Publisher, TelemetryPump
 
 log = logging.getLogger("fsd.server")
@@ -133,6 +134,8 @@ class EngineService:
         self._binding = cfg.telemetry_endpoint
         self.publisher = Publisher(self.ctx, cfg.telemetry_endpoint, configure)
         self.telemetry = TelemetryPump(self.engine, self.slo, cfg, self.publisher)
+        self.stats = StatsLog(self.engine, cfg.stats_interval)  # the log's stats line
+        self.telemetry.taps.append(self.stats.saw_events)
         # after binding: a daemon that cannot bind must not replace a running one's token
         self.auth = Authorizer(cfg, self.security.operator_keys)
         self.control = ControlHandler(self)
@@ -185,6 +188,7 @@ class EngineService:
                 self._guarded("previews", self.control.previews.pump)
                 t0 = time.perf_counter()
                 self._guarded("telemetry", self.telemetry.tick)
+                self._guarded("stats", self.stats.tick)
                 self.telemetry_seconds += time.perf_counter() - t0
                 self._guarded("drain", self._answer_drain_waiters)
         finally:
@@ -208,6 +212,7 @@ class EngineService:
             self.failures.exception("an engine step failed; its jobs are failed", exc)
             deltas = self.engine.fail_all(f"internal error: {type(exc).__name__}: {exc}")
         self._guarded("routing tokens", self.routing.route, deltas)
+        self._guarded("stats", self.stats.stepped, deltas)
 
     def _detach_closed(self) -> None:
         """Sessions of connections the gate saw close hear nothing until resumed."""
@@ -340,6 +345,7 @@ class EngineService:
             telemetry_seconds=self.telemetry_seconds,
             preview_seconds=self.control.previews.seconds,
             role=role,
+            max_model_len=self.engine.max_model_len,
         )
 
     def close(self) -> None:

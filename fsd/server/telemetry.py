@@ -203,6 +203,9 @@ class TelemetryPump:
         self._next_snapshot = 0.0
         self._events: list[EngineEvent] = []  # engine events not yet handed to the publisher
         self._next_events = 0.0
+        # in-process readers of every batch of engine events, telemetry on or off (the
+        # log's stats line counts swaps): called on the engine thread, so each is quick
+        self.taps: list[Callable[[list[EngineEvent]], None]] = []
 
     def wake_time(self) -> float:
         """When the next snapshot, or the waiting events' batch, is due (wall time)."""
@@ -214,6 +217,8 @@ class TelemetryPump:
     def tick(self) -> None:
         """Take the engine's events; publish what is due (nothing when telemetry is off)."""
         events = self.engine.events.drain()
+        for tap in self.taps:
+            tap(events)
         now = time.time()
         if self.enabled:
             # events go out in batches at most every 50 ms: each hand-off to the

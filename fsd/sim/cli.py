@@ -47,7 +47,8 @@ def simulate_command(
     limit: Annotated[
         int | None,
         typer.Option(
-            help=f"First N trace requests / N synthetic requests (default {DEFAULT_REQUESTS})."
+            help="A trace's or scenario's first N requests (default: all of them), or N "
+            f"synthetic requests (default {DEFAULT_REQUESTS})."
         ),
     ] = None,
     arrival: Annotated[

@@ -206,11 +206,13 @@ def _sweep(
     o: SimOptions, specs: list[RunSpec], cost: Any, workload: Any, slo: float, report: dict
 ) -> None:
     """Each policy's max rate (and P95 goodput) into the report, then the tables."""
+    from fsd.progress import Progress
     from fsd.sim.metrics import SUSTAINED_FRACTION
     from fsd.sim.sweep import GOODPUT_QUANTILE, sweep_all
 
     targets = ("slo", "goodput95") if o.sweep_goodput else ("slo",)
-    found = sweep_all(specs, cost, workload, o.sweep_metric, 1.0, o.sweep_tol, o.jobs, targets)
+    with Progress(f"sweeping {len(specs)} policies ({' and '.join(targets)} bisections)"):
+        found = sweep_all(specs, cost, workload, o.sweep_metric, 1.0, o.sweep_tol, o.jobs, targets)
     trace_scale = o.time_scale if o.trace is not None else None
     report["sweep"] = {
         "metric": o.sweep_metric,
@@ -252,9 +254,18 @@ def sweep_row(by_target: dict[str, Any], trace_scale: float | None) -> dict[str,
 def _run(
     o: SimOptions, specs: list[RunSpec], cost: Any, workload: Any, slo: float, report: dict
 ) -> None:
-    from fsd.sim.runner import run_many
+    from fsd.progress import Progress
+    from fsd.sim.runner import run_many, run_one
 
-    report["policies"] = run_many(specs, cost, workload, o.jobs)
+    if o.jobs <= 1:  # one run at a time: each shows its requests done
+        rows = {}
+        for spec in specs:
+            with Progress(f"simulating {spec.label}", len(workload)) as bar:
+                rows[spec.label] = run_one(spec, cost, workload, bar.update)
+        report["policies"] = rows
+    else:  # runs in other processes: only the time they take so far
+        with Progress(f"simulating {len(specs)} policies on {o.jobs} processes"):
+            report["policies"] = run_many(specs, cost, workload, o.jobs)
     out.print_table(report["policies"], slo)
     if o.jobs_csv is not None:
         out.console().print(f"per-job records: {o.jobs_csv}/<policy>.csv", highlight=False)

@@ -25,6 +25,7 @@ Nothing is random here: a run is a pure function of the workload, configs and co
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from fsd.config import CacheConfig, SchedConfig, check_prefill_chunk
@@ -104,8 +105,11 @@ class Simulator:
                     f"request {i}: {exc} (raise the limit or clip the workload)"
                 ) from None
 
-    def run(self, workload: Workload) -> SimResult:
-        """Simulate until every request has finished; returns its metrics."""
+    def run(
+        self, workload: Workload, on_progress: Callable[[int, int], None] | None = None
+    ) -> SimResult:
+        """Simulate until every request has finished; returns its metrics.
+        `on_progress(done, total)` hears of the finished requests now and then."""
         self.check(workload)
         t_wall = time.perf_counter()
         blocks = BlockManager(self.pools.device, self.cache_config.block_size, self.pools.host)
@@ -116,8 +120,9 @@ class Simulator:
             for i, r in enumerate(workload)
         ]
         loop = EventLoop(
-            self.cost, sched, jobs, self.pipeline_stages, self.kv_sample_s, self._stalled
-        )
+            self.cost, sched, jobs, self.pipeline_stages, self.kv_sample_s, self._stalled,
+            on_progress,
+        )  # fmt: skip
         loop.run()
         blocks.check()
         device, host = blocks.device, blocks.host

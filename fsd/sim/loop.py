@@ -27,6 +27,7 @@ from fsd.sim.job import SimJob
 from fsd.sim.metrics import Counters
 
 _INF = float("inf")
+PROGRESS_EVERY = 4096  # loop passes between two progress reports
 
 
 class SimulationError(FsdError):
@@ -117,7 +118,10 @@ class EventLoop:
         stages: int,
         kv_sample_s: float | None,
         stalled: Callable[[Scheduler, float], str],
+        on_progress: Callable[[int, int], None] | None = None,
     ) -> None:
+        """`on_progress(done, total)`: told the finished jobs every few thousand decisions
+        and at the end (a command's progress bar; the loop itself draws nothing)."""
         self.cost = cost
         self.sched = sched
         self.blocks: BlockManager = sched.blocks
@@ -134,6 +138,7 @@ class EventLoop:
         self.stages = stages
         self.pipe = _Pipeline(stages)
         self._stalled = stalled
+        self._on_progress = on_progress
 
     def resume(self, now: float, copies: list[SwapOp]) -> None:
         """Start inside a running system (the what-if twin): the scheduler already holds
@@ -150,9 +155,17 @@ class EventLoop:
         first decision at or past `until`; returns the clock then."""
         pipe, sched, c = self.pipe, self.sched, self.counters
         now = start if start is not None else self.jobs[0].arrival_time if self.jobs else 0.0
+        report, countdown = self._on_progress, PROGRESS_EVERY
         while True:
             self._settle(now)
+            if report is not None:
+                countdown -= 1
+                if countdown == 0:  # a countdown: the clock would cost more than the call
+                    countdown = PROGRESS_EVERY
+                    report(self.i - self.live, self.n)
             if now >= until or (self.live == 0 and self.i >= self.n and not self.copies):
+                if report is not None:
+                    report(self.i - self.live, self.n)
                 return now
             if not pipe.can_enter(now):
                 # stage 1 is busy (or the pipeline full): nothing to decide until it frees

@@ -53,10 +53,16 @@ class RunSpec:
         return replace(self, label=label or policy, sched=replace(self.sched, policy=policy))
 
 
-def run_one(spec: RunSpec, cost: CostModel, workload: Workload) -> dict[str, object]:
-    """The metric row of one run (plus its KV samples when asked for)."""
+def run_one(
+    spec: RunSpec,
+    cost: CostModel,
+    workload: Workload,
+    on_progress: Callable[[int, int], None] | None = None,
+) -> dict[str, object]:
+    """The metric row of one run (plus its KV samples when asked for);
+    `on_progress(done, total)` hears of its finished requests now and then."""
     sim = spec.simulator(cost)
-    result = sim.run(workload)
+    result = sim.run(workload, on_progress)
     row: dict[str, object] = dict(result.metrics)
     row["policy"] = result.policy
     row["kv_policy"] = spec.cache.kv_policy

@@ -20,7 +20,7 @@ Presets (`PRESETS`), each a prompt and an output distribution plus a context bou
   ShareGPT runs on OPT (2048-token context).
 - `alpaca`: means 19.31 prompt / 58.45 output (same figure); sigma 0.6 / 0.8 assumed.
 - `azure-conv`: fitted to the shipped Azure 2023 conversation trace
-  (data/README.md: prompt mean 1155, p99 4142; output mean 211, p99 601): with
+  (scenarios/traces/README.md: prompt mean 1155, p99 4142; output mean 211, p99 601): with
   z99 = 2.3263, sigma solves ln(p99 / mean) = z99 * sigma - sigma^2 / 2, giving
   sigma 0.636 (prompt) and 0.505 (output).
 - `prefill-heavy`: long prompts (mean 1536, sigma 0.4), short outputs (mean 16,

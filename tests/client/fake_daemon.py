@@ -36,8 +36,9 @@ from dataclasses import dataclass, field
 import zmq
 
 from fsd import protocol as P
+from fsd.errors import SettingError
 from fsd.protocol_preview import MAX_HORIZON, MAX_SEEDS
-from fsd.sched.retune import RETUNABLE
+from fsd.sched.retune import check_names
 
 OPERATOR_ONLY = (P.Retune, P.Inject, P.Drain, P.Undrain, P.Shutdown, P.Preview)
 
@@ -198,14 +199,12 @@ class FakeDaemon:
         self._send(ident, accepted)
 
     def _preview(self, ident: bytes, msg: P.Preview) -> None:
-        unknown = sorted(k for k in msg.changes if k not in RETUNABLE)
-        if unknown:
-            refusal = (
-                "invalid-setting",
-                f"cannot retune {', '.join(unknown)} while running; "
-                f"retunable: {', '.join(RETUNABLE)}",
-            )
-        elif not 0 < msg.horizon <= MAX_HORIZON:
+        try:  # the daemon's own words for a name it does not retune
+            check_names(msg.changes)
+        except SettingError as exc:
+            self._send(ident, P.Error(code=exc.code, message=str(exc), req_id=msg.req_id))
+            return
+        if not 0 < msg.horizon <= MAX_HORIZON:
             refusal = ("invalid-setting", f"horizon must be in (0, {MAX_HORIZON:g}] seconds, got {msg.horizon!r}")  # fmt: skip
         elif not 1 <= msg.seeds <= MAX_SEEDS:
             refusal = ("invalid-setting", f"seeds must be an integer in [1, {MAX_SEEDS}], got {msg.seeds!r}")  # fmt: skip

@@ -118,8 +118,12 @@ def test_retune_parses_values(daemon):
     bad_unit = fsctl(daemon, "retune", "q1=5 parsecs")
     assert bad_unit.exit_code == 2
     assert bad_unit.stderr == "error: q1: '5 parsecs' is not a duration (e.g. 0.01, 10ms, 250us)\n"
-    refused = fsctl(daemon, "retune", "bogus=1")
+    refused = fsctl(daemon, "retune", "nosuchkey=1")  # unknown: said so, valid keys listed
     assert refused.exit_code == 2 and refused.stderr.endswith("(invalid-setting)\n")
+    assert refused.stderr.startswith("error: unknown setting nosuchkey; retunable: ")
+    assert "max_batch_size" in refused.stderr and "while running" not in refused.stderr
+    fixed = fsctl(daemon, "retune", "block_size=8")  # known, but fixed at start
+    assert fixed.stderr.startswith("error: cannot retune block_size while running")
     malformed = fsctl(daemon, "retune", "policy")
     assert malformed.exit_code == 2
     assert malformed.stderr == "error: expected KEY=VALUE, got 'policy'\n"
@@ -170,6 +174,9 @@ def test_inject_waits_for_its_jobs_by_default(daemon):
     lines = result.stdout.splitlines()
     assert lines[0].startswith("injected 3 jobs (tag injected): job-")
     assert lines[1:] == ["ended: 3 length"]
+    progress = result.stderr.splitlines()  # not a terminal: plain lines, first and last
+    assert progress[0] == "waiting for 3 jobs (Ctrl-C aborts them): 0/3"
+    assert progress[-1].startswith("waiting for 3 jobs (Ctrl-C aborts them): done 3/3 in ")
 
 
 def test_watch_snapshots_and_events(daemon):
@@ -221,10 +228,10 @@ def test_drain_and_shutdown(daemon):
 @pytest.mark.parametrize(
     ("command", "message"),
     [
-        (["status"], "error: no fsd daemon answered at tcp://127.0.0.1:{port} within 0.3 s\n"),
+        (["status"], "error: no fsd daemon answered at tcp://127.0.0.1:{port}: none runs there (nothing listens and no daemon holds its pidfile); start one with `fsd start`\n"),
         (
             ["submit", "hi"],
-            "error: no fsd daemon answered at tcp://127.0.0.1:{port} within 0.3 s\n",
+            "error: no fsd daemon answered at tcp://127.0.0.1:{port}: none runs there (nothing listens and no daemon holds its pidfile); start one with `fsd start`\n",
         ),
         (["watch"], "error: no telemetry from tcp://127.0.0.1:{port} within 0.3 s"),
         (["record", "x.fsdrec"], "error: no telemetry from tcp://127.0.0.1:{port} within 0.3 s"),

@@ -62,7 +62,7 @@ def test_preview_refusals_are_one_line_and_exit_2(fake, tmp_path):
     assert unknown.exit_code == 2 and unknown.stdout == ""
     previewing, refusal = unknown.stderr.splitlines()  # the refusal is one line
     assert previewing.startswith("previewing...") and refusal.startswith(
-        "error: cannot retune bogus"
+        "error: unknown setting bogus"
     )
     assert refusal.endswith("(invalid-setting)")
     seeds = fsctl(fake, tmp_path, "retune", "--preview", "policy=fcfs", "--seeds", "99")

@@ -50,7 +50,7 @@ def test_preview_defaults_and_an_empty_change_is_refused_here():
 @pytest.mark.parametrize(
     ("kwargs", "words"),
     [
-        ({"bogus": 1}, "cannot retune bogus"),
+        ({"bogus": 1}, "unknown setting bogus"),
         ({"policy": "fcfs", "seeds": 0}, "seeds"),
         ({"policy": "fcfs", "horizon": 1e6}, "horizon"),
     ],

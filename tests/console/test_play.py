@@ -95,7 +95,10 @@ def test_play_writes_a_record_per_job_and_prints_the_summary(daemon, tmp_path):
     assert summary["kv_series"] and summary["summary"]["slo"] > 0
     assert "avg ms/tok" in res.output and "latency split: queuing" in res.output
     with daemon.client() as c:
-        assert c.status().jobs == 0
+        status = c.status()
+    assert status.jobs == 0
+    # the context the player clips each job to, as the injector and the simulator do
+    assert status.max_model_len == 2048
 
 
 def test_abort_all_ends_the_players_live_jobs(daemon, tmp_path):

@@ -346,9 +346,10 @@ def test_once_without_a_daemon_fails_clearly(tmp_path):
     from tests.server.daemon_proc import free_port
 
     endpoint = f"tcp://127.0.0.1:{free_port()}"
-    out = CliRunner().invoke(fsctl, ["--telemetry-endpoint", endpoint, "--timeout", "0.5", "top", "--once"])  # fmt: skip
-    assert out.exit_code == 2
-    assert f"no telemetry from {endpoint}" in out.output
+    args = ["--telemetry-endpoint", endpoint, "--timeout", "0.5", "top", "--once"]
+    out = CliRunner().invoke(fsctl, ["--endpoint", endpoint, *args])
+    assert out.exit_code == 2  # nothing runs there: said at once, from the pidfile and socket
+    assert f"no fsd daemon answered at {endpoint}: none runs there" in out.output
     missing = CliRunner().invoke(fsctl, ["top", "--replay", str(tmp_path / "nope.jsonl")])
     assert missing.exit_code == 2 and "cannot open recording" in missing.output
 

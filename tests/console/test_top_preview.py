@@ -3,6 +3,7 @@ applies nothing, and the daemon's refusals in the dialog's error line."""
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 
@@ -47,8 +48,10 @@ async def test_preview_shows_both_sides_then_apply_or_cancel():
             fake.hold_previews = True
             await pilot.click("#preview-button")
             await wait_for(pilot, lambda: fake.previews)
-            assert shown(dialog, "answer") == (
-                "previewing… (runs the twin for 60 s of simulated time)"
+            assert re.fullmatch(  # the seconds so far, and what runs
+                r"previewing… \d+ s so far \(the twin runs both settings for 60 s of "
+                r"simulated time, 4 seeds each\)",
+                shown(dialog, "answer"),
             )
             assert not dialog.query_one("#preview-box").display
             await pilot.press("ctrl+p")  # one at a time: not sent again meanwhile

@@ -16,7 +16,6 @@ import torch
 
 from fsd import LLM, SamplingParams
 from fsd.config import ConfigError, ModelConfig
-from fsd.engine import worker as worker_mod
 from fsd.engine.cuda_graph import DecodeGraphs, graph_buckets
 from fsd.layers.attention import HostLayout
 
@@ -127,28 +126,6 @@ def test_cuda_graphs_is_a_model_option():
     assert ModelConfig(cuda_graphs=False).cuda_graphs is False
     with pytest.raises(ConfigError):
         ModelConfig(cuda_graphs="yes")
-
-
-def test_default_threads(monkeypatch):
-    before = torch.get_num_threads()
-    try:
-        monkeypatch.setattr(worker_mod, "usable_cpus", lambda: 6)
-        monkeypatch.setattr(worker_mod.os, "sched_getaffinity", lambda pid: set(range(8)))
-        monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
-        torch.set_num_threads(8)  # torch's own default: one per CPU seen
-        assert worker_mod.default_threads() == 5  # one CPU left to the daemon's threads
-        torch.set_num_threads(3)  # chosen by someone: kept
-        assert worker_mod.default_threads() is None
-        torch.set_num_threads(8)
-        monkeypatch.setenv("OMP_NUM_THREADS", "8")
-        assert worker_mod.default_threads() is None
-        monkeypatch.delenv("OMP_NUM_THREADS")
-        monkeypatch.setattr(worker_mod, "usable_cpus", lambda: 2)
-        assert worker_mod.default_threads() == 2  # a small machine keeps every core
-        monkeypatch.setattr(worker_mod, "usable_cpus", lambda: 1)
-        assert worker_mod.default_threads() == 1
-    finally:
-        torch.set_num_threads(before)
 
 
 @pytest.mark.gpu

@@ -175,6 +175,23 @@ def test_bad_input_gets_clear_errors_and_the_engine_keeps_working(tiny):
     assert_pool_free(tiny)
 
 
+def test_a_max_tokens_past_the_context_is_refused_for_a_client_and_clipped_offline(tiny):
+    eng = tiny.engine
+    ctx = eng.max_model_len
+    huge = SamplingParams(max_tokens=10**9)
+    with pytest.raises(
+        PromptTooLongError, match=f"context of {ctx} tokens; ask for at most {ctx - 3} output"
+    ):
+        eng.add_request([1, 2, 3], huge, clip=False)  # a client's request (the daemon's)
+    fits = eng.add_request([1, 2, 3], SamplingParams(max_tokens=ctx - 3), clip=False)
+    assert fits.max_output == ctx - 3
+    clipped = eng.add_request([1, 2, 3], huge)  # offline: "up to the context"
+    assert clipped.max_output == ctx - 3
+    for job in (fits, clipped):
+        eng.abort(job.job_id)
+    assert_pool_free(tiny)
+
+
 def test_unknown_policy_and_options_fail_before_loading():
     with pytest.raises(ConfigError, match="unknown policy 'lottery'"):
         LLM("tiny", policy="lottery")

@@ -2,7 +2,7 @@ import torch
 
 from fsd.engine.output import JobFault
 from fsd.engine.sampler import Sampler
-from fsd.jobs import SamplingParams
+from fsd.jobs import MAX_TEMPERATURE, SamplingParams
 
 
 def logits(rows: int, vocab: int = 50, seed: int = 0) -> torch.Tensor:
@@ -31,7 +31,7 @@ def test_top_k_keeps_draws_inside_the_k_best():
     s = Sampler(1, torch.device("cpu"))
     x = logits(1, vocab=100)
     allowed = set(x[0].topk(3).indices.tolist())
-    p = [SamplingParams(temperature=5.0, top_k=3)]
+    p = [SamplingParams(temperature=MAX_TEMPERATURE, top_k=3)]
     draws = {s.sample(x.clone(), p, ["a"])[0] for _ in range(200)}
     assert draws <= allowed and len(draws) > 1
 
@@ -77,7 +77,7 @@ def test_rows_that_are_not_distributions_take_the_argmax_of_the_usable_logits():
         ]
     )
     ban = [(), (), (), (0, 1, 2, 3), ()]
-    for temperature in (0.0, 1e-5, 1.0, 100.0):
+    for temperature in (0.0, 1e-5, 1.0, MAX_TEMPERATURE):
         params = [SamplingParams(temperature=temperature, top_p=0.9, top_k=3)] * 5
         ids = [f"j{i}" for i in range(5)]
         assert s.sample(x.clone(), params, ids, banned=ban) == [2, 0, 2, 0, 0]

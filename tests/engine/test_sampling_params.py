@@ -10,11 +10,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fsd import LLM
+from fsd import protocol as P
 from fsd.cost import CostModel
 from fsd.engine.output import JobFault
 from fsd.engine.sampler import Sampler
 from fsd.errors import ConfigError
-from fsd.jobs import GREEDY_BELOW, SamplingParams
+from fsd.jobs import GREEDY_BELOW, MAX_TEMPERATURE, SamplingParams
+from fsd.server.openai_errors import APIError
+from fsd.server.openai_schema import parse_completion
 
 NAN, INF = float("nan"), float("inf")
 
@@ -28,6 +31,7 @@ NAN, INF = float("nan"), float("inf")
         ({"temperature": -INF}, "temperature"),
         ({"temperature": -1e-300}, "temperature"),
         ({"temperature": 1e6}, "temperature"),
+        ({"temperature": 2.0000001}, "temperature"),
         ({"temperature": 10**400}, "temperature"),
         ({"temperature": "1.0"}, "temperature"),
         ({"temperature": True}, "temperature"),
@@ -79,7 +83,7 @@ def test_invalid_sampling_fields_are_refused_naming_the_field(kwargs, field):
     "kwargs",
     [
         {"temperature": 0},
-        {"temperature": 100.0},
+        {"temperature": MAX_TEMPERATURE},
         {"top_p": 1e-300},
         {"top_k": -1},
         {"top_k": 2**31 - 1},
@@ -94,6 +98,23 @@ def test_invalid_sampling_fields_are_refused_naming_the_field(kwargs, field):
 )
 def test_the_bounds_themselves_are_accepted(kwargs):
     SamplingParams(**kwargs)
+
+
+@pytest.mark.parametrize(("value", "ok"), [(0.0, True), (MAX_TEMPERATURE, True), (2.5, False)])
+def test_one_temperature_range_on_every_path(value, ok):
+    """The SDK, the ZeroMQ wire and the HTTP API take the same range: OpenAI's [0, 2]."""
+    assert MAX_TEMPERATURE == 2.0
+    paths = (
+        lambda: SamplingParams(temperature=value),
+        lambda: P.Sampling(temperature=value).params(),
+        lambda: parse_completion({"prompt": "x", "temperature": value}, "tiny").params,
+    )
+    for make in paths:
+        if ok:
+            assert make().temperature == value
+        else:
+            with pytest.raises((ConfigError, APIError), match=r"temperature must be .*\[0, 2\]"):
+                make()
 
 
 def test_numbers_are_normalised_to_python_types():
@@ -151,7 +172,7 @@ VOCAB = 12
 
 wide_floats = st.one_of(
     st.floats(allow_nan=True, allow_infinity=True),
-    st.sampled_from([0.0, 5e-324, 1e-300, 1e-46, 1e-6, GREEDY_BELOW, 1e-5 * 1.01, 1.0, 100.0]),
+    st.sampled_from([0.0, 5e-324, 1e-300, 1e-46, 1e-6, GREEDY_BELOW, 1e-5 * 1.01, 1.0, 2.0, 100.0]),
     st.integers(-(2**70), 2**70),
 )
 wide_ints = st.one_of(

@@ -154,6 +154,16 @@ def test_client_errors_carry_the_code(daemon):
         assert info.value.code == "unknown-job"
 
 
+def test_a_max_tokens_past_the_context_is_refused_naming_the_limit(daemon):
+    # it was cut to the context silently; a client now hears the limit (as vLLM answers)
+    with daemon.client() as c:
+        with pytest.raises(RequestError) as info:
+            c.complete([1, 2, 3], max_tokens=10**9)
+        assert info.value.code == "prompt-too-long"
+        assert "context of 2048 tokens; ask for at most 2045" in info.value.message
+        assert len(c.complete([1, 2, 3], max_tokens=2, ignore_eos=True).token_ids) == 2
+
+
 def test_a_silent_client_loses_its_jobs_and_their_blocks(daemon):
     s = raw(daemon)
     s.send(

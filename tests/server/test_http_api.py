@@ -159,6 +159,12 @@ def test_refusals_map_to_openai_errors_and_the_daemon_serves_on(api, daemon):
     with pytest.raises(openai.BadRequestError) as info:  # longer than the context
         api.completions.create(model="tiny", prompt="x" * 3000, max_tokens=2)
     assert info.value.body["code"] == "context_length_exceeded"
+    for max_tokens in (10**9, 2047):  # prompt + max_tokens past the context: named, not cut
+        with pytest.raises(openai.BadRequestError) as info:
+            api.completions.create(model="tiny", prompt="xy", max_tokens=max_tokens)
+        assert info.value.status_code == 400
+        assert info.value.body["code"] == "context_length_exceeded"
+        assert "context of 2048 tokens" in info.value.body["message"]
     with pytest.raises(openai.BadRequestError):
         api.chat.completions.create(model="tiny", messages=[{"role": "wizard", "content": "x"}])
     with pytest.raises(openai.BadRequestError):

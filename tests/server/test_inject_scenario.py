@@ -97,7 +97,7 @@ def test_scenario_jobs_arrive_on_its_clock_tagged_and_finish(daemon):
                 'kind = "burst"',
                 'kind = "retune"\nset = { colour = 1 }\n[[event]]\nat = 0.1\nkind = "burst"',
             ),
-            "set: cannot retune colour while running",
+            "set: unknown setting colour; retunable: ",
         ),
         (("rate = 8.0", "rate = 8.0\n[x"), "<inline>: not valid TOML"),
     ],

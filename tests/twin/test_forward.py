@@ -62,7 +62,7 @@ def test_the_future_is_drawn_from_what_was_recorded(snap: TwinSnapshot) -> None:
 
 
 def test_a_proposal_is_refused_as_a_retune_would_be(snap: TwinSnapshot) -> None:
-    with pytest.raises(SettingError, match="cannot retune teleport"):
+    with pytest.raises(SettingError, match="unknown setting teleport"):
         preview(snap, {"teleport": 1}, horizon=10.0, seeds=1)
     with pytest.raises(SettingError):
         preview(snap, {"max_batch_size": -3}, horizon=10.0, seeds=1)

@@ -1,0 +1,120 @@
+"""The daemon log's periodic stats line: what the engine did since the last one.
+
+Every `stats_interval` seconds in which there was work (iterations ran, jobs ended
+or jobs are live), one INFO line on the `fsd.server` logger, e.g.
+
+    stats 10.0 s: 48.2 it/s, 812 gen tok/s, 3400 prompt tok/s, 40 finished;
+    jobs Q1 4/10 Q2 0/3 (running/waiting); KV device 72% host 10%;
+    prefix hits 35% of 12000 tokens; swaps 3 out 2 in
+
+(one line in the log). It counts nothing the engine already keeps: iterations are
+`Engine.iterations`, prompt tokens the iterations' own `IterationStats`, occupancy the
+block pools' `stats()`, prefix hits the prefix cache's counters (their change over
+the interval), swaps the engine's swap events (a `TelemetryPump` tap); only the
+generated tokens and finished jobs are summed here, from the loop's step deltas.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable
+
+from fsd.engine.core import Engine
+from fsd.engine.events import EngineEvent, wire_level
+from fsd.engine.output import StepDelta
+from fsd.jobs import JobStatus
+
+log = logging.getLogger("fsd.server")
+
+_SWAPS = {"swap-out-begin": "out", "swap-in-begin": "in"}
+
+
+class StatsLog:
+    """The loop's stats duty: `stepped` after each step, `tick` every pass."""
+
+    def __init__(
+        self, engine: Engine, interval: float, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        """`interval`: seconds between two lines (0: none)."""
+        self.engine = engine
+        self.interval = interval
+        self._clock = clock
+        self._start(clock())
+
+    def _start(self, now: float) -> None:
+        """Begin a new interval at `now`."""
+        prefix = self.engine.blocks.prefix.stats()
+        self._since = now
+        self._iterations = self._seen = self.engine.iterations
+        self._prefix = (prefix.queries, prefix.hits)
+        self._prompt = self._generated = self._finished = 0
+        self._swaps: Counter[str] = Counter()
+
+    def stepped(self, deltas: Iterable[StepDelta]) -> None:
+        """One step's tokens and finished jobs, and its iterations' prompt tokens."""
+        for d in deltas:
+            self._generated += len(d.new_token_ids)
+            self._finished += d.finished
+        new = self.engine.iterations - self._seen  # a step completes one iteration or a few
+        self._seen = self.engine.iterations
+        for it in itertools.islice(reversed(self.engine.recent_iterations), new):
+            self._prompt += it.prefill_tokens
+
+    def saw_events(self, events: list[EngineEvent]) -> None:
+        """Count the swaps among the engine's events (a `TelemetryPump` tap)."""
+        for e in events:
+            direction = _SWAPS.get(e.kind)
+            if direction is not None:
+                self._swaps[direction] += 1
+
+    def tick(self) -> None:
+        """Log the line once the interval is over (if there was work), then start anew."""
+        if self.interval <= 0:
+            return
+        now = self._clock()
+        if now - self._since < self.interval:
+            return
+        ran = self.engine.iterations - self._iterations
+        if ran or self._finished or len(self.engine.scheduler):
+            log.info("%s", self.line(now - self._since))
+        self._start(now)
+
+    def line(self, span: float) -> str:
+        """The stats of the `span` seconds since the interval began."""
+        e = self.engine
+        rate = f"{(e.iterations - self._iterations) / span:.1f} it/s, "
+        rate += f"{self._generated / span:.0f} gen tok/s, {self._prompt / span:.0f} prompt tok/s"
+        kv = e.blocks.stats()
+        host = f"{100 * kv.host_used / kv.host_total:.0f}%" if kv.host_total else "-"
+        return (
+            f"stats {span:.1f} s: {rate}, {self._finished} finished; "
+            f"jobs {self._levels()} (running/waiting); "
+            f"KV device {100 * kv.device_used / max(kv.device_total, 1):.0f}% host {host}; "
+            f"{self._prefix_hits()}; swaps {self._swaps['out']} out {self._swaps['in']} in"
+        )
+
+    def _levels(self) -> str:
+        """'Q1 4/10 Q2 0/3': running and waiting jobs of each level that has any."""
+        running: Counter[int] = Counter()
+        waiting: Counter[int] = Counter()
+        for job in self.engine.scheduler.jobs():
+            level = wire_level(job.level)
+            if job.status is JobStatus.RUNNING:
+                running[level] += 1
+            else:
+                waiting[level] += 1
+        levels = sorted(running.keys() | waiting.keys())
+        return " ".join(f"Q{q} {running[q]}/{waiting[q]}" for q in levels) or "none"
+
+    def _prefix_hits(self) -> str:
+        """'prefix hits 35% of 12000 tokens' over the interval (or why there is no rate)."""
+        stats = self.engine.blocks.prefix.stats()
+        if not stats.enabled:
+            return "prefix cache off"
+        queries, hits = stats.queries - self._prefix[0], stats.hits - self._prefix[1]
+        if not queries:
+            return "prefix hits - (no prompt looked up)"
+        return f"prefix hits {100 * hits / queries:.0f}% of {queries} tokens"
