@@ -100,8 +100,9 @@ class Progress:
         now = self._clock()
         if now >= self._next_line:
             self._next_line = now + self._interval
-            parts = [p for p in (self._counts(), self.info) if p]
-            self._write(f"{self.label}: {' '.join(parts)} ({now - self._started:.0f} s)")
+            said = " ".join(p for p in (self._counts(), self.info) if p)
+            head = f"{self.label}: {said}" if said else self.label
+            self._write(f"{head} ({now - self._started:.0f} s)")
 
     def _counts(self) -> str:
         if self.total is not None:

@@ -14,18 +14,10 @@ import time
 from pathlib import Path
 
 from fsd.client import RecordingWriter, TelemetryClient
-from tests.server.daemon_proc import start_daemon
+from tests.server.daemon_proc import pool_config, start_daemon
 
 OUT = Path(__file__).parent / "data" / "top-recording.jsonl"
-CONFIG = """
-[cache]
-num_gpu_blocks = 48
-num_host_blocks = 256
-[sched]
-max_batch_size = 6
-[server]
-telemetry_hz = 10
-"""
+CONFIG = pool_config(48, 6, 10)
 
 
 def record(out: Path = OUT, seconds: float = 2.0) -> None:

@@ -18,17 +18,7 @@ from fsd.console.top import render
 from fsd.console.top.app import TopApp
 from fsd.console.top.data import fold
 from fsd.errors import ConfigError
-
-PREFIX = P.PrefixInfo(
-    enabled=True,
-    queries=1000,
-    hits=600,
-    host_hits=200,
-    device_blocks=12,
-    host_blocks=3,
-    device_evictions=5,
-    host_evictions=1,
-)
+from tests.wire_samples import PREFIX
 
 
 def with_prefix(recording: list, prefix: P.PrefixInfo | None) -> list:

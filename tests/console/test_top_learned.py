@@ -12,7 +12,7 @@ from fsd.console.top.data import fold
 from fsd.console.top.jobtable import JobTable
 from fsd.console.top.once import print_once
 from fsd.console.top.panels import LearnedLine
-from fsd.console.top.render import COLUMNS
+from tests.console.cells import column_cells
 from tests.console.test_top_app import sync, text_of
 from tests.console.test_top_data import job, snap
 
@@ -42,17 +42,6 @@ def scene(info: P.SchedInfo | None) -> P.Snapshot:
     return s
 
 
-def rank_cells(table: JobTable) -> dict[str, str]:
-    """The RANK cell of each row the widget draws, by job id (the header under '')."""
-    index = [c.title for c in COLUMNS].index("RANK")
-    left = sum(c.width + 1 for c in COLUMNS[:index])
-    cells = {}
-    for y in range(len(table.rows) + 1):
-        text = table.render_line(y).text
-        cells[text.split()[0].lstrip("◆") if y else ""] = text[left : left + COLUMNS[index].width]
-    return cells
-
-
 @sync
 async def test_the_job_table_ranks_jobs_and_a_line_shows_the_learned_state():
     info = P.SchedInfo(live_cost=12.5, live_cost_samples=340, learned=LEARNED)
@@ -60,7 +49,7 @@ async def test_the_job_table_ranks_jobs_and_a_line_shows_the_learned_state():
     async with app.run_test(size=(160, 48)) as pilot:
         await pilot.pause()
         table = app.query_one(JobTable)
-        cells = rank_cells(table)
+        cells = column_cells(table, "RANK")
         assert cells[""].strip() == "RANK"
         assert {k: v.strip() for k, v in cells.items() if k} == {"short": "2", "long": "1", "old": "-"}  # fmt: skip
         table.sort_by("rank")  # the scheduler's own order, unranked last

@@ -10,8 +10,8 @@ from fsd.console.top.app import TopApp
 from fsd.console.top.data import fold, sort_rows
 from fsd.console.top.jobtable import JobTable
 from fsd.console.top.once import print_once
-from fsd.console.top.render import COLUMNS
 from fsd.console.top.screens import JobDetailScreen
+from tests.console.cells import column_cells
 from tests.console.test_top_app import sync, text_of
 from tests.console.test_top_data import job, snap
 
@@ -30,17 +30,6 @@ JOBS = [
 ]
 
 
-def prefill_cells(table: JobTable) -> dict[str, str]:
-    """The PREFILL cell of each row the widget draws, by job id (the header under '')."""
-    index = [c.title for c in COLUMNS].index("PREFILL")
-    left = sum(c.width + 1 for c in COLUMNS[:index])
-    cells = {}
-    for y in range(len(table.rows) + 1):
-        text = table.render_line(y).text
-        cells[text.split()[0].lstrip("◆") if y else ""] = text[left : left + COLUMNS[index].width]
-    return cells
-
-
 @sync
 async def test_the_job_table_shows_the_progress_of_a_partly_prefilled_job():
     state = fold([snap(1.0, [[j.job_id for j in JOBS]], JOBS)])
@@ -48,7 +37,7 @@ async def test_the_job_table_shows_the_progress_of_a_partly_prefilled_job():
     async with app.run_test(size=(160, 48)) as pilot:
         table = app.query_one(JobTable)
         await pilot.pause()
-        cells = prefill_cells(table)
+        cells = column_cells(table, "PREFILL")
         assert cells[""].strip() == "PREFILL" and cells["part"].strip() == "512/2048"
         for jid in ("done", "fresh", "old"):  # blank unless part done
             assert cells[jid].strip() == ""

@@ -7,10 +7,13 @@ start-up calibration, which over Ray and gloo would cost more than the tests.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from fsd import LLM
 from fsd.cost import CostModel
 from fsd.engine.ray_cluster import ensure_ray
 
@@ -28,3 +31,14 @@ def profile_path(tmp_path_factory) -> str:
     path = Path(tmp_path_factory.mktemp("profile")) / "fixed.json"
     CostModel(name="fixed-test").save(path)
     return str(path)
+
+
+@pytest.fixture(scope="session")
+def cpu_llm(profile_path) -> Callable[..., LLM]:
+    """LLM(model, **settings) on CPU workers with the fixed cost model, FCFS unless a
+    policy is given: what every sharded-equals-one-device test starts from."""
+
+    def make(model: str, **settings: Any) -> LLM:
+        return LLM(model, **{"device": "cpu", "policy": "fcfs", "profile": profile_path, **settings})
+
+    return make

@@ -44,19 +44,13 @@ def alone(profile_path) -> dict[str, list[list[int]]]:
     ],
 )
 def test_sharded_tokens_equal_one_device_under_preemption_and_swapping(
-    ray_cluster, profile_path, alone, model, tp, pp, kv_policy
+    ray_cluster, cpu_llm, alone, model, tp, pp, kv_policy
 ):
-    with LLM(
-        model,
-        tp=tp,
-        pp=pp,
-        device="cpu",
-        policy="sj-mlfq",
-        demote_rule="always",  # demotion churn forces the preemption and swapping
-        kv_policy=kv_policy,
-        profile=profile_path,
-        prefix_cache=False,  # every byte out comes back in (test_prefix_sharded has the cache)
-        **SMALL_POOL,
+    # demotion churn forces the preemption and swapping
+    # every byte out comes back in (test_prefix_sharded has the cache)
+    with cpu_llm(
+        model, tp=tp, pp=pp, policy="sj-mlfq", demote_rule="always", kv_policy=kv_policy,
+        prefix_cache=False, **SMALL_POOL,
     ) as llm:
         outs = llm.generate(PROMPTS, PARAMS)
         assert [o.token_ids for o in outs] == alone[model]
@@ -80,36 +74,21 @@ CHUNK_PARAMS = [SamplingParams(max_tokens=12, ignore_eos=True)] * 4 + [SEEDED[0]
 
 
 @pytest.fixture(scope="module")
-def unchunked(profile_path) -> list[list[int]]:
+def unchunked(cpu_llm) -> list[list[int]]:
     """The chunked-prefill prompts on one device, in process, with chunking off."""
-    with LLM(
-        "tiny-opt",
-        device="cpu",
-        policy="fcfs",
-        prefill_chunk=0,
-        num_gpu_blocks=512,
-        profile=profile_path,
-    ) as llm:
+    with cpu_llm("tiny-opt", prefill_chunk=0, num_gpu_blocks=512) as llm:
         return [o.token_ids for o in llm.generate(CHUNK_PROMPTS, CHUNK_PARAMS)]
 
 
 @pytest.mark.parametrize(("tp", "pp"), [(2, 1), (1, 2)])
 def test_sharded_chunked_prefill_equals_one_device_unchunked(
-    ray_cluster, profile_path, unchunked, tp, pp
+    ray_cluster, cpu_llm, unchunked, tp, pp
 ):
     """Prompts longer than the chunk go in 32 tokens an iteration (some iterations carry
     only a chunk that draws nothing); every shard fills its KV from where it stopped."""
-    with LLM(
-        "tiny-opt",
-        tp=tp,
-        pp=pp,
-        device="cpu",
-        policy="fcfs",
-        prefill_chunk=32,
-        block_size=16,
-        num_gpu_blocks=64,
+    with cpu_llm(
+        "tiny-opt", tp=tp, pp=pp, prefill_chunk=32, block_size=16, num_gpu_blocks=64,
         num_host_blocks=16,
-        profile=profile_path,
     ) as llm:
         eng = llm.engine
         jobs = [eng.add_request(p, sp) for p, sp in zip(CHUNK_PROMPTS, CHUNK_PARAMS, strict=True)]
@@ -136,23 +115,14 @@ def test_sharded_chunked_prefill_equals_one_device_unchunked(
     ("tp", "pp", "kv_policy"), [(2, 1, "reactive"), (1, 2, "proactive"), (1, 2, "recompute")]
 )
 def test_sharded_chunked_prefill_under_preemption_equals_one_device_unchunked(
-    ray_cluster, profile_path, unchunked, tp, pp, kv_policy
+    ray_cluster, cpu_llm, unchunked, tp, pp, kv_policy
 ):
     """Chunks beside demotion churn on 14 blocks: half-prefilled jobs are swapped out or
     dropped (with pp = 2, while other micro-batches are in flight) and resume."""
-    with LLM(
-        "tiny-opt",
-        tp=tp,
-        pp=pp,
-        device="cpu",
-        policy="fsd",  # fsd's rules less the swap gate: the preemption churn this needs
-        swap_gate=False,
-        demote_rule="always",
-        preempt_threshold=0,
-        kv_policy=kv_policy,
-        prefill_chunk=16,
-        profile=profile_path,
-        **SMALL_POOL,
+    # fsd's rules less the swap gate: the preemption churn this needs
+    with cpu_llm(
+        "tiny-opt", tp=tp, pp=pp, policy="fsd", swap_gate=False, demote_rule="always",
+        preempt_threshold=0, kv_policy=kv_policy, prefill_chunk=16, **SMALL_POOL,
     ) as llm:
         outs = llm.generate(CHUNK_PROMPTS, CHUNK_PARAMS)
         assert [o.token_ids for o in outs] == unchunked

@@ -15,19 +15,12 @@ PROMPTS = [[5, 17, 99, 42], [8] * 11, [120, 3, 64, 77, 200, 31, 9]]
 PARAMS = SamplingParams(max_tokens=24, ignore_eos=True)
 
 
-def test_a_killed_worker_fails_its_jobs_then_fresh_workers_serve(ray_cluster, profile_path):
+def test_a_killed_worker_fails_its_jobs_then_fresh_workers_serve(
+    cpu_llm, ray_cluster, profile_path
+):
     with LLM("tiny-opt", num_gpu_blocks=64, profile=profile_path) as ref:
         want = ref.generate(PROMPTS[2], PARAMS)[0].token_ids
-    with LLM(
-        "tiny-opt",
-        tp=2,
-        device="cpu",
-        policy="fcfs",
-        max_batch_size=2,
-        num_gpu_blocks=64,
-        num_host_blocks=16,
-        profile=profile_path,
-    ) as llm:
+    with cpu_llm("tiny-opt", tp=2, max_batch_size=2, num_gpu_blocks=64, num_host_blocks=16) as llm:
         eng = llm.engine
         running = [eng.add_request(p, PARAMS) for p in PROMPTS[:2]]
         waiting = eng.add_request(PROMPTS[2], PARAMS)  # fcfs, batch of 2: not started

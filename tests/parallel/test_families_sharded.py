@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pytest
 
-from fsd import LLM, SamplingParams
+from fsd import SamplingParams
 from fsd.errors import PromptTooLongError
 from tests.models.hf_fixtures import hf_greedy, load_hf_model, make_checkpoint, random_tokens
 
@@ -22,19 +22,9 @@ PROMPTS = [random_tokens(n, seed) for seed, n in enumerate((3, 17, 30))]
 GREEDY = SamplingParams(max_tokens=24, ignore_eos=True)
 
 
-def test_mistral_over_tp2_pp2_equals_hf_up_to_its_window(ray_cluster, profile_path, tmp_path):
+def test_mistral_over_tp2_pp2_equals_hf_up_to_its_window(ray_cluster, cpu_llm, tmp_path):
     path = make_checkpoint(tmp_path / "mistral", "mistral", sliding_window=WINDOW)
-    with LLM(
-        str(path),
-        tp=2,
-        pp=2,
-        device="cpu",
-        policy="fcfs",
-        block_size=4,
-        num_gpu_blocks=64,
-        num_host_blocks=8,
-        profile=profile_path,
-    ) as llm:
+    with cpu_llm(str(path), tp=2, pp=2, block_size=4, num_gpu_blocks=64, num_host_blocks=8) as llm:
         assert llm.engine.max_model_len == WINDOW
         outs = llm.generate(PROMPTS, GREEDY)
         with pytest.raises(PromptTooLongError, match=f"{WINDOW}-token window"):

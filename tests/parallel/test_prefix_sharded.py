@@ -25,18 +25,9 @@ def reference(profile_path) -> list[list[int]]:
 
 @pytest.mark.parametrize(("tp", "pp"), [(2, 1), (1, 2)])
 def test_sharded_prefix_reuse_matches_one_device_without_the_cache(
-    ray_cluster, profile_path, reference, tp, pp
+    ray_cluster, cpu_llm, reference, tp, pp
 ):
-    with LLM(
-        "tiny",
-        tp=tp,
-        pp=pp,
-        device="cpu",
-        policy="fcfs",
-        num_gpu_blocks=16,
-        num_host_blocks=64,
-        profile=profile_path,
-    ) as llm:
+    with cpu_llm("tiny", tp=tp, pp=pp, num_gpu_blocks=16, num_host_blocks=64) as llm:
         outs = []
         for p in [BASE, *PROMPTS]:
             outs.append(llm.generate(p, PARAMS)[0])

@@ -17,16 +17,20 @@ from fsd.bench.daemon import stop_process
 from fsd.client import Client, CurveKeys, DaemonUnavailable
 from fsd.credentials import find_operator_token
 
+
+def pool_config(gpu_blocks: int, max_batch_size: int, telemetry_hz: float, **server: object) -> str:
+    """A daemon's TOML: a device pool of `gpu_blocks` (host 256), a batch limit, the
+    telemetry rate and any other [server] settings."""
+    extra = "".join(f"{k} = {v!r}\n" for k, v in server.items())
+    return (
+        f"[cache]\nnum_gpu_blocks = {gpu_blocks}\nnum_host_blocks = 256\n"
+        f"[sched]\nmax_batch_size = {max_batch_size}\n"
+        f"[server]\ntelemetry_hz = {telemetry_hz}\n{extra}"
+    )
+
+
 # a daemon small enough to preempt and swap with a handful of jobs, telemetry at 20 Hz
-SMALL_POOL = """
-[cache]
-num_gpu_blocks = 64
-num_host_blocks = 256
-[sched]
-max_batch_size = 8
-[server]
-telemetry_hz = 20
-"""
+SMALL_POOL = pool_config(64, 8, 20)
 
 
 def raw(d: Daemon) -> zmq.Socket:

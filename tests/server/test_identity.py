@@ -18,18 +18,9 @@ from fsd import protocol as P
 from fsd.client import Client, CurveKeys
 from fsd.client.telemetry import decode_frame
 from fsd.server.security import generate_keys
-from tests.server.daemon_proc import daemon_fixture, start_daemon
+from tests.server.daemon_proc import daemon_fixture, pool_config, start_daemon
 
-CONFIG = """
-[cache]
-num_gpu_blocks = 64
-num_host_blocks = 256
-[sched]
-max_batch_size = 8
-[server]
-telemetry_hz = 5
-client_timeout = 30
-"""
+CONFIG = pool_config(64, 8, 5, client_timeout=30)
 
 daemon = daemon_fixture(CONFIG, "identity")
 LIBZMQ_FIRST_ID = 0x6B8B4567  # glibc's first rand(): libzmq's first made-up routing id

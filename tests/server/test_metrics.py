@@ -12,6 +12,7 @@ from fsd import protocol as P
 from fsd.engine.output import RequestOutput
 from fsd.server.prom import MetricsCollector
 from tests.server.daemon_proc import Daemon, daemon_fixture
+from tests.wire_samples import job_row
 
 
 def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -25,20 +26,10 @@ def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
 
 
 def job(job_id: str, state: str, kv: str, enst: float | None) -> P.JobInfo:
-    return P.JobInfo(
-        job_id=job_id,
-        state=state,
-        level=1,
-        kv=kv,
-        blocks=1,
-        host_blocks=0,
-        enst=enst,
-        prompt_tokens=3,
-        output_tokens=1,
-        waited=0.0,
-        attained=0.0,
-        arrival=0.0,
-    )
+    return job_row(
+        job_id=job_id, state=state, kv=kv, blocks=1, enst=enst, prompt_tokens=3,
+        output_tokens=1, attained=0.0, arrival=0.0,
+    )  # fmt: skip
 
 
 def snapshot(jobs: list[P.JobInfo] | None) -> P.Snapshot:

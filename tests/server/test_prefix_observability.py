@@ -28,18 +28,9 @@ from fsd.server.routing import finished_message
 from fsd.server.telemetry import build_snapshot
 from tests.server.daemon_proc import Daemon, daemon_fixture
 from tests.server.test_metrics import samples, snapshot
+from tests.wire_samples import PREFIX, job_row
 
 BLOCK = 16
-PREFIX = P.PrefixInfo(
-    enabled=True,
-    queries=1000,
-    hits=600,
-    host_hits=200,
-    device_blocks=12,
-    host_blocks=3,
-    device_evictions=5,
-    host_evictions=1,
-)
 
 
 def finished(**kw: Any) -> P.Finished:
@@ -89,10 +80,7 @@ def test_a_snapshot_carries_the_prefix_counters_and_an_old_one_decodes_without()
 
 
 def test_a_job_row_carries_cached_tokens_and_an_old_one_decodes_as_zero():
-    row = P.JobInfo(
-        job_id="j", state="running", level=1, kv="device", blocks=2, host_blocks=0, enst=None,
-        prompt_tokens=40, output_tokens=3, waited=0.0, attained=0.1, arrival=1.0,
-    )  # fmt: skip
+    row = job_row()
     old = msgspec.msgpack.encode(row)
     assert b"cached_tokens" not in old
     assert msgspec.msgpack.decode(old, type=P.JobInfo).cached_tokens == 0

@@ -11,18 +11,9 @@ import pytest
 import zmq
 
 from fsd import protocol as P
-from tests.server.daemon_proc import Daemon, daemon_fixture, raw, start_daemon
+from tests.server.daemon_proc import Daemon, daemon_fixture, pool_config, raw, start_daemon
 
-CONFIG = """
-[cache]
-num_gpu_blocks = 48
-num_host_blocks = 256
-[sched]
-max_batch_size = 6
-[server]
-telemetry_hz = 5
-client_timeout = 30.0
-"""
+CONFIG = pool_config(48, 6, 5, client_timeout=30.0)
 
 daemon = daemon_fixture(CONFIG, "preview")
 

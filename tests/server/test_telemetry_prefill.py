@@ -18,6 +18,7 @@ from fsd.console import cli_format as fmt
 from fsd.jobs import SamplingParams
 from fsd.metrics import SLOWindow
 from fsd.server.telemetry import build_snapshot
+from tests.wire_samples import job_row
 
 PROMPT = list(range(5, 205))  # 200 tokens: 13 chunks of 16
 
@@ -66,10 +67,7 @@ def test_a_partly_prefilled_job_shows_its_progress(llm):
 
 def test_a_job_row_without_prefilled_still_decodes():
     # a snapshot from a daemon before chunked prefill: its job rows have no `prefilled`
-    row = P.JobInfo(
-        job_id="j", state="running", level=1, kv="device", blocks=2, host_blocks=0, enst=None,
-        prompt_tokens=40, output_tokens=3, waited=0.0, attained=0.1, arrival=1.0,
-    )  # fmt: skip
+    row = job_row()
     old = msgspec.msgpack.encode(row)
     assert b"prefilled" not in old  # None is the default: omitted, as the old daemon sent it
     back = msgspec.msgpack.decode(old, type=P.JobInfo)

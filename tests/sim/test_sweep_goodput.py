@@ -8,27 +8,12 @@ import pytest
 from typer.testing import CliRunner
 
 from fsd.cli import app
-from fsd.config import CacheConfig, SchedConfig
 from fsd.errors import ConfigError
 from fsd.sim.job import SimJob
 from fsd.sim.metrics import SUSTAINED_FRACTION, job_tpot, joint_attainment, throughput
-from fsd.sim.runner import RunSpec, run_one
+from fsd.sim.runner import run_one
 from fsd.sim.sweep import GOODPUT_QUANTILE, sweep, sweep_many, sweep_targets
-from fsd.workload import length_model, poisson, synthetic
-from tests.costs import linear_cost
-
-COST = linear_cost("s", prefill=(0.02, 1e-4), decode=(0.02, 5e-4, 1e-7))
-WORK = synthetic(poisson(2.0), length_model("alpaca"), 400, seed=4)
-
-
-def spec(policy: str, slo: float = 0.05) -> RunSpec:
-    return RunSpec(
-        policy,
-        SchedConfig(policy=policy, max_batch_size=8),
-        CacheConfig(),
-        num_gpu_blocks=2000,
-        slo=slo,
-    )
+from tests.sim.test_sim_sweep import COST, WORK, spec
 
 
 def served(arrival: float, first: float, gaps: list[float]) -> SimJob:
