@@ -61,7 +61,7 @@ from validation import run_validation, validation_markdown  # noqa: E402
 
 from fsd.config import CacheConfig, SchedConfig  # noqa: E402
 from fsd.sched.chunking import prefill_budget  # noqa: E402
-from fsd.sched.profiles import load_profile  # noqa: E402
+from fsd.cost.profiles import load_profile  # noqa: E402
 from fsd.sched.registry import (  # noqa: E402
     DEFAULT_POLICY,
     POLICIES,

@@ -128,7 +128,7 @@ def policy_names(policies: str) -> list[str]:
 
 def cost_model(profile: str, pp: int | None) -> CostModel:
     """The profile's cost model, with --pp micro-batches in flight when given."""
-    from fsd.sched.profiles import load_profile
+    from fsd.cost.profiles import load_profile
 
     cost = load_profile(profile)
     if pp is not None:
