@@ -40,10 +40,8 @@ from machine import describe_machine  # noqa: E402
 from fsd.config import CacheConfig, SchedConfig  # noqa: E402
 from fsd.cost import CostModel  # noqa: E402
 from fsd.cost.profiles import load_profile  # noqa: E402
-from fsd.sched.registry import (
-    DEFAULT_POLICY,  # noqa: E402
-    default_slo,  # noqa: E402
-)
+from fsd.sched.registry import DEFAULT_POLICY  # noqa: E402
+from fsd.sched.slo import default_slo  # noqa: E402
 from fsd.sim.capacity import max_context_of, size_pools  # noqa: E402
 from fsd.sim.runner import RunSpec, run_many  # noqa: E402
 from fsd.workload import Workload, gamma, length_model, poisson, read_trace, synthetic  # noqa: E402

@@ -37,9 +37,10 @@ from fsd.kv.block_manager import BlockManager
 from fsd.kv.swap import SwapOp
 from fsd.sched.admission import RequestLimits, check_request, refuse_late_job
 from fsd.sched.pipeline import InFlight
-from fsd.sched.registry import default_slo, engine_policy, make_scheduler
+from fsd.sched.registry import engine_policy, make_scheduler
 from fsd.sched.retune import plain_value, plan_retune
 from fsd.sched.scheduler import SchedulerOutput
+from fsd.sched.slo import default_slo
 from fsd.twin.history import WorkHistory
 
 log = logging.getLogger("fsd.engine")

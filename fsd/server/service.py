@@ -36,7 +36,7 @@ from fsd.engine.output import RequestOutput
 from fsd.errors import ConfigError
 from fsd.jobs import JobStatus
 from fsd.metrics import SLOWindow
-from fsd.sched.registry import default_slo
+from fsd.sched.slo import default_slo
 from fsd.server.clients import ClientBook, ClientState
 from fsd.server.control import ControlHandler
 from fsd.server.frontend import FRAME_SLACK, Frontend

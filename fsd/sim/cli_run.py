@@ -76,7 +76,7 @@ class SimOptions:
 def simulate(o: SimOptions) -> dict[str, Any]:
     """Run (or sweep) every policy of `o.policies` on the workload; print and return the report."""
     from fsd.sched.chunking import prefill_budget
-    from fsd.sched.registry import default_slo
+    from fsd.sched.slo import default_slo
     from fsd.sim.capacity import max_context_of
 
     names = policy_names(o.policies)
