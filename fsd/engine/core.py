@@ -28,6 +28,7 @@ from fsd.engine.events import EventLog
 from fsd.engine.executor import StepResult, WorkerFailure, make_executor
 from fsd.engine.failures import EngineFailures
 from fsd.engine.flight import MicroBatch
+from fsd.engine.history import WorkHistory
 from fsd.engine.output import IterationStats, JobFault, RequestOutput, StepDelta, describe
 from fsd.engine.profiler import calibrate
 from fsd.engine.prompts import check_stop_ids, prompt_ids
@@ -41,7 +42,6 @@ from fsd.sched.registry import engine_policy, make_scheduler
 from fsd.sched.retune import plain_value, plan_retune
 from fsd.sched.scheduler import SchedulerOutput
 from fsd.sched.slo import default_slo
-from fsd.twin.history import WorkHistory
 
 log = logging.getLogger("fsd.engine")
 

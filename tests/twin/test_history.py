@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from fsd.engine.history import WorkHistory
 from fsd.jobs import FinishReason, Job, SamplingParams
-from fsd.twin.history import WorkHistory
 
 
 def _history(gaps: np.ndarray, start: float = 0.0) -> tuple[WorkHistory, float]:
