@@ -70,7 +70,7 @@ ALLOWED = {"fsd/twin": ("fsd.engine.history",)}
 CONSOLE_MAY_IMPORT = (
     "fsd.console", "fsd.protocol", "fsd.client", "fsd.workload", "fsd.metrics", "fsd.config",
     "fsd.errors", "fsd.cli_options", "fsd.cli_errors", "fsd.credentials", "fsd.manual",
-    "fsd.__version__", "fsd.progress", "fsd.local_daemon",
+    "fsd.version", "fsd.progress", "fsd.local_daemon",
 )  # fmt: skip
 
 
