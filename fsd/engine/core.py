@@ -8,8 +8,7 @@ or tensor x pipeline parallel on Ray. The step function is chosen once, as vLLM'
 EngineCore does: with one micro-batch in flight at most (pp = 1) a step schedules,
 runs and collects one batch; with pipeline parallelism up to `pp` micro-batches are
 in flight, and a step submits the next one (its jobs chosen from those not already
-in flight) and collects the oldest. Failures: fsd.engine.failures; `history` feeds
-the what-if twin (fsd.twin).
+in flight) and collects the oldest. Failures: fsd.engine.failures; `history` feeds fsd.twin.
 """
 
 from __future__ import annotations
@@ -25,7 +24,8 @@ from fsd.config import EngineConfig
 from fsd.cost import CostModel
 from fsd.engine.detokenizer import JobDetokenizer
 from fsd.engine.events import EventLog
-from fsd.engine.executor import StepResult, WorkerFailure, make_executor
+from fsd.engine.executor import StepResult, WorkerFailure
+from fsd.engine.executor_factory import make_executor
 from fsd.engine.failures import EngineFailures
 from fsd.engine.flight import MicroBatch
 from fsd.engine.history import WorkHistory
