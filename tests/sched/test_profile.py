@@ -127,8 +127,11 @@ def test_profile_loads_by_path(tmp_path):
         load_profile(str(tmp_path / "nothere.json"))
 
 
-def test_analytic_code_imports_no_torch():
-    code = "import sys, fsd.cost.analytic, fsd.cost.profiles; print('torch' in sys.modules)"
+def test_the_cost_package_imports_no_torch():
+    code = (
+        "import sys, fsd.cost, fsd.cost.analytic, fsd.cost.profiles, fsd.cost.fit, "
+        "fsd.cost.calibration, fsd.cost.stages; print('torch' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 
