@@ -6,7 +6,7 @@
 
 Setting: the `opt-175b-a100-tp8pp2` analytic profile (16 x A100-80GB, two 8-GPU
 nodes; two pipeline stages of 48 layers, each TP 8; derivation in
-fsd/sched/profiles/README.md), so up to two micro-batches are in flight; max batch
+fsd/cost/profiles/README.md), so up to two micro-batches are in flight; max batch
 32 jobs / 4096 tokens per micro-batch, kv policy proactive, SLO 10 x a decode step,
 requests clipped to OPT's 2048-token context. The policies: fcfs (vLLM-style
 iteration-level FCFS, the paper's FastServe-FCFS), sj-mlfq (fsd's default) and srpt
@@ -39,11 +39,9 @@ from machine import describe_machine  # noqa: E402
 
 from fsd.config import CacheConfig, SchedConfig  # noqa: E402
 from fsd.cost import CostModel  # noqa: E402
-from fsd.sched.profiles import load_profile  # noqa: E402
-from fsd.sched.registry import (
-    DEFAULT_POLICY,  # noqa: E402
-    default_slo,  # noqa: E402
-)
+from fsd.cost.profiles import load_profile  # noqa: E402
+from fsd.sched.registry import DEFAULT_POLICY  # noqa: E402
+from fsd.sched.slo import default_slo  # noqa: E402
 from fsd.sim.capacity import max_context_of, size_pools  # noqa: E402
 from fsd.sim.runner import RunSpec, run_many  # noqa: E402
 from fsd.workload import Workload, gamma, length_model, poisson, read_trace, synthetic  # noqa: E402

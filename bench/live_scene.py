@@ -17,7 +17,7 @@ iterations). The target: every short job's first token within 2 s.
 The engine's cost model is calibrated once (the quick start-up profile) and shared by
 every run. `--profile-error F` divides it by F: the profile then predicts iterations
 F times faster than they run, as one taken on an idle machine does on a busy one.
-`--live-cost on|off|both`: service charged in measured seconds (fsd.sched.calibration)
+`--live-cost on|off|both`: service charged in measured seconds (fsd.cost.calibration)
 or in the profile's. `--set KEY=VALUE`: any scheduling or KV setting (fsd.toml names).
 
 Prints a table and writes JSON (default bench/results/live_scene.json).

@@ -60,13 +60,10 @@ from machine import describe_machine  # noqa: E402
 from validation import run_validation, validation_markdown  # noqa: E402
 
 from fsd.config import CacheConfig, SchedConfig  # noqa: E402
+from fsd.cost.profiles import load_profile  # noqa: E402
 from fsd.sched.chunking import prefill_budget  # noqa: E402
-from fsd.sched.profiles import load_profile  # noqa: E402
-from fsd.sched.registry import (  # noqa: E402
-    DEFAULT_POLICY,
-    POLICIES,
-    default_slo,  # noqa: E402
-)
+from fsd.sched.registry import DEFAULT_POLICY, POLICIES  # noqa: E402
+from fsd.sched.slo import default_slo  # noqa: E402
 from fsd.sim.capacity import max_context_of  # noqa: E402
 from fsd.sim.runner import RunSpec, map_tasks, run_many  # noqa: E402
 from fsd.sim.sweep import sweep_all  # noqa: E402

@@ -43,8 +43,8 @@ from machine import describe_machine  # noqa: E402
 
 from fsd import LLM, SamplingParams  # noqa: E402
 from fsd.config import CacheConfig, SchedConfig  # noqa: E402
+from fsd.cost.profiles import load_profile  # noqa: E402
 from fsd.metrics import percentile  # noqa: E402
-from fsd.sched.profiles import load_profile  # noqa: E402
 from fsd.sim.capacity import max_context_of  # noqa: E402
 from fsd.sim.engine import Simulator  # noqa: E402
 from fsd.workload.chat import conversations, load_chat, system_prompt  # noqa: E402

@@ -35,8 +35,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from machine import describe_machine  # noqa: E402
 
 from fsd.config import CacheConfig, SchedConfig  # noqa: E402
+from fsd.cost.profiles import load_profile  # noqa: E402
 from fsd.kv.block_manager import BlockManager  # noqa: E402
-from fsd.sched.profiles import load_profile  # noqa: E402
 from fsd.sched.registry import POLICIES, make_scheduler  # noqa: E402
 from fsd.sim.capacity import size_pools  # noqa: E402
 from fsd.sim.job import SimJob  # noqa: E402

@@ -57,7 +57,7 @@ from machine import describe_machine  # noqa: E402
 
 from fsd.config import CacheConfig, SchedConfig  # noqa: E402
 from fsd.cost import CostModel  # noqa: E402
-from fsd.sched.profiles import load_profile  # noqa: E402
+from fsd.cost.profiles import load_profile  # noqa: E402
 from fsd.sched.registry import DEFAULT_POLICY, POLICIES  # noqa: E402
 from fsd.sched.scheduler import Scheduler  # noqa: E402
 from fsd.sim.capacity import max_context_of  # noqa: E402

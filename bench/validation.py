@@ -30,7 +30,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from fsd.config import CacheConfig, SchedConfig
-from fsd.sched.profiles import load_profile
+from fsd.cost.profiles import load_profile
 from fsd.sim.runner import RunSpec, run_many
 from fsd.workload import Workload, gamma, length_model, poisson, synthetic
 from fsd.workload.compose import REASONING, phased, tenants

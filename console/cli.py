@@ -62,7 +62,7 @@ def main(
 @app.command()
 def version() -> None:
     """Print the fsd version."""
-    from fsd import __version__
+    from fsd.version import __version__
 
     typer.echo(__version__)
 

@@ -91,7 +91,7 @@ def package_version() -> str:
     try:
         return importlib.metadata.version("fsd")
     except importlib.metadata.PackageNotFoundError:  # a checkout run without installing
-        from fsd import __version__
+        from fsd.version import __version__
 
         return __version__
 

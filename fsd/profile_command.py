@@ -1,7 +1,7 @@
 """`fsd profile`: build an engine, profile it with a progress bar, report, save JSON.
 
 The reporting end of the profiler: `fsd.engine.profiler` measures, and
-`fsd.engine.profile_fit` fits. This module sits above the engine package (it builds
+`fsd.cost.fit` fits. This module sits above the engine package (it builds
 an `Engine`), so the engine never imports its own command line.
 """
 

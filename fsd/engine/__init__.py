@@ -7,12 +7,13 @@ tensor x pipeline parallel Ray actors), both driving the same `worker.Worker` ov
 the same `plan.StepPlan`; pipeline stages (`stage`); the paged KV tensors
 (`kv_cache`) and the copies between tiers (`swapper`); sampling (`sampler`, the only
 place a token is drawn); incremental detokenization with stop strings
-(`detokenizer`); events and results handed to the daemon (`events`, `output`); and
-the profiler that measures iterations and fits the cost model (`profiler`,
-`profile_fit`).
+(`detokenizer`); events and results handed to the daemon (`events`, `output`); the
+step history the what-if twin reads (`history`: arrivals, lengths, iteration times;
+torch-free); and the profiler that measures iterations (`profiler`; `fsd.cost.fit`
+fits the cost model to them).
 
 May import: `fsd.sched`, `fsd.kv`, `fsd.models`, `fsd.layers`, `fsd.kernels`,
 `fsd.jobs`, `fsd.config`, `fsd.errors` and the shared leaves (`fsd.cost`,
 `fsd.tokenizer`). Never `fsd.server` or the console: the daemon drives the engine,
-not the other way round.
+not the other way round; nor `fsd.twin`, which reads the engine's `history`.
 """

@@ -8,8 +8,7 @@ or tensor x pipeline parallel on Ray. The step function is chosen once, as vLLM'
 EngineCore does: with one micro-batch in flight at most (pp = 1) a step schedules,
 runs and collects one batch; with pipeline parallelism up to `pp` micro-batches are
 in flight, and a step submits the next one (its jobs chosen from those not already
-in flight) and collects the oldest. Failures: fsd.engine.failures; `history` feeds
-the what-if twin (fsd.twin).
+in flight) and collects the oldest. Failures: fsd.engine.failures; `history` feeds fsd.twin.
 """
 
 from __future__ import annotations
@@ -25,9 +24,11 @@ from fsd.config import EngineConfig
 from fsd.cost import CostModel
 from fsd.engine.detokenizer import JobDetokenizer
 from fsd.engine.events import EventLog
-from fsd.engine.executor import StepResult, WorkerFailure, make_executor
+from fsd.engine.executor import StepResult, WorkerFailure
+from fsd.engine.executor_factory import make_executor
 from fsd.engine.failures import EngineFailures
 from fsd.engine.flight import MicroBatch
+from fsd.engine.history import WorkHistory
 from fsd.engine.output import IterationStats, JobFault, RequestOutput, StepDelta, describe
 from fsd.engine.profiler import calibrate
 from fsd.engine.prompts import check_stop_ids, prompt_ids
@@ -37,10 +38,10 @@ from fsd.kv.block_manager import BlockManager
 from fsd.kv.swap import SwapOp
 from fsd.sched.admission import RequestLimits, check_request, refuse_late_job
 from fsd.sched.pipeline import InFlight
-from fsd.sched.registry import default_slo, engine_policy, make_scheduler
+from fsd.sched.registry import engine_policy, make_scheduler
 from fsd.sched.retune import plain_value, plan_retune
 from fsd.sched.scheduler import SchedulerOutput
-from fsd.twin.history import WorkHistory
+from fsd.sched.slo import default_slo
 
 log = logging.getLogger("fsd.engine")
 

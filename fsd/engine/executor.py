@@ -5,7 +5,8 @@ the workers, which hold the model and the KV tensors. Both executors lay a batch
 out as the same `StepPlan` and run the same `Worker.step` over it:
 `LocalExecutor` on one in-process worker that holds the whole model;
 `fsd.engine.ray_executor.RayExecutor` on tensor x pipeline parallel workers as Ray
-actors. `make_executor` picks one and never imports Ray for tp = pp = 1.
+actors. `executor_factory.make_executor` picks one and never imports Ray for
+tp = pp = 1.
 
 Protocol, per micro-batch: `submit(batch, sync_ops, async_ops)` returns a ticket;
 `result(ticket, timeout)` gives one sampled token per job (batch order) once the
@@ -217,12 +218,3 @@ class LocalExecutor(Executor):
     def forget(self, job_id: str) -> None:
         self.worker.forget((job_id,))
 
-
-def make_executor(config: EngineConfig) -> Executor:
-    """Local for tp = pp = 1; Ray actors otherwise (Ray is imported only then)."""
-    par = config.parallel
-    if par.tp * par.pp == 1 and par.ray_address is None:
-        return LocalExecutor(config)
-    from fsd.engine.ray_executor import RayExecutor
-
-    return RayExecutor(config)

@@ -1,4 +1,4 @@
-"""A micro-batch in flight, and the engine's side of live cost (fsd.sched.calibration).
+"""A micro-batch in flight, and the engine's side of live cost (fsd.cost.calibration).
 
 Why the engine measures: the scheduler charges service in the cost model's seconds,
 fitted at start-up. Each collected micro-batch reports what the model predicted for

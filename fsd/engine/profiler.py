@@ -4,7 +4,7 @@ Skip-join and the quanta rest on iteration time being predictable from shapes
 (paper §4.1), so the profiler runs real iterations of the engine's model through
 `engine.executor.execute` -- prefills across input lengths, decode steps across
 batch sizes and context lengths, and (full profile) prefill chunks over cached
-contexts -- and hands the timings to `fsd.engine.profile_fit`. Repeats run
+contexts -- and hands the timings to `fsd.cost.fit`. Repeats run
 round-robin over the points, and a point whose repeats disagree is measured again. It also times a KV-sized host copy for
 the swap bandwidth. `calibrate` is the engine's start-up: a saved profile, or a
 quick one measured now. (`fsd profile` prints and saves a full one:
@@ -33,16 +33,16 @@ from typing import Any, Protocol
 import torch
 
 from fsd.cost import CostModel
-from fsd.engine.profile_fit import (
+from fsd.cost.fit import (
     ChunkSample,
     DecodeSample,
     PrefillSample,
     chunk_series,
     fit_cost_model,
 )
+from fsd.cost.profiles import load_profile
 from fsd.errors import ConfigError
 from fsd.jobs import Job, SamplingParams
-from fsd.sched.profiles import load_profile
 
 Progress = Callable[[int, int, str], None]
 """progress(done, total, label): called after each timed sample (and the swap copy)."""

@@ -33,9 +33,7 @@ log = logging.getLogger("fsd.ray")
 
 def fsd_source_root() -> str:
     """The directory that holds the `fsd` package (a checkout or site-packages)."""
-    import fsd
-
-    return str(Path(fsd.__file__).resolve().parent.parent)
+    return str(Path(__file__).resolve().parents[2])  # ROOT/fsd/engine/ray_cluster.py
 
 
 def worker_env() -> dict[str, str]:

@@ -33,6 +33,7 @@ from typing import Any
 import torch
 
 from fsd.config import CacheConfig, EngineConfig
+from fsd.cost.stages import split_layers
 from fsd.engine.executor import Executor, ModelSummary, StepResult, WorkerFailure
 from fsd.engine.plan import StepPlan, unorder
 from fsd.engine.ray_cluster import ensure_ray, worker_env
@@ -43,7 +44,6 @@ from fsd.jobs import Job
 from fsd.kv.swap import SwapOp
 from fsd.models.arch import ModelArch
 from fsd.models.loader import describe_model, resolve_dtype
-from fsd.sched.pipeline import split_layers
 
 log = logging.getLogger("fsd.engine")
 

@@ -6,7 +6,7 @@ stage's share, so only its layers' weights and KV are allocated; checkpoint laye
 final norm and LM head -- the last stage needs the embedding when the head is tied
 to it -- but only the first stage embeds and only the last one normalises and
 computes logits (`CausalLM.forward_stage`). How many layers each stage takes is
-the shared rule `fsd.sched.pipeline.split_layers`, which the simulator uses too.
+the shared rule `fsd.cost.stages.split_layers`, which the simulator uses too.
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ from dataclasses import dataclass
 
 import torch
 
+from fsd.cost.stages import split_layers
 from fsd.models.arch import ModelArch
 from fsd.models.base import CausalLM
 from fsd.models.registry import build_model
-from fsd.sched.pipeline import split_layers
 
 _LAYER = re.compile(r"\.layers\.(\d+)\.")
 
@@ -58,7 +58,7 @@ class StageSpan:
 
 
 def stage_spans(num_layers: int, pp: int) -> list[StageSpan]:
-    """The `pp` stages' spans, contiguous, sized by `fsd.sched.pipeline.split_layers`."""
+    """The `pp` stages' spans, contiguous, sized by `fsd.cost.stages.split_layers`."""
     spans, start = [], 0
     for i, n in enumerate(split_layers(num_layers, pp)):
         spans.append(StageSpan(i, pp, start, start + n))

@@ -1,7 +1,7 @@
 """The shape of a model, independent of where its weights come from.
 
 `ModelArch` is what the engine, the KV cache planner and the model classes read;
-presets build one directly, checkpoints through `ModelArch.from_hf_config`
+presets build one directly, checkpoints through `arch_from_hf_config`
 (fsd.models.hf_config), which reads the config.json of HuggingFace OPT, Llama,
 Mistral, Qwen2 and Qwen3 models. A family is a set of layers (`opt`, `llama`); the
 Llama-shaped model types are the `llama` family with flags (`qkv_bias`, `qk_norm`,
@@ -11,7 +11,6 @@ Llama-shaped model types are the `llama` family with flags (`qkv_bias`, `qk_norm
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -154,10 +153,3 @@ class ModelArch:
 
     def replace(self, **changes: Any) -> ModelArch:
         return dataclasses.replace(self, **changes)
-
-    @classmethod
-    def from_hf_config(cls, cfg: Mapping[str, Any]) -> ModelArch:
-        """Read a HuggingFace config.json dict; ModelLoadError names a missing or bad key."""
-        from fsd.models.hf_config import arch_from_hf_config
-
-        return arch_from_hf_config(cfg)

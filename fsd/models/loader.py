@@ -19,6 +19,7 @@ from fsd.config import ModelConfig
 from fsd.errors import ConfigError, ModelLoadError
 from fsd.models.arch import ModelArch, dtype_from_name
 from fsd.models.base import CausalLM
+from fsd.models.hf_config import arch_from_hf_config
 from fsd.models.presets import PRESETS
 from fsd.models.registry import build_model
 from fsd.tokenizer import ByteTokenizer, HFTokenizer, Tokenizer
@@ -193,7 +194,7 @@ def _read_arch(path: Path) -> ModelArch:
         raise ModelLoadError(f"no config.json in {path}: not a HuggingFace checkpoint directory")
     config = _read_json(file)
     try:
-        return ModelArch.from_hf_config(config)
+        return arch_from_hf_config(config)
     except ModelLoadError as exc:
         raise ModelLoadError(f"{file}: {exc}") from None
 

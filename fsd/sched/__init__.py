@@ -4,9 +4,8 @@ Owns: which jobs run each iteration. The queue policies (`queues`, `mlfq`, one c
 per policy behind `JobQueue`, named in `registry`), the batch walk (`batch`), eviction
 for room (`eviction`), the scheduler that ties them to a KV policy (`scheduler`),
 and the rules the engine, the simulator and the scenario injector share: admission
-(`admission`), retune validation (`retune`), the default SLO (`registry`), pipeline
-stages and micro-batches in flight (`pipeline`). The analytic GPU cost profiles
-(`analytic`, `profiles`) live here because only the cost model reads them.
+(`admission`), retune validation (`retune`), the default SLO (`slo`), the
+micro-batches in flight of a pipeline (`pipeline`). Iteration time is fsd.cost's.
 
 May import: fsd.kv, fsd.cost, fsd.jobs, fsd.config, fsd.errors, numpy. Never torch,
 nor fsd.engine, fsd.server, fsd.sim or the console: the same code runs in the engine

@@ -18,7 +18,7 @@ keeps it within 2 x on the H100 OPT-13B profile).
 from __future__ import annotations
 
 from fsd.cost import CostModel
-from fsd.sched.registry import default_slo
+from fsd.sched.slo import default_slo
 
 
 def prefill_budget(chunk: int | None, cost: CostModel, block_size: int) -> int:

@@ -1,5 +1,5 @@
-"""Pipeline parallelism's shared rules: how layers split into stages, and which jobs
-are inside the pipeline (paper §4.3).
+"""Pipeline parallelism's shared rule: which jobs are inside the pipeline (paper §4.3;
+how layers split into stages is `fsd.cost.stages`).
 
 A job inside an unfinished micro-batch stays in its queue but is not ready, and its
 KV may not move: the engine and the simulator both pass `InFlight.busy` to
@@ -11,16 +11,6 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterator
 from typing import Generic, Protocol, TypeVar
-
-from fsd.errors import ConfigError
-
-
-def split_layers(num_layers: int, pp: int) -> list[int]:
-    """Layers per stage: even contiguous shares, the first `num_layers % pp` one more."""
-    if not 1 <= pp <= num_layers:
-        raise ConfigError(f"pp={pp} must be between 1 and the model's num_layers ({num_layers})")
-    base, extra = divmod(num_layers, pp)
-    return [base + (1 if s < extra else 0) for s in range(pp)]
 
 
 class _HasJobId(Protocol):

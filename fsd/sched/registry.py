@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from fsd.errors import ConfigError
+from fsd.sched.slo import default_slo
 
 if TYPE_CHECKING:  # the policies load on first use: `fsd --help` needs only the names
     from fsd.config import CacheConfig, SchedConfig
@@ -19,7 +20,6 @@ if TYPE_CHECKING:  # the policies load on first use: `fsd --help` needs only the
 
 # the smallest worst-case regret on the validation set (bench/validation.py, worst_case)
 DEFAULT_POLICY = "fsd"
-SLO_DECODE_STEPS = 10  # the per-token latency SLO: 10 decode steps
 STARVE_LIMIT_SLOS = 100  # fsd's starvation limit alpha, in SLOs
 WAITING_LIMIT_SLOS = 8  # fsd's alpha for a job that has not started, in SLOs
 
@@ -81,11 +81,6 @@ def engine_policy(name: str) -> str:
     if resolved == "srpt":
         raise ConfigError("policy 'srpt' needs true output lengths; it runs in the simulator only")
     return resolved
-
-
-def default_slo(cost: CostModel) -> float:
-    """The paper's per-token latency SLO: 10 decode steps (the profile's minimum iteration)."""
-    return SLO_DECODE_STEPS * cost.min_iteration_time
 
 
 def quanta_for(config: SchedConfig, cost: CostModel) -> list[float]:

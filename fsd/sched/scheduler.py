@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from fsd.cost import CostModel
+from fsd.cost.calibration import LiveCost
 from fsd.jobs import Job, JobStatus, KVLocation
 from fsd.kv.block_manager import BlockManager
 from fsd.kv.planner import SwapGate
@@ -25,7 +26,6 @@ from fsd.kv.registry import ArrivalEstimate, make_kv_policy
 from fsd.kv.swap import SwapOp
 from fsd.sched.admission import admission_room, predicted_latency
 from fsd.sched.batch import BatchWalk, walk_order
-from fsd.sched.calibration import LiveCost
 from fsd.sched.chunking import prefill_budget
 from fsd.sched.eviction import Evictor
 from fsd.sched.gittins import LearnedLengths
@@ -91,7 +91,7 @@ class SchedulerStats:
     starve_limit: float | None
     starve_limit_waiting: float | None
     reserve: int  # device blocks the KV policy keeps free for arrivals
-    live_cost: float = 1.0  # measured / predicted iteration time (fsd.sched.calibration)
+    live_cost: float = 1.0  # measured / predicted iteration time (fsd.cost.calibration)
     live_cost_samples: int = 0  # iterations it was learned from (0: the profile as is)
     learned: LearnedLengths | None = None  # output lengths learned from finished jobs
 
@@ -352,7 +352,7 @@ class Scheduler:
     def observe_iteration(self, predicted_s: float, measured_s: float) -> None:
         """An iteration the profile predicted at `predicted_s` took `measured_s`.
 
-        From now on service is charged x the learned ratio (fsd.sched.calibration),
+        From now on service is charged x the learned ratio (fsd.cost.calibration),
         so quanta are used up in the seconds this machine really takes.
         """
         self.live_cost.observe(predicted_s, measured_s)

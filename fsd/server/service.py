@@ -28,7 +28,6 @@ from typing import Any
 
 import zmq
 
-from fsd import __version__
 from fsd import protocol as P
 from fsd.config import ServerConfig
 from fsd.engine.core import Engine
@@ -36,7 +35,7 @@ from fsd.engine.output import RequestOutput
 from fsd.errors import ConfigError
 from fsd.jobs import JobStatus
 from fsd.metrics import SLOWindow
-from fsd.sched.registry import default_slo
+from fsd.sched.slo import default_slo
 from fsd.server.clients import ClientBook, ClientState
 from fsd.server.control import ControlHandler
 from fsd.server.frontend import FRAME_SLACK, Frontend
@@ -46,6 +45,7 @@ from fsd.server.routing import JobRouter
 from fsd.server.security import Security
 from fsd.server.stats_log import StatsLog
 from fsd.server.telemetry import Publisher, TelemetryPump
+from fsd.version import __version__
 
 log = logging.getLogger("fsd.server")
 _ANSWER_LINGER = 1.0  # seconds closing waits for queued answers to leave the ROUTER

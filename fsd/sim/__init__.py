@@ -20,7 +20,7 @@ _EXPORTS = {
     "SimResult": "fsd.sim.engine",
     "SimulationError": "fsd.sim.engine",
     "Simulator": "fsd.sim.engine",
-    "default_slo": "fsd.sched.registry",
+    "default_slo": "fsd.sched.slo",
     "simulate": "fsd.sim.engine",
     "RunSpec": "fsd.sim.runner",
     "run_many": "fsd.sim.runner",

@@ -3,7 +3,7 @@
 Device, first match wins:
   1. an explicit `num_gpu_blocks` (CacheConfig or argument);
   2. the profile's `notes.kv_capacity_tokens` (the analytic profiles in
-     `fsd/sched/profiles/` compute it as GPU memory x utilization - weights -
+     `fsd/cost/profiles/` compute it as GPU memory x utilization - weights -
      activation reserve, over the KV bytes per token, summed over the GPUs of the layout);
   3. `notes.gpu.memory_bytes` x `gpu_memory_utilization` - `notes.weights_bytes_per_gpu`
      - `notes.activation_reserve_bytes_per_gpu` (0 if absent), times

@@ -76,7 +76,7 @@ class SimOptions:
 def simulate(o: SimOptions) -> dict[str, Any]:
     """Run (or sweep) every policy of `o.policies` on the workload; print and return the report."""
     from fsd.sched.chunking import prefill_budget
-    from fsd.sched.registry import default_slo
+    from fsd.sched.slo import default_slo
     from fsd.sim.capacity import max_context_of
 
     names = policy_names(o.policies)
@@ -128,7 +128,7 @@ def policy_names(policies: str) -> list[str]:
 
 def cost_model(profile: str, pp: int | None) -> CostModel:
     """The profile's cost model, with --pp micro-batches in flight when given."""
-    from fsd.sched.profiles import load_profile
+    from fsd.cost.profiles import load_profile
 
     cost = load_profile(profile)
     if pp is not None:

@@ -34,8 +34,9 @@ from fsd.errors import FsdError
 from fsd.kv.block_manager import BlockManager
 from fsd.sched.admission import NO_CONTEXT_LIMIT, RequestLimits, check_request
 from fsd.sched.chunking import prefill_budget
-from fsd.sched.registry import default_slo, make_scheduler, resolve_policy
+from fsd.sched.registry import make_scheduler, resolve_policy
 from fsd.sched.scheduler import Scheduler
+from fsd.sched.slo import default_slo
 from fsd.sim.capacity import Pools, size_pools
 from fsd.sim.job import SimJob
 from fsd.sim.loop import EventLoop, SimulationError

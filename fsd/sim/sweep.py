@@ -31,7 +31,7 @@ from dataclasses import dataclass, field, replace
 
 from fsd.cost import CostModel
 from fsd.errors import ConfigError
-from fsd.sched.registry import default_slo
+from fsd.sched.slo import default_slo
 from fsd.sim.metrics import joint_attainment
 from fsd.sim.runner import RunSpec, map_tasks, run_one
 from fsd.workload.spec import Workload

@@ -20,13 +20,13 @@ from typing import Any
 import numpy as np
 
 from fsd.cost import CostModel
+from fsd.engine.history import Clock
 from fsd.protocol_preview import PreviewAssumptions, PreviewReply
 from fsd.sched.retune import plain_value, plan_retune
 from fsd.sched.scheduler import Scheduler
 from fsd.sim.job import SimJob
 from fsd.sim.loop import EventLoop
 from fsd.twin.figures import JobTimes, side, window_figures
-from fsd.twin.history import Clock
 from fsd.twin.snapshot import TwinSnapshot, restore
 
 MAX_CV = 20.0  # a fitted CV beyond this is a handful of bursts, not a process

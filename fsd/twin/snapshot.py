@@ -12,7 +12,7 @@ where each run unpickles its own copy (fsd.twin.forward).
 
 What a snapshot cannot know is what has not happened: how many tokens each job
 will still produce (`LiveJob`: exact when it ignores EOS and has no stop, otherwise
-drawn per run from recent jobs), and what will arrive (fsd.twin.history's fits).
+drawn per run from recent jobs), and what will arrive (fsd.engine.history's fits).
 """
 
 from __future__ import annotations
@@ -24,10 +24,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fsd.config import CacheConfig, SchedConfig
+from fsd.engine.history import ArrivalFit, Clock, WorkHistory
 from fsd.jobs import Job
 from fsd.sched.scheduler import Scheduler
 from fsd.sim.job import SimJob
-from fsd.twin.history import ArrivalFit, Clock, WorkHistory
 
 # Job fields a SimJob does not take over: the tokens themselves and what makes them
 _DROP = frozenset(

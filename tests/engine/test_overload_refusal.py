@@ -7,7 +7,7 @@ import pytest
 
 from fsd import LLM, SamplingParams
 from fsd.errors import OverloadedError
-from fsd.sched.registry import default_slo
+from fsd.sched.slo import default_slo
 
 ONE = SamplingParams(max_tokens=1, ignore_eos=True)
 

@@ -17,8 +17,7 @@ import torch
 
 from fsd.config import EngineConfig
 from fsd.cost import CostModel
-from fsd.engine.core import Engine
-from fsd.engine.profile_fit import (
+from fsd.cost.fit import (
     ChunkSample,
     DecodeSample,
     PrefillSample,
@@ -28,6 +27,7 @@ from fsd.engine.profile_fit import (
     fit_prefill,
     nnls,
 )
+from fsd.engine.core import Engine
 from fsd.engine.profiler import CHUNK_SIZES, calibrate, make_plan, profile_engine
 from fsd.errors import ConfigError
 from fsd.profile_command import chunk_report, print_report, run_profile_command

@@ -19,7 +19,7 @@ from fsd import LLM, SamplingParams
 from fsd.config import ModelConfig
 from fsd.cost import CostModel
 from fsd.errors import ConfigError, ModelLoadError, PromptTooLongError
-from fsd.models.arch import ModelArch
+from fsd.models.hf_config import arch_from_hf_config
 from fsd.models.loader import load_model
 from fsd.models.presets import get_preset
 from tests.models.hf_fixtures import (
@@ -137,11 +137,11 @@ def _config(path: Path, **changes: object) -> dict:
 def test_when_a_window_binds(checkpoint):
     mistral, qwen = checkpoint("mistral"), checkpoint("qwen2")
     for window, context in ((None, 128), (WINDOW, WINDOW), (500, 128)):
-        arch = ModelArch.from_hf_config(_config(mistral, sliding_window=window))
+        arch = arch_from_hf_config(_config(mistral, sliding_window=window))
         assert (arch.sliding_window, arch.max_context) == (window, context)
     no_key = _config(mistral)
     del no_key["sliding_window"]
-    assert ModelArch.from_hf_config(no_key).sliding_window == 4096  # MistralConfig's default
+    assert arch_from_hf_config(no_key).sliding_window == 4096  # MistralConfig's default
     # Qwen slides only with use_sliding_window, in the layers from max_window_layers on
     for use, first, types, window in (
         (False, 0, None, None),
@@ -151,13 +151,13 @@ def test_when_a_window_binds(checkpoint):
     ):
         cfg = _config(qwen, use_sliding_window=use, max_window_layers=first, sliding_window=32)
         cfg["layer_types"] = types
-        assert ModelArch.from_hf_config(cfg).sliding_window == window
+        assert arch_from_hf_config(cfg).sliding_window == window
 
 
 def test_an_unsupported_model_type_is_named_with_the_supported_ones(checkpoint):
     cfg = _config(checkpoint("qwen2"), model_type="gemma2")
     with pytest.raises(ModelLoadError, match="'gemma2'.*opt, llama, mistral, qwen2, qwen3"):
-        ModelArch.from_hf_config(cfg)
+        arch_from_hf_config(cfg)
 
 
 def test_family_and_llama3_presets():

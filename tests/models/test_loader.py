@@ -14,7 +14,7 @@ from safetensors.torch import load_file, save_file
 from fsd.config import ModelConfig
 from fsd.errors import ConfigError, ModelLoadError
 from fsd.layers.attention import AttentionMetadata
-from fsd.models.arch import ModelArch
+from fsd.models.hf_config import arch_from_hf_config
 from fsd.models.loader import load_model
 from fsd.models.presets import PRESETS, get_preset
 from fsd.models.registry import build_model
@@ -220,14 +220,14 @@ def test_v4_style_rope_config():
         },  # fmt: skip
         "torch_dtype": "bfloat16",
     }
-    arch = ModelArch.from_hf_config(cfg)
+    arch = arch_from_hf_config(cfg)
     assert arch.rope_theta == 500000.0
     assert arch.rope_scaling["rope_type"] == "llama3"
     assert arch.rope_scaling["original_max_position_embeddings"] == 1024
     assert arch.num_kv_heads == 4 and arch.head_dim == 16
     assert arch.checkpoint_dtype == "bfloat16"
     with pytest.raises(ModelLoadError, match="yarn"):
-        ModelArch.from_hf_config({**cfg, "rope_scaling": {"rope_type": "yarn", "factor": 2.0}})
+        arch_from_hf_config({**cfg, "rope_scaling": {"rope_type": "yarn", "factor": 2.0}})
 
 
 # -- presets -----------------------------------------------------------------------

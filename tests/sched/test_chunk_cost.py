@@ -9,7 +9,8 @@ import random
 import pytest
 
 from fsd.cost import CostModel
-from fsd.engine.profile_fit import (
+from fsd.cost.analytic import SHIPPED, derive_terms, shipped_profile
+from fsd.cost.fit import (
     ChunkSample,
     DecodeSample,
     PrefillSample,
@@ -18,9 +19,8 @@ from fsd.engine.profile_fit import (
     fit_chunk,
     fit_cost_model,
 )
+from fsd.cost.profiles import load_profile
 from fsd.errors import ConfigError
-from fsd.sched.analytic import SHIPPED, derive_terms, shipped_profile
-from fsd.sched.profiles import load_profile
 from tests.costs import linear_cost
 
 MEASURED_LIKE = linear_cost(

@@ -7,7 +7,7 @@ import pytest
 
 from fsd.config import ConfigError, SchedConfig
 from fsd.sched.chunking import prefill_budget
-from fsd.sched.registry import default_slo
+from fsd.sched.slo import default_slo
 from tests.costs import linear_cost
 from tests.sched.harness import COST, drive, make_jobs, scheduler
 

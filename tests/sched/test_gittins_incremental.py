@@ -20,11 +20,11 @@ import numpy as np
 import pytest
 
 from fsd.config import CacheConfig, SchedConfig
+from fsd.cost.profiles import load_profile
 from fsd.jobs import Job
 from fsd.sched import registry
 from fsd.sched.gittins import OutputLengthIndex
 from fsd.sched.mlfq import MLFQQueue
-from fsd.sched.profiles import load_profile
 from fsd.sched.soap import GittinsQueue
 from fsd.sim.runner import RunSpec
 from fsd.workload import gamma, length_model, synthetic

@@ -1,4 +1,4 @@
-"""Live cost (fsd.sched.calibration): service charged in measured seconds.
+"""Live cost (fsd.cost.calibration): service charged in measured seconds.
 
 The estimator first (steady ratio, bad samples, outliers), then the scheduler: a
 machine 100x slower than its profile charges long jobs 100x the service, so they use
@@ -12,8 +12,8 @@ import math
 
 import pytest
 
+from fsd.cost.calibration import MAX_RATIO, MIN_RATIO, LiveCost
 from fsd.jobs import Job, SamplingParams
-from fsd.sched.calibration import MAX_RATIO, MIN_RATIO, LiveCost
 from fsd.sched.scheduler import Scheduler
 from fsd.sim import simulate
 from fsd.workload import Request, Workload

@@ -11,8 +11,7 @@ from typer.testing import CliRunner
 
 from fsd.config import CacheConfig, SchedConfig
 from fsd.cost import CostModel
-from fsd.errors import ConfigError
-from fsd.sched.analytic import (
+from fsd.cost.analytic import (
     ACTIVATION_TOKENS,
     GPU_MEMORY_UTILIZATION,
     SHIPPED,
@@ -22,8 +21,9 @@ from fsd.sched.analytic import (
     roofline_decode_time,
     shipped_profile,
 )
-from fsd.sched.hardware import GPUS, MODELS, shape_from_arch
-from fsd.sched.profiles import load_profile, profile_path, shipped_profiles
+from fsd.cost.hardware import GPUS, MODELS, shape_from_arch
+from fsd.cost.profiles import load_profile, profile_path, shipped_profiles
+from fsd.errors import ConfigError
 from fsd.sim.capacity import HOST_TO_DEVICE, kv_capacity_tokens, max_context_of, size_pools
 
 MS = 1e-3

@@ -9,8 +9,7 @@ import sys
 import pytest
 
 from fsd.cost import CostModel
-from fsd.errors import ConfigError
-from fsd.sched.analytic import (
+from fsd.cost.analytic import (
     SHIPPED,
     analytic_profile,
     derive_terms,
@@ -18,8 +17,9 @@ from fsd.sched.analytic import (
     shipped_profile,
     write_shipped_profiles,
 )
-from fsd.sched.hardware import GPUS, MODELS, shape_from_arch
-from fsd.sched.profiles import load_profile, profile_path, shipped_profiles
+from fsd.cost.hardware import GPUS, MODELS, shape_from_arch
+from fsd.cost.profiles import load_profile, profile_path, shipped_profiles
+from fsd.errors import ConfigError
 
 MS = 1e-3
 
@@ -127,8 +127,11 @@ def test_profile_loads_by_path(tmp_path):
         load_profile(str(tmp_path / "nothere.json"))
 
 
-def test_analytic_code_imports_no_torch():
-    code = "import sys, fsd.sched.analytic, fsd.sched.profiles; print('torch' in sys.modules)"
+def test_the_cost_package_imports_no_torch():
+    code = (
+        "import sys, fsd.cost, fsd.cost.analytic, fsd.cost.profiles, fsd.cost.fit, "
+        "fsd.cost.calibration, fsd.cost.stages; print('torch' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 
@@ -335,7 +338,7 @@ def test_shipped_profile_notes_state_the_gpus():
 
 @pytest.mark.parametrize("name", ["opt-13b-a100", "opt-175b-a100-tp8pp2"])
 def test_decode_line_is_the_one_job_decode_step_bit_for_bit(name):
-    from fsd.sched.profiles import load_profile
+    from fsd.cost.profiles import load_profile
 
     cost = load_profile(name)
     a, b = cost.decode_line()

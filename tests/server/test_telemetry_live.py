@@ -17,10 +17,10 @@ import pytest
 from fsd import protocol as P
 from fsd.client import read_recording
 from fsd.config import EngineConfig
+from fsd.cost.calibration import MAX_RATIO, MIN_RATIO
 from fsd.engine.core import Engine
 from fsd.jobs import SamplingParams
 from fsd.metrics import SLOWindow
-from fsd.sched.calibration import MAX_RATIO, MIN_RATIO
 from fsd.server.telemetry import build_snapshot, job_infos
 from tests.console.conftest import RECORDING
 from tests.costs import linear_cost

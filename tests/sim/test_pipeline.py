@@ -8,9 +8,9 @@ import pytest
 
 from fsd.config import CacheConfig
 from fsd.cost import CostModel
-from fsd.sched.analytic import GPU_MEMORY_UTILIZATION, derive_terms, plan_stages
-from fsd.sched.hardware import GPUS
-from fsd.sched.profiles import load_profile, shipped_profiles
+from fsd.cost.analytic import GPU_MEMORY_UTILIZATION, derive_terms, plan_stages
+from fsd.cost.hardware import GPUS
+from fsd.cost.profiles import load_profile, shipped_profiles
 from fsd.sched.scheduler import Scheduler
 from fsd.sim import SimulationError, Simulator, simulate
 from fsd.sim.capacity import size_pools
@@ -258,7 +258,7 @@ def test_tp8pp2_swaps_over_all_sixteen_links():
 
 
 def test_readme_numbers_for_the_tp8pp2_profiles():
-    # fsd/sched/profiles/README.md, "TP x PP": latency and stage time in ms, KV room
+    # fsd/cost/profiles/README.md, "TP x PP": latency and stage time in ms, KV room
     for name, q1, stage, room in (
         ("opt-175b-a100-tp8pp2", 31.92, 15.96, 169_861),
         ("opt-175b-a100-40gb-tp8pp2", 39.73, 19.86, 47_790),

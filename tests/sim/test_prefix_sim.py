@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from fsd.config import CacheConfig, SchedConfig
-from fsd.sched.profiles import load_profile
+from fsd.cost.profiles import load_profile
 from fsd.sim.engine import Simulator
 from fsd.sim.job import SimJob
 from fsd.workload.mooncake import read_mooncake

@@ -11,7 +11,7 @@ import random
 import pytest
 
 from fsd.config import CacheConfig, SchedConfig
-from fsd.sched.profiles import load_profile
+from fsd.cost.profiles import load_profile
 from fsd.sim.engine import Simulator
 from fsd.workload.spec import Workload
 from tests.kv.prefix_reference import ReferenceBlockManager

@@ -6,8 +6,8 @@ import pytest
 
 from fsd.config import CacheConfig
 from fsd.cost import CostModel
+from fsd.cost.profiles import load_profile
 from fsd.errors import ConfigError
-from fsd.sched.profiles import load_profile
 from fsd.sim.capacity import DEFAULT_GPU_BLOCKS, HOST_TO_DEVICE, max_context_of, size_pools
 
 

@@ -8,9 +8,9 @@ import dataclasses
 import pytest
 
 from fsd import LLM, SamplingParams
+from fsd.engine.history import ArrivalFit
 from fsd.errors import SettingError
 from fsd.twin.forward import preview, run_twin
-from fsd.twin.history import ArrivalFit
 from fsd.twin.snapshot import TwinSnapshot, take_snapshot
 
 

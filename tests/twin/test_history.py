@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
+from fsd.engine.history import WorkHistory
 from fsd.jobs import FinishReason, Job, SamplingParams
-from fsd.twin.history import WorkHistory
 
 
 def _history(gaps: np.ndarray, start: float = 0.0) -> tuple[WorkHistory, float]:
@@ -75,3 +78,13 @@ def test_only_jobs_that_finished_lend_their_lengths() -> None:
         job.finish(reason, 1.0)
         h.ended(job)
     assert h.lengths() == [(7, 3, True), (7, 5, False)]
+
+
+def test_the_twin_and_the_engines_history_load_without_torch():
+    """The preview process imports the twin, and of the engine only its step history."""
+    code = (
+        "import sys, fsd.engine.history, fsd.twin.snapshot, fsd.twin.forward, fsd.twin.worker; "
+        "print('torch' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"

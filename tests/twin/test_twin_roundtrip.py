@@ -11,8 +11,8 @@ import pytest
 from fsd import SamplingParams
 from fsd.config import EngineConfig
 from fsd.engine.core import Engine
+from fsd.engine.history import ArrivalFit
 from fsd.twin.forward import run_twin
-from fsd.twin.history import ArrivalFit
 from fsd.twin.snapshot import TwinSnapshot, take_snapshot
 from tests.costs import linear_cost
 

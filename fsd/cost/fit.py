@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from fsd.cost import CostModel
+from fsd.cost.model import CostModel
 from fsd.errors import ConfigError
 
 # A point whose median is more than _NOISE x its fastest repeat is noisy: the

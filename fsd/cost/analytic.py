@@ -5,7 +5,7 @@ testbeds (OPT-13B/66B/175B on A100s, and the same on H100s) and today's deployme
 (Llama-3.1-8B on one H100 or H200, 70B at TP 4 / TP 8), which nobody here can
 measure. This module derives a `CostModel` for any model shape on any GPU and any
 TP x PP layout from the hardware's data-sheet numbers and a few efficiency factors.
-The derivation is written out in `fsd/sched/profiles/README.md`; in short:
+The derivation is written out in `fsd/cost/profiles/README.md`; in short:
 
   decode(b, C) = [weight bytes / (HBM * e_mem)]           read every weight once
                + b * [2 * params / (peak * e_flop)]         the GEMM work per sequence
@@ -24,12 +24,12 @@ max()-ed: at serving batch sizes the weight-streaming GEMVs and the math do not
 overlap perfectly, and measured decode steps grow steadily with batch
 (the max() roofline is kept in the notes as a lower bound).
 
-Shapes and GPUs are `fsd.sched.hardware`'s (its docstring names each number's source):
+Shapes and GPUs are `fsd.cost.hardware`'s (its docstring names each number's source):
 KV bytes count the KV heads (GQA), attention math the query heads, GEMM work every
 matrix (SwiGLU: 3), and an untied LM head is stored besides the token table. KV room
 per GPU = memory x utilization - weights - activations (`ACTIVATION_TOKENS`, Llama only).
 
-Run `python -m fsd.sched.analytic [DIR]` to regenerate the shipped JSON profiles.
+Run `python -m fsd.cost.analytic [DIR]` to regenerate the shipped JSON profiles.
 """
 
 from __future__ import annotations
@@ -39,10 +39,10 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from fsd.cost import CostModel
+from fsd.cost.hardware import GB, GPU, GPUS, MODELS, ModelShape
+from fsd.cost.model import CostModel
+from fsd.cost.stages import split_layers
 from fsd.errors import ConfigError
-from fsd.sched.hardware import GB, GPU, GPUS, MODELS, ModelShape
-from fsd.sched.pipeline import split_layers
 
 # The shipped profiles: (model, gpu, tp, pp). The paper runs 66B on 4 GPUs and 175B on
 # 16 (TP 8 x PP 2 over two p4d nodes of A100-40GB). 8 x 80 GB already hold 175B's 350 GB
@@ -322,7 +322,7 @@ def analytic_profile(
         pipeline_stages=pp,
     )
     notes: dict[str, object] = {
-        "source": "analytic (fsd.sched.analytic); derivation in fsd/sched/profiles/README.md",
+        "source": "analytic (fsd.cost.analytic); derivation in fsd/cost/profiles/README.md",
         "model": dataclasses.asdict(shape) | {"num_params": shape.num_params},
         "gpu": dataclasses.asdict(g),
         "layout": {"tp": tp, "pp": pp, "num_gpus": n_gpu, "dtype_bytes": dtype_bytes},
@@ -383,7 +383,7 @@ def write_shipped_profiles(directory: str | Path) -> list[Path]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m fsd.sched.analytic [DIR]`: regenerate the shipped profiles and print them."""
+    """`python -m fsd.cost.analytic [DIR]`: regenerate the shipped profiles and print them."""
     args = sys.argv[1:] if argv is None else argv
     directory = Path(args[0]) if args else Path(__file__).parent / "profiles"
     for path in write_shipped_profiles(directory):

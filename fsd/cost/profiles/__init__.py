@@ -1,4 +1,4 @@
-"""Shipped cost-model profiles (JSON, derived by `fsd.sched.analytic`) and their loader.
+"""Shipped cost-model profiles (JSON, derived by `fsd.cost.analytic`) and their loader.
 
 `load_profile("opt-13b-a100")` reads the shipped file of that name; any other
 argument is taken as the path of a profile JSON (as `fsd profile` writes one).
@@ -9,7 +9,7 @@ from __future__ import annotations
 from importlib import resources
 from pathlib import Path
 
-from fsd.cost import CostModel
+from fsd.cost.model import CostModel
 from fsd.errors import ConfigError
 
 

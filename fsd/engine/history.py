@@ -1,7 +1,8 @@
 """What the twin learns from the last minutes of serving: arrivals, lengths, iteration time.
 
 The engine records every arrival and every finished job, and the daemon's loop every
-iteration's wall time; a preview fits its models to these:
+iteration's wall time; a preview (fsd.twin) fits its models to these (pure numpy, no
+torch: the twin's process imports this module and nothing else of the engine):
 
 - arrivals: a renewal process of the observed rate (arrivals in the window / the
   window) and inter-arrival CV (1 = Poisson, above = bursty). Rate and CV are the

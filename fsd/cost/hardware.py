@@ -1,7 +1,7 @@
 """Data-sheet numbers: model shapes and GPUs, for the analytic cost profiles.
 
 A `ModelShape` is what the cost of a model depends on (layers, widths, heads, vocab);
-a `GPU` is its peak math, HBM bandwidth, memory and links. `fsd.sched.analytic`
+a `GPU` is its peak math, HBM bandwidth, memory and links. `fsd.cost.analytic`
 derives a `CostModel` from one of each and a TP x PP layout.
 
 Where the numbers come from:
