@@ -24,7 +24,6 @@ from fsd.cli_options import (
 from fsd.config import (
     DEVICES,
     DTYPES,
-    KV_POLICIES,
     CacheConfig,
     ModelConfig,
     ParallelConfig,
@@ -32,6 +31,7 @@ from fsd.config import (
 )
 from fsd.errors import ConfigError
 from fsd.jobs import SamplingParams
+from fsd.kv.registry import KV_POLICIES
 from fsd.sched.registry import POLICIES, engine_policy
 from fsd.sim.cli import simulate_command
 

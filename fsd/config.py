@@ -31,11 +31,8 @@ from fsd.config_checks import (
     parse_http_address,
 )
 from fsd.errors import ConfigError
-from fsd.kv.registry import KV_POLICY_CLASSES
-from fsd.sched.registry import DEFAULT_POLICY, POLICIES  # noqa: F401 (the console reads them here)
 
 DTYPES = ("auto", "float32", "float16", "bfloat16")
-KV_POLICIES = tuple(KV_POLICY_CLASSES)  # the KV policies' registry is the one list
 DEVICES = ("auto", "cpu", "cuda")
 ATTN_BACKENDS = ("auto", "torch", "triton")
 
@@ -87,8 +84,7 @@ class CacheConfig:
     prefix_cache: bool = True
 
     def __post_init__(self) -> None:
-        check_types(self)
-        choice("kv_policy", self.kv_policy, KV_POLICIES)
+        check_types(self)  # kv_policy names one of fsd.kv.registry's: checked where it is built
         if self.host_kv_bytes < 0:
             raise ConfigError(f"host_kv_bytes must be >= 0, got {self.host_kv_bytes}")
         # retunable live: each is bounded, so a retune cannot store a value that breaks

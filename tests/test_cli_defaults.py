@@ -21,7 +21,6 @@ from fsd.cli_options import CLI_MAX_TOKENS, CONFIG_FIELDS
 from fsd.config import (
     DEVICES,
     DTYPES,
-    KV_POLICIES,
     CacheConfig,
     ModelConfig,
     ParallelConfig,
@@ -31,6 +30,7 @@ from fsd.config import (
 from fsd.console.cli import app as fsctl_app
 from fsd.console.play import PlayOptions
 from fsd.jobs import SamplingParams
+from fsd.kv.registry import KV_POLICIES
 from fsd.sched.registry import POLICIES, engine_policy
 from fsd.sim.cli_run import SimOptions
 

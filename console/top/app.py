@@ -26,9 +26,10 @@ from textual.widgets import Footer, Static
 from textual.worker import get_current_worker
 
 from fsd import protocol as P
-from fsd.config import KV_POLICIES, POLICIES
 from fsd.console.cli_format import find_setting, injected_summary
 from fsd.console.top import forms, panels, render
+from fsd.kv.registry import KV_POLICIES
+from fsd.sched.registry import POLICIES
 from fsd.console.top.data import TopState, TopView
 from fsd.console.top.dialogs import Forbidden, InjectScreen, RetuneScreen, forbidden
 from fsd.console.top.jobtable import JobTable

@@ -83,6 +83,15 @@ def engine_policy(name: str) -> str:
     return resolved
 
 
+def check_policies(sched: SchedConfig, cache: CacheConfig, *, engine: bool = True) -> None:
+    """Both policy names, before anything is built: the one-line errors naming the valid
+    choices (`engine`: the daemon's, which cannot run the simulator's oracle)."""
+    from fsd.kv.registry import check_kv_policy
+
+    (engine_policy if engine else resolve_policy)(sched.policy)
+    check_kv_policy(cache.kv_policy)
+
+
 def default_slo(cost: CostModel) -> float:
     """The paper's per-token latency SLO: 10 decode steps (the profile's minimum iteration)."""
     return SLO_DECODE_STEPS * cost.min_iteration_time

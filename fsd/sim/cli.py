@@ -16,7 +16,8 @@ import typer
 
 from fsd.cli_errors import fail, friendly
 from fsd.cli_options import default_of, one_of
-from fsd.config import KV_POLICIES, CacheConfig, SchedConfig
+from fsd.config import CacheConfig, SchedConfig
+from fsd.kv.registry import KV_POLICIES
 from fsd.sched.registry import POLICIES, SLO_DECODE_STEPS, STARVE_LIMIT_SLOS, WAITING_LIMIT_SLOS
 from fsd.sim.cli_run import SimOptions, simulate
 from fsd.sim.cli_workload import DEFAULT_RATE, DEFAULT_REQUESTS
