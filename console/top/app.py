@@ -28,14 +28,14 @@ from textual.worker import get_current_worker
 from fsd import protocol as P
 from fsd.console.cli_format import find_setting, injected_summary
 from fsd.console.top import forms, panels, render
-from fsd.kv.registry import KV_POLICIES
-from fsd.sched.registry import POLICIES
 from fsd.console.top.data import TopState, TopView
 from fsd.console.top.dialogs import Forbidden, InjectScreen, RetuneScreen, forbidden
 from fsd.console.top.jobtable import JobTable
 from fsd.console.top.screens import ConfirmScreen, HelpScreen, JobDetailScreen
 from fsd.console.top.source import Source, TelemetryFeed
 from fsd.errors import FsdError
+from fsd.kv.registry import KV_POLICIES
+from fsd.sched.registry import POLICIES
 
 NARROW = 120  # terminals narrower than this show the compact layout
 
