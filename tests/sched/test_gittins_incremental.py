@@ -22,10 +22,10 @@ import pytest
 from fsd.config import CacheConfig, SchedConfig
 from fsd.jobs import Job
 from fsd.sched import registry
+from fsd.sched.gittins_queue import GittinsQueue
 from fsd.sched.lengths import OutputLengthIndex
 from fsd.sched.mlfq import MLFQQueue
 from fsd.sched.profiles import load_profile
-from fsd.sched.gittins_queue import GittinsQueue
 from fsd.sim.runner import RunSpec
 from fsd.workload import gamma, length_model, synthetic
 
