@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import sys
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 from rich.console import Console
 
 from fsd.bench.cli import bench_app
 from fsd.cli_errors import fail, friendly
+from fsd.cli_fields import field_options, with_fields
 from fsd.cli_options import (
     CLI_MAX_TOKENS,
     CONFIG_FIELDS,
@@ -24,14 +25,15 @@ from fsd.cli_options import (
 from fsd.config import (
     DEVICES,
     DTYPES,
-    KV_POLICIES,
     CacheConfig,
     ModelConfig,
     ParallelConfig,
+    SchedConfig,
     ServerConfig,
 )
 from fsd.errors import ConfigError
 from fsd.jobs import SamplingParams
+from fsd.kv.registry import KV_POLICIES
 from fsd.sched.registry import POLICIES, engine_policy
 from fsd.sim.cli import simulate_command
 
@@ -125,36 +127,36 @@ def generate(
         fail(f"the job failed: {final.error}")
 
 
+# `fsd start`'s config fields by slice, each an option generated from its field; None
+# keeps the file's value (or the config's default)
+START_FIELDS = (
+    (ModelConfig, ("model",)),
+    (ServerConfig, ("endpoint", "telemetry_endpoint")),
+    (SchedConfig, ("policy",)),
+    (CacheConfig, ("kv_policy", "num_gpu_blocks", "num_host_blocks")),
+    (SchedConfig, ("max_batch_size", "prefill_chunk")),
+    (CacheConfig, ("prefix_cache",)),
+    (ModelConfig, ("cuda_graphs", "device", "dtype", "threads")),
+    (ServerConfig, ("telemetry_hz", "stats_interval")),
+    (SchedConfig, ("profile",)),
+    (ServerConfig, ("state_dir", "http")),
+    (ParallelConfig, ("tp", "pp", "ray_address")),
+)
+_POLICY_HELPS = {"policy": f"{one_of(ENGINE_POLICIES)}.", "kv_policy": f"{one_of(KV_POLICIES)}."}
+
+
 @app.command()
+@with_fields(
+    *(field_options(cls, names, unset=True, helps=_POLICY_HELPS) for cls, names in START_FIELDS),
+    before="log_level",
+)
 def start(
     ctx: typer.Context,
     foreground: Annotated[bool, typer.Option(help="Serve in this process (systemd, containers).")] = False,
     config: Annotated[Optional[str], typer.Option(help="fsd.toml to read first.")] = None,  # noqa: UP045
-    # config fields, by name: None keeps the file's value (or the config's default)
-    model: Annotated[Optional[str], typer.Option(help=_MODEL_HELP)] = None,  # noqa: UP045
-    endpoint: Annotated[Optional[str], typer.Option(help="Requests and control, e.g. tcp://127.0.0.1:5557.")] = None,  # noqa: UP045
-    telemetry_endpoint: Annotated[Optional[str], typer.Option(help="Telemetry PUB, e.g. tcp://127.0.0.1:5558.")] = None,  # noqa: UP045
-    policy: Annotated[Optional[str], typer.Option(help=f"{one_of(ENGINE_POLICIES)}.")] = None,  # noqa: UP045
-    kv_policy: Annotated[Optional[str], typer.Option(help=f"{one_of(KV_POLICIES)}.")] = None,  # noqa: UP045
-    num_gpu_blocks: Annotated[Optional[int], typer.Option(help="KV blocks on the device.")] = None,  # noqa: UP045
-    num_host_blocks: Annotated[Optional[int], typer.Option(help="KV blocks in host memory.")] = None,  # noqa: UP045
-    max_batch_size: Annotated[Optional[int], typer.Option(help="Most jobs in one iteration.")] = None,  # noqa: UP045
-    prefill_chunk: Annotated[Optional[int], typer.Option(help="Chunked prefill: most prompt tokens per iteration (0 = whole prefills).")] = None,  # noqa: UP045
-    prefix_cache: Annotated[Optional[bool], typer.Option("--prefix-cache/--no-prefix-cache", help="Reuse the KV of cached prompt prefixes (default on).")] = None,  # noqa: UP045
-    cuda_graphs: Annotated[Optional[bool], typer.Option("--cuda-graphs/--no-cuda-graphs", help="Replay decode steps as CUDA graphs (CUDA, Triton backend; default on).")] = None,  # noqa: UP045
-    device: Annotated[Optional[str], typer.Option(help=_DEVICE_HELP)] = None,  # noqa: UP045
-    dtype: Annotated[Optional[str], typer.Option(help=_DTYPE_HELP)] = None,  # noqa: UP045
-    threads: Annotated[Optional[int], typer.Option(help="Torch threads of a CPU worker (default: usable CPUs less one; the log says why).")] = None,  # noqa: UP045
-    telemetry_hz: Annotated[Optional[float], typer.Option(help="Snapshots per second (0 = off).")] = None,  # noqa: UP045
-    stats_interval: Annotated[Optional[float], typer.Option(help="Seconds between the log's stats lines (0 = none).")] = None,  # noqa: UP045
-    profile: Annotated[Optional[str], typer.Option(help="Cost-model JSON (fsd profile) or shipped name.")] = None,  # noqa: UP045
-    state_dir: Annotated[Optional[str], typer.Option(help="Where the pidfile and log file go.")] = None,  # noqa: UP045
-    http: Annotated[Optional[str], typer.Option(help="OpenAI-compatible API and /metrics on HOST:PORT, e.g. 127.0.0.1:8000.")] = None,  # noqa: UP045
-    tp: Annotated[Optional[int], typer.Option(help="Tensor-parallel degree: shard heads and MLP over N Ray workers.")] = None,  # noqa: UP045
-    pp: Annotated[Optional[int], typer.Option(help="Pipeline-parallel degree: split the layers into M stages.")] = None,  # noqa: UP045
-    ray_address: Annotated[Optional[str], typer.Option(help="Join this Ray cluster (default: start a local one when tp*pp > 1).")] = None,  # noqa: UP045
     log_level: Annotated[str, typer.Option(help="debug, info, warning or error.")] = "info",
     wait: Annotated[float, typer.Option(help="Background: seconds to wait for the daemon to serve.")] = 300.0,
+    **fields: Any,
 ) -> None:
     """Start the daemon (in the background unless --foreground).
 
@@ -164,7 +166,7 @@ def start(
     from fsd import daemon
     from fsd.config_file import build_configs
 
-    options = {k: v for k, v in ctx.params.items() if k in CONFIG_FIELDS}
+    options = {k: v for k, v in fields.items() if k in CONFIG_FIELDS}
     with friendly():
         engine_cfg, server_cfg = build_configs(config, **options)
         if foreground:

@@ -25,17 +25,15 @@ from fsd.config_checks import (
     check_quanta,
     check_types,
     choice,
+    doc,
     finite,
     int_range,
     loopback_host,
     parse_http_address,
 )
 from fsd.errors import ConfigError
-from fsd.kv.registry import KV_POLICY_CLASSES
-from fsd.sched.registry import DEFAULT_POLICY, POLICIES  # noqa: F401 (the console reads them here)
 
 DTYPES = ("auto", "float32", "float16", "bfloat16")
-KV_POLICIES = tuple(KV_POLICY_CLASSES)  # the KV policies' registry is the one list
 DEVICES = ("auto", "cpu", "cuda")
 ATTN_BACKENDS = ("auto", "torch", "triton")
 
@@ -44,16 +42,20 @@ ATTN_BACKENDS = ("auto", "torch", "triton")
 class ModelConfig:
     """Which model to run and how its weights are held."""
 
-    model: str = "tiny"
-    dtype: str = "auto"
-    device: str = "auto"
+    model: str = doc("tiny", "Preset name or local HuggingFace directory.")
+    dtype: str = doc("auto", f"{', '.join(DTYPES)}.")
+    device: str = doc("auto", f"{', '.join(DEVICES)}.")
     seed: int = 0
     max_model_len: int | None = None
     attn_backend: str = "auto"
-    # replay decode steps as CUDA graphs (CUDA with the Triton backend; fsd.engine.cuda_graph)
-    cuda_graphs: bool = True
-    # torch threads of a CPU worker; None: OMP_NUM_THREADS, else fsd.engine.threads decides
-    threads: int | None = None
+    # fsd.engine.cuda_graph
+    cuda_graphs: bool = doc(
+        True, "Replay decode steps as CUDA graphs (CUDA, Triton backend; default on)."
+    )
+    # None: OMP_NUM_THREADS, else fsd.engine.threads decides
+    threads: int | None = doc(
+        None, "Torch threads of a CPU worker (default: usable CPUs less one; the log says why)."
+    )
 
     def __post_init__(self) -> None:
         check_types(self)
@@ -70,25 +72,32 @@ class ModelConfig:
 class CacheConfig:
     """Paged KV cache: block size and how many blocks each tier holds."""
 
-    block_size: int = 16
-    num_gpu_blocks: int | None = None
+    block_size: int = doc(16, "Tokens per KV block.")
+    num_gpu_blocks: int | None = doc(
+        None, "KV blocks on the device (default: from its memory; simulated: the profile's)."
+    )
     gpu_memory_utilization: float = 0.85
     cpu_kv_bytes: int = 256 * 1024 * 1024
-    num_host_blocks: int | None = None  # None: host_kv_bytes decides
+    num_host_blocks: int | None = doc(
+        None, "KV blocks in host memory (default: host_kv_bytes; simulated: 4 x device)."
+    )
     host_kv_bytes: int = 1024 * 1024 * 1024
-    kv_policy: str = "proactive"
+    kv_policy: str = doc("proactive", "The KV policy (fsd.kv.registry).")
     # K = 4, K' = 2 measured better than 1, 1 on every simulated workload (bench/policies.py)
-    reserve_min_jobs: int = 4  # K: free room kept for at least this many new jobs
-    reserve_top_levels: int = 2  # K': ... or for every job in the top K' queues
+    reserve_min_jobs: int = doc(4, "K: reserve room for at least K new jobs.")
+    reserve_top_levels: int = doc(2, "K': or for the jobs in the top K' levels.")
     # a job without KV starts only while device + host use, with its blocks, stays within
     # this share of both pools (admission control: a started job always has room to go)
-    admit_fraction: float = 0.9
-    # reuse the KV of cached prompt prefixes (fsd.kv.prefix); retunable live
-    prefix_cache: bool = True
+    admit_fraction: float = doc(
+        0.9, "New jobs start while device+host KV use stays under this."
+    )
+    # fsd.kv.prefix; retunable live
+    prefix_cache: bool = doc(
+        True, "Reuse the KV of cached prompt prefixes (a trace's prefix hashes: Mooncake)."
+    )
 
     def __post_init__(self) -> None:
-        check_types(self)
-        choice("kv_policy", self.kv_policy, KV_POLICIES)
+        check_types(self)  # kv_policy names one of fsd.kv.registry's: checked where it is built
         if self.host_kv_bytes < 0:
             raise ConfigError(f"host_kv_bytes must be >= 0, got {self.host_kv_bytes}")
         # retunable live: each is bounded, so a retune cannot store a value that breaks
@@ -118,44 +127,47 @@ MAX_REFUSE_SLOS = 1e6  # refuse_late's bound: a million SLOs is never
 class SchedConfig:
     """Scheduling policy and batch limits."""
 
-    policy: str = "default"
-    max_batch_size: int = 32
-    max_batch_tokens: int = 4096
-    num_levels: int = 8
-    q1: float | None = None  # seconds; None = the profile's minimum iteration time
-    quantum_ratio: float = 2.0
+    policy: str = doc("default", "The scheduling policy (fsd.sched.registry).")
+    max_batch_size: int = doc(32, "Most jobs in one iteration.")
+    max_batch_tokens: int = doc(4096, "Most new tokens in one iteration.")
+    num_levels: int = doc(8, "MLFQ levels.")
+    # None = the profile's minimum iteration time
+    q1: float | None = doc(None, "Top-level quantum, s (default: a decode step).")
+    quantum_ratio: float = doc(2.0, "q(k+1) / q(k).")
     quanta: tuple[float, ...] | None = None  # explicit per-level quanta (strictly increasing)
     # The settings below default to None: the policy's own. `fsd` (the default policy)
     # departs from the paper's skip-join MLFQ (`sj-mlfq`, faithful to its section 4) on
-    # each; fsd.sched.registry.POLICY_RULES lists both sets and why.
-    starve_limit: float | None = None  # alpha, seconds (fsd: 100 x the SLO; paper: the SLO)
-    # alpha for a job that has not started (no output token yet; fsd: 8 x the SLO)
-    starve_limit_waiting: float | None = None
-    # where a starved job goes: "up1" (one level up, fsd), "top" (Q1, the paper) or
-    # "entry" (the level its next iteration would skip-join)
-    starve_promote: str | None = None
-    # charge a prefill iteration as attained service (the paper); fsd does not: skip-join
-    # already placed the job by its prefill time, so the quantum at that level is for decoding
-    charge_prefill: bool | None = None
-    # at a quantum's end: "always" demote (the paper) or, "gittins" (fsd), keep the job's
-    # level while recent output lengths say it is closer to done than a fresh job
-    demote_rule: str | None = None
-    # a job in the running batch is ranked this many levels above its own: a waiting job
-    # preempts it only from further up (fsd: 3; the paper: 0)
-    preempt_threshold: int | None = None
-    # fsd: new work starts only while started work fits the device (a block of growth kept
-    # per batch slot), and a started job goes to host memory only for a job the batch
-    # wants, when the move pays (fsd.kv.planner.SwapGate); off (the paper): ENST swaps
-    # keep a reserve for arrivals
-    swap_gate: bool | None = None
+    # each; each policy declares its own values, and why (fsd.sched.registry.POLICIES).
+    starve_limit: float | None = doc(None, "Alpha, s: a started job waiting this long moves up.")
+    starve_limit_waiting: float | None = doc(None, "Alpha for jobs not yet started, s.")
+    starve_promote: str | None = doc(
+        None, "Where starved jobs go: up1 (one level up), top (Q1) or entry (its skip-join level)."
+    )
+    # skip-join already placed the job by its prefill time: the quantum there is for decoding
+    charge_prefill: bool | None = doc(None, "Charge a prefill as attained service.")
+    demote_rule: str | None = doc(
+        None, "At a quantum's end: always demote, or gittins (keep the level while learned "
+        "lengths say the job is closer to done than a fresh one)."
+    )
+    preempt_threshold: int | None = doc(
+        None, "Levels the running jobs rank above their own (a waiting job preempts from above)."
+    )
+    # off: ENST swaps keep a reserve for arrivals (fsd.kv.planner.SwapGate)
+    swap_gate: bool | None = doc(
+        None, "Start work only while it fits the device; swap only when it pays."
+    )
     # refuse (error "overloaded") a request whose predicted per-token latency on arrival
     # exceeds this many SLOs (Scheduler.predicted_latency); None: never refuse (default)
     refuse_late: float | None = None
     # chunked prefill: an iteration carries at most this many prompt tokens beside its
     # decodes; a longer prompt runs as chunks, each a preemption point (0: whole
     # prefills; None: the most whose prefill fits the per-token SLO, fsd.sched.chunking)
-    prefill_chunk: int | None = None
-    profile: str | None = None  # a profile JSON path or a shipped profile name
+    prefill_chunk: int | None = doc(
+        None, "Chunked prefill: most prompt tokens an iteration carries beside its decodes "
+        "(0 = whole prefills; else at least --block-size; unset: the most whose prefill "
+        "fits the SLO)."
+    )
+    profile: str | None = doc(None, "Cost-model JSON (fsd profile) or shipped profile name.")
 
     def __post_init__(self) -> None:
         """Types, then ranges: every value a retune may set has a lower and an upper bound."""
@@ -214,9 +226,12 @@ class ParallelConfig:
     actors (one per GPU, or CPU actors), on the cluster at ray_address or a local one.
     """
 
-    tp: int = 1
-    pp: int = 1
-    ray_address: str | None = None  # e.g. "ray://head:10001" or "head:6379"; None = start one
+    tp: int = doc(1, "Tensor-parallel degree: shard heads and MLP over N Ray workers.")
+    pp: int = doc(1, "Pipeline-parallel degree: split the layers into M stages.")
+    # e.g. "ray://head:10001" or "head:6379"
+    ray_address: str | None = doc(
+        None, "Join this Ray cluster (default: start a local one when tp*pp > 1)."
+    )
 
     def __post_init__(self) -> None:
         check_types(self)
@@ -232,27 +247,33 @@ class ParallelConfig:
 class ServerConfig:
     """The daemon's sockets, telemetry and process files."""
 
-    endpoint: str = "tcp://127.0.0.1:5557"
-    telemetry_endpoint: str = "tcp://127.0.0.1:5558"
-    telemetry_hz: float = 10.0
+    endpoint: str = doc("tcp://127.0.0.1:5557", "Requests and control (tcp://HOST:PORT).")
+    telemetry_endpoint: str = doc(
+        "tcp://127.0.0.1:5558", "Telemetry PUB (tcp://HOST:PORT)."
+    )
+    telemetry_hz: float = doc(10.0, "Snapshots per second (0 = off).")
     # share of wall time the job table may cost the engine thread (it is sent less often
     # than the rest of a snapshot when it would cost more)
     telemetry_job_budget: float = 0.02
     client_timeout: float = 10.0  # seconds without a message before a client's jobs are aborted
     slo_window: float = 60.0  # seconds of finished jobs in the SLO statistics
-    stats_interval: float = 10.0  # seconds between the log's stats lines (0 = none)
+    stats_interval: float = doc(10.0, "Seconds between the log's stats lines (0 = none).")
     max_frame_bytes: int = 8 * 1024 * 1024
     curve_secret_key: str | None = None  # the daemon's key file (fsd keys generate)
     curve_authorized_dir: str | None = None  # clients' public key files allowed in
     # public key files of operators (CURVE): their requests have the operator role
     curve_operators_dir: str | None = None
-    state_dir: str = "~/.local/state/fsd"  # pidfile, log file and operator token
+    state_dir: str = doc(
+        "~/.local/state/fsd", "Where the pidfile, log file and operator token go."
+    )
     max_burst: int = 1000  # jobs one inline Inject burst may add
     max_client_jobs: int = 10_000  # live jobs one connection may own (submitted + injected)
     max_jobs: int = 100_000  # live jobs in the daemon, all clients together
     # open client connections; more are refused (and capped by the open-files limit)
     max_connections: int = 4096
-    http: str | None = None  # OpenAI-compatible API and /metrics on "HOST:PORT"; None = off
+    http: str | None = doc(
+        None, "OpenAI-compatible API and /metrics on HOST:PORT, e.g. 127.0.0.1:8000."
+    )
     # plain HTTP has no CURVE: binding it beyond loopback is refused unless this is set
     http_allow_remote: bool = False
     http_api_key: str | None = None  # when set, /v1/* wants "Authorization: Bearer KEY"

@@ -18,6 +18,18 @@ MAX_QUANTUM_RATIO = 1000.0  # q(k+1) / q(k)
 MAX_RESERVE_JOBS = MAX_BATCH_SIZE  # K: room for more new jobs than one batch starts is moot
 
 
+def doc(default: Any, help: str) -> Any:
+    """A config field with its default and its one-line help: the command lines'
+    options are generated from both (fsd.cli_fields)."""
+    return dataclasses.field(default=default, metadata={"help": help})
+
+
+def help_of(config: type, name: str) -> str:
+    """The help line a field of a config dataclass declares ("" if none)."""
+    fields = {f.name: f for f in dataclasses.fields(config)}
+    return str(fields[name].metadata.get("help", ""))
+
+
 def parse_http_address(value: str) -> tuple[str, int]:
     """("127.0.0.1", 8000) from "127.0.0.1:8000" ("[::1]:8000" for IPv6)."""
     host, sep, port = value.rpartition(":")

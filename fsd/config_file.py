@@ -41,8 +41,11 @@ def build_configs(
     """Engine and server configs from an optional TOML file, then keyword overrides.
 
     Overrides use the field names (e.g. policy="fcfs", endpoint="tcp://..."); None
-    values are ignored so unset CLI flags keep the file's value.
+    values are ignored so unset CLI flags keep the file's value. The policy names are
+    checked here too, by their registries: a bad one fails at start, not in the daemon.
     """
+    from fsd.sched.registry import check_policies
+
     data = load_toml(path) if path else {}
     flat: dict[str, Any] = {}
     for section in SLICE_TYPES:
@@ -62,4 +65,6 @@ def build_configs(
         server = ServerConfig(**server_kw)
     except TypeError as exc:
         raise ConfigError(f"[server]: {exc}") from None
-    return EngineConfig.from_kwargs(**flat), server
+    engine = EngineConfig.from_kwargs(**flat)
+    check_policies(engine.sched, engine.cache)
+    return engine, server

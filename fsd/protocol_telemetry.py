@@ -129,7 +129,7 @@ class SLOInfo(msgspec.Struct, kw_only=True):
 class LearnedInfo(msgspec.Struct, kw_only=True, omit_defaults=True):
     """The output-length distribution a policy learned from finished jobs.
 
-    `ready`: enough jobs finished for the policy to act on it (fsd.sched.gittins).
+    `ready`: enough jobs finished for the policy to act on it (fsd.sched.lengths).
     `quantiles`: (q, output tokens), q in (0, 1). `by_prompt`: per prompt-length class,
     (prompt tokens up to, samples, median output tokens); empty when the policy does
     not condition on the prompt.

@@ -26,7 +26,6 @@ from textual.widgets import Footer, Static
 from textual.worker import get_current_worker
 
 from fsd import protocol as P
-from fsd.config import KV_POLICIES, POLICIES
 from fsd.console.cli_format import find_setting, injected_summary
 from fsd.console.top import forms, panels, render
 from fsd.console.top.data import TopState, TopView
@@ -35,6 +34,8 @@ from fsd.console.top.jobtable import JobTable
 from fsd.console.top.screens import ConfirmScreen, HelpScreen, JobDetailScreen
 from fsd.console.top.source import Source, TelemetryFeed
 from fsd.errors import FsdError
+from fsd.kv.registry import KV_POLICIES
+from fsd.sched.registry import POLICIES
 
 NARROW = 120  # terminals narrower than this show the compact layout
 

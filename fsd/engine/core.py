@@ -38,7 +38,7 @@ from fsd.kv.block_manager import BlockManager
 from fsd.kv.swap import SwapOp
 from fsd.sched.admission import RequestLimits, check_request, refuse_late_job
 from fsd.sched.pipeline import InFlight
-from fsd.sched.registry import engine_policy, make_scheduler
+from fsd.sched.registry import check_policies, make_scheduler
 from fsd.sched.retune import plain_value, plan_retune
 from fsd.sched.scheduler import SchedulerOutput
 from fsd.sched.slo import default_slo
@@ -56,7 +56,7 @@ class Engine(EngineFailures):
         times (service is charged in measured seconds: fsd.engine.flight); a `cost`
         handed in is charged as given (`measure_cost` False), so a test can pin levels.
         """
-        engine_policy(config.sched.policy)  # fail on a bad policy before loading weights
+        check_policies(config.sched, config.cache)  # fail on a bad name before loading weights
         self.config = config
         self.executor = ex = make_executor(config)
         self.loaded = ex.loaded

@@ -7,6 +7,6 @@ one class per KV policy (defer, recompute, reactive, proactive), named in
 scheduler asks the block manager and calls its verbs; the executor makes the copies.
 
 May import: fsd.jobs, fsd.errors, and fsd.config / fsd.cost for type hints only
-(fsd.config reads the policy names from `registry`). Never torch, fsd.sched,
+(`registry` checks a policy's name where it is built). Never torch, fsd.sched,
 fsd.engine, fsd.server or the console.
 """

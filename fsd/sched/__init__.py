@@ -1,7 +1,10 @@
 """Scheduling (pure Python, no torch): queue policies, batch formation, ENST, live retune.
 
-Owns: which jobs run each iteration. The queue policies (`queues`, `mlfq`, one class
-per policy behind `JobQueue`, named in `registry`), the batch walk (`batch`), eviction
+Owns: which jobs run each iteration. The queue policies, one class per policy behind
+`JobQueue` (`queues`), named in `registry` with each policy's own settings: the
+level-queue family on `levels` (levels, FIFO inside, entry level, ENST in `enst`) with
+the paper's MLFQ (`mlfq`) and the Gittins-ranked queue (`gittins_queue`, ranking by
+`ranks` of the output `lengths` learned) as siblings. The batch walk (`batch`), eviction
 for room (`eviction`), the scheduler that ties them to a KV policy (`scheduler`),
 and the rules the engine, the simulator and the scenario injector share: admission
 (`admission`), retune validation (`retune`), the default SLO (`slo`), the

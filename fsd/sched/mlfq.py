@@ -17,9 +17,9 @@ workloads said so (fsd.sched.registry.FSD_RULES, each with its reason):
   with alpha = the SLO turns an overloaded MLFQ into round robin.
 - a prefill is not charged at the skip-join level (skip-join placed the job by it).
 - at a quantum's end a job keeps its level while the Gittins index of its output so
-  far (fsd.sched.gittins) is above a fresh job's: always demoting alike outputs is
+  far (fsd.sched.lengths) is above a fresh job's: always demoting alike outputs is
   round robin. Before enough jobs finished, the max_tokens caps decide
-  (fsd.sched.gittins, "Cold start").
+  (fsd.sched.lengths, "Cold start").
 - a job that has not started is promoted after alpha_waiting = 8 x the SLO.
 - the last batch's jobs rank `preempt_threshold` (3) levels above their own, so
   near-equal jobs stop taking turns through host memory.
@@ -28,17 +28,15 @@ workloads said so (fsd.sched.registry.FSD_RULES, each with its reason):
 
 from __future__ import annotations
 
-import bisect
 import heapq
-import itertools
 import operator
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 
 from fsd.cost import CostModel
-from fsd.jobs import FinishReason, Job, KVLocation
-from fsd.sched.enst import LevelENST
-from fsd.sched.gittins import UNKNOWN_CAP, LearnedLengths, OutputLengthIndex
-from fsd.sched.queues import JobQueue, LevelView
+from fsd.jobs import FinishReason, Job
+from fsd.sched.lengths import UNKNOWN_CAP, LearnedLengths, OutputLengthIndex
+from fsd.sched.levels import LevelQueue
+from fsd.sched.queues import JobQueue
 
 PROMOTE_RULES = ("up1", "top", "entry")
 DEMOTE_RULES = ("always", "gittins")
@@ -50,7 +48,7 @@ def build_quanta(q1: float, ratio: float, levels: int) -> list[float]:
     return [q1 * ratio**k for k in range(levels)]
 
 
-class MLFQQueue(LevelENST):
+class MLFQQueue(LevelQueue):
     """Levels Q1..Qn with quanta q1 < q2 < ..., FIFO inside a level.
 
     skip_join=False is the naive MLFQ (every job enters Q1, demotion one level at a
@@ -59,7 +57,7 @@ class MLFQQueue(LevelENST):
     skip-join (never lower than now). charge_prefill=False (skip-join only) charges
     no service for a prefill iteration. demote_rule="gittins" (skip-join only) keeps a
     job whose quantum ran out at its level and place while the output lengths of
-    recently finished jobs say it is closer to done than a fresh job (fsd.sched.gittins).
+    recently finished jobs say it is closer to done than a fresh job (fsd.sched.lengths).
     A job that has not produced a token starves after `waiting_limit` (default: the
     same as `starve_limit`); `preempt_threshold` lifts the jobs given to
     `set_running` that many levels when ranking. Both are skip-join only.
@@ -77,7 +75,7 @@ class MLFQQueue(LevelENST):
         waiting_limit: float | None = None,
         preempt_threshold: int = 0,
     ) -> None:
-        super().__init__(cost)
+        super().__init__(cost, quanta)
         if promote_to not in PROMOTE_RULES:
             raise ValueError(f"promote_to must be one of {PROMOTE_RULES}, got {promote_to!r}")
         if demote_rule not in DEMOTE_RULES:
@@ -88,26 +86,15 @@ class MLFQQueue(LevelENST):
         self.charge_prefill = charge_prefill or not skip_join
         self.demote_rule = demote_rule if skip_join else "always"
         self.lengths = OutputLengthIndex()  # learned from every finish; read by "gittins"
-        self.quanta = list(quanta)
         self.starve_limit = starve_limit
         # fsd's rules for skip-join only: naive MLFQ stays the textbook baseline
         self.waiting_limit = (
             starve_limit if waiting_limit is None or not skip_join else waiting_limit
         )
         self.preempt_threshold = preempt_threshold if skip_join else 0
-        self._levels: list[dict[str, Job]] = [{} for _ in self.quanta]
         self._starve: list[tuple[float, int, Job]] = []  # (promotion due, seq, job), lazy
-        self._lifted: dict[str, int] = {}  # a job of the last batch -> the level it ranks at
-        self._lifted_at: dict[int, list[Job]] = {}
 
     # ---- membership ------------------------------------------------------------
-
-    def entry_level(self, iteration_time: float) -> int:
-        """The highest level whose quantum covers `iteration_time` (the last if none).
-        Quanta strictly increase (SchedConfig checks): a bisection finds it."""
-        if iteration_time != iteration_time:  # NaN: covered by none
-            return len(self.quanta) - 1
-        return min(bisect.bisect_left(self.quanta, iteration_time), len(self.quanta) - 1)
 
     def add(self, job: Job, now: float) -> None:
         level = 0
@@ -125,19 +112,6 @@ class MLFQQueue(LevelENST):
         if job.finish_reason in (FinishReason.STOP, FinishReason.LENGTH):
             self.lengths.observe(job.num_output_tokens)
 
-    def _unlink(self, job: Job) -> None:
-        if 0 <= job.level < len(self._levels):
-            self._levels[job.level].pop(job.job_id, None)
-
-    def _place(self, job: Job, level: int) -> None:
-        """Put the job at the tail of `level` with a fresh quantum."""
-        self._unlink(job)
-        job.level = level
-        job.attained = 0.0
-        job.queue_seq = next(self._seq)
-        self._levels[level][job.job_id] = job
-        self._watch(job)
-
     def _watch(self, job: Job) -> None:
         """Start the job's starvation clock; Q1 jobs have nowhere higher to go. One heap
         entry per placement: `tick` re-pushes an outdated one (a heap op per alpha)."""
@@ -148,77 +122,13 @@ class MLFQQueue(LevelENST):
         """When the job is promoted unless it runs first.
 
         Alpha is a count of SLOs, decode steps of the profile; on a machine slower than
-        its profile (live cost, fsd.sched.calibration) a step takes `live_scale` times
+        its profile (live cost, fsd.cost.calibration) a step takes `live_scale` times
         as long, and so does alpha: unscaled, a CPU 25x slower than its profile promoted
         a waiting job past the running ones within 3 iterations, and identical jobs took
         turns (issue P16, tests/engine/test_identical_jobs.py).
         """
         alpha = self.starve_limit if job.num_output_tokens else self.waiting_limit
         return job.starve_since + alpha * self.live_scale
-
-    def __len__(self) -> int:
-        return sum(len(lvl) for lvl in self._levels)
-
-    def ordered(self) -> Iterator[Job]:
-        if not self._lifted:
-            return itertools.chain.from_iterable(lvl.values() for lvl in self._levels)
-        return self._ordered_lifted()
-
-    def _ordered_lifted(self) -> Iterator[Job]:
-        """Each level: the lifted jobs ranked at it, then its own jobs that are not lifted.
-
-        Built from C-level iterators (the walk reads it every iteration): only the
-        levels that hold a lifted job are filtered, by id, and the few lifted jobs are
-        checked once for still being queued."""
-        lifted, lifted_at, levels = self._lifted, self._lifted_at, self._levels
-        still = [j for group in lifted_at.values() for j in group if j in self]
-        queued = {j.job_id for j in still}
-        holding = {j.level for j in still}  # the levels whose own jobs include lifted ones
-        parts: list[Iterable[Job]] = []
-        for level, jobs in enumerate(levels):
-            group = lifted_at.get(level)
-            if group:
-                parts.append([job for job in group if job.job_id in queued])
-            if level in holding:
-                parts.append(
-                    map(jobs.__getitem__, itertools.filterfalse(lifted.__contains__, jobs))
-                )
-            else:
-                parts.append(jobs.values())
-        return itertools.chain.from_iterable(parts)
-
-    def key(self, job: Job) -> tuple:
-        at = self._lifted.get(job.job_id)
-        return (job.level, 1, job.queue_seq) if at is None else (at, 0, job.queue_seq)
-
-    def set_running(self, jobs: Iterable[Job]) -> None:
-        """Preemption threshold: rank the last batch's jobs `preempt_threshold` levels up.
-
-        Why: ranks are coarse (a level is a factor of 2 in attained service), and a job
-        one level above a running one is not clearly shorter; evicting for it costs a
-        swap out and back. Lifting the running jobs means a waiting job preempts them
-        only when it is far ahead, the classic preemption-threshold rule.
-        """
-        self._lifted, self._lifted_at = lifted, lifted_at = {}, {}
-        if not self._lifts():
-            return
-        levels = self._levels
-        n = len(levels)
-        for job in jobs:
-            level = job.level
-            if 0 < level < n and job.job_id in levels[level]:
-                at = self._lifted_level(job)
-                if at >= level:
-                    continue
-                lifted[job.job_id] = at
-                group = lifted_at.get(at)
-                if group is None:
-                    lifted_at[at] = [job]
-                else:
-                    group.append(job)
-        for group in lifted_at.values():
-            if len(group) > 1:
-                group.sort(key=_by_queue_seq)
 
     def _lifts(self) -> bool:  # whether `set_running` lifts anything
         return self.preempt_threshold > 0
@@ -227,9 +137,6 @@ class MLFQQueue(LevelENST):
         """The level a job of the last batch ranks at (`preempt_threshold` above its own)."""
         threshold = self.preempt_threshold
         return job.level - threshold if job.level > threshold else 0
-
-    def __contains__(self, job: Job) -> bool:
-        return 0 <= job.level < len(self._levels) and job.job_id in self._levels[job.level]
 
     def adopt(self, other: JobQueue) -> bool:
         """New quanta / alpha / promotion rule; jobs below a removed level go to the last."""
@@ -318,7 +225,7 @@ class MLFQQueue(LevelENST):
 
     def _keeps(self, lengths: OutputLengthIndex, job: Job) -> bool:
         """The gittins demote rule; before lengths are learned it compares caps with
-        the shortest-capped job waiting to start (fsd.sched.gittins, "Cold start")."""
+        the shortest-capped job waiting to start (fsd.sched.lengths, "Cold start")."""
         if lengths.ready:
             return lengths.keeps_level(job.num_output_tokens)
         fresh = min(
@@ -334,12 +241,6 @@ class MLFQQueue(LevelENST):
 
     # ---- views -----------------------------------------------------------------
 
-    def levels(self) -> list[LevelView]:
-        return [
-            LevelView(i, q, tuple(lvl))
-            for i, (q, lvl) in enumerate(zip(self.quanta, self._levels, strict=True))
-        ]
-
     def limits(self) -> tuple[list[float], float | None, float | None]:
         return list(self.quanta), self.starve_limit, self.waiting_limit
 
@@ -348,7 +249,7 @@ class MLFQQueue(LevelENST):
 
     def tokens_left(self, job: Job) -> float | None:
         """Decode steps per unit of completion the job is expected to need: 1 / its
-        Gittins index (fsd.sched.gittins; equal to the tokens left when outputs are
+        Gittins index (fsd.sched.lengths; equal to the tokens left when outputs are
         alike, smaller than their mean when most are short). Before lengths are
         learned: half its cap, if it has one."""
         lengths, done = self.lengths, job.num_output_tokens
@@ -356,14 +257,3 @@ class MLFQQueue(LevelENST):
             return lengths.rank_steps(done, 0.0, lengths.mean_inverse)
         cap = job.params.max_tokens
         return (cap - done) / 2 if 0 < cap < UNKNOWN_CAP else None
-
-
-    def new_jobs_in_top_levels(self, k: int, cap: int) -> int:
-        count = 0
-        for lvl in self._levels[:k]:
-            for job in lvl.values():
-                if job.kv is KVLocation.NONE:
-                    count += 1
-                    if count >= cap:
-                        return count
-        return count

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from fsd.cost import CostModel
 from fsd.jobs import Job
 from fsd.kv.planner import by_enst_desc
-from fsd.sched.gittins import LearnedLengths
+from fsd.sched.lengths import LearnedLengths
 
 
 @dataclass(frozen=True)

@@ -3,6 +3,7 @@ fsd uses when none is given."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -53,19 +54,40 @@ PAPER_RULES = PolicyRules(1, None, "top", True, "always", 0, False)
 _MLFQ_RULES = PolicyRules(STARVE_LIMIT_SLOS, None, "up1", True, "always", 0, False)
 
 
+# each policy's own values of the settings (the rest keep _MLFQ_RULES)
+OWN_RULES = {"fsd": FSD_RULES, "sj-mlfq": PAPER_RULES}
+# the SchedConfig setting each rule is the policy's value of, where the names differ
+# (alphas: seconds in the config, SLOs in the rules)
+SETTING_OF = {"starve_slos": "starve_limit", "waiting_slos": "starve_limit_waiting"}
+
+
 def rules_for(config: SchedConfig) -> PolicyRules:
     """The rules of `config`'s policy, with every setting the config gives applied."""
-    base = {"fsd": FSD_RULES, "sj-mlfq": PAPER_RULES}.get(
-        resolve_policy(config.policy), _MLFQ_RULES
-    )
+    base = OWN_RULES.get(resolve_policy(config.policy), _MLFQ_RULES)
     given = {
-        name: getattr(config, name)
-        for name in (
-            "starve_promote", "charge_prefill", "demote_rule", "preempt_threshold", "swap_gate",
-        )
-        if getattr(config, name) is not None
-    }  # fmt: skip
+        f.name: getattr(config, f.name)
+        for f in dataclasses.fields(PolicyRules)
+        if f.name not in SETTING_OF and getattr(config, f.name) is not None
+    }
     return PolicyRules(**{**base.__dict__, **given})
+
+
+def policy_setting_notes() -> dict[str, str]:
+    """Each setting's note for a command's help: every policy's own value of it."""
+
+    def shown(rule: str, value: object) -> str:
+        if rule in SETTING_OF:
+            return "alpha" if value is None else f"{value:g} x the SLO"
+        if isinstance(value, bool):
+            return "on" if value else "off"
+        return str(value)
+
+    notes = {}
+    for f in dataclasses.fields(PolicyRules):
+        own = [f"{name} {shown(f.name, getattr(rules, f.name))}" for name, rules in OWN_RULES.items()]
+        rest = shown(f.name, getattr(_MLFQ_RULES, f.name))
+        notes[SETTING_OF.get(f.name, f.name)] = f"(unset: the policy's; {', '.join(own)}; others {rest})"
+    return notes
 
 
 def resolve_policy(name: str) -> str:
@@ -81,6 +103,15 @@ def engine_policy(name: str) -> str:
     if resolved == "srpt":
         raise ConfigError("policy 'srpt' needs true output lengths; it runs in the simulator only")
     return resolved
+
+
+def check_policies(sched: SchedConfig, cache: CacheConfig, *, engine: bool = True) -> None:
+    """Both policy names, before anything is built: the one-line errors naming the valid
+    choices (`engine`: the daemon's, which cannot run the simulator's oracle)."""
+    from fsd.kv.registry import check_kv_policy
+
+    (engine_policy if engine else resolve_policy)(sched.policy)
+    check_kv_policy(cache.kv_policy)
 
 
 def quanta_for(config: SchedConfig, cost: CostModel) -> list[float]:
@@ -127,7 +158,7 @@ def _mlfq(config: SchedConfig, cost: CostModel, skip_join: bool) -> MLFQQueue:
 
 
 def _gittins(config: SchedConfig, cost: CostModel) -> JobQueue:
-    from fsd.sched.soap import GittinsQueue
+    from fsd.sched.gittins_queue import GittinsQueue
 
     return GittinsQueue(cost, quanta_for(config, cost))
 

@@ -20,7 +20,7 @@ from fsd.config import (
     check_prefill_chunk,
 )
 from fsd.errors import ConfigError, SettingError
-from fsd.sched.registry import engine_policy
+from fsd.sched.registry import check_policies
 
 # CacheConfig fields a running engine can change (the KV policy, its reserve, the prefix cache)
 RETUNABLE_CACHE = (
@@ -51,7 +51,7 @@ def plan_retune(
     try:
         new_sched = dataclasses.replace(sched, **sched_kw)  # each field validates itself
         new_cache = dataclasses.replace(cache, **cache_kw)
-        engine_policy(new_sched.policy)
+        check_policies(new_sched, new_cache)
         check_prefill_chunk(new_sched.prefill_chunk, new_cache.block_size)
     except (ConfigError, TypeError) as exc:
         raise SettingError(str(exc)) from None

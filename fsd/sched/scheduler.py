@@ -28,7 +28,7 @@ from fsd.sched.admission import admission_room, predicted_latency
 from fsd.sched.batch import BatchWalk, walk_order
 from fsd.sched.chunking import prefill_budget
 from fsd.sched.eviction import Evictor
-from fsd.sched.gittins import LearnedLengths
+from fsd.sched.lengths import LearnedLengths
 from fsd.sched.queues import JobQueue, LevelView
 from fsd.sched.registry import rules_for
 

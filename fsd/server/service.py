@@ -220,7 +220,7 @@ class EngineService:
             self.book.detach(self._closed.popleft())
 
     def _record_step(self, start: float, end: float) -> None:
-        """The iteration's wall time for the what-if twin's clock (fsd.twin.history)."""
+        """The iteration's wall time for the what-if twin's clock (fsd.engine.history)."""
         eng = self.engine
         out = eng.last_schedule
         ran = out is not None and bool(out.batch)

@@ -10,16 +10,18 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Any
 
 import typer
 
 from fsd.cli_errors import fail, friendly
+from fsd.cli_fields import field_names, field_options, with_fields
 from fsd.cli_options import default_of, one_of
-from fsd.config import KV_POLICIES, CacheConfig, SchedConfig
-from fsd.sched.registry import POLICIES, STARVE_LIMIT_SLOS, WAITING_LIMIT_SLOS
+from fsd.config import CacheConfig, SchedConfig
+from fsd.kv.registry import KV_POLICIES
+from fsd.sched.registry import POLICIES, policy_setting_notes
 from fsd.sched.slo import SLO_DECODE_STEPS
-from fsd.sim.cli_run import SimOptions, simulate
+from fsd.sim.cli_run import simulate
 from fsd.sim.cli_workload import DEFAULT_RATE, DEFAULT_REQUESTS
 from fsd.workload.arrivals import ARRIVALS
 from fsd.workload.lengths import PRESETS as LENGTH_MODELS
@@ -28,6 +30,28 @@ DEFAULT_POLICIES = ",".join(POLICIES)
 DEFAULT_PROFILE = "opt-13b-a100"
 
 
+# the config fields `fsd simulate` sets, each an option generated from its field (a
+# policy's setting added to SchedConfig is an option here with no line changed)
+SIM_SCHED = field_names(SchedConfig, skip=("policy", "quanta", "refuse_late", "profile"))
+SIM_CACHE = field_names(CacheConfig, skip=("gpu_memory_utilization", "cpu_kv_bytes", "host_kv_bytes"))
+_SIM_HELPS = {
+    "max_batch_tokens": "Most new tokens per iteration (default: "
+    f"max({default_of(SchedConfig, 'max_batch_tokens')}, longest request)).",
+    "kv_policy": f"{one_of(KV_POLICIES)}.",
+}
+
+
+@with_fields(
+    field_options(
+        SchedConfig,
+        SIM_SCHED,
+        defaults={"max_batch_tokens": None},
+        helps=_SIM_HELPS,
+        notes=policy_setting_notes(),
+    ),
+    field_options(CacheConfig, SIM_CACHE, helps=_SIM_HELPS),
+    before="slo",
+)
 def simulate_command(
     scenario: Annotated[
         Path | None,
@@ -93,90 +117,6 @@ def simulate_command(
             help="Pipeline stages: micro-batches in flight (default: the profile's; 1 = none)."
         ),
     ] = None,
-    max_batch_size: Annotated[int, typer.Option(help="Most jobs per iteration.")] = default_of(
-        SchedConfig, "max_batch_size"
-    ),
-    max_batch_tokens: Annotated[
-        int | None,
-        typer.Option(
-            help="Most new tokens per iteration (default: "
-            f"max({default_of(SchedConfig, 'max_batch_tokens')}, longest request))."
-        ),
-    ] = None,
-    kv_policy: Annotated[str, typer.Option(help=f"{one_of(KV_POLICIES)}.")] = default_of(
-        CacheConfig, "kv_policy"
-    ),
-    block_size: Annotated[int, typer.Option(help="Tokens per KV block.")] = default_of(
-        CacheConfig, "block_size"
-    ),
-    num_gpu_blocks: Annotated[
-        int | None, typer.Option(help="Device KV blocks (default: from the profile).")
-    ] = default_of(CacheConfig, "num_gpu_blocks"),
-    num_host_blocks: Annotated[
-        int | None, typer.Option(help="Host KV blocks (default: 4 x device).")
-    ] = default_of(CacheConfig, "num_host_blocks"),
-    q1: Annotated[
-        float | None, typer.Option(help="Top-level quantum, s (default: a decode step).")
-    ] = default_of(SchedConfig, "q1"),
-    quantum_ratio: Annotated[float, typer.Option(help="q(k+1) / q(k).")] = default_of(
-        SchedConfig, "quantum_ratio"
-    ),
-    num_levels: Annotated[int, typer.Option(help="MLFQ levels.")] = default_of(
-        SchedConfig, "num_levels"
-    ),
-    starve_limit: Annotated[
-        Optional[float],  # noqa: UP045 - typer reads the annotation at run time
-        typer.Option(help=f"Alpha, s (default: the policy's; fsd {STARVE_LIMIT_SLOS} x the SLO)."),
-    ] = default_of(SchedConfig, "starve_limit"),
-    starve_limit_waiting: Annotated[
-        Optional[float],  # noqa: UP045
-        typer.Option(
-            help=f"Alpha for jobs not yet started, s (fsd: {WAITING_LIMIT_SLOS} x the SLO)."
-        ),
-    ] = default_of(SchedConfig, "starve_limit_waiting"),
-    starve_promote: Annotated[
-        Optional[str],  # noqa: UP045
-        typer.Option(help="Where starved jobs go: up1 (one level, fsd), top (Q1, paper) or entry."),
-    ] = default_of(SchedConfig, "starve_promote"),
-    charge_prefill: Annotated[
-        Optional[bool],  # noqa: UP045
-        typer.Option(help="Charge a prefill as attained service (the paper's rule; fsd: no)."),
-    ] = default_of(SchedConfig, "charge_prefill"),
-    demote_rule: Annotated[
-        Optional[str],  # noqa: UP045
-        typer.Option(help="At a quantum's end: gittins (learned lengths, fsd) or always (paper)."),
-    ] = default_of(SchedConfig, "demote_rule"),
-    preempt_threshold: Annotated[
-        Optional[int],  # noqa: UP045
-        typer.Option(help="Levels the running jobs rank above their own (fsd 3; paper 0)."),
-    ] = default_of(SchedConfig, "preempt_threshold"),
-    swap_gate: Annotated[
-        Optional[bool],  # noqa: UP045
-        typer.Option(
-            help="Start work only while it fits the device; swap only when it pays (fsd)."
-        ),
-    ] = default_of(SchedConfig, "swap_gate"),
-    prefill_chunk: Annotated[
-        Optional[int],  # noqa: UP045 - typer reads the annotation at run time
-        typer.Option(
-            help="Chunked prefill: most prompt tokens an iteration carries beside its "
-            "decodes (0 = whole prefills; else at least --block-size; unset: the most "
-            "whose prefill fits the SLO)."
-        ),
-    ] = default_of(SchedConfig, "prefill_chunk"),
-    admit_fraction: Annotated[
-        float, typer.Option(help="New jobs start while device+host KV use stays under this.")
-    ] = default_of(CacheConfig, "admit_fraction"),
-    prefix_cache: Annotated[
-        bool,
-        typer.Option(help="Reuse cached prefix blocks (a trace's prefix hashes: Mooncake)."),
-    ] = default_of(CacheConfig, "prefix_cache"),
-    reserve_min_jobs: Annotated[
-        int, typer.Option(help="K: reserve room for at least K new jobs.")
-    ] = default_of(CacheConfig, "reserve_min_jobs"),
-    reserve_top_levels: Annotated[
-        int, typer.Option(help="K': or for the jobs in the top K' levels.")
-    ] = default_of(CacheConfig, "reserve_top_levels"),
     slo: Annotated[
         float | None,
         typer.Option(
@@ -212,9 +152,11 @@ def simulate_command(
     json_out: Annotated[
         Path | None, typer.Option("--json", help="Write the results as JSON here.")
     ] = None,
+    **fields: Any,
 ) -> None:
     """Simulate serving a workload under several scheduling policies; print and save metrics."""
-    options = SimOptions(**locals())  # every parameter, by name (first: nothing else yet)
+    options = {**locals(), **fields}  # every option, by name (first: nothing else yet)
+    del options["fields"]
     with friendly():
         report = simulate(options)
     if json_out is not None:

@@ -1,13 +1,15 @@
 """What `fsd simulate` does with its options: configs, runs or sweeps, and the report.
 
-The command (fsd/sim/cli.py) hands every option over as one `SimOptions`; heavy
-imports happen in `simulate` so that `fsd --help` does not pay for them.
+The command (fsd/sim/cli.py) hands every option over by name; the config slices are
+built from the options named after their fields. Heavy imports happen in `simulate`
+so that `fsd --help` does not pay for them.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import asdict, dataclass, replace
+from collections.abc import Mapping
+from dataclasses import asdict, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -21,64 +23,15 @@ if TYPE_CHECKING:
     from fsd.sim.runner import RunSpec
 
 
-@dataclass(frozen=True)
-class SimOptions:
-    """Every option of one `fsd simulate` call (the command's parameters, by name)."""
+def simulate(options: Mapping[str, Any]) -> dict[str, Any]:
+    """Run (or sweep) every policy of `--policies` on the workload; print and return the report.
 
-    scenario: Path | None
-    length_scale: float
-    trace: Path | None
-    time_scale: float
-    limit: int | None
-    arrival: str | None
-    rate: float | None
-    cv: float | None
-    lengths: str | None
-    theta: float | None
-    seed: int
-    max_context: int | None
-    no_clip: bool  # refuse, rather than clip, requests past the context
-    policies: str
-    profile: str
-    pp: int | None
-    max_batch_size: int
-    max_batch_tokens: int | None
-    kv_policy: str
-    block_size: int
-    num_gpu_blocks: int | None
-    num_host_blocks: int | None
-    q1: float | None
-    quantum_ratio: float
-    num_levels: int
-    starve_limit: float | None
-    starve_limit_waiting: float | None
-    starve_promote: str | None
-    charge_prefill: bool | None
-    demote_rule: str | None
-    preempt_threshold: int | None
-    swap_gate: bool | None
-    prefill_chunk: int | None
-    admit_fraction: float
-    prefix_cache: bool
-    reserve_min_jobs: int
-    reserve_top_levels: int
-    slo: float | None
-    sweep: bool
-    sweep_metric: str
-    sweep_tol: float
-    sweep_goodput: bool
-    kv_sample: float | None
-    jobs: int
-    jobs_csv: Path | None
-    json_out: Path | None
-
-
-def simulate(o: SimOptions) -> dict[str, Any]:
-    """Run (or sweep) every policy of `o.policies` on the workload; print and return the report."""
+    `options`: every option of the command by name (its own and the config fields')."""
     from fsd.sched.chunking import prefill_budget
     from fsd.sched.slo import default_slo
     from fsd.sim.capacity import max_context_of
 
+    o = Options(options)
     names = policy_names(o.policies)
     cost = cost_model(o.profile, o.pp)
     ctx = max_context_of(cost) if o.max_context is None else (o.max_context or None)
@@ -139,7 +92,7 @@ def cost_model(profile: str, pp: int | None) -> CostModel:
     return cost
 
 
-def _workload(o: SimOptions, ctx: int | None) -> tuple[Any, tuple]:
+def _workload(o: Options, ctx: int | None) -> tuple[Any, tuple]:
     """The workload and, for a scenario, its timed actions (reported, not simulated)."""
     if o.scenario is not None:
         given = {"--trace": o.trace, "--arrival": o.arrival, "--rate": o.rate}
@@ -154,40 +107,38 @@ def _workload(o: SimOptions, ctx: int | None) -> tuple[Any, tuple]:
     return workload, ()
 
 
-def configs(o: SimOptions, workload: Any) -> tuple[SchedConfig, CacheConfig]:
-    """The scheduler and cache slices every run shares (the policy is set per run)."""
+def configs(o: Options, workload: Any) -> tuple[SchedConfig, CacheConfig]:
+    """The scheduler and cache slices every run shares (the policy is set per run): the
+    options named after their fields (the pools' sizes go to each run, not the slice)."""
+    from fsd.kv.registry import check_kv_policy
+
     _, prompts, outputs = workload.arrays()
     longest = int((prompts + outputs - 1).max())
     batch_tokens = o.max_batch_tokens or max(SchedConfig().max_batch_tokens, longest)
-    sched = SchedConfig(
-        max_batch_size=o.max_batch_size,
-        max_batch_tokens=batch_tokens,
-        num_levels=o.num_levels,
-        q1=o.q1,
-        quantum_ratio=o.quantum_ratio,
-        starve_limit=o.starve_limit,
-        starve_limit_waiting=o.starve_limit_waiting,
-        starve_promote=o.starve_promote,
-        charge_prefill=o.charge_prefill,
-        demote_rule=o.demote_rule,
-        preempt_threshold=o.preempt_threshold,
-        swap_gate=o.swap_gate,
-        prefill_chunk=o.prefill_chunk,
-        profile=o.profile,
-    )
-    cache = CacheConfig(
-        block_size=o.block_size,
-        kv_policy=o.kv_policy,
-        reserve_min_jobs=o.reserve_min_jobs,
-        reserve_top_levels=o.reserve_top_levels,
-        admit_fraction=o.admit_fraction,
-        prefix_cache=o.prefix_cache,
-    )
+    sched = SchedConfig(**{**given(o, SchedConfig), "max_batch_tokens": batch_tokens})
+    cache = CacheConfig(**given(o, CacheConfig, skip=("num_gpu_blocks", "num_host_blocks")))
+    check_kv_policy(cache.kv_policy)
     return sched, cache
 
 
+class Options(dict):
+    """The command's options by name, read as attributes (`o.trace`)."""
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+
+def given(o: Mapping[str, Any], config: type, skip: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The options named after a field of `config` (less `skip`)."""
+    names = {f.name for f in fields(config)} - set(skip)
+    return {k: v for k, v in o.items() if k in names}
+
+
 def _specs(
-    o: SimOptions, names: list[str], sched: SchedConfig, cache: CacheConfig, slo: float
+    o: Options, names: list[str], sched: SchedConfig, cache: CacheConfig, slo: float
 ) -> list[RunSpec]:
     """One run per policy; with --jobs-csv each writes its job records there."""
     from fsd.sim.runner import RunSpec
@@ -203,7 +154,7 @@ def _specs(
 
 
 def _sweep(
-    o: SimOptions, specs: list[RunSpec], cost: Any, workload: Any, slo: float, report: dict
+    o: Options, specs: list[RunSpec], cost: Any, workload: Any, slo: float, report: dict
 ) -> None:
     """Each policy's max rate (and P95 goodput) into the report, then the tables."""
     from fsd.progress import Progress
@@ -252,7 +203,7 @@ def sweep_row(by_target: dict[str, Any], trace_scale: float | None) -> dict[str,
 
 
 def _run(
-    o: SimOptions, specs: list[RunSpec], cost: Any, workload: Any, slo: float, report: dict
+    o: Options, specs: list[RunSpec], cost: Any, workload: Any, slo: float, report: dict
 ) -> None:
     from fsd.progress import Progress
     from fsd.sim.runner import run_many, run_one

@@ -34,7 +34,7 @@ from fsd.errors import FsdError
 from fsd.kv.block_manager import BlockManager
 from fsd.sched.admission import NO_CONTEXT_LIMIT, RequestLimits, check_request
 from fsd.sched.chunking import prefill_budget
-from fsd.sched.registry import make_scheduler, resolve_policy
+from fsd.sched.registry import check_policies, make_scheduler
 from fsd.sched.scheduler import Scheduler
 from fsd.sched.slo import default_slo
 from fsd.sim.capacity import Pools, size_pools
@@ -79,7 +79,7 @@ class Simulator:
         self.pipeline_stages = stages
         self.sched_config = sched or SchedConfig()
         self.cache_config = cache or CacheConfig()
-        resolve_policy(self.sched_config.policy)  # a clear error before any work
+        check_policies(self.sched_config, self.cache_config, engine=False)  # before any work
         check_prefill_chunk(self.sched_config.prefill_chunk, self.cache_config.block_size)
         self.pools = size_pools(cost, self.cache_config, num_gpu_blocks, num_host_blocks)
         self.slo = default_slo(cost) if slo is None else slo

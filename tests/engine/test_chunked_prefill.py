@@ -222,7 +222,7 @@ def test_seeded_sampling_draws_the_same_tokens_in_chunks(profile):
 
 LONG = prompt(99, 160)  # ten blocks, prefilled 16 tokens an iteration
 # its cap is past the short jobs': before lengths are learned the caps rank started
-# jobs (fsd.sched.gittins, "Cold start"), and the long job is to be the lowest
+# jobs (fsd.sched.lengths, "Cold start"), and the long job is to be the lowest
 LONG_PARAMS = SamplingParams(max_tokens=64, ignore_eos=True)
 SHORT = [prompt(i, 20) for i in range(4)]
 SHORT_PARAMS = SamplingParams(max_tokens=50, ignore_eos=True)  # 70 tokens: 5 blocks each

@@ -3,7 +3,7 @@ by their worst validation point, where sj-mlfq does better (README, "Validation"
 
 Three rules, each with a reason rather than a fitted constant:
 
-1. Rank by the Gittins index of the remaining service (`fsd.sched.service`): the
+1. Rank by the Gittins index of the remaining service (`fsd.sched.ranks`): the
    prompt's prefill is known, the output length is learned from finished jobs of the
    same prompt class (SOAP). Per-token latency weighs a completion by 1/L, so the
    index is the weighted one. The rank (seconds per weighted completion) picks the
@@ -39,17 +39,20 @@ from collections.abc import Iterable, Sequence
 
 from fsd.cost import CostModel
 from fsd.jobs import FinishReason, Job
-from fsd.sched.gittins import LearnedLengths
-from fsd.sched.mlfq import MLFQQueue
+from fsd.sched.lengths import UNKNOWN_CAP, LearnedLengths
+from fsd.sched.levels import LevelQueue
 from fsd.sched.queues import JobQueue
-from fsd.sched.service import ServiceRanks, prompt_class
+from fsd.sched.ranks import ServiceRanks, prompt_class
 
 _by_queue_seq = operator.attrgetter("queue_seq")
 _job_id = operator.attrgetter("job_id")
 
 
-class GittinsQueue(MLFQQueue):
-    """Skip-join levels ranked by the Gittins index; the FCFS-turn guard; switch-cost lifts."""
+class GittinsQueue(LevelQueue):
+    """Levels ranked by the Gittins index; the FCFS-turn guard; switch-cost lifts.
+
+    A sibling of the MLFQ family on the level-queue base: no starvation timer (the
+    guard bounds waiting), no demotion by quantum (a job's level is its rank's)."""
 
     def __init__(
         self,
@@ -59,7 +62,7 @@ class GittinsQueue(MLFQQueue):
         lift: bool = True,
         by_prompt: bool = True,
     ) -> None:
-        super().__init__(cost, quanta, math.inf, skip_join=True)
+        super().__init__(cost, quanta)
         self.name = "gittins"
         # each rule can be switched off alone: bench/validation.py measures each one's effect
         self.guard, self.lift = guard, lift
@@ -137,12 +140,6 @@ class GittinsQueue(MLFQQueue):
     def _knows(self, job: Job) -> bool:
         """Whether its rank says anything yet: lengths learned, or a max_tokens prior."""
         return self.service.ready or self.service.has_prior(job.params.max_tokens)
-
-    def _watch(self, job: Job) -> None:
-        """No starvation timer: the FCFS-turn guard (`tick`) bounds waiting."""
-
-    def _due(self, job: Job) -> float:
-        return math.inf
 
     # ---- moves -----------------------------------------------------------------
 
@@ -295,8 +292,10 @@ class GittinsQueue(MLFQQueue):
 
     # ---- views -----------------------------------------------------------------
 
-    def limits(self) -> tuple[list[float], float | None, float | None]:
-        return list(self.quanta), None, None
-
     def learned(self) -> LearnedLengths:
         return self.service.summary()
+
+    def tokens_left(self, job: Job) -> float | None:
+        """Half what its cap leaves, if it has one (the swap gate's weight of a victim)."""
+        cap = job.params.max_tokens
+        return (cap - job.num_output_tokens) / 2 if 0 < cap < UNKNOWN_CAP else None

@@ -7,7 +7,7 @@ import pytest
 from fsd.config import SchedConfig
 from fsd.errors import ConfigError
 from fsd.jobs import FinishReason, Job, SamplingParams
-from fsd.sched.gittins import OutputLengthIndex
+from fsd.sched.lengths import OutputLengthIndex
 from fsd.sched.mlfq import MLFQQueue
 from tests.sched.test_mlfq import QUANTA, cost, run_once
 

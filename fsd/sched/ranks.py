@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 
-from fsd.sched.gittins import UNKNOWN_CAP, LearnedLengths, OutputLengthIndex
+from fsd.sched.lengths import UNKNOWN_CAP, LearnedLengths, OutputLengthIndex
 
 CLASS_BASE = 128  # prompt tokens of the first class's upper edge
 MAX_CLASS = 10  # 128 * 2^10 = 131k tokens and beyond share the last class
