@@ -29,7 +29,9 @@ from fsd.console.play_stats import SPLIT, JobRecord, split_latency, summarize
 from fsd.console.play_telemetry import TelemetryLog, record
 from fsd.errors import FsdError
 from fsd.progress import Progress
+from fsd.workload.feed import TimelineFeed, walk
 from fsd.workload.lengths import clip_lengths
+from fsd.workload.prompts import random_prompt
 from fsd.workload.scenario import Scenario
 from fsd.workload.timeline import Action, Arrival, Timeline, expand
 
@@ -141,17 +143,16 @@ async def _play(
 
         with progress or contextlib.nullcontext():
             ticker = asyncio.create_task(_tick(show))
-            try:
-                for t, step in timeline.steps():
-                    delay = t0 + t - loop.time()
-                    if delay > 0:
-                        await asyncio.sleep(delay)
-                    if isinstance(step, Arrival):
-                        rec = records[sent]
-                        sent += 1
-                        jobs.append(await _submit(client, rec, rng, opts, live))
-                    else:
-                        actions.append(await _act(client, step, live, loop.time() - t0))
+            async def take(step: Arrival | Action) -> None:
+                nonlocal sent
+                if isinstance(step, Arrival):
+                    sent += 1
+                    jobs.append(await _submit(client, records[sent - 1], rng, opts, live))
+                else:
+                    actions.append(await _act(client, step, live, loop.time() - t0))
+
+            try:  # the daemon's injector takes the steps of the same feed
+                await walk(TimelineFeed(timeline, t0, prefix="", tag=opts.tag), take, loop.time)
                 await _drain(client, jobs, live, opts.drain_timeout, timeout)
             finally:
                 ticker.cancel()
@@ -171,7 +172,7 @@ async def _submit(
     client: Any, rec: JobRecord, rng: np.random.Generator, opts: PlayOptions, live: dict[int, Any]
 ) -> asyncio.Task[None]:
     """Submit one arrival's job (random prompt ids, EOS ignored) and start following it."""
-    prompt = rng.integers(1, opts.vocab, rec.prompt_len).tolist()
+    prompt = random_prompt(rng, rec.prompt_len, opts.vocab)
     handle = await client.submit(
         prompt, max_tokens=rec.output_len, ignore_eos=True, tags=[opts.tag]
     )

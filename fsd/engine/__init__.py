@@ -1,7 +1,8 @@
 """The engine: runs the model on what the scheduler chose, and streams the tokens.
 
 Owns: the engine loop (`core.Engine`: admission, one iteration per `step()`,
-retune, finishing jobs; `failures` for what ends jobs when something breaks);
+retune, finishing jobs; `failures` for what ends jobs when something breaks); its
+one face to the daemon (`face.EngineFace`, handing out the plain values of `views`);
 executors (`executor.LocalExecutor` in process, `ray_executor.RayExecutor` for
 tensor x pipeline parallel Ray actors), both driving the same `worker.Worker` over
 the same `plan.StepPlan`; pipeline stages (`stage`); the paged KV tensors

@@ -8,11 +8,16 @@ message; the operator-only requests were already checked by the service
 
 from __future__ import annotations
 
-import random
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import numpy as np
 
 from fsd import protocol as P
+from fsd.config import ServerConfig
+from fsd.engine.face import EngineFace
+from fsd.engine.output import RequestOutput
 from fsd.errors import (
     ConfigError,
     ForbiddenError,
@@ -20,30 +25,60 @@ from fsd.errors import (
     SettingError,
     UnknownJobError,
 )
-from fsd.jobs import SamplingParams
+from fsd.server.admission import Admission, Ask, synthetic_ask
 from fsd.server.audit import audit, settings
+from fsd.server.clients import ClientBook
 from fsd.server.injector import ScenarioInjector
 from fsd.server.preview import PreviewRunner
 from fsd.server.roles import OPERATOR, Caller
-from fsd.server.telemetry import job_infos
-
-if TYPE_CHECKING:
-    from fsd.server.service import EngineService
+from fsd.server.telemetry import wire_job
 
 MAX_REQ_ID = 256  # characters of a client's request id
 MAX_TAGS = 16
 MAX_TAG = 64  # characters of one tag
 
+Send = Callable[[bytes | None, P.Reply], None]
+
+
+class Life(Protocol):
+    """The daemon's own state that requests change: draining, stopping, its status."""
+
+    draining: bool
+
+    def begin_drain(self, ident: bytes | None, timeout: float) -> None: ...
+
+    def end_drain(self) -> None: ...
+
+    def begin_shutdown(self, drain: bool, timeout: float) -> None: ...
+
+    def status(self, role: str = "client") -> P.StatusReply: ...
+
 
 class ControlHandler:
     """Turns decoded requests into engine calls and replies."""
 
-    def __init__(self, service: EngineService) -> None:
-        self.service = service
-        self.engine = service.engine
-        self._rng = random.Random(0)
-        self.scenarios = ScenarioInjector(service)
-        self.previews = PreviewRunner(service)
+    def __init__(
+        self,
+        face: EngineFace,
+        send: Send,
+        book: ClientBook,
+        admission: Admission,
+        life: Life,
+        cfg: ServerConfig,
+        finished: Callable[[RequestOutput], None],
+        scenarios: ScenarioInjector,
+        previews: PreviewRunner,
+    ) -> None:
+        self.face = face
+        self.send = send
+        self.book = book
+        self.admission = admission
+        self.life = life
+        self.cfg = cfg
+        self.finished = finished
+        self._rng = np.random.default_rng(0)  # burst prompts
+        self.scenarios = scenarios
+        self.previews = previews
 
     def dispatch(self, caller: Caller, msg: P.Request) -> None:
         handler = getattr(self, f"on_{type(msg).__name__.lower()}")
@@ -52,23 +87,13 @@ class ControlHandler:
     # ---- jobs ------------------------------------------------------------------
 
     def on_submit(self, caller: Caller, msg: P.Submit) -> None:
-        svc = self.service
-        if svc.draining:
-            svc.send(
-                caller.ident,
-                P.Error(
-                    code="draining",
-                    message="the daemon is draining; it accepts no new jobs",
-                    req_id=msg.req_id,
-                ),
-            )
-            return
+        self.admission.check_open()  # first: a draining daemon says so whatever is sent
         if not msg.req_id or len(msg.req_id) > MAX_REQ_ID:
             raise ConfigError(f"req_id must be 1 to {MAX_REQ_ID} characters")
-        if msg.req_id in svc.clients[caller.ident].req_ids:
+        if msg.req_id in self.book.clients[caller.ident].req_ids:
             # not tied to the req_id's stream as an ordinary Error would be: the live
             # job keeps streaming (clients route this code to the refused submit only)
-            svc.send(
+            self.send(
                 caller.ident,
                 P.Error(
                     code="duplicate-req-id",
@@ -81,44 +106,38 @@ class ControlHandler:
         if (msg.prompt is None) == (msg.prompt_token_ids is None):
             raise ConfigError("give exactly one of prompt and prompt_token_ids")
         check_tags(msg.tags)
-        params = msg.sampling.params()
-        svc.check_room(caller.ident, 1)
         prompt = msg.prompt if msg.prompt is not None else msg.prompt_token_ids
+        ask = Ask(prompt, msg.sampling.params(), msg.tags, req_id=msg.req_id)  # type: ignore[arg-type]
         # a client's max_tokens past the context is refused, naming the limit (HTTP too)
-        job = self.engine.add_request(
-            prompt, params, tags=msg.tags, clip=False  # type: ignore[arg-type]
-        )
-        svc.own(job.job_id, caller, msg.req_id)
-        svc.send(
+        [job] = self.admission.admit(caller, [ask], clip=False)
+        self.send(
             caller.ident,
             P.Accepted(
                 req_id=msg.req_id,
                 job_id=job.job_id,
-                prompt_tokens=job.num_prompt_tokens,
-                client_timeout=svc.cfg.client_timeout,
+                prompt_tokens=job.prompt_tokens,
+                client_timeout=self.cfg.client_timeout,
             ),
         )
 
     def on_abort(self, caller: Caller, msg: P.Abort) -> None:
-        svc = self.service
-        if self.engine.scheduler.get(msg.job_id) is None:
+        if self.face.job(msg.job_id) is None:
             raise UnknownJobError(f"no job with id {msg.job_id!r}")
-        if caller.role != OPERATOR and not caller.owns(svc.owner_of(msg.job_id)):
+        if caller.role != OPERATOR and not caller.owns(self.book.owner_of(msg.job_id)):
             raise ForbiddenError(
                 f"job {msg.job_id!r} is not this client's; aborting another client's job "
                 "needs the operator role"
             )
-        out = self.engine.abort(msg.job_id)  # UnknownJobError -> Error unknown-job
+        out = self.face.abort(msg.job_id)  # UnknownJobError -> Error unknown-job
         audit(caller, "abort", f"job {msg.job_id} at {len(out.token_ids)} output tokens")
-        svc.finished(out)
-        svc.send(
+        self.finished(out)
+        self.send(
             caller.ident,
             P.Ack(what="abort", detail={"job_id": msg.job_id, "tokens": len(out.token_ids)}),
         )
 
     def on_inject(self, caller: Caller, msg: P.Inject) -> None:
-        svc = self.service
-        if svc.draining:
+        if self.life.draining:
             raise ConfigError("the daemon is draining; it accepts no new jobs")
         if not msg.tag or len(msg.tag) > MAX_TAG:
             raise ConfigError(f"tag must be 1 to {MAX_TAG} characters")
@@ -132,42 +151,38 @@ class ControlHandler:
         if msg.burst is None:
             raise ConfigError("inject needs a burst (count, input_len, output_len) or a scenario")
         b = msg.burst
-        cap = svc.cfg.max_burst
+        cap = self.cfg.max_burst
         if not 1 <= b.count <= cap:
             raise ConfigError(f"burst count must be in [1, {cap}] (max_burst), got {b.count}")
         if b.input_len < 1 or b.output_len < 1:
             raise ConfigError(f"burst lengths must be >= 1, got {b.input_len} and {b.output_len}")
-        if b.input_len >= self.engine.max_model_len:  # before building the prompts
+        context = self.face.info.max_model_len
+        if b.input_len >= context:  # before building the prompts
             raise PromptTooLongError(
                 f"burst input_len {b.input_len} does not fit the model's "
-                f"{self.engine.max_model_len}-token context"
+                f"{context}-token context"
             )
-        svc.check_room(caller.ident, b.count)
-        params = SamplingParams(max_tokens=min(b.output_len, 2**31 - 1), ignore_eos=True)
-        vocab = min(self.engine.loaded.arch.vocab_size, 256)
-        ids: list[str] = []
-        for _ in range(b.count):
-            prompt = [self._rng.randrange(1, vocab) for _ in range(b.input_len)]
-            job = self.engine.add_request(prompt, params, tags=[msg.tag])  # checked: 1st fails
-            svc.own(job.job_id, caller, job.job_id, stream=False)
-            ids.append(job.job_id)
+        self.book.check_room(caller.ident, b.count, self.face.live())  # before the prompts too
+        vocab = self.face.info.vocab_size
+        asks = [
+            synthetic_ask(self._rng, vocab, b.input_len, b.output_len, msg.tag)
+            for _ in range(b.count)
+        ]
+        ids = [job.job_id for job in self.admission.admit(caller, asks, stream=False)]
         span = f"{ids[0]}..{ids[-1]}" if len(ids) > 1 else ids[0]
         detail = f"{b.count} jobs of {b.input_len}+{b.output_len} tokens, tag {msg.tag} ({span})"
         audit(caller, "inject", detail)
-        svc.send(caller.ident, P.Ack(what="inject", detail={"job_ids": ids}, req_id=msg.req_id))
+        self.send(caller.ident, P.Ack(what="inject", detail={"job_ids": ids}, req_id=msg.req_id))
 
     def on_listjobs(self, caller: Caller, msg: P.ListJobs) -> None:
-        now = time.time()
-        sched = self.engine.scheduler
-        jobs = job_infos(sched, sched.jobs(), now)
-        self.service.send(caller.ident, P.JobList(jobs=jobs))
+        jobs = [wire_job(row) for row in self.face.jobs(time.time())]
+        self.send(caller.ident, P.JobList(jobs=jobs))
 
     def on_getjob(self, caller: Caller, msg: P.GetJob) -> None:
-        job = self.engine.scheduler.get(msg.job_id)
-        if job is None:
+        row = self.face.job(msg.job_id, time.time())
+        if row is None:
             raise UnknownJobError(f"no job with id {msg.job_id!r}")
-        [info] = job_infos(self.engine.scheduler, [job], time.time())
-        self.service.send(caller.ident, P.JobReply(job=info))
+        self.send(caller.ident, P.JobReply(job=wire_job(row)))
 
     # ---- settings and life -----------------------------------------------------
 
@@ -176,37 +191,37 @@ class ControlHandler:
         if isinstance(changes.get("quanta"), list):
             changes["quanta"] = tuple(changes["quanta"])
         try:
-            config = self.engine.retune(**changes)
+            config = self.face.retune(**changes)
         except SettingError:
             raise  # the service answers Error(code=exc.code), "invalid-setting"
         except (ConfigError, TypeError) as exc:  # any other refusal of a setting is one too
             raise SettingError(str(exc)) from None
         audit(caller, "retune", settings(changes))
-        self.service.send(caller.ident, P.Ack(what="retune", detail={"config": config.to_dict()}))
+        self.send(caller.ident, P.Ack(what="retune", detail={"config": config.to_dict()}))
 
     def on_preview(self, caller: Caller, msg: P.Preview) -> None:
         """What-if: answered with a PreviewReply once the twin has run (fsd.server.preview)."""
         self.previews.submit(caller, msg)
 
     def on_status(self, caller: Caller, msg: P.Status) -> None:
-        self.service.send(caller.ident, self.service.status(caller.role))
+        self.send(caller.ident, self.life.status(caller.role))
 
     def on_drain(self, caller: Caller, msg: P.Drain) -> None:
         timeout = check_timeout(msg.timeout)
-        self.service.begin_drain(caller.ident, timeout)
-        audit(caller, "drain", f"({len(self.engine.scheduler)} jobs live, timeout {timeout:g} s)")
+        self.life.begin_drain(caller.ident, timeout)
+        audit(caller, "drain", f"({self.face.live()} jobs live, timeout {timeout:g} s)")
 
     def on_undrain(self, caller: Caller, msg: P.Undrain) -> None:
-        self.service.end_drain()
+        self.life.end_drain()
         audit(caller, "undrain")
-        self.service.send(caller.ident, P.Ack(what="undrain", detail={"draining": False}))
+        self.send(caller.ident, P.Ack(what="undrain", detail={"draining": False}))
 
     def on_shutdown(self, caller: Caller, msg: P.Shutdown) -> None:
         timeout = check_timeout(msg.timeout)
         how = f"draining up to {timeout:g} s" if msg.drain else "now"
-        audit(caller, "shutdown", f"{how} ({len(self.engine.scheduler)} jobs live)")
-        self.service.send(caller.ident, P.Ack(what="shutdown", detail={"drain": msg.drain}))
-        self.service.begin_shutdown(msg.drain, timeout)
+        audit(caller, "shutdown", f"{how} ({self.face.live()} jobs live)")
+        self.send(caller.ident, P.Ack(what="shutdown", detail={"drain": msg.drain}))
+        self.life.begin_shutdown(msg.drain, timeout)
 
     def on_ping(self, caller: Caller, msg: P.Ping) -> None:
         """Heartbeat: receiving it already refreshed the client's clock."""

@@ -9,17 +9,16 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import Protocol
 
 import zmq
 
 from fsd import protocol as P
+from fsd.config import ServerConfig
 from fsd.errors import FsdError
-from fsd.server.clients import ClientState
-from fsd.server.roles import Caller
-
-if TYPE_CHECKING:
-    from fsd.server.service import EngineService
+from fsd.server.clients import ClientBook, ClientState
+from fsd.server.roles import Authorizer, Caller
 
 log = logging.getLogger("fsd.server")
 
@@ -30,19 +29,43 @@ FRAME_SLACK = 1024 * 1024
 _MAX_ERROR_CHARS = 2000  # an Error never echoes more of a client's input than this
 
 
-class Frontend:
-    """Reads and answers the clients' messages on the service's ROUTER socket."""
+class Failures(Protocol):
+    """Where a failure goes: logged once with its traceback (`service.OnceLog`)."""
 
-    def __init__(self, service: EngineService) -> None:
-        self.service = service
-        self.cfg = service.cfg
+    def exception(self, what: str, exc: BaseException) -> None: ...
+
+
+class Frontend:
+    """Reads and answers the clients' messages on the daemon's ROUTER socket.
+
+    `dispatch(caller, msg)` answers one authorized request (`ControlHandler.dispatch`);
+    `curve`: the socket authenticates peers, so frames carry the sender's key.
+    """
+
+    def __init__(
+        self,
+        router: zmq.Socket,
+        cfg: ServerConfig,
+        book: ClientBook,
+        auth: Authorizer,
+        dispatch: Callable[[Caller, P.Request], None],
+        failures: Failures,
+        curve: bool,
+    ) -> None:
+        self.router = router
+        self.cfg = cfg
+        self.book = book
+        self.auth = auth
+        self.dispatch = dispatch
+        self.failures = failures
+        self.curve = curve
 
     def receive(self, timeout_ms: int) -> None:
         """Wait up to `timeout_ms` for messages, then answer up to a turn's worth of them."""
-        router = self.service.router
+        router = self.router
         if not router.poll(timeout_ms):
             return
-        curve = self.service.security.enabled  # frames carry the sender's key (User-Id)
+        curve = self.curve  # frames carry the sender's key (User-Id)
         for _ in range(_MAX_MESSAGES_PER_TURN):
             try:
                 frames = router.recv_multipart(zmq.NOBLOCK, copy=not curve)
@@ -56,14 +79,13 @@ class Frontend:
         try:
             self._handle_frames(route, frames)
         except Exception as exc:  # noqa: BLE001 - bad input must never kill the daemon
-            self.service.failures.exception("handling a request failed", exc)
+            self.failures.exception("handling a request failed", exc)
             self._to_route(route, P.Error(code="internal", message=f"{type(exc).__name__}: {exc}"))
 
     def _handle_frames(self, route: bytes, frames: list) -> None:
-        svc = self.service
         # every frame's own User-Id: the key ZAP authenticated for this connection now
         user_id = frames[-1].get("User-Id") or None if isinstance(frames[-1], zmq.Frame) else None
-        client = svc.book.heard(route, time.time(), user_id)
+        client = self.book.heard(route, time.time(), user_id)
         if len(frames) != 2:
             self._to_route(
                 route, P.Error(code="malformed", message=f"expected 1 frame, got {len(frames) - 1}")
@@ -88,20 +110,20 @@ class Frontend:
         if isinstance(msg, P.Hello):
             self._hello(client, msg)
             return
-        caller = Caller(client.key, svc.auth.role(msg, user_id), user_id)
+        caller = Caller(client.key, self.auth.role(msg, user_id), user_id)
         try:
-            svc.book.check(client, msg.session)
-            svc.auth.check(msg, caller.role)
-            svc.control.dispatch(caller, msg)
+            self.book.check(client, msg.session)
+            self.auth.check(msg, caller.role)
+            self.dispatch(caller, msg)
         except Exception as exc:  # noqa: BLE001 - FsdError is a refusal; others are bugs
             if not isinstance(exc, FsdError):  # a TypeError is answered "invalid", but logged
-                svc.failures.exception(f"request {type(msg).__name__} failed", exc)
+                self.failures.exception(f"request {type(msg).__name__} failed", exc)
             self.send_error(client.key, exc, getattr(msg, "req_id", None))
 
     def _hello(self, client: ClientState, msg: P.Hello) -> None:
         """Welcome: the session's secret; a resumed session's held answers follow it."""
         route = client.route
-        session = self.service.book.hello(client, msg.session, time.time())
+        session = self.book.hello(client, msg.session, time.time())
         resumed = session is not client
         held = session.take_held()
         ended = {m.req_id for m in held if isinstance(m, P.Finished)}
@@ -118,7 +140,7 @@ class Frontend:
         """To session `ident`'s connection; held for its next one while it has none."""
         if ident is None:
             return
-        client = self.service.book.clients.get(ident)
+        client = self.book.clients.get(ident)
         if client is None:
             return
         if client.route is None:
@@ -130,7 +152,7 @@ class Frontend:
         if route is None:
             return
         try:
-            self.service.router.send_multipart([route, P.encode(msg)], zmq.NOBLOCK)
+            self.router.send_multipart([route, P.encode(msg)], zmq.NOBLOCK)
         except zmq.ZMQError as exc:  # a vanished peer or a full queue loses only its message
             log.debug("dropped a reply to %r: %s", route, exc)
 

@@ -16,21 +16,20 @@ import logging
 import math
 import threading
 import time
-from typing import TYPE_CHECKING
 
+import zmq
 import zmq.asyncio
 from aiohttp import web
 
 from fsd.client import AsyncClient
 from fsd.config import ServerConfig, loopback_host, parse_http_address
+from fsd.engine.face import EngineFace
 from fsd.engine.output import RequestOutput
 from fsd.errors import ConfigError
 from fsd.server.chat_template import ChatTemplate
 from fsd.server.http_api import Backend, build_app
 from fsd.server.prom import MetricsCollector
-
-if TYPE_CHECKING:
-    from fsd.server.service import EngineService
+from fsd.server.telemetry import Publisher
 
 log = logging.getLogger("fsd.http")
 
@@ -38,9 +37,9 @@ _PUMP_INTERVAL = 0.5  # seconds between applying queued telemetry to the metrics
 _START_TIMEOUT = 30.0
 
 
-def served_name(service: EngineService) -> str:
+def served_name(cfg: ServerConfig, face: EngineFace) -> str:
     """served_model_name, else the model as configured ("tiny", "/models/opt-125m")."""
-    return service.cfg.served_model_name or service.engine.config.model.model
+    return cfg.served_model_name or face.info.model
 
 
 def exposure_warning(cfg: ServerConfig) -> str | None:
@@ -62,18 +61,33 @@ def exposure_warning(cfg: ServerConfig) -> str | None:
 
 
 class HttpFrontend:
-    """The OpenAI-compatible API and /metrics of one `EngineService`; `start()` to serve."""
+    """The OpenAI-compatible API and /metrics of one daemon; `start()` to serve.
 
-    def __init__(self, service: EngineService) -> None:
-        cfg = service.cfg
+    It submits over `router` (the daemon's ROUTER, which binds an inproc endpoint for
+    it in `ctx`) and reads telemetry from `publisher`'s taps.
+    """
+
+    def __init__(
+        self,
+        cfg: ServerConfig,
+        face: EngineFace,
+        ctx: zmq.Context,
+        router: zmq.Socket,
+        publisher: Publisher,
+    ) -> None:
         assert cfg.http is not None
         self.host, self.port = parse_http_address(cfg.http)
-        self._service = service
+        self.cfg = cfg
+        self.face = face
+        self._ctx = ctx
+        self._router = router
+        self._publisher = publisher
+        self._telemetry = cfg.telemetry_hz > 0
         self._inproc = f"inproc://fsd-http-{id(self):x}"
         self.metrics = MetricsCollector(
-            served_name(service),
-            max_model_len=service.engine.max_model_len,
-            events=service.telemetry_enabled,
+            served_name(cfg, face),
+            max_model_len=face.info.max_model_len,
+            events=self._telemetry,
         )
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
@@ -83,20 +97,19 @@ class HttpFrontend:
 
     def start(self) -> None:
         """Listen; raise ConfigError if the address cannot be bound."""
-        service = self._service
-        service.router.bind(self._inproc)
-        service.publisher.taps.append(self.metrics.telemetry)
+        self._router.bind(self._inproc)
+        self._publisher.taps.append(self.metrics.telemetry)
         self._thread.start()
         if not self._ready.wait(_START_TIMEOUT):
             raise ConfigError(f"the HTTP server on {self.host}:{self.port} did not start")
         if self._error is not None:
             raise ConfigError(f"cannot serve HTTP on {self.host}:{self.port}: {self._error}")
-        if not service.telemetry_enabled:
+        if not self._telemetry:
             log.warning(
                 "telemetry_hz = 0: /metrics has counters and histograms but no gauges "
                 "and no vllm:request_queue_time_seconds"
             )
-        warning = exposure_warning(service.cfg)
+        warning = exposure_warning(self.cfg)
         if warning is not None:
             log.warning("%s", warning)
         log.info("OpenAI-compatible API on http://%s:%d/v1", self.host, self.port)
@@ -127,30 +140,27 @@ class HttpFrontend:
     async def _main(self) -> None:
         self._loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
-        service = self._service
+        cfg, info = self.cfg, self.face.info
         # a shadow shares the daemon's context, which inproc endpoints need
-        ctx = zmq.asyncio.Context.shadow(service.ctx.underlying)
+        ctx = zmq.asyncio.Context.shadow(self._ctx.underlying)
         # the link never times out, so it never resets and never leaves its jobs behind;
         # a request that waits too long is answered 503 by the route (http_api)
         client = AsyncClient(self._inproc, timeout=math.inf, context=ctx)
-        engine = service.engine
         backend = Backend(
             client=client,
             model=self.metrics.model_name,
             created=int(time.time()),
-            max_model_len=engine.max_model_len,
-            capacity=min(
-                engine.max_model_len, engine.blocks.device.num_blocks * engine.blocks.block_size
-            ),
-            tokenizer=engine.tokenizer,
-            template=ChatTemplate.for_model(engine.loaded.source),
+            max_model_len=info.max_model_len,
+            capacity=min(info.max_model_len, info.kv_tokens),
+            tokenizer=self.face.tokenizer,
+            template=ChatTemplate.for_model(info.source),
             metrics=self.metrics,
-            api_key=service.cfg.http_api_key,
-            metrics_open=service.cfg.metrics_open,
-            vocab_size=engine.loaded.arch.vocab_size,
-            accept_timeout=service.cfg.client_timeout,
+            api_key=cfg.http_api_key,
+            metrics_open=cfg.metrics_open,
+            vocab_size=info.vocab_size,
+            accept_timeout=cfg.client_timeout,
         )
-        app = build_app(backend, service.cfg.max_frame_bytes)
+        app = build_app(backend, cfg.max_frame_bytes)
         # the engine has drained by the time this stops: open streams get a second, not 60.
         # handler_cancellation: a request whose client disconnects has its handler
         # cancelled, which aborts its job (http_api._serve), streaming or not.

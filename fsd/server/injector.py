@@ -20,15 +20,16 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from fsd import protocol as P
 from fsd.config import CacheConfig, SchedConfig
+from fsd.engine.face import EngineFace
+from fsd.engine.output import RequestOutput
 from fsd.errors import (
     ConfigError,
     FsdError,
@@ -37,17 +38,14 @@ from fsd.errors import (
     SettingError,
     UnknownJobError,
 )
-from fsd.jobs import SamplingParams
 from fsd.sched.admission import RequestLimits, check_request
 from fsd.sched.retune import plan_retune
+from fsd.server.admission import Admission, synthetic_ask
 from fsd.server.audit import audit, settings
 from fsd.server.roles import Caller
 from fsd.workload.feed import TimelineFeed
 from fsd.workload.scenario import INLINE, Scenario, parse_scenario
 from fsd.workload.timeline import Action, Timeline, expand
-
-if TYPE_CHECKING:
-    from fsd.server.service import EngineService
 
 log = logging.getLogger("fsd.server")
 
@@ -85,9 +83,23 @@ class _Pending:
 class ScenarioInjector:
     """The daemon's running scenario feeds and the ones being checked."""
 
-    def __init__(self, service: EngineService) -> None:
-        self.service = service
-        self.engine = service.engine
+    def __init__(
+        self,
+        face: EngineFace,
+        admission: Admission,
+        send: Callable[[bytes | None, P.Reply], None],
+        send_error: Callable[[bytes, BaseException, str | None], None],
+        finished: Callable[[RequestOutput], None],
+        connected: Callable[[bytes], bool],
+    ) -> None:
+        """`connected(ident)`: whether that client is still known (else its check's
+        answer has no one to go to)."""
+        self.face = face
+        self.admission = admission
+        self.send = send
+        self.send_error = send_error
+        self.finished = finished
+        self.connected = connected
         self.feeds: list[_Owned] = []
         self.pending: list[_Pending] = []
         self._pool: ThreadPoolExecutor | None = None
@@ -113,8 +125,8 @@ class ScenarioInjector:
         self.pending.append(_Pending(future, caller, msg.tag, msg.req_id))
 
     def limits(self) -> Limits:
-        e = self.engine
-        return Limits(e.limits, e.config.sched, e.config.cache)
+        face = self.face
+        return Limits(face.limits, face.config.sched, face.config.cache)
 
     def _start(self, p: _Pending, scenario: Scenario, timeline: Timeline, now: float) -> None:
         self._count += 1
@@ -132,7 +144,7 @@ class ScenarioInjector:
             "duration": timeline.duration,
             "actions": len(timeline.actions),
         }
-        self.service.send(p.owner.ident, P.Ack(what="inject", detail=detail, req_id=p.req_id))
+        self.send(p.owner.ident, P.Ack(what="inject", detail=detail, req_id=p.req_id))
 
     # ---- the loop's turn -------------------------------------------------------
 
@@ -149,7 +161,7 @@ class ScenarioInjector:
             self._answer_checks(now)
         if not self.feeds:
             return
-        if self.service.draining:
+        if self.admission.draining():
             for owned in self.feeds:
                 self._drop(owned, "the daemon is draining")
             self.feeds = []
@@ -180,17 +192,17 @@ class ScenarioInjector:
             try:
                 scenario, timeline = p.future.result()
             except FsdError as exc:
-                self.service.send_error(p.owner.ident, exc, p.req_id)
+                self.send_error(p.owner.ident, exc, p.req_id)
                 continue
             except Exception as exc:  # noqa: BLE001 - a bug in checking is the client's Error
                 log.exception("checking an injected scenario failed")
-                self.service.send_error(p.owner.ident, exc, p.req_id)
+                self.send_error(p.owner.ident, exc, p.req_id)
                 continue
-            if self.service.draining:
+            if self.admission.draining():
                 draining = ConfigError("the daemon is draining; it accepts no new jobs")
-                self.service.send_error(p.owner.ident, draining, p.req_id)
+                self.send_error(p.owner.ident, draining, p.req_id)
                 continue
-            if p.owner.ident not in self.service.clients:
+            if not self.connected(p.owner.ident):
                 continue  # the client went away while we checked
             self._start(p, scenario, timeline, now)
         self.pending = keep
@@ -209,31 +221,25 @@ class ScenarioInjector:
     def _admit(
         self, owned: _Owned, job_id: str, prompt_len: int, output_len: int, when: float
     ) -> None:
-        svc, feed = self.service, owned.feed
-        vocab = min(self.engine.loaded.arch.vocab_size, 256)
-        prompt = owned.rng.integers(1, vocab, prompt_len).tolist()
-        params = SamplingParams(max_tokens=output_len, ignore_eos=True)
+        feed = owned.feed
+        vocab = self.face.info.vocab_size
+        ask = synthetic_ask(owned.rng, vocab, prompt_len, output_len, feed.tag, job_id, when)
         try:
-            svc.check_room(owned.owner.ident, 1)
-            self.engine.add_request(
-                prompt, params, request_id=job_id, arrival_time=when, tags=[feed.tag]
-            )
+            self.admission.admit(owned.owner, [ask], stream=False)
         except FsdError as exc:  # checked up front; a retune or the caps may refuse it now
             log.warning("scenario job %s not admitted: %s", job_id, exc)
-            svc.send(owned.owner.ident, not_run(job_id, f"not admitted: {exc}"))
-            return
-        svc.own(job_id, owned.owner, job_id, stream=False)
+            self.send(owned.owner.ident, not_run(job_id, f"not admitted: {exc}"))
 
     def _drop(self, owned: _Owned, why: str) -> None:
         """End a feed early: every planned job not yet admitted is answered."""
         log.info("%s: %d steps of scenario %s dropped", why, owned.feed.pending, owned.feed.prefix)
         for job_id in owned.feed.unstarted_ids():
-            self.service.send(owned.owner.ident, not_run(job_id, why))
+            self.send(owned.owner.ident, not_run(job_id, why))
 
     def _act(self, owned: _Owned, action: Action) -> None:
         if action.kind == "retune":
             try:
-                self.engine.retune(**action.changes)
+                self.face.retune(**action.changes)
             except (ConfigError, TypeError) as exc:
                 log.warning("scenario retune %s refused: %s", action.changes, exc)
                 return
@@ -243,13 +249,11 @@ class ScenarioInjector:
             return
         aborted = 0
         for job_id in owned.feed.started_ids():
-            if self.engine.scheduler.get(job_id) is None:
-                continue  # finished already
             try:
-                self.service.finished(self.engine.abort(job_id))
+                self.finished(self.face.abort(job_id))
                 aborted += 1
             except UnknownJobError:
-                pass
+                pass  # finished already
         log.info("scenario abort-all: %d jobs of %s aborted", aborted, owned.feed.prefix)
 
 

@@ -18,22 +18,20 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from fsd import protocol as P
+from fsd.engine.face import EngineFace
 from fsd.errors import ConfigError, OverloadedError, SettingError
 from fsd.protocol_preview import MAX_HORIZON, MAX_SEEDS
 from fsd.sched.retune import plan_retune
 from fsd.server.roles import Caller
 from fsd.twin.forward import preview
-from fsd.twin.snapshot import take_snapshot
 from fsd.twin.worker import setup_worker
-
-if TYPE_CHECKING:
-    from fsd.server.service import EngineService
 
 log = logging.getLogger("fsd.server")
 
@@ -69,9 +67,13 @@ def check_preview(msg: P.Preview, sched: Any, cache: Any) -> dict[str, Any]:
 class PreviewRunner:
     """The daemon's one running preview and its worker process."""
 
-    def __init__(self, service: EngineService) -> None:
-        self.service = service
-        self.engine = service.engine
+    def __init__(
+        self, face: EngineFace, send: Callable[[bytes | None, P.Reply], None], slo: float
+    ) -> None:
+        """`slo`: the per-token latency target previews score against (seconds)."""
+        self.face = face
+        self.send = send
+        self.slo = slo
         self.running: _Running | None = None
         self._pool: ProcessPoolExecutor | None = None
         self.seconds = 0.0  # engine-thread time spent on previews (checks and snapshots)
@@ -85,15 +87,14 @@ class PreviewRunner:
             self.seconds += time.perf_counter() - t_start
 
     def _submit(self, caller: Caller, msg: P.Preview) -> None:
-        cfg = self.engine.config
+        cfg = self.face.config
         changes = check_preview(msg, cfg.sched, cfg.cache)
         if self.running is not None:
             age = time.time() - self.running.started
             raise OverloadedError(
                 f"a preview is already running (for {age:.0f} s); ask again when it ends"
             )
-        eng, svc = self.engine, self.service
-        snap = take_snapshot(eng.scheduler, eng.history, cfg.sched, cfg.cache, svc.slo.slo)
+        snap = self.face.history(self.slo)
         future = self._executor().submit(preview, snap, changes, float(msg.horizon), msg.seeds)
         self.running = _Running(future, caller, msg.req_id, time.time())
 
@@ -120,10 +121,10 @@ class PreviewRunner:
             self._error(run, f"the preview failed: {type(exc).__name__}: {exc}")
             return
         reply.req_id = run.req_id
-        self.service.send(run.caller.ident, reply)
+        self.send(run.caller.ident, reply)
 
     def _error(self, run: _Running, message: str) -> None:
-        self.service.send(
+        self.send(
             run.caller.ident, P.Error(code="preview-failed", message=message, req_id=run.req_id)
         )
 

@@ -6,28 +6,39 @@ import contextlib
 import logging
 import time
 from collections import defaultdict
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
 from fsd import protocol as P
+from fsd.engine.face import EngineFace
 from fsd.engine.output import RequestOutput, StepDelta
 from fsd.errors import UnknownJobError
-from fsd.metrics import Finish
-
-if TYPE_CHECKING:
-    from fsd.server.service import EngineService
+from fsd.metrics import Finish, SLOWindow
+from fsd.server.clients import ClientBook
 
 log = logging.getLogger("fsd.server")
 
 
 class JobRouter:
-    """Sends the engine's output to the owners `service.book` records."""
+    """Sends the engine's output to the owners `book` records."""
 
-    def __init__(self, service: EngineService) -> None:
-        self.service = service
+    def __init__(
+        self,
+        face: EngineFace,
+        book: ClientBook,
+        send: Callable[[bytes | None, P.Reply], None],
+        slo: SLOWindow,
+    ) -> None:
+        self.face = face
+        self.book = book
+        self.send = send
+        self.slo = slo
+        # in-process readers of every finished job (the HTTP /metrics histograms):
+        # called on the loop's thread, so each must be quick (a queue put)
+        self.taps: list[Callable[[RequestOutput], None]] = []
 
     def route(self, deltas: list[StepDelta]) -> None:
         """One iteration's new tokens (one `Tokens` per client), then the ended jobs."""
-        book = self.service.book
+        book = self.book
         per_client: dict[bytes, list[P.Chunk]] = defaultdict(list)
         for d in deltas:
             owner = book.owners.get(d.job_id)
@@ -42,16 +53,15 @@ class JobRouter:
                     )
                 )
         for ident, chunks in per_client.items():
-            self.service.send(ident, P.Tokens(chunks=chunks))
+            self.send(ident, P.Tokens(chunks=chunks))
         for d in deltas:
             if d.output is not None:
                 self.finished(d.output)
 
     def finished(self, out: RequestOutput) -> None:
         """Record a job's end and tell its client."""
-        svc = self.service
         if out.per_token_latency is not None and out.ttft is not None:
-            svc.slo.add(
+            self.slo.add(
                 Finish(
                     out.finish_time or time.time(),
                     out.per_token_latency,
@@ -61,18 +71,19 @@ class JobRouter:
                     out.swaps_out + out.swaps_in,
                 )
             )
-        if svc.http is not None:
-            svc.http.job_finished(out)  # a queue put: /metrics histograms
-        owner = svc.book.release(out.request_id)
+        for tap in self.taps:
+            tap(out)
+        owner = self.book.release(out.request_id)
         if owner is not None:
-            svc.send(owner.caller.ident, finished_message(out, owner.req_id))
+            self.send(owner.caller.ident, finished_message(out, owner.req_id))
 
-    def reap_silent_clients(self) -> None:
-        """Abort the jobs of sessions that stopped talking (no heartbeat); forget the
-        silent ones no connection holds (an open connection keeps its empty session)."""
-        svc = self.service
+    def reap_silent_clients(self, timeout: float) -> list[bytes]:
+        """Abort the jobs of sessions silent for `timeout` seconds (no heartbeat);
+        forget the silent ones no connection holds (an open connection keeps its empty
+        session). The sessions reaped, whose other work the caller stops."""
         now = time.time()
-        for ident, client in svc.book.silent_since(now - svc.cfg.client_timeout):
+        reaped = []
+        for ident, client in self.book.silent_since(now - timeout):
             if client.jobs:
                 log.info(
                     "session %s went silent: aborting its %d jobs",
@@ -81,12 +92,13 @@ class JobRouter:
                 )
             for job_id in list(client.jobs):
                 with contextlib.suppress(UnknownJobError):  # if alive after all, it hears
-                    self.finished(svc.engine.abort(job_id))
-            svc.control.scenarios.cancel(ident)
+                    self.finished(self.face.abort(job_id))
+            reaped.append(ident)
             if client.route is None:
-                svc.book.forget(ident)
+                self.book.forget(ident)
             else:
                 client.last_seen = now  # reaped: not looked at again for a timeout
+        return reaped
 
 
 def finished_message(out: RequestOutput, req_id: str) -> P.Finished:

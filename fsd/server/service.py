@@ -31,16 +31,19 @@ import zmq
 from fsd import protocol as P
 from fsd.config import ServerConfig
 from fsd.engine.core import Engine
+from fsd.engine.face import EngineFace
 from fsd.engine.output import RequestOutput
 from fsd.errors import ConfigError
 from fsd.jobs import JobStatus
 from fsd.metrics import SLOWindow
-from fsd.sched.slo import default_slo
+from fsd.server.admission import Admission
 from fsd.server.clients import ClientBook, ClientState
 from fsd.server.control import ControlHandler
 from fsd.server.frontend import FRAME_SLACK, Frontend
 from fsd.server.gate import Gate, unpredictable_ids
-from fsd.server.roles import Authorizer, Caller
+from fsd.server.injector import ScenarioInjector
+from fsd.server.preview import PreviewRunner
+from fsd.server.roles import Authorizer
 from fsd.server.routing import JobRouter
 from fsd.server.security import Security
 from fsd.server.stats_log import StatsLog
@@ -74,14 +77,14 @@ class EngineService:
     def __init__(self, engine: Engine, cfg: ServerConfig) -> None:
         """Bind the sockets (and the HTTP port); ConfigError naming the address if one
         cannot be bound, with everything opened so far closed again."""
-        self.engine = engine
+        self.face = face = EngineFace(engine, events=True)  # all the loop sees of the engine
         self.cfg = cfg
-        engine.events.enabled = True
         self.failures = OnceLog()
         self.book = ClientBook(cfg)  # who is connected, whose each job is
-        self.routing = JobRouter(self)  # tokens and results to their owners
-        self.frontend = Frontend(self)  # the ROUTER socket's messages
-        self.slo = SLOWindow(cfg.slo_window, default_slo(engine.cost))
+        self.slo = SLOWindow(cfg.slo_window, face.info.slo)
+        # tokens and results to their owners
+        self.routing = JobRouter(face, self.book, self.send, self.slo)
+        self.admission = Admission(face, self.book, lambda: self.draining)
         self.started = time.time()
         self.draining = False
         self.stopping = False
@@ -133,18 +136,44 @@ class EngineService:
             self.gate.start()
         self._binding = cfg.telemetry_endpoint
         self.publisher = Publisher(self.ctx, cfg.telemetry_endpoint, configure)
-        self.telemetry = TelemetryPump(self.engine, self.slo, cfg, self.publisher)
-        self.stats = StatsLog(self.engine, cfg.stats_interval)  # the log's stats line
+        self.telemetry = TelemetryPump(self.face, self.slo, cfg, self.publisher)
+        self.stats = StatsLog(self.face, cfg.stats_interval)  # the log's stats line
         self.telemetry.taps.append(self.stats.saw_events)
         # after binding: a daemon that cannot bind must not replace a running one's token
         self.auth = Authorizer(cfg, self.security.operator_keys)
-        self.control = ControlHandler(self)
+        self.control = self._control(cfg)
+        self.frontend = Frontend(  # the ROUTER socket's messages
+            self.router,
+            cfg,
+            self.book,
+            self.auth,
+            self.control.dispatch,
+            self.failures,
+            self.security.enabled,
+        )
         if cfg.http is not None:
             from fsd.server.http_server import HttpFrontend
 
             self._binding = f"http://{cfg.http}"
-            self.http = HttpFrontend(self)
+            self.http = HttpFrontend(cfg, self.face, self.ctx, self.router, self.publisher)
+            self.routing.taps.append(self.http.job_finished)  # /metrics histograms
             self.http.start()
+
+    def _control(self, cfg: ServerConfig) -> ControlHandler:
+        """The request handlers, each given what it uses."""
+        face, finished = self.face, self.routing.finished
+        scenarios = ScenarioInjector(
+            face,
+            self.admission,
+            self.send,
+            self.send_error,
+            finished,
+            lambda ident: ident in self.book.clients,
+        )
+        previews = PreviewRunner(face, self.send, self.slo.slo)
+        return ControlHandler(
+            face, self.send, self.book, self.admission, self, cfg, finished, scenarios, previews
+        )
 
     def _abandon(self) -> None:
         """Close whatever `_open` opened before it failed."""
@@ -168,23 +197,21 @@ class EngineService:
         """Serve until a shutdown completes."""
         log.info(
             "serving %s on %s (telemetry %s)",
-            self.engine.loaded.source,
+            self.face.info.source,
             self.cfg.endpoint,
             self.cfg.telemetry_endpoint,
         )
         try:
             while not self._guarded("stopping", self._finished_stopping):
                 self._guarded("scenarios", self.control.scenarios.pump, time.time())
-                busy = self.engine.has_unfinished()
+                busy = self.face.busy()
                 self._guarded("receiving", self._receive, not busy)
                 self._guarded("connections", self._detach_closed)
-                self._guarded("reaping", self.routing.reap_silent_clients)
-                if self.engine.has_unfinished():
+                self._guarded("reaping", self._reap)
+                if self.face.busy():
                     t0 = time.perf_counter()
                     self._step()
-                    t1 = time.perf_counter()
-                    self.step_seconds += t1 - t0
-                    self._guarded("history", self._record_step, t0, t1)
+                    self.step_seconds += time.perf_counter() - t0
                 self._guarded("previews", self.control.previews.pump)
                 t0 = time.perf_counter()
                 self._guarded("telemetry", self.telemetry.tick)
@@ -204,28 +231,23 @@ class EngineService:
             return None
 
     def _step(self) -> None:
-        """One engine iteration; the engine fails a faulty job alone, never raising. If
-        it raises anyway (a bug), its jobs fail rather than the daemon."""
-        try:
-            deltas = self.engine.step()
-        except Exception as exc:  # noqa: BLE001 - last resort
-            self.failures.exception("an engine step failed; its jobs are failed", exc)
-            deltas = self.engine.fail_all(f"internal error: {type(exc).__name__}: {exc}")
-        self._guarded("routing tokens", self.routing.route, deltas)
-        self._guarded("stats", self.stats.stepped, deltas)
+        """One engine iteration; the engine fails a faulty job alone, and the face every
+        job of a step that raises anyway (a bug), rather than the daemon."""
+        stepped = self.face.step()
+        for what, exc in stepped.failures:
+            self.failures.exception(what, exc)
+        self._guarded("routing tokens", self.routing.route, stepped.deltas)
+        self._guarded("stats", self.stats.stepped, stepped)
+
+    def _reap(self) -> None:
+        """Silent sessions lose their jobs and their scenarios (fsd.server.routing)."""
+        for ident in self.routing.reap_silent_clients(self.cfg.client_timeout):
+            self.control.scenarios.cancel(ident)
 
     def _detach_closed(self) -> None:
         """Sessions of connections the gate saw close hear nothing until resumed."""
         while self._closed:
             self.book.detach(self._closed.popleft())
-
-    def _record_step(self, start: float, end: float) -> None:
-        """The iteration's wall time for the what-if twin's clock (fsd.engine.history)."""
-        eng = self.engine
-        out = eng.last_schedule
-        ran = out is not None and bool(out.batch)
-        predicted = eng.scheduler.predicted_iteration_time
-        eng.history.stepped(start, end, predicted, ran, eng.has_unfinished())
 
     def _receive(self, block: bool) -> None:
         timeout = 0
@@ -254,17 +276,6 @@ class EngineService:
     def clients(self) -> dict[bytes, ClientState]:
         return self.book.clients
 
-    def own(self, job_id: str, caller: Caller, req_id: str, stream: bool = True) -> None:
-        """`job_id` is `caller`'s: streamed to it (or only finished), reaped with it."""
-        self.book.own(job_id, caller, req_id, stream)
-
-    def owner_of(self, job_id: str) -> Caller | None:
-        return self.book.owner_of(job_id)
-
-    def check_room(self, ident: bytes, count: int) -> None:
-        """Refuse `count` more jobs past the caller's or the daemon's job cap."""
-        self.book.check_room(ident, count, len(self.engine.scheduler))
-
     def finished(self, out: RequestOutput) -> None:
         """Record a job's end and tell its client."""
         self.routing.finished(out)
@@ -281,7 +292,7 @@ class EngineService:
         if self.stopping:
             raise ConfigError("the daemon is shutting down; it cannot undrain")
         self.draining = False
-        remaining = len(self.engine.scheduler)
+        remaining = self.face.live()
         for ident, _ in self.drain_waiters:
             self.send(
                 ident,
@@ -301,7 +312,7 @@ class EngineService:
         if not self.drain_waiters:
             return
         now = time.time()
-        empty = not self.engine.has_unfinished()
+        empty = not self.face.busy()
         keep = []
         for ident, deadline in self.drain_waiters:
             if empty or now >= deadline:
@@ -309,7 +320,7 @@ class EngineService:
                     ident,
                     P.Ack(
                         what="drain",
-                        detail={"drained": empty, "remaining": len(self.engine.scheduler)},
+                        detail={"drained": empty, "remaining": self.face.live()},
                     ),
                 )
             else:
@@ -319,33 +330,33 @@ class EngineService:
     def _finished_stopping(self) -> bool:
         if not self.stopping:
             return False
-        if self.engine.has_unfinished() and time.time() < (self.stop_deadline or 0.0):
+        if self.face.busy() and time.time() < (self.stop_deadline or 0.0):
             return False
-        for job in list(self.engine.scheduler.jobs()):  # the drain ran out of time
-            if job.status is not JobStatus.FINISHED:
-                self.finished(self.engine.abort(job.job_id))
+        for job in self.face.jobs():  # the drain ran out of time
+            if job.state != JobStatus.FINISHED.value:
+                self.finished(self.face.abort(job.job_id))
         return True
 
     def status(self, role: str = "client") -> P.StatusReply:
-        sched = self.engine.scheduler
+        snap = self.face.snapshot(with_jobs=False)
         return P.StatusReply(
             pid=os.getpid(),
             version=__version__,
-            model=self.engine.loaded.source,
-            policy=sched.name,
-            kv_policy=self.engine.config.cache.kv_policy,
+            model=self.face.info.source,
+            policy=snap.sched.policy,
+            kv_policy=snap.config.cache.kv_policy,
             uptime=time.time() - self.started,
-            jobs=len(sched),
-            running=sum(1 for j in sched.jobs() if j.status is JobStatus.RUNNING),
-            iterations=self.engine.iterations,
+            jobs=snap.live,
+            running=snap.running,
+            iterations=snap.iteration_count,
             draining=self.draining,
-            degraded=self.degraded or self.engine.degraded,
+            degraded=self.degraded or snap.degraded,
             client_timeout=self.cfg.client_timeout,
             step_seconds=self.step_seconds,
             telemetry_seconds=self.telemetry_seconds,
             preview_seconds=self.control.previews.seconds,
             role=role,
-            max_model_len=self.engine.max_model_len,
+            max_model_len=self.face.info.max_model_len,
         )
 
     def close(self) -> None:
@@ -360,7 +371,7 @@ class EngineService:
         # until they are out, then the gate relays them before it closes
         self.router.close(linger=int(_ANSWER_LINGER * 1000))
         self.security.close()
-        self.engine.close()
+        self.face.close()
         self.ctx.term()
         if self.gate is not None:
             self.gate.close()

@@ -8,23 +8,22 @@ or jobs are live), one INFO line on the `fsd.server` logger, e.g.
     prefix hits 35% of 12000 tokens; swaps 3 out 2 in
 
 (one line in the log). It counts nothing the engine already keeps: iterations are
-`Engine.iterations`, prompt tokens the iterations' own `IterationStats`, occupancy the
-block pools' `stats()`, prefix hits the prefix cache's counters (their change over
-the interval), swaps the engine's swap events (a `TelemetryPump` tap); only the
+the engine snapshot's count, prompt tokens the iterations' own `IterationStats`,
+occupancy the block pools' `stats()`, prefix hits the prefix cache's counters (their
+change over the interval), swaps the engine's swap events (a `TelemetryPump` tap); only the
 generated tokens and finished jobs are summed here, from the loop's step deltas.
 """
 
 from __future__ import annotations
 
-import itertools
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 
-from fsd.engine.core import Engine
-from fsd.engine.events import EngineEvent, wire_level
-from fsd.engine.output import StepDelta
+from fsd.engine.events import EngineEvent
+from fsd.engine.face import EngineFace
+from fsd.engine.views import EngineSnapshot, Stepped
 from fsd.jobs import JobStatus
 
 log = logging.getLogger("fsd.server")
@@ -36,31 +35,30 @@ class StatsLog:
     """The loop's stats duty: `stepped` after each step, `tick` every pass."""
 
     def __init__(
-        self, engine: Engine, interval: float, clock: Callable[[], float] = time.monotonic
+        self, face: EngineFace, interval: float, clock: Callable[[], float] = time.monotonic
     ) -> None:
         """`interval`: seconds between two lines (0: none)."""
-        self.engine = engine
+        self.face = face
         self.interval = interval
         self._clock = clock
         self._start(clock())
 
-    def _start(self, now: float) -> None:
-        """Begin a new interval at `now`."""
-        prefix = self.engine.blocks.prefix.stats()
+    def _start(self, now: float, snap: EngineSnapshot | None = None) -> None:
+        """Begin a new interval at `now` (from `snap`, the engine's state now)."""
+        snap = snap or self.face.snapshot(with_jobs=False)
+        prefix = snap.prefix
         self._since = now
-        self._iterations = self._seen = self.engine.iterations
+        self._iterations = snap.iteration_count
         self._prefix = (prefix.queries, prefix.hits)
         self._prompt = self._generated = self._finished = 0
         self._swaps: Counter[str] = Counter()
 
-    def stepped(self, deltas: Iterable[StepDelta]) -> None:
+    def stepped(self, step: Stepped) -> None:
         """One step's tokens and finished jobs, and its iterations' prompt tokens."""
-        for d in deltas:
+        for d in step.deltas:
             self._generated += len(d.new_token_ids)
             self._finished += d.finished
-        new = self.engine.iterations - self._seen  # a step completes one iteration or a few
-        self._seen = self.engine.iterations
-        for it in itertools.islice(reversed(self.engine.recent_iterations), new):
+        for it in step.iterations:  # a step completes one iteration or a few
             self._prompt += it.prefill_tokens
 
     def saw_events(self, events: list[EngineEvent]) -> None:
@@ -77,41 +75,40 @@ class StatsLog:
         now = self._clock()
         if now - self._since < self.interval:
             return
-        ran = self.engine.iterations - self._iterations
-        if ran or self._finished or len(self.engine.scheduler):
-            log.info("%s", self.line(now - self._since))
-        self._start(now)
+        snap = self.face.snapshot(with_jobs=True)
+        ran = snap.iteration_count - self._iterations
+        if ran or self._finished or snap.live:
+            log.info("%s", self.line(now - self._since, snap))
+        self._start(now, snap)
 
-    def line(self, span: float) -> str:
-        """The stats of the `span` seconds since the interval began."""
-        e = self.engine
-        rate = f"{(e.iterations - self._iterations) / span:.1f} it/s, "
+    def line(self, span: float, snap: EngineSnapshot) -> str:
+        """The stats of the `span` seconds since the interval began, up to `snap`."""
+        rate = f"{(snap.iteration_count - self._iterations) / span:.1f} it/s, "
         rate += f"{self._generated / span:.0f} gen tok/s, {self._prompt / span:.0f} prompt tok/s"
-        kv = e.blocks.stats()
+        kv = snap.kv
         host = f"{100 * kv.host_used / kv.host_total:.0f}%" if kv.host_total else "-"
         return (
             f"stats {span:.1f} s: {rate}, {self._finished} finished; "
-            f"jobs {self._levels()} (running/waiting); "
+            f"jobs {self._levels(snap)} (running/waiting); "
             f"KV device {100 * kv.device_used / max(kv.device_total, 1):.0f}% host {host}; "
-            f"{self._prefix_hits()}; swaps {self._swaps['out']} out {self._swaps['in']} in"
+            f"{self._prefix_hits(snap)}; swaps {self._swaps['out']} out {self._swaps['in']} in"
         )
 
-    def _levels(self) -> str:
+    def _levels(self, snap: EngineSnapshot) -> str:
         """'Q1 4/10 Q2 0/3': running and waiting jobs of each level that has any."""
         running: Counter[int] = Counter()
         waiting: Counter[int] = Counter()
-        for job in self.engine.scheduler.jobs():
-            level = wire_level(job.level)
-            if job.status is JobStatus.RUNNING:
-                running[level] += 1
+        for job in snap.jobs or ():
+            if job.state == JobStatus.RUNNING.value:
+                running[job.level] += 1
             else:
-                waiting[level] += 1
+                waiting[job.level] += 1
         levels = sorted(running.keys() | waiting.keys())
         return " ".join(f"Q{q} {running[q]}/{waiting[q]}" for q in levels) or "none"
 
-    def _prefix_hits(self) -> str:
+    def _prefix_hits(self, snap: EngineSnapshot) -> str:
         """'prefix hits 35% of 12000 tokens' over the interval (or why there is no rate)."""
-        stats = self.engine.blocks.prefix.stats()
+        stats = snap.prefix
         if not stats.enabled:
             return "prefix cache off"
         queries, hits = stats.queries - self._prefix[0], stats.hits - self._prefix[1]

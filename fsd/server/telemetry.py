@@ -13,7 +13,7 @@ import functools
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -21,48 +21,21 @@ import zmq
 
 from fsd import protocol as P
 from fsd.config import ServerConfig
-from fsd.engine.core import Engine, IterationStats
 from fsd.engine.events import EngineEvent, wire_level
-from fsd.jobs import Job
+from fsd.engine.face import EngineFace
+from fsd.engine.output import IterationStats
+from fsd.engine.views import EngineSnapshot, JobRow
+from fsd.kv.prefix import PrefixStats
 from fsd.metrics import SLOWindow
-from fsd.sched.scheduler import Scheduler, SchedulerStats
+from fsd.sched.scheduler import SchedulerStats
 
 EVENT_FLUSH_S = 0.05  # longest an event waits before it is published
 
 
-def job_info(job: Job, now: float, rank: int | None = None) -> P.JobInfo:
-    """A live job as clients see it; its level is 1-based (1 = Q1, the top), and so is
-    its `rank` (0-based from `JobQueue.ranks`; None: not known)."""
-    return P.JobInfo(
-        job_id=job.job_id,
-        state=job.status.value,
-        level=wire_level(job.level),
-        kv=job.kv.value,
-        blocks=len(job.block_table),
-        host_blocks=len(job.host_block_table),
-        enst=job.enst,
-        prompt_tokens=job.num_prompt_tokens,
-        prefilled=job.num_prefilled,
-        output_tokens=len(job.output_token_ids),
-        waited=max(0.0, now - job.last_run),
-        attained=job.attained,
-        arrival=job.arrival_time,
-        preemptions=job.preemptions,
-        swaps_out=job.swaps_out,
-        swaps_in=job.swaps_in,
-        recomputes=job.recomputes,
-        promotions=job.promotions,
-        demotions=job.demotions,
-        tags=list(job.tags),
-        rank=None if rank is None else rank + 1,
-        cached_tokens=job.num_cached_tokens,
-    )
-
-
-def job_infos(sched: Scheduler, jobs: Iterable[Job], now: float) -> list[P.JobInfo]:
-    """Rows of `jobs` with their ranks (one walk of the queue order for all of them)."""
-    ranks = sched.ranks()
-    return [job_info(j, now, ranks.get(j.job_id)) for j in jobs]
+def wire_job(row: JobRow) -> P.JobInfo:
+    """A live job as clients see it (the row already has the wire's names and 1-based
+    level and rank)."""
+    return P.JobInfo(**vars(row))
 
 
 def sched_info(stats: SchedulerStats) -> P.SchedInfo:
@@ -84,17 +57,20 @@ def sched_info(stats: SchedulerStats) -> P.SchedInfo:
 
 
 def build_snapshot(
-    engine: Engine, slo: SLOWindow, seq: int, now: float, with_jobs: bool = True
+    face: EngineFace, slo: SLOWindow, seq: int, now: float, with_jobs: bool = True
 ) -> P.Snapshot:
     """The observable state of the engine at `now`; the job table only if `with_jobs`.
 
     It reads the scheduler and the block pools only through their `stats()`, so a
     field added there reaches the wire without an edit here.
     """
-    sched = engine.scheduler
-    sched.refresh_enst()
-    stats = sched.stats()
-    config = _config_dict(engine.config)
+    return wire_snapshot(face.snapshot(now, with_jobs), slo, seq)
+
+
+def wire_snapshot(snap: EngineSnapshot, slo: SLOWindow, seq: int) -> P.Snapshot:
+    """The engine's snapshot as telemetry publishes it, with the SLO window's stats."""
+    stats, now = snap.sched, snap.time
+    config = _config_dict(snap.config)
     config["effective"] = {
         "policy": stats.policy,
         "quanta": list(stats.quanta),
@@ -109,33 +85,26 @@ def build_snapshot(
             P.LevelInfo(index=wire_level(lv.index), quantum=lv.quantum, job_ids=list(lv.job_ids))
             for lv in stats.levels
         ],
-        jobs=job_infos(sched, sched.jobs(), now) if with_jobs else None,
-        jobs_time=now if with_jobs else None,
-        kv=_kv_info(engine, stats),
-        iterations=[_iteration_info(it) for it in list(engine.recent_iterations)[-64:]],
+        jobs=None if snap.jobs is None else [wire_job(r) for r in snap.jobs],
+        jobs_time=now if snap.jobs is not None else None,
+        kv=P.KVInfo(
+            **dataclasses.asdict(snap.kv),
+            device_reserved=stats.reserve,
+            bytes_in_flight=snap.swap.in_flight,
+            swapped_out_bytes=snap.swap.out,
+            swapped_in_bytes=snap.swap.into,
+        ),
+        iterations=[_iteration_info(it) for it in snap.iterations],
         slo=P.SLOInfo(**slo.stats(now)),
         config=config,
         sched=sched_info(stats),
-        prefix=prefix_info(engine),
+        prefix=prefix_info(snap.prefix),
     )
 
 
-def _kv_info(engine: Engine, stats: SchedulerStats) -> P.KVInfo:
-    """The KV pools' occupancy (`BlockManager.stats`), the reserve and the swapper's bytes."""
-    swapper = engine.swapper
-    return P.KVInfo(
-        **dataclasses.asdict(engine.blocks.stats()),
-        device_reserved=stats.reserve,
-        bytes_in_flight=swapper.bytes_in_flight,
-        swapped_out_bytes=swapper.bytes_out,
-        swapped_in_bytes=swapper.bytes_in,
-    )
-
-
-def prefix_info(engine: Engine) -> P.PrefixInfo:
+def prefix_info(stats: PrefixStats) -> P.PrefixInfo:
     """The prefix cache's counters: the wire struct's fields read from `PrefixStats`
     (a field added there reaches the wire once `PrefixInfo` names it too)."""
-    stats = engine.blocks.prefix.stats()
     return P.PrefixInfo(**{f: getattr(stats, f) for f in P.PrefixInfo.__struct_fields__})
 
 
@@ -191,9 +160,9 @@ class TelemetryPump:
     """The loop's telemetry duty: events in batches, snapshots every 1 / telemetry_hz."""
 
     def __init__(
-        self, engine: Engine, slo: SLOWindow, cfg: ServerConfig, publisher: Publisher
+        self, face: EngineFace, slo: SLOWindow, cfg: ServerConfig, publisher: Publisher
     ) -> None:
-        self.engine = engine
+        self.face = face
         self.slo = slo
         self.publisher = publisher
         self.enabled = cfg.telemetry_hz > 0
@@ -216,7 +185,7 @@ class TelemetryPump:
 
     def tick(self) -> None:
         """Take the engine's events; publish what is due (nothing when telemetry is off)."""
-        events = self.engine.events.drain()
+        events = self.face.drain_events()
         for tap in self.taps:
             tap(events)
         now = time.time()
@@ -231,7 +200,7 @@ class TelemetryPump:
         if self.enabled and now >= self._next_snapshot:
             self._snap_seq += 1
             with_jobs = self._job_pacer.due(now)
-            snap = build_snapshot(self.engine, self.slo, self._snap_seq, now, with_jobs)
+            snap = build_snapshot(self.face, self.slo, self._snap_seq, now, with_jobs)
             if with_jobs:
                 self._job_pacer.sent(now, time.time() - now)
             self.publisher.publish(P.TOPIC_SNAPSHOT, snap)

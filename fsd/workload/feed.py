@@ -1,12 +1,15 @@
 """A timeline laid on the wall clock: which of its steps are due now.
 
-The daemon keeps one `TimelineFeed` per injected scenario and drains the due steps once per
-turn of its loop, so a scenario never blocks the engine; `fsctl play` uses the same
-clock arithmetic on the client side. Pure Python: no sockets, no engine.
+The one real-time scenario player's core: the daemon keeps one `TimelineFeed` per
+injected scenario and drains the due steps once per turn of its loop, so a scenario
+never blocks the engine; `fsctl play` walks a feed on its asyncio loop's clock, on
+the client side. Pure Python: no sockets, no engine.
 """
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from fsd.workload.timeline import Action, Arrival, Timeline
@@ -73,3 +76,17 @@ class TimelineFeed:
         """Ids of the arrivals not taken yet."""
         total = len(self.timeline.arrivals)
         return [f"{self.prefix}{k}" for k in range(self._arrived, total)]
+
+
+async def walk(
+    feed: TimelineFeed,
+    take: Callable[[Arrival | Action], Awaitable[None]],
+    clock: Callable[[], float],
+) -> None:
+    """Take each step of `feed` once it is due on `clock` (the running asyncio loop's,
+    from which `feed.start` was read), in order, awaiting each before the next."""
+    while (due := feed.next_time()) is not None:
+        if due > clock():
+            await asyncio.sleep(due - clock())
+        for _, _, step in feed.due(clock()):
+            await take(step)

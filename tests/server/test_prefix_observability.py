@@ -22,6 +22,7 @@ from fsd import LLM, SamplingParams
 from fsd import protocol as P
 from fsd.client import Completion
 from fsd.console.cli import app as fsctl_app
+from fsd.engine.face import EngineFace
 from fsd.metrics import SLOWindow
 from fsd.server.prom import MetricsCollector
 from fsd.server.routing import finished_message
@@ -106,7 +107,7 @@ def test_telemetry_and_finished_report_what_the_engine_reused(llm):
     engine = llm.engine
     job = engine.add_request(PROMPT, params)
     engine.step()  # admitted: its cached prefix attached, the rest prefilled
-    snap = P.decode_snapshot(P.encode(build_snapshot(engine, SLOWindow(60.0, 0.1), 1, 0.0)))
+    snap = P.decode_snapshot(P.encode(build_snapshot(EngineFace(engine), SLOWindow(60.0, 0.1), 1, 0.0)))
     row = next(j for j in snap.jobs or [] if j.job_id == job.job_id)
     assert row.cached_tokens == 6 * BLOCK
     stats = engine.blocks.prefix.stats()

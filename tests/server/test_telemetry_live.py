@@ -19,9 +19,10 @@ from fsd.client import read_recording
 from fsd.config import EngineConfig
 from fsd.cost.calibration import MAX_RATIO, MIN_RATIO
 from fsd.engine.core import Engine
+from fsd.engine.face import EngineFace
 from fsd.jobs import SamplingParams
 from fsd.metrics import SLOWindow
-from fsd.server.telemetry import build_snapshot, job_infos
+from fsd.server.telemetry import build_snapshot, wire_job
 from tests.console.conftest import RECORDING
 from tests.costs import linear_cost
 
@@ -87,7 +88,7 @@ def test_each_iteration_is_timed_and_service_is_charged_in_measured_seconds(engi
 
 
 def snapshot(engine: Engine, json: bool = False) -> P.Snapshot:
-    snap = build_snapshot(engine, SLOWindow(60.0, 0.1), 1, time.time())
+    snap = build_snapshot(EngineFace(engine), SLOWindow(60.0, 0.1), 1, time.time())
     if json:  # as `fsctl record` writes it and `fsctl top --replay` reads it
         return msgspec.json.decode(msgspec.json.encode(snap), type=P.Snapshot)
     return P.decode_snapshot(P.encode(snap))
@@ -120,9 +121,9 @@ def test_snapshots_carry_ranks_learned_lengths_and_the_live_cost(which, request)
         assert learned is not None and learned.samples >= 4
         assert dict(learned.quantiles)[0.5] in (2, 3, 4, 5, 6)
     # fsctl jobs and job read the same rows, ranked the same way
-    rows = job_infos(engine.scheduler, engine.scheduler.jobs(), time.time())
+    rows = [wire_job(r) for r in EngineFace(engine).jobs(time.time())]
     assert {r.job_id: r.rank for r in rows} == ranks
-    [row] = job_infos(engine.scheduler, [waiting[0]], time.time())
+    row = wire_job(EngineFace(engine).job(waiting[0].job_id))
     assert row.rank == ranks[waiting[0].job_id]
     run(engine)
 

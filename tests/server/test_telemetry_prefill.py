@@ -15,6 +15,7 @@ import pytest
 from fsd import LLM
 from fsd import protocol as P
 from fsd.console import cli_format as fmt
+from fsd.engine.face import EngineFace
 from fsd.jobs import SamplingParams
 from fsd.metrics import SLOWindow
 from fsd.server.telemetry import build_snapshot
@@ -31,7 +32,7 @@ def llm():
 
 def snapshot_row(llm: LLM, job_id: str) -> P.JobInfo:
     """The job's row of a snapshot built as the daemon builds it, over the wire and back."""
-    snap = build_snapshot(llm.engine, SLOWindow(60.0, 0.1), 1, time.time())
+    snap = build_snapshot(EngineFace(llm.engine), SLOWindow(60.0, 0.1), 1, time.time())
     back = P.decode_snapshot(P.encode(snap))
     rows = {j.job_id: j for j in back.jobs or []}
     return rows[job_id]

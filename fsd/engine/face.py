@@ -1,0 +1,197 @@
+"""The engine's one narrow face: everything the daemon does with an engine.
+
+Design. The daemon (fsd.server) reaches the engine through `EngineFace` alone: the
+jobs and one job (`jobs`, `job`), a snapshot of the scheduler, KV pools, prefix cache
+and recent iterations (`snapshot`), the scheduler with its step history for the
+what-if twin (`history`), and the verbs `admit`, `abort`, `retune`, `step`; with the
+bookkeeping a loop needs (`info`, `config`, `limits`, `live`, `busy`,
+`drain_events`, `close`). Every call takes and returns plain values (fsd.engine.views,
+`RequestOutput`, `EngineConfig`, the twin's pickled snapshot), never a live `Job` or
+scheduler, so the same face can stand for a replica in another process. The one
+exception is `tokenizer`: the in-process HTTP frontend tokenizes chat prompts itself.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from fsd.config import EngineConfig
+from fsd.engine.core import Engine
+from fsd.engine.events import EngineEvent
+from fsd.engine.output import RequestOutput
+from fsd.engine.views import (
+    Admitted,
+    EngineInfo,
+    EngineSnapshot,
+    JobRow,
+    Stepped,
+    SwapBytes,
+)
+from fsd.jobs import JobStatus, SamplingParams
+from fsd.sched.admission import RequestLimits
+from fsd.sched.slo import default_slo
+from fsd.tokenizer import Tokenizer
+from fsd.twin.snapshot import TwinSnapshot, take_snapshot
+
+RECENT_ITERATIONS = 64  # iterations a snapshot carries
+
+
+class EngineFace:
+    """One engine as the daemon sees it (module doc); wraps an `Engine` in process."""
+
+    def __init__(self, engine: Engine, events: bool | None = None) -> None:
+        """`events`: keep the engine's events for `drain_events` (the daemon does);
+        None leaves the engine's setting as it is."""
+        self._engine = engine
+        if events is not None:
+            engine.events.enabled = events
+        blocks = engine.blocks
+        self.info = EngineInfo(
+            source=engine.loaded.source,
+            model=engine.config.model.model,
+            max_model_len=engine.max_model_len,
+            vocab_size=engine.loaded.arch.vocab_size,
+            kv_tokens=blocks.device.num_blocks * blocks.block_size,
+            slo=default_slo(engine.cost),
+        )
+
+    # ---- settings and bounds ---------------------------------------------------
+
+    @property
+    def config(self) -> EngineConfig:
+        """The live configuration (a frozen value; `retune` replaces it)."""
+        return self._engine.config
+
+    @property
+    def limits(self) -> RequestLimits:
+        """What bounds one request here now (fsd.sched.admission)."""
+        return self._engine.limits
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        """The model's tokenizer (in process only: the HTTP frontend's chat prompts)."""
+        return self._engine.tokenizer
+
+    # ---- the jobs ----------------------------------------------------------------
+
+    def live(self) -> int:
+        """How many jobs the scheduler holds (cheap: the job caps read it per submit)."""
+        return len(self._engine.scheduler)
+
+    def busy(self) -> bool:
+        """Jobs or micro-batches remain: the loop should step."""
+        return self._engine.has_unfinished()
+
+    def jobs(self, now: float | None = None) -> list[JobRow]:
+        """Every live job, with its rank (one walk of the queue order for all)."""
+        now = time.time() if now is None else now
+        sched = self._engine.scheduler
+        ranks = sched.ranks()
+        return [JobRow.of(j, now, ranks.get(j.job_id)) for j in sched.jobs()]
+
+    def job(self, job_id: str, now: float | None = None) -> JobRow | None:
+        """One live job, None if the engine has no such job."""
+        sched = self._engine.scheduler
+        job = sched.get(job_id)
+        if job is None:
+            return None
+        now = time.time() if now is None else now
+        return JobRow.of(job, now, sched.ranks().get(job_id))
+
+    def snapshot(self, now: float | None = None, with_jobs: bool = True) -> EngineSnapshot:
+        """The observable state now (read between iterations, on the loop's thread)."""
+        now = time.time() if now is None else now
+        eng = self._engine
+        sched = eng.scheduler
+        sched.refresh_enst()
+        stats = sched.stats()  # after refresh_enst: the levels' order is the current one
+        rows = self.jobs(now) if with_jobs else None
+        if rows is not None:
+            running = sum(1 for r in rows if r.state == JobStatus.RUNNING.value)
+        else:
+            running = sum(1 for j in sched.jobs() if j.status is JobStatus.RUNNING)
+        swapper = eng.swapper
+        recent = eng.recent_iterations
+        return EngineSnapshot(
+            time=now,
+            config=eng.config,
+            sched=stats,
+            kv=eng.blocks.stats(),
+            swap=SwapBytes(swapper.bytes_in_flight, swapper.bytes_out, swapper.bytes_in),
+            prefix=eng.blocks.prefix.stats(),
+            iterations=list(itertools.islice(recent, max(0, len(recent) - RECENT_ITERATIONS), None)),
+            iteration_count=eng.iterations,
+            live=len(sched),
+            running=running,
+            degraded=eng.degraded,
+            jobs=rows,
+        )
+
+    def history(self, slo: float) -> TwinSnapshot:
+        """The scheduler frozen with its step history, for the what-if twin (fsd.twin):
+        one pickling pass, milliseconds; `slo` the per-token target it scores against."""
+        eng = self._engine
+        return take_snapshot(eng.scheduler, eng.history, eng.config.sched, eng.config.cache, slo)
+
+    def drain_events(self) -> list[EngineEvent]:
+        """The engine's events since the last call (plain values)."""
+        return self._engine.events.drain()
+
+    # ---- the verbs ---------------------------------------------------------------
+
+    def admit(
+        self,
+        prompt: str | Sequence[int],
+        params: SamplingParams,
+        *,
+        request_id: str | None = None,
+        arrival_time: float | None = None,
+        tags: Sequence[str] = (),
+        clip: bool = True,
+    ) -> Admitted:
+        """Validate and queue one request (`Engine.add_request`); FsdError if refused."""
+        job = self._engine.add_request(
+            prompt, params, request_id=request_id, arrival_time=arrival_time, tags=tags, clip=clip
+        )
+        return Admitted(job.job_id, job.num_prompt_tokens)
+
+    def abort(self, job_id: str) -> RequestOutput:
+        """End a job now (UnknownJobError if there is none); its result so far."""
+        return self._engine.abort(job_id)
+
+    def retune(self, **changes: Any) -> EngineConfig:
+        """Change scheduling settings between iterations (SettingError: none changed)."""
+        return self._engine.retune(**changes)
+
+    def step(self) -> Stepped:
+        """One iteration, timed into the step history; never raises.
+
+        The engine fails a faulty job alone; if its step raises anyway (a bug), every
+        live job is failed rather than the daemon, and `Stepped.failures` says why.
+        """
+        eng = self._engine
+        failures: list[tuple[str, Exception]] = []
+        seen = eng.iterations
+        t0 = time.perf_counter()
+        try:
+            deltas = eng.step()
+        except Exception as exc:  # noqa: BLE001 - last resort
+            failures.append(("an engine step failed; its jobs are failed", exc))
+            deltas = eng.fail_all(f"internal error: {type(exc).__name__}: {exc}")
+        t1 = time.perf_counter()
+        try:  # the iteration's wall time for the twin's clock (fsd.engine.history)
+            ran = eng.last_schedule is not None and bool(eng.last_schedule.batch)
+            predicted = eng.scheduler.predicted_iteration_time
+            eng.history.stepped(t0, t1, predicted, ran, eng.has_unfinished())
+        except Exception as exc:  # noqa: BLE001 - the history is advice, the tokens are not
+            failures.append(("the loop's history failed", exc))
+        new = min(eng.iterations - seen, len(eng.recent_iterations))
+        done = list(itertools.islice(reversed(eng.recent_iterations), new))[::-1]
+        return Stepped(deltas, done, t1 - t0, failures)
+
+    def close(self) -> None:
+        """Stop the engine's workers (the face cannot serve afterwards)."""
+        self._engine.close()

@@ -1,0 +1,136 @@
+"""The plain values the engine's face (`fsd.engine.face`) hands out.
+
+Frozen copies, never live scheduler objects: a row or a snapshot taken now stays
+what it was when the engine moves on, and each could be pickled across a process
+boundary (a replica in another process answers with the same values).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from fsd.config import EngineConfig
+from fsd.engine.events import wire_level
+from fsd.engine.output import IterationStats, StepDelta
+from fsd.jobs import Job
+from fsd.kv.block_manager import KVStats
+from fsd.kv.prefix import PrefixStats
+from fsd.sched.scheduler import SchedulerStats
+
+
+@dataclass(frozen=True)
+class EngineInfo:
+    """What an engine serves and its fixed bounds (they never change while it runs)."""
+
+    source: str  # the model as loaded: a preset name or a path
+    model: str  # the model as configured (the served name's default)
+    max_model_len: int
+    vocab_size: int
+    kv_tokens: int  # tokens the device KV pool holds
+    slo: float  # the default per-token latency SLO of its cost model (seconds)
+
+
+@dataclass
+class JobRow:
+    """One live job as clients see it: the wire's `JobInfo` fields, same names.
+
+    `level` and `rank` are 1-based (1 = Q1, 1 runs first); `rank` None: not queued.
+    """
+
+    job_id: str
+    state: str
+    level: int
+    kv: str
+    blocks: int
+    host_blocks: int
+    enst: float | None
+    prompt_tokens: int
+    prefilled: int
+    output_tokens: int
+    waited: float
+    attained: float
+    arrival: float
+    preemptions: int
+    swaps_out: int
+    swaps_in: int
+    recomputes: int
+    promotions: int
+    demotions: int
+    tags: list[str]
+    rank: int | None
+    cached_tokens: int
+
+    @classmethod
+    def of(cls, job: Job, now: float, rank: int | None = None) -> JobRow:
+        """`job` now; `rank` 0-based as `JobQueue.ranks` gives it (None: not known)."""
+        return cls(
+            job_id=job.job_id,
+            state=job.status.value,
+            level=wire_level(job.level),
+            kv=job.kv.value,
+            blocks=len(job.block_table),
+            host_blocks=len(job.host_block_table),
+            enst=job.enst,
+            prompt_tokens=job.num_prompt_tokens,
+            prefilled=job.num_prefilled,
+            output_tokens=len(job.output_token_ids),
+            waited=max(0.0, now - job.last_run),
+            attained=job.attained,
+            arrival=job.arrival_time,
+            preemptions=job.preemptions,
+            swaps_out=job.swaps_out,
+            swaps_in=job.swaps_in,
+            recomputes=job.recomputes,
+            promotions=job.promotions,
+            demotions=job.demotions,
+            tags=list(job.tags),
+            rank=None if rank is None else rank + 1,
+            cached_tokens=job.num_cached_tokens,
+        )
+
+
+@dataclass(frozen=True)
+class SwapBytes:
+    """The KV copies between tiers: bytes moving now, and moved out and in so far."""
+
+    in_flight: int
+    out: int
+    into: int
+
+
+@dataclass(frozen=True)
+class EngineSnapshot:
+    """The engine's observable state at `time`: scheduler, KV, prefix cache, recent
+    iterations; the job table only when asked for (it costs microseconds a job)."""
+
+    time: float
+    config: EngineConfig
+    sched: SchedulerStats
+    kv: KVStats
+    swap: SwapBytes
+    prefix: PrefixStats
+    iterations: list[IterationStats]  # the most recent, oldest first
+    iteration_count: int  # iterations run since start
+    live: int  # jobs not finished
+    running: int  # of them, in the last batch
+    degraded: str | None
+    jobs: list[JobRow] | None = None
+
+
+@dataclass(frozen=True)
+class Admitted:
+    """A job the engine took: its id and its prompt's length in tokens."""
+
+    job_id: str
+    prompt_tokens: int
+
+
+@dataclass(frozen=True)
+class Stepped:
+    """One step: each job's new tokens, the iterations it completed, its wall time,
+    and what failed on the way (`(what, exception)`; the jobs a bug hit were failed)."""
+
+    deltas: list[StepDelta]
+    iterations: list[IterationStats]
+    seconds: float
+    failures: list[tuple[str, Exception]] = field(default_factory=list)

@@ -1,0 +1,62 @@
+"""The engine's face hands out plain values: they pickle (a replica in another process
+could send them) and stay what they were when the engine moves on."""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+
+from fsd.config import EngineConfig
+from fsd.engine.core import Engine
+from fsd.engine.face import EngineFace
+from fsd.errors import UnknownJobError
+from fsd.jobs import SamplingParams
+from tests.sched.harness import COST
+
+
+@pytest.fixture(scope="module")
+def face():
+    config = EngineConfig.from_kwargs(model="tiny", device="cpu", num_gpu_blocks=64)
+    f = EngineFace(Engine(config, cost=COST), events=True)
+    yield f
+    f.close()
+
+
+def test_admit_step_and_abort_through_the_face(face):
+    params = SamplingParams(max_tokens=6, ignore_eos=True)
+    a = face.admit([5, 6, 7, 8], params, tags=["t"])
+    b = face.admit([9, 10, 11], params, request_id="mine")
+    assert (a.prompt_tokens, b.job_id) == (4, "mine")
+    assert face.live() == 2 and face.busy()
+
+    step = face.step()
+    assert not step.failures and step.seconds > 0
+    assert len(step.iterations) == 1 and step.iterations[0].batch_size == 2
+    assert {d.job_id for d in step.deltas} == {a.job_id, "mine"}
+
+    snap = face.snapshot()
+    again = pickle.loads(pickle.dumps(snap))
+    assert again == snap and snap.live == 2 and snap.iteration_count >= 1
+    rows = {r.job_id: r for r in snap.jobs or []}
+    assert rows[a.job_id].tags == ["t"] and rows[a.job_id].level >= 1  # 1-based
+    assert face.job("mine") is not None and face.job("nobody") is None
+
+    out = face.abort("mine")
+    assert out.finish_reason == "abort"
+    assert rows["mine"].state != "finished"  # the row taken before is a copy
+    with pytest.raises(UnknownJobError):
+        face.abort("mine")
+    while face.busy():
+        face.step()
+    assert face.live() == 0
+    kinds = {e.kind for e in face.drain_events()}
+    assert {"arrive", "abort", "finish"} <= kinds
+
+
+def test_the_twin_history_and_the_info_are_plain(face):
+    assert pickle.loads(pickle.dumps(face.info)) == face.info
+    assert face.info.kv_tokens == 64 * face.config.cache.block_size
+    pickle.dumps(face.history(face.info.slo))
+    new = face.retune(policy="fcfs")
+    assert new.sched.policy == "fcfs" == face.snapshot(with_jobs=False).sched.policy
