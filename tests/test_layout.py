@@ -82,8 +82,10 @@ FORBIDDEN = {
     "fsd/models": ("fsd.engine", "fsd.sched", "fsd.kv", "fsd.server", "fsd.console", "fsd.sim"),
 }  # fmt: skip
 
-# exceptions to FORBIDDEN: of the engine, the twin reads its torch-free step history
-ALLOWED = {"fsd/twin": ("fsd.engine.history",)}
+# exceptions to FORBIDDEN: of the engine, the twin reads its torch-free step history;
+# the engine's face hands out the twin's snapshot of its state, taken where the state
+# lives (a replica's process), so the twin never reaches into a live engine
+ALLOWED = {"fsd/twin": ("fsd.engine.history",), "fsd/engine": ("fsd.twin.snapshot",)}
 
 # the console talks to the daemon over the wire only
 CONSOLE_MAY_IMPORT = (
