@@ -26,12 +26,17 @@ THREAD_ENV = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 
 def setup_worker() -> None:
     """In the worker: one BLAS thread, idle CPU priority, and end with the daemon."""
-    for name in THREAD_ENV:
-        os.environ[name] = "1"
-    lower_priority()
+    # first tie its life to the daemon's (at idle priority on a busy machine, the steps
+    # below could wait long enough for the daemon to die in between), then check that
+    # the daemon did not die before the tie: an orphan's parent is init
     with contextlib.suppress(OSError, AttributeError):
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() == 1:
+        os._exit(0)
+    for name in THREAD_ENV:
+        os.environ[name] = "1"
+    lower_priority()
 
 
 def lower_priority() -> None:
