@@ -136,25 +136,12 @@ def test_the_kernels_import_nothing_from_fsd_but_themselves() -> None:
     assert not bad, "\n".join(bad)
 
 
-# The one circle left: the registry builds the Scheduler (make_scheduler), which reads
-# its policy's rules from the registry (rules_for). The registry is being reworked
-# (P18 item 2: policy names validated where the policy is built); until then the
-# circle is known, and no other may appear.
-KNOWN_CIRCLES = [["fsd.sched.registry", "fsd.sched.scheduler"]]
 _graph = functools.cache(graph)
 
 
-def test_no_import_circle_but_the_known_one() -> None:
-    new = [c for c in circles(_graph()) if c not in KNOWN_CIRCLES]
-    assert not new, "\n".join(" <-> ".join(c) for c in new)
-
-
-@pytest.mark.xfail(
-    strict=True,
-    reason="fsd.sched.registry <-> fsd.sched.scheduler (make_scheduler / rules_for) "
-    "until the registry rework of P18 item 2; then drop this mark and KNOWN_CIRCLES",
-)
 def test_no_import_circle() -> None:
+    """No circle of more than one module (the registry hands the Scheduler its policy's
+    queue and rules, so the scheduler never imports the registry back)."""
     found = circles(_graph())
     assert not found, "\n".join(" <-> ".join(c) for c in found)
 

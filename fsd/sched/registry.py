@@ -194,4 +194,4 @@ def make_scheduler(
 ) -> Scheduler:
     from fsd.sched.scheduler import Scheduler
 
-    return Scheduler(config, cache, blocks, cost, make_queue)
+    return Scheduler(config, cache, blocks, cost, make_queue, rules_for)

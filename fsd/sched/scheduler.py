@@ -30,10 +30,10 @@ from fsd.sched.chunking import prefill_budget
 from fsd.sched.eviction import Evictor
 from fsd.sched.lengths import LearnedLengths
 from fsd.sched.queues import JobQueue, LevelView
-from fsd.sched.registry import rules_for
 
 if TYPE_CHECKING:
     from fsd.config import CacheConfig, SchedConfig
+    from fsd.sched.registry import PolicyRules
 
 
 @dataclass
@@ -106,14 +106,17 @@ class Scheduler:
         blocks: BlockManager,
         cost: CostModel,
         make_queue: Callable[[SchedConfig, CostModel], JobQueue],
+        rules_of: Callable[[SchedConfig], PolicyRules],
     ) -> None:
+        """`make_queue` and `rules_of` come from the policy registry (make_scheduler):
+        the policy's queue and its rules for a config, given, not looked up here."""
         self.config = config
         self.cache = cache
         self.blocks = blocks
         self.cost = cost
-        self._make_queue = make_queue
+        self._make_queue, self._rules_of = make_queue, rules_of
         self.queue = make_queue(config, cost)
-        self.gated = rules_for(config).swap_gate  # fsd's swap gate and admission (SwapGate)
+        self.gated = rules_of(config).swap_gate  # fsd's swap gate and admission (SwapGate)
         # prompt tokens one iteration may carry (0: whole prefills)
         self.prefill_budget = prefill_budget(config.prefill_chunk, cost, cache.block_size)
         self.arrivals = ArrivalEstimate()
@@ -205,7 +208,7 @@ class Scheduler:
         if config is None or fresh is None:  # (both or neither)
             return
         old, self.config = self.queue, config
-        self.gated = rules_for(config).swap_gate
+        self.gated = self._rules_of(config).swap_gate
         self.prefill_budget = prefill_budget(config.prefill_chunk, self.cost, self.cache.block_size)
         if fresh.name == old.name and old.adopt(fresh):
             return
