@@ -17,7 +17,7 @@ against FCFS's, and its P99 TTFT against FCFS's. The targets (issue P11): captur
 at every load, P99 TTFT <= 0.5x FCFS's at >= 80% load on the prefill-dominated
 workloads. Ablations switch one rule of the default (fsd) to the paper's at a time:
 a rule is kept only if the validation set is worse without it. `sj-mlfq` is the
-paper's policy as written (fsd.sched.registry.PAPER_RULES). `worst_case` judges a candidate by
+paper's policy as written (fsd.sched.rules.PAPER_RULES). `worst_case` judges a candidate by
 its worst point (regret against the best non-oracle candidate there) and lists the
 points that miss P16's targets.
 """

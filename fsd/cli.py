@@ -34,7 +34,7 @@ from fsd.config import (
 from fsd.errors import ConfigError
 from fsd.jobs import SamplingParams
 from fsd.kv.registry import KV_POLICIES
-from fsd.sched.registry import POLICIES, engine_policy
+from fsd.sched.registry import POLICIES, engine_policy, policy_setting_notes
 from fsd.sim.cli import simulate_command
 
 app = typer.Typer(help="fsd: a FastServe-style LLM serving daemon.", no_args_is_help=True)
@@ -132,7 +132,7 @@ def generate(
 START_FIELDS = (
     (ModelConfig, ("model",)),
     (ServerConfig, ("endpoint", "telemetry_endpoint")),
-    (SchedConfig, ("policy",)),
+    (SchedConfig, ("policy", "policy_settings")),
     (CacheConfig, ("kv_policy", "num_gpu_blocks", "num_host_blocks")),
     (SchedConfig, ("max_batch_size", "prefill_chunk")),
     (CacheConfig, ("prefix_cache",)),
@@ -142,12 +142,16 @@ START_FIELDS = (
     (ServerConfig, ("state_dir", "http")),
     (ParallelConfig, ("tp", "pp", "ray_address")),
 )
+_SETTINGS_NOTE = {"policy_settings": policy_setting_notes()["policy_settings"]}
 _POLICY_HELPS = {"policy": f"{one_of(ENGINE_POLICIES)}.", "kv_policy": f"{one_of(KV_POLICIES)}."}
 
 
 @app.command()
 @with_fields(
-    *(field_options(cls, names, unset=True, helps=_POLICY_HELPS) for cls, names in START_FIELDS),
+    *(
+        field_options(cls, names, unset=True, helps=_POLICY_HELPS, notes=_SETTINGS_NOTE)
+        for cls, names in START_FIELDS
+    ),
     before="log_level",
 )
 def start(

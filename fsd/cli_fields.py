@@ -22,6 +22,9 @@ import typer
 from fsd.cli_options import default_of
 from fsd.config_checks import help_of
 
+# a field of (NAME, VALUE) pairs (a policy's own settings) is a repeatable option
+PAIRS = tuple[tuple[str, Any], ...]
+
 
 def field_names(config: type, skip: Iterable[str] = ()) -> list[str]:
     """The fields of `config` in declaration order, less `skip`."""
@@ -52,10 +55,13 @@ def field_options(
         text = (helps or {}).get(name) or help_of(config, name)
         if name in (notes or {}):
             text = f"{text} {notes[name]}"  # type: ignore[index]
+        option = typer.Option(help=text)
+        if kind == PAIRS:  # a repeatable NAME=VALUE option
+            kind, option = list[str], typer.Option(help=text, metavar="NAME=VALUE")
         if unset:
             kind = Optional[kind]  # noqa: UP045 - typer reads the annotation at run time
             own = default_of(config, name)
-            if own is not None and not isinstance(own, bool):
+            if own not in (None, ()) and not isinstance(own, bool):
                 text = f"{text} Default: {own}."
             default = None
         else:
@@ -65,7 +71,7 @@ def field_options(
                 name,
                 inspect.Parameter.KEYWORD_ONLY,
                 default=default,
-                annotation=Annotated[kind, typer.Option(help=text)],
+                annotation=Annotated[kind, option],
             )
         )
     return params

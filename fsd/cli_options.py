@@ -82,7 +82,9 @@ def given_argv(ctx: typer.Context, skip: Collection[str] = ()) -> list[str]:
         value = ctx.params.get(param.name or "")
         if param.name in skip or value is None or param.param_type_name != "option":
             continue
-        argv += [param.opts[0], str(value)]
+        items = value if isinstance(value, list | tuple) else [value]  # a repeatable option
+        for item in items:
+            argv += [param.opts[0], str(item)]
     return argv
 
 

@@ -30,6 +30,7 @@ from fsd.config_checks import (
     int_range,
     loopback_host,
     parse_http_address,
+    setting_pairs,
 )
 from fsd.errors import ConfigError
 
@@ -137,7 +138,7 @@ class SchedConfig:
     quanta: tuple[float, ...] | None = None  # explicit per-level quanta (strictly increasing)
     # The settings below default to None: the policy's own. `fsd` (the default policy)
     # departs from the paper's skip-join MLFQ (`sj-mlfq`, faithful to its section 4) on
-    # each; each policy declares its own values, and why (fsd.sched.registry.POLICIES).
+    # each; each policy declares its own values, and why (fsd.sched.rules).
     starve_limit: float | None = doc(None, "Alpha, s: a started job waiting this long moves up.")
     starve_limit_waiting: float | None = doc(None, "Alpha for jobs not yet started, s.")
     starve_promote: str | None = doc(
@@ -168,9 +169,15 @@ class SchedConfig:
         "fits the SLO)."
     )
     profile: str | None = doc(None, "Cost-model JSON (fsd profile) or shipped profile name.")
+    # each policy's own settings as (POLICY.FIELD, value): declared on its queue class and
+    # checked where the policy is built (fsd.sched.settings); a mapping is taken too
+    policy_settings: tuple[tuple[str, Any], ...] = doc(
+        (), "A policy's own setting, POLICY.FIELD=VALUE (repeat for more)."
+    )
 
     def __post_init__(self) -> None:
         """Types, then ranges: every value a retune may set has a lower and an upper bound."""
+        object.__setattr__(self, "policy_settings", setting_pairs(self.policy_settings))
         check_types(self)
         for name in ("q1", "quantum_ratio", "starve_limit", "starve_limit_waiting", "refuse_late"):
             finite(name, getattr(self, name))
@@ -334,19 +341,26 @@ class EngineConfig:
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> EngineConfig:
-        """Route each keyword to the slice that has a field of that name."""
+        """Route each keyword to the slice that has a field of that name (a policy's own
+        setting, `POLICY.FIELD`, to the sched slice's `policy_settings`)."""
         slices: dict[str, dict[str, Any]] = {f.name: {} for f in dataclasses.fields(cls)}
         owners = {
             fld.name: slice_field.name
             for slice_field in dataclasses.fields(cls)
             for fld in dataclasses.fields(SLICE_TYPES[slice_field.name])
         }
+        policy_settings = dict(setting_pairs(kwargs.pop("policy_settings", ())))
         for key, value in kwargs.items():
+            if "." in key:  # POLICY.FIELD: a policy's own setting (fsd.sched.settings)
+                policy_settings[key] = value
+                continue
             if key not in owners:
                 raise ConfigError(
                     f"unknown engine option {key!r}; valid options: {', '.join(sorted(owners))}"
                 )
             slices[owners[key]][key] = value
+        if policy_settings:
+            slices["sched"]["policy_settings"] = policy_settings
         built = {
             slice_field.name: SLICE_TYPES[slice_field.name](**slices[slice_field.name])
             for slice_field in dataclasses.fields(cls)

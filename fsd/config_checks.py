@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import ipaddress
 import math
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from fsd.errors import ConfigError
@@ -55,6 +56,10 @@ _KINDS: dict[str, tuple[str, Any]] = {
     "str": ("a string", lambda v: isinstance(v, str)),
     "bool": ("true or false", lambda v: isinstance(v, bool)),
     "None": ("none", lambda v: v is None),
+    "tuple[tuple[str, Any], ...]": (
+        "NAME=VALUE pairs",
+        lambda v: isinstance(v, tuple) and all(isinstance(p, tuple) and len(p) == 2 for p in v),
+    ),
     "tuple[float, ...]": (
         "a list of numbers",
         lambda v: isinstance(v, tuple | list) and all(_KINDS["float"][1](x) for x in v),
@@ -96,6 +101,29 @@ def check_quanta(quanta: tuple[float, ...]) -> tuple[float, ...]:
     if any(b <= a for a, b in zip(quanta, quanta[1:], strict=False)):
         raise ConfigError(f"quanta must be strictly increasing, got {list(quanta)}")
     return quanta
+
+
+def setting_pairs(value: Any) -> Any:
+    """A policy's settings as sorted (NAME, VALUE) pairs, the last of a name winning:
+    from a mapping, pairs, or "NAME=VALUE" texts (a command line's; the value's type is
+    read where the policy declares it, `fsd.sched.settings`)."""
+    if value is None:  # an unset command-line option
+        return ()
+    if isinstance(value, Mapping):
+        value = list(value.items())
+    if isinstance(value, str) or not isinstance(value, Iterable):
+        return value  # check_types names what it wants
+    pairs: dict[str, Any] = {}
+    for item in value:
+        if isinstance(item, str):
+            name, sep, text = item.partition("=")
+            if not sep or not name.strip():
+                raise ConfigError(f"policy_settings wants NAME=VALUE, got {item!r}")
+            item = (name.strip(), text.strip())
+        if not isinstance(item, tuple | list) or len(item) != 2 or not isinstance(item[0], str):
+            raise ConfigError(f"policy_settings wants (NAME, VALUE) pairs, got {item!r}")
+        pairs[item[0]] = item[1]
+    return tuple(sorted(pairs.items()))
 
 
 def int_range(name: str, value: int, low: int, high: int, unit: str = "") -> None:

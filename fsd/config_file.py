@@ -8,11 +8,13 @@ from pathlib import Path
 from typing import Any
 
 from fsd.config import SLICE_TYPES, EngineConfig, ServerConfig
+from fsd.config_checks import setting_pairs
 from fsd.errors import ConfigError
 
 
 def load_toml(path: str | Path) -> dict[str, dict[str, Any]]:
-    """Read fsd.toml: tables [model], [cache], [sched], [parallel], [server]."""
+    """Read fsd.toml: tables [model], [cache], [sched] (with a [sched.POLICY] table of
+    each policy's own settings), [parallel], [server]."""
     p = Path(path).expanduser()
     try:
         data = tomllib.loads(p.read_text())
@@ -27,7 +29,9 @@ def load_toml(path: str | Path) -> dict[str, dict[str, Any]]:
         if not isinstance(values, dict):
             raise ConfigError(f"{p}: [{section}] must be a table")
         known = {f.name for f in dataclasses.fields(tables[section])}
-        for key in values:
+        for key, value in values.items():
+            if section == "sched" and isinstance(value, dict):
+                continue  # [sched.POLICY]: that policy's own settings, checked by the registry
             if key not in known:
                 raise ConfigError(
                     f"{p}: unknown key {key!r} in [{section}]; known: {', '.join(sorted(known))}"
@@ -49,7 +53,11 @@ def build_configs(
     data = load_toml(path) if path else {}
     flat: dict[str, Any] = {}
     for section in SLICE_TYPES:
-        flat.update(data.get(section, {}))
+        for key, value in data.get(section, {}).items():
+            if isinstance(value, dict):  # [sched.POLICY] -> POLICY.FIELD
+                flat.update({f"{key}.{name}": v for name, v in value.items()})
+            else:
+                flat[key] = value
     server_kw = dict(data.get("server", {}))
     server_fields = {f.name for f in dataclasses.fields(ServerConfig)}
     for key, value in overrides.items():
@@ -57,6 +65,8 @@ def build_configs(
             continue
         if key in server_fields:
             server_kw[key] = value
+        elif key == "policy_settings":  # a command line's, over the file's
+            flat.update(setting_pairs(value))
         else:
             flat[key] = value
     if "quanta" in flat and isinstance(flat["quanta"], list):

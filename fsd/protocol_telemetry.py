@@ -74,7 +74,7 @@ class KVInfo(msgspec.Struct, kw_only=True):
 
 
 class PrefixInfo(msgspec.Struct, kw_only=True):
-    """The prefix cache's counters (`fsd.kv.prefix.PrefixStats`), cumulative since start.
+    """The prefix cache's counters (`fsd.kv.prefix.PrefixCache.stats`), cumulative since start.
 
     `queries`: prompt tokens looked up at admission; `hits`: of them, reused (both as
     vLLM counts them); `host_hits`: of the hits, copied back from the host tier.

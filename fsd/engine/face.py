@@ -26,11 +26,12 @@ from fsd.engine.views import (
     Admitted,
     EngineInfo,
     EngineSnapshot,
-    JobRow,
     Stepped,
     SwapBytes,
+    job_info,
 )
 from fsd.jobs import JobStatus, SamplingParams
+from fsd.protocol_telemetry import JobInfo
 from fsd.sched.admission import RequestLimits
 from fsd.sched.slo import default_slo
 from fsd.tokenizer import Tokenizer
@@ -85,21 +86,25 @@ class EngineFace:
         """Jobs or micro-batches remain: the loop should step."""
         return self._engine.has_unfinished()
 
-    def jobs(self, now: float | None = None) -> list[JobRow]:
+    def jobs(self, now: float | None = None) -> list[JobInfo]:
         """Every live job, with its rank (one walk of the queue order for all)."""
         now = time.time() if now is None else now
         sched = self._engine.scheduler
         ranks = sched.ranks()
-        return [JobRow.of(j, now, ranks.get(j.job_id)) for j in sched.jobs()]
+        return [job_info(j, now, ranks.get(j.job_id)) for j in sched.jobs()]
 
-    def job(self, job_id: str, now: float | None = None) -> JobRow | None:
-        """One live job, None if the engine has no such job."""
+    def has(self, job_id: str) -> bool:
+        """Whether the engine has this live job (a lookup, no walk of the queue)."""
+        return self._engine.scheduler.get(job_id) is not None
+
+    def job(self, job_id: str, now: float | None = None) -> JobInfo | None:
+        """One live job with its rank (a walk of the queue order), None if none."""
         sched = self._engine.scheduler
         job = sched.get(job_id)
         if job is None:
             return None
         now = time.time() if now is None else now
-        return JobRow.of(job, now, sched.ranks().get(job_id))
+        return job_info(job, now, sched.ranks().get(job_id))
 
     def snapshot(self, now: float | None = None, with_jobs: bool = True) -> EngineSnapshot:
         """The observable state now (read between iterations, on the loop's thread)."""

@@ -1,6 +1,6 @@
 """The plain values the engine's face (`fsd.engine.face`) hands out.
 
-Frozen copies, never live scheduler objects: a row or a snapshot taken now stays
+Copies, never live scheduler objects: a row or a snapshot taken now stays
 what it was when the engine moves on, and each could be pickled across a process
 boundary (a replica in another process answers with the same values).
 """
@@ -14,7 +14,7 @@ from fsd.engine.events import wire_level
 from fsd.engine.output import IterationStats, StepDelta
 from fsd.jobs import Job
 from fsd.kv.block_manager import KVStats
-from fsd.kv.prefix import PrefixStats
+from fsd.protocol_telemetry import JobInfo, PrefixInfo
 from fsd.sched.scheduler import SchedulerStats
 
 
@@ -30,63 +30,33 @@ class EngineInfo:
     slo: float  # the default per-token latency SLO of its cost model (seconds)
 
 
-@dataclass
-class JobRow:
-    """One live job as clients see it: the wire's `JobInfo` fields, same names.
-
-    `level` and `rank` are 1-based (1 = Q1, 1 runs first); `rank` None: not queued.
-    """
-
-    job_id: str
-    state: str
-    level: int
-    kv: str
-    blocks: int
-    host_blocks: int
-    enst: float | None
-    prompt_tokens: int
-    prefilled: int
-    output_tokens: int
-    waited: float
-    attained: float
-    arrival: float
-    preemptions: int
-    swaps_out: int
-    swaps_in: int
-    recomputes: int
-    promotions: int
-    demotions: int
-    tags: list[str]
-    rank: int | None
-    cached_tokens: int
-
-    @classmethod
-    def of(cls, job: Job, now: float, rank: int | None = None) -> JobRow:
-        """`job` now; `rank` 0-based as `JobQueue.ranks` gives it (None: not known)."""
-        return cls(
-            job_id=job.job_id,
-            state=job.status.value,
-            level=wire_level(job.level),
-            kv=job.kv.value,
-            blocks=len(job.block_table),
-            host_blocks=len(job.host_block_table),
-            enst=job.enst,
-            prompt_tokens=job.num_prompt_tokens,
-            prefilled=job.num_prefilled,
-            output_tokens=len(job.output_token_ids),
-            waited=max(0.0, now - job.last_run),
-            attained=job.attained,
-            arrival=job.arrival_time,
-            preemptions=job.preemptions,
-            swaps_out=job.swaps_out,
-            swaps_in=job.swaps_in,
-            recomputes=job.recomputes,
-            promotions=job.promotions,
-            demotions=job.demotions,
-            tags=list(job.tags),
-            rank=None if rank is None else rank + 1,
-            cached_tokens=job.num_cached_tokens,
-        )
+def job_info(job: Job, now: float, rank: int | None = None) -> JobInfo:
+    """One live job as clients see it (the wire's row: level and rank 1-based, 1 = Q1
+    and 1 runs first); `rank` 0-based as `JobQueue.ranks` gives it (None: not known)."""
+    return JobInfo(
+        job_id=job.job_id,
+        state=job.status.value,
+        level=wire_level(job.level),
+        kv=job.kv.value,
+        blocks=len(job.block_table),
+        host_blocks=len(job.host_block_table),
+        enst=job.enst,
+        prompt_tokens=job.num_prompt_tokens,
+        prefilled=job.num_prefilled,
+        output_tokens=len(job.output_token_ids),
+        waited=max(0.0, now - job.last_run),
+        attained=job.attained,
+        arrival=job.arrival_time,
+        preemptions=job.preemptions,
+        swaps_out=job.swaps_out,
+        swaps_in=job.swaps_in,
+        recomputes=job.recomputes,
+        promotions=job.promotions,
+        demotions=job.demotions,
+        tags=list(job.tags),
+        rank=None if rank is None else rank + 1,
+        cached_tokens=job.num_cached_tokens,
+    )
 
 
 @dataclass(frozen=True)
@@ -108,13 +78,13 @@ class EngineSnapshot:
     sched: SchedulerStats
     kv: KVStats
     swap: SwapBytes
-    prefix: PrefixStats
+    prefix: PrefixInfo
     iterations: list[IterationStats]  # the most recent, oldest first
     iteration_count: int  # iterations run since start
     live: int  # jobs not finished
     running: int  # of them, in the last batch
     degraded: str | None
-    jobs: list[JobRow] | None = None
+    jobs: list[JobInfo] | None = None
 
 
 @dataclass(frozen=True)

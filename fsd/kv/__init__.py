@@ -6,7 +6,8 @@ one class per KV policy (defer, recompute, reactive, proactive), named in
 `registry`; `planner` plans proactive swaps by ENST; `swap` is a planned copy. The
 scheduler asks the block manager and calls its verbs; the executor makes the copies.
 
-May import: fsd.jobs, fsd.errors, and fsd.config / fsd.cost for type hints only
+May import: fsd.jobs, fsd.errors, fsd.protocol_telemetry (the prefix cache's counters
+are the wire's `PrefixInfo`), and fsd.config / fsd.cost for type hints only
 (`registry` checks a policy's name where it is built). Never torch, fsd.sched,
 fsd.engine, fsd.server or the console.
 """

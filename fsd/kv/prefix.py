@@ -38,11 +38,11 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Hashable
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 from fsd.kv.pool import BlockPool
 from fsd.kv.swap import SwapOp
+from fsd.protocol_telemetry import PrefixInfo  # its counters as published: one struct
 
 ROOT = 0  # the parent of a sequence's first block
 
@@ -66,24 +66,6 @@ class HasPrefix(Protocol):
     def num_output_tokens(self) -> int: ...
 
     def block_content(self, index: int, block_size: int) -> Hashable | None: ...
-
-
-@dataclass(frozen=True)
-class PrefixStats:
-    """Counters as telemetry and /metrics publish them (tokens, blocks)."""
-
-    enabled: bool
-    queries: int  # tokens looked up at admission (vLLM: prefix_cache_queries)
-    hits: int  # of them, reused (vLLM: prefix_cache_hits)
-    host_hits: int  # of the hits, copied back from the host tier
-    device_blocks: int  # blocks holding cached content, on the device
-    host_blocks: int
-    device_evictions: int
-    host_evictions: int
-
-    @property
-    def hit_rate(self) -> float:
-        return self.hits / self.queries if self.queries else 0.0
 
 
 class PrefixCache:
@@ -370,10 +352,12 @@ class PrefixCache:
         self._key.clear()
         self._chains.clear()
 
-    def stats(self) -> PrefixStats:
-        return PrefixStats(
-            self.enabled, self.queries, self.hits, self.host_hits, len(self.on_device),
-            len(self.on_host), self.device.evictions, self.host.evictions,
+    def stats(self) -> PrefixInfo:
+        return PrefixInfo(
+            enabled=self.enabled, queries=self.queries, hits=self.hits,
+            host_hits=self.host_hits, device_blocks=len(self.on_device),
+            host_blocks=len(self.on_host), device_evictions=self.device.evictions,
+            host_evictions=self.host.evictions,
         )  # fmt: skip
 
 

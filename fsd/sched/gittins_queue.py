@@ -36,7 +36,9 @@ import itertools
 import math
 import operator
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
+from fsd.config_checks import doc
 from fsd.cost import CostModel
 from fsd.jobs import FinishReason, Job
 from fsd.sched.lengths import UNKNOWN_CAP, LearnedLengths
@@ -48,11 +50,23 @@ _by_queue_seq = operator.attrgetter("queue_seq")
 _job_id = operator.attrgetter("job_id")
 
 
+@dataclass(frozen=True)
+class GittinsSettings:
+    """The gittins policy's own settings (`gittins.guard` and so on): each rule can be
+    switched off alone, as bench/validation.py does to measure its effect."""
+
+    guard: bool = doc(True, "Rule 2: a job FCFS would be serving by now moves to Q1.")
+    lift: bool = doc(True, "Rule 3: a running job ranks higher by its KV's round trip.")
+    by_prompt: bool = doc(True, "Learn output lengths per prompt class (off: one window).")
+
+
 class GittinsQueue(LevelQueue):
     """Levels ranked by the Gittins index; the FCFS-turn guard; switch-cost lifts.
 
     A sibling of the MLFQ family on the level-queue base: no starvation timer (the
     guard bounds waiting), no demotion by quantum (a job's level is its rank's)."""
+
+    Settings = GittinsSettings
 
     def __init__(
         self,
@@ -268,10 +282,15 @@ class GittinsQueue(LevelQueue):
             self._levels[job.level][job.job_id] = job
 
     def adopt(self, other: JobQueue) -> bool:
-        """New quanta (level edges): every job is re-levelled by its rank."""
+        """New quanta (level edges) or settings: every job is re-levelled by its rank
+        (the guard switched off releases the jobs it moved to Q1)."""
         if type(other) is not type(self):
             return False
         assert isinstance(other, GittinsQueue)
+        self.guard, self.lift = other.guard, other.lift
+        if not self.guard:
+            self._turns, self._boosted, self._pinned = [], set(), set()
+        self.service.pool_only(not other.service.by_prompt)
         self._lifted, self._lifted_at = {}, {}
         self.quanta = list(other.quanta)
         self._relevel_all()

@@ -12,7 +12,7 @@ moves up; ENST combines that promotion clock with the work queued above the job.
 Two policies share this class. `sj-mlfq` is the paper's, faithful to its section 4:
 alpha = the SLO, starved jobs to Q1, every iteration charged, demotion at each
 quantum's end, no threshold. `fsd`, the default, departs from it where the tuning
-workloads said so (fsd.sched.registry.FSD_RULES, each with its reason):
+workloads said so (fsd.sched.rules.FSD_RULES, each with its reason):
 - promotion one level up ("up1") with alpha = 100 x the SLO: the paper's move to Q1
   with alpha = the SLO turns an overloaded MLFQ into round robin.
 - a prefill is not charged at the skip-join level (skip-join placed the job by it).

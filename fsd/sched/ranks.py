@@ -58,6 +58,12 @@ class ServiceRanks:
             self.version += 1
             self._window.clear()  # a window's readiness changes only when it is rebuilt
 
+    def pool_only(self, pooled: bool) -> None:
+        """Read every job's lengths from the pooled window (True) or its class's."""
+        if self.by_prompt == pooled:
+            self.by_prompt = not pooled
+            self._window.clear()  # each prompt's window depends on it
+
     def windows(self) -> list[tuple[int, OutputLengthIndex]]:
         """(id, window) of the pool and of every class (versions tell which were rebuilt)."""
         return [(id(self.pooled), self.pooled)] + [(id(w), w) for w in self._classes.values()]

@@ -19,8 +19,9 @@ from fsd.config import (
     ServerConfig,
     check_prefill_chunk,
 )
+from fsd.config_checks import setting_pairs
 from fsd.errors import ConfigError, SettingError
-from fsd.sched.registry import check_policies
+from fsd.sched.registry import check_policies, setting_names
 
 # CacheConfig fields a running engine can change (the KV policy, its reserve, the prefix cache)
 RETUNABLE_CACHE = (
@@ -28,13 +29,15 @@ RETUNABLE_CACHE = (
 )  # fmt: skip
 # SchedConfig fields: all but the profile (service is charged in one cost model)
 RETUNABLE_SCHED = tuple(f.name for f in dataclasses.fields(SchedConfig) if f.name != "profile")
-RETUNABLE = tuple(sorted(RETUNABLE_SCHED + RETUNABLE_CACHE))
+# each policy's own settings, POLICY.FIELD (fsd.sched.settings): retunable, each alone
+POLICY_SETTINGS = setting_names()
+RETUNABLE = tuple(sorted(RETUNABLE_SCHED + RETUNABLE_CACHE)) + POLICY_SETTINGS
 # every setting fsd.toml has: one of these that is not retunable is known, but fixed at start
 KNOWN = frozenset(
     f.name
     for cls in (ModelConfig, CacheConfig, SchedConfig, ParallelConfig, ServerConfig)
     for f in dataclasses.fields(cls)
-)
+) | set(POLICY_SETTINGS)
 
 
 def plan_retune(
@@ -47,6 +50,10 @@ def plan_retune(
     check_names(changes)
     plain = {k: tuple(v) if isinstance(v, list) else v for k, v in changes.items()}
     sched_kw = {k: v for k, v in plain.items() if k in RETUNABLE_SCHED}
+    own = {k: v for k, v in plain.items() if k in POLICY_SETTINGS}
+    if own:  # one policy setting changes; the others keep theirs
+        given = sched_kw.get("policy_settings", sched.policy_settings)
+        sched_kw["policy_settings"] = {**dict(setting_pairs(given)), **own}
     cache_kw = {k: v for k, v in plain.items() if k in RETUNABLE_CACHE}
     try:
         new_sched = dataclasses.replace(sched, **sched_kw)  # each field validates itself

@@ -31,7 +31,6 @@ from fsd.server.clients import ClientBook
 from fsd.server.injector import ScenarioInjector
 from fsd.server.preview import PreviewRunner
 from fsd.server.roles import OPERATOR, Caller
-from fsd.server.telemetry import wire_job
 
 MAX_REQ_ID = 256  # characters of a client's request id
 MAX_TAGS = 16
@@ -121,7 +120,7 @@ class ControlHandler:
         )
 
     def on_abort(self, caller: Caller, msg: P.Abort) -> None:
-        if self.face.job(msg.job_id) is None:
+        if not self.face.has(msg.job_id):
             raise UnknownJobError(f"no job with id {msg.job_id!r}")
         if caller.role != OPERATOR and not caller.owns(self.book.owner_of(msg.job_id)):
             raise ForbiddenError(
@@ -175,14 +174,14 @@ class ControlHandler:
         self.send(caller.ident, P.Ack(what="inject", detail={"job_ids": ids}, req_id=msg.req_id))
 
     def on_listjobs(self, caller: Caller, msg: P.ListJobs) -> None:
-        jobs = [wire_job(row) for row in self.face.jobs(time.time())]
+        jobs = self.face.jobs(time.time())
         self.send(caller.ident, P.JobList(jobs=jobs))
 
     def on_getjob(self, caller: Caller, msg: P.GetJob) -> None:
         row = self.face.job(msg.job_id, time.time())
         if row is None:
             raise UnknownJobError(f"no job with id {msg.job_id!r}")
-        self.send(caller.ident, P.JobReply(job=wire_job(row)))
+        self.send(caller.ident, P.JobReply(job=row))
 
     # ---- settings and life -----------------------------------------------------
 

@@ -24,18 +24,11 @@ from fsd.config import ServerConfig
 from fsd.engine.events import EngineEvent, wire_level
 from fsd.engine.face import EngineFace
 from fsd.engine.output import IterationStats
-from fsd.engine.views import EngineSnapshot, JobRow
-from fsd.kv.prefix import PrefixStats
+from fsd.engine.views import EngineSnapshot
 from fsd.metrics import SLOWindow
 from fsd.sched.scheduler import SchedulerStats
 
 EVENT_FLUSH_S = 0.05  # longest an event waits before it is published
-
-
-def wire_job(row: JobRow) -> P.JobInfo:
-    """A live job as clients see it (the row already has the wire's names and 1-based
-    level and rank)."""
-    return P.JobInfo(**vars(row))
 
 
 def sched_info(stats: SchedulerStats) -> P.SchedInfo:
@@ -85,7 +78,7 @@ def wire_snapshot(snap: EngineSnapshot, slo: SLOWindow, seq: int) -> P.Snapshot:
             P.LevelInfo(index=wire_level(lv.index), quantum=lv.quantum, job_ids=list(lv.job_ids))
             for lv in stats.levels
         ],
-        jobs=None if snap.jobs is None else [wire_job(r) for r in snap.jobs],
+        jobs=snap.jobs,
         jobs_time=now if snap.jobs is not None else None,
         kv=P.KVInfo(
             **dataclasses.asdict(snap.kv),
@@ -98,14 +91,8 @@ def wire_snapshot(snap: EngineSnapshot, slo: SLOWindow, seq: int) -> P.Snapshot:
         slo=P.SLOInfo(**slo.stats(now)),
         config=config,
         sched=sched_info(stats),
-        prefix=prefix_info(snap.prefix),
+        prefix=snap.prefix,
     )
-
-
-def prefix_info(stats: PrefixStats) -> P.PrefixInfo:
-    """The prefix cache's counters: the wire struct's fields read from `PrefixStats`
-    (a field added there reaches the wire once `PrefixInfo` names it too)."""
-    return P.PrefixInfo(**{f: getattr(stats, f) for f in P.PrefixInfo.__struct_fields__})
 
 
 def _iteration_info(it: IterationStats) -> P.IterationInfo:

@@ -49,8 +49,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fsd.kv.prefix import PrefixStats
 from fsd.metrics import percentile
+from fsd.protocol_telemetry import PrefixInfo
 from fsd.sim.job import SimJob
 
 # Completed / offered work over the second half of arrivals that counts as keeping up.
@@ -240,7 +240,7 @@ def _token_times(jobs: Sequence[SimJob]) -> np.ndarray:
     return np.concatenate((first, cs - np.repeat(before, counts) + np.repeat(first, counts)))
 
 
-def prefix_metrics(stats: PrefixStats, jobs: Sequence[SimJob]) -> dict[str, float | int]:
+def prefix_metrics(stats: PrefixInfo, jobs: Sequence[SimJob]) -> dict[str, float | int]:
     """The prefix cache's part of a result row: the share of prompt tokens each job's
     first prefill found cached (and by tier, over every lookup, recomputes included),
     prefill tokens saved, and evictions."""

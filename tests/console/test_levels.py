@@ -1,6 +1,6 @@
 """One level convention at every boundary: the scheduler counts from 0, users from Q1.
 
-A job at the top level is level 1 in `fsctl jobs --json` (wire_job), in the snapshot's
+A job at the top level is level 1 in `fsctl jobs --json` (job_info), in the snapshot's
 levels, in telemetry events, and Q1 in `fsctl jobs` / `job` / `watch` and the console.
 """
 
@@ -17,10 +17,10 @@ from fsd.console.top import render
 from fsd.console.top.data import fold
 from fsd.engine.core import Engine
 from fsd.engine.face import EngineFace
-from fsd.engine.views import JobRow
+from fsd.engine.views import job_info
 from fsd.jobs import SamplingParams
 from fsd.metrics import SLOWindow
-from fsd.server.telemetry import build_snapshot, wire_event, wire_job
+from fsd.server.telemetry import build_snapshot, wire_event
 from tests.sched.harness import COST
 
 
@@ -44,7 +44,7 @@ def test_a_job_at_the_top_level_is_level_1_and_q1_everywhere(engine):
     assert job.level == 0  # the scheduler's own count is unchanged
 
     now = time.time()
-    info = wire_job(JobRow.of(job, now))
+    info = job_info(job, now)
     assert info.level == 1
     snap = build_snapshot(EngineFace(engine), SLOWindow(60.0, 0.1), 1, now)
     assert [lv.index for lv in snap.levels] == [1, 2, 3]

@@ -14,8 +14,9 @@ from collections.abc import Callable, Hashable
 from fsd.jobs import KVLocation
 from fsd.kv.block_manager import BlockManager, HasBlocks
 from fsd.kv.pool import BlockPool
-from fsd.kv.prefix import ROOT, HasPrefix, PrefixStats, _nowhere
+from fsd.kv.prefix import ROOT, HasPrefix, _nowhere
 from fsd.kv.swap import SwapOp
+from fsd.protocol_telemetry import PrefixInfo
 
 
 class ReferencePrefixCache:
@@ -211,10 +212,12 @@ class ReferencePrefixCache:
     def forget_job(self, job_id: str) -> None:
         """(Nothing remembered between lookups.)"""
 
-    def stats(self) -> PrefixStats:
-        return PrefixStats(
-            self.enabled, self.queries, self.hits, self.host_hits, len(self.on_device),
-            len(self.on_host), self.device.evictions, self.host.evictions,
+    def stats(self) -> PrefixInfo:
+        return PrefixInfo(
+            enabled=self.enabled, queries=self.queries, hits=self.hits,
+            host_hits=self.host_hits, device_blocks=len(self.on_device),
+            host_blocks=len(self.on_host), device_evictions=self.device.evictions,
+            host_evictions=self.host.evictions,
         )  # fmt: skip
 
 

@@ -26,6 +26,7 @@ from fsd.sched import registry
 from fsd.sched.gittins_queue import GittinsQueue
 from fsd.sched.lengths import OutputLengthIndex
 from fsd.sched.mlfq import MLFQQueue
+from fsd.sched.rules import quanta_for
 from fsd.sim.runner import RunSpec
 from fsd.workload import gamma, length_model, synthetic
 
@@ -54,10 +55,12 @@ class PlainOrder(GittinsQueue):
 
 @pytest.fixture
 def policies(monkeypatch: pytest.MonkeyPatch) -> None:
-    queues = dict(registry.QUEUES)
+    queues = dict(registry.POLICY_TABLE)
     for name, cls in (("gittins-full-relevel", FullRelevel), ("gittins-plain-order", PlainOrder)):
-        queues[name] = lambda config, cost, cls=cls: cls(cost, registry.quanta_for(config, cost))
-    monkeypatch.setattr(registry, "QUEUES", queues)
+        queues[name] = registry.Policy(
+            cls, lambda _name, config, cost, _own, cls=cls: cls(cost, quanta_for(config, cost))
+        )
+    monkeypatch.setattr(registry, "POLICY_TABLE", queues)
     monkeypatch.setattr(registry, "POLICIES", tuple(queues))
 
 

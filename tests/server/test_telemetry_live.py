@@ -22,7 +22,7 @@ from fsd.engine.core import Engine
 from fsd.engine.face import EngineFace
 from fsd.jobs import SamplingParams
 from fsd.metrics import SLOWindow
-from fsd.server.telemetry import build_snapshot, wire_job
+from fsd.server.telemetry import build_snapshot
 from tests.console.conftest import RECORDING
 from tests.costs import linear_cost
 
@@ -121,9 +121,9 @@ def test_snapshots_carry_ranks_learned_lengths_and_the_live_cost(which, request)
         assert learned is not None and learned.samples >= 4
         assert dict(learned.quantiles)[0.5] in (2, 3, 4, 5, 6)
     # fsctl jobs and job read the same rows, ranked the same way
-    rows = [wire_job(r) for r in EngineFace(engine).jobs(time.time())]
+    rows = EngineFace(engine).jobs(time.time())
     assert {r.job_id: r.rank for r in rows} == ranks
-    row = wire_job(EngineFace(engine).job(waiting[0].job_id))
+    row = EngineFace(engine).job(waiting[0].job_id)
     assert row.rank == ranks[waiting[0].job_id]
     run(engine)
 
