@@ -10,8 +10,9 @@
         c.preview(policy="fcfs")                 # what-if: current vs proposed, nothing applied
 
 Owns: the client side of the wire. `core` is the socket-free core (routing replies
-to calls and streams, deadlines, heartbeats, the liveness probe); `sync` (`Client`,
-over the I/O thread of `iothread`) and `aio` (`AsyncClient`) drive sockets with it;
+to calls and streams, deadlines, heartbeats, the liveness probe); `aio`
+(`AsyncClient`) drives a socket with it, and `sync` (`Client`) runs an `AsyncClient`
+on an event-loop thread of its own; `job` is a job's state as its handle reads it;
 `telemetry` subscribes to snapshots and events, `recording` writes and reads them
 back; `keys` holds CURVE keys and connects sockets; `base` has the defaults, the
 `Completion` of a job and request building; `errors` the client's own errors. Import

@@ -28,25 +28,25 @@ import zmq.asyncio
 
 from fsd import protocol as P
 from fsd.client.base import (
-    DEFAULT_HEARTBEAT,
-    DEFAULT_TIMEOUT,
     INJECT_CHECK_TIME,
     PREVIEW_TIME,
+    ClientBase,
     Completion,
     build_inject,
     build_preview,
     build_submit,
     log,
 )
-from fsd.client.core import ClientCore, JobState, answered_by_id
+from fsd.client.core import ClientCore, answered_by_id
 from fsd.client.errors import RequestError
-from fsd.client.keys import CurveKeys, connect
+from fsd.client.job import JobState, JobView
+from fsd.client.keys import connect
 from fsd.errors import ConfigError, FsdError
 from fsd.jobs import SamplingParams
 from fsd.protocol_preview import DEFAULT_HORIZON, DEFAULT_SEEDS
 
 
-class AsyncJobHandle:
+class AsyncJobHandle(JobView):
     """One job of an `AsyncClient`: `async for` its chunks or `await result()`.
 
     A handle from `generate()` submits on first use; one from `submit()` already has.
@@ -60,60 +60,43 @@ class AsyncJobHandle:
         self._state = JobState(req_id)
 
     @property
-    def req_id(self) -> str:
-        return self._state.req_id
-
-    @property
     def job_id(self) -> str | None:
         return self._state.job_id
 
-    @property
-    def prompt_tokens(self) -> int | None:
-        return self._state.prompt_tokens
-
-    @property
-    def done(self) -> bool:
-        return self._state.done
-
     async def accepted(self) -> str:
         """Wait for the daemon to accept the job; its job id (or its refusal raised)."""
-        await self._ensure_sent()
-        state = self._state
-        while state.job_id is None and not state.done:
-            state.feed(await self._sink.get())
-        if state.job_id is None:
-            raise state.error  # type: ignore[misc]
-        return state.job_id
+        await self._until("answered")
+        return self._state.accepted_id()
 
     def __aiter__(self) -> AsyncIterator[P.Chunk]:
         return self._chunks()
 
     async def _chunks(self) -> AsyncIterator[P.Chunk]:
-        await self._ensure_sent()
-        state = self._state
         while True:
-            while state.pending:
-                yield state.pending.popleft()
-            if state.done:
-                if state.error is not None:
-                    raise state.error
+            await self._until("ready")
+            chunk = self._state.take()
+            if chunk is None:
                 return
-            state.feed(await self._sink.get())
+            yield chunk
 
     async def result(self) -> Completion:
         """The finished job (consumes the chunks not read yet)."""
-        await self._ensure_sent()
-        state = self._state
-        while not state.done:
-            state.feed(await self._sink.get())
-        state.pending.clear()
-        if state.error is not None:
-            raise state.error
-        assert state.result is not None
-        return state.result
+        await self._until("done")
+        return self._state.outcome()
 
     async def abort(self) -> dict[str, Any]:
+        """Ask the daemon to stop this job; its result then ends with reason "abort"."""
         return await self._client.abort(await self.accepted())
+
+    async def _until(self, what: str) -> None:
+        """Feed the job's state from its stream until `state.<what>` holds, then all
+        that has arrived meanwhile (cancelling it loses nothing)."""
+        await self._ensure_sent()
+        state, sink = self._state, self._sink
+        while not getattr(state, what):
+            state.feed(await sink.get())
+        while not sink.empty():
+            state.feed(sink.get_nowait())
 
     async def _ensure_sent(self) -> None:
         if self._frame is not None:
@@ -121,29 +104,16 @@ class AsyncJobHandle:
             await self._client._send_submit(self.req_id, frame, self._sink)
 
 
-class AsyncClient:
-    """Asyncio client of one fsd daemon; arguments as `fsd.client.Client`."""
+class AsyncClient(ClientBase[zmq.asyncio.Context]):
+    """Asyncio client of one fsd daemon (arguments: `ClientBase`)."""
 
-    def __init__(
-        self,
-        endpoint: str = P.DEFAULT_ENDPOINT,
-        timeout: float = DEFAULT_TIMEOUT,
-        curve: CurveKeys | None = None,
-        heartbeat: float | None = None,
-        token: str | None = None,
-        context: zmq.asyncio.Context | None = None,
-    ) -> None:
-        if timeout <= 0:
-            raise ConfigError(f"timeout must be > 0 seconds, got {timeout}")
-        self.endpoint = endpoint
-        self.timeout = timeout
+    _name = "AsyncClient"  # as its errors call it (the sync Client runs one of its own)
+
+    def _setup(self, context: zmq.asyncio.Context | None) -> None:
+        curve = self._curve
         self._keys = curve.resolve() if curve is not None else None
         self._core = ClientCore(
-            endpoint,
-            timeout,
-            heartbeat or DEFAULT_HEARTBEAT,
-            curve=curve is not None,
-            token=token,
+            self.endpoint, self.timeout, self._heartbeat, curve=curve is not None, token=self._token
         )
         self._ctx = context or zmq.asyncio.Context.instance()
         self._sock: zmq.asyncio.Socket | None = None
@@ -175,7 +145,8 @@ class AsyncClient:
         params: SamplingParams | None = None,
         **sampling: Any,
     ) -> AsyncJobHandle:
-        """Send one job now, without waiting for it to be accepted."""
+        """Send one job now, without waiting for it to be accepted; sampling keywords as
+        `fsd.SamplingParams`. Iterate its handle for chunks, or wait for its `result()`."""
         handle = self.generate(prompt, tags=tags, params=params, **sampling)
         await handle._ensure_sent()
         return handle
@@ -194,9 +165,11 @@ class AsyncClient:
     # ---- control -----------------------------------------------------------------
 
     async def abort(self, job_id: str) -> dict[str, Any]:
+        """Ask the daemon to stop a job; its result then ends with reason "abort"."""
         return (await self._call(P.Abort(job_id=job_id), "ack:abort")).detail
 
     async def retune(self, **changes: Any) -> dict[str, Any]:
+        """Change scheduling settings live; returns the daemon's resulting config."""
         if not changes:
             raise ConfigError("retune needs at least one setting, e.g. policy='fcfs'")
         detail = (await self._call(P.Retune(changes=changes), "ack:retune")).detail
@@ -205,7 +178,12 @@ class AsyncClient:
     async def preview(
         self, horizon: float = DEFAULT_HORIZON, seeds: int = DEFAULT_SEEDS, **changes: Any
     ) -> P.PreviewReply:
-        """What would `changes` do over `horizon` seconds (see `Client.preview`)."""
+        """What would `changes` (retune's keys) do over the next `horizon` seconds?
+
+        The daemon runs its twin from a snapshot of the live state, `seeds` times under
+        the current settings and under `changes`; nothing is applied. Takes seconds to a
+        minute; RequestError "overloaded" while another preview runs.
+        """
         msg = build_preview(changes, horizon, seeds, self._core.next_req_id())
         return await self._call(msg, "preview", PREVIEW_TIME)
 
@@ -215,8 +193,10 @@ class AsyncClient:
         scenario: str | Path | None = None,
         tag: str = "injected",
     ) -> list[str]:
-        """Inject tagged jobs (see `Client.inject`); they are this client's until it
-        closes (heartbeats keep them alive; closing aborts those still running)."""
+        """Inject tagged jobs: `burst=(count, input_len, output_len)` or a scenario
+        (a file path or TOML text, read by the daemon). Returns their job ids; the jobs
+        are this client's until it closes (heartbeats keep them alive; closing aborts
+        those still running)."""
         msg = build_inject(burst, scenario, tag, self._core.next_req_id())
         reply = await self._call(msg, "ack:inject", INJECT_CHECK_TIME)
         self._kick.set()  # heartbeats from now on: the jobs are held
@@ -232,10 +212,12 @@ class AsyncClient:
         return await self._call(P.Status(), "status")
 
     async def drain(self, timeout: float = 30.0) -> dict[str, Any]:
+        """Stop new jobs; returns once the daemon says in-flight jobs ended (or `timeout`)."""
         msg = P.Drain(timeout=timeout)
         return (await self._call(msg, "ack:drain", timeout, deferred=True)).detail
 
     async def undrain(self) -> dict[str, Any]:
+        """Accept new jobs again after a drain (operator)."""
         return (await self._call(P.Undrain(), "ack:undrain")).detail
 
     async def shutdown(self, drain: bool = True, timeout: float = 30.0) -> dict[str, Any]:
@@ -273,7 +255,7 @@ class AsyncClient:
         if self._sock is not None:
             for frame in aborts:
                 await self._send(frame)
-        self._core.fail_all(FsdError("the fsd AsyncClient was closed"))
+        self._core.fail_all(FsdError(f"the fsd {self._name} was closed"))
         for task in (self._reader, self._watcher):
             if task is not None:
                 task.cancel()
@@ -290,7 +272,7 @@ class AsyncClient:
 
     def _start(self) -> None:
         if self._closed:
-            raise FsdError("this fsd AsyncClient is closed")
+            raise FsdError(f"this fsd {self._name} is closed")
         if self._sock is None:
             self._sock = connect(self._ctx, zmq.DEALER, self.endpoint, self._keys)
             self._reader = asyncio.create_task(self._read(self._sock))

@@ -1,19 +1,24 @@
-"""Shared pieces of the client SDK: defaults, the result of a job, request building.
+"""Shared pieces of the client SDK: defaults, the arguments of a client, the result of
+a job, request building.
 
-The sync `Client` and the `AsyncClient` both build their messages here (sampling
-validated locally through `fsd.jobs.SamplingParams`, a scenario file read and sent
-inline) and route the replies with `fsd.client.core.ClientCore`.
+The `AsyncClient` builds its messages here (sampling validated locally through
+`fsd.jobs.SamplingParams`, a scenario file read and sent inline) and routes the
+replies with `fsd.client.core.ClientCore`; the sync `Client` runs one.
 """
 
 from __future__ import annotations
 
 import logging
+from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, Self, TypeVar
+
+import zmq
 
 from fsd import protocol as P
+from fsd.client.keys import CurveKeys
 from fsd.errors import ConfigError
 from fsd.jobs import SamplingParams
 from fsd.workload.scenario import bundle_scenario, looks_inline
@@ -24,6 +29,42 @@ DEFAULT_TIMEOUT = 10.0  # seconds to wait for an answer: the daemon's default cl
 DEFAULT_HEARTBEAT = DEFAULT_TIMEOUT / 3  # a Ping well inside the daemon's patience
 INJECT_CHECK_TIME = 30.0  # extra seconds the daemon may take to check an injected scenario
 PREVIEW_TIME = 300.0  # extra seconds a preview may take: its twin runs (any horizon)
+
+_Ctx = TypeVar("_Ctx", bound=zmq.Context)
+
+
+class ClientBase(ABC, Generic[_Ctx]):
+    """A client of one fsd daemon at `endpoint`: what `Client` and `AsyncClient` take.
+
+    `timeout`: seconds to wait for any answer before `DaemonUnavailable`;
+    `heartbeat`: seconds between `Ping`s while jobs are outstanding (default: a
+    third of the daemon's default client_timeout); `curve`: `CurveKeys` when the
+    daemon requires CURVE; `token`: the operator token, for the operator role
+    (`fsd.credentials.find_operator_token` reads the daemon's token file);
+    `context`: the ZeroMQ context (default: the process's).
+    """
+
+    def __init__(
+        self,
+        endpoint: str = P.DEFAULT_ENDPOINT,
+        timeout: float = DEFAULT_TIMEOUT,
+        curve: CurveKeys | None = None,
+        heartbeat: float | None = None,
+        token: str | None = None,
+        context: _Ctx | None = None,
+    ) -> None:
+        if timeout <= 0:
+            raise ConfigError(f"timeout must be > 0 seconds, got {timeout}")
+        self.endpoint = endpoint
+        self.timeout = timeout
+        self._curve = curve
+        self._heartbeat = heartbeat or DEFAULT_HEARTBEAT
+        self._token = token
+        self._setup(context)
+
+    @abstractmethod
+    def _setup(self, context: _Ctx | None) -> None:
+        """The flavour's own parts, made once the arguments are checked and kept."""
 
 
 @dataclass(frozen=True)
@@ -46,36 +87,24 @@ class Completion:
 
     @classmethod
     def of(cls, msg: P.Finished, prompt_tokens: int | None) -> Completion:
+        same = {name: getattr(msg, name) for name in _AS_FINISHED}
         return cls(
-            job_id=msg.job_id,
-            req_id=msg.req_id,
-            text=msg.text,
+            **same,
             token_ids=list(msg.token_ids),
             finish_reason=msg.reason,
-            timings=msg.timings,
             prompt_tokens=prompt_tokens,
-            preemptions=msg.preemptions,
-            swaps_out=msg.swaps_out,
-            swaps_in=msg.swaps_in,
-            recomputes=msg.recomputes,
-            message=msg.message,
-            cached_tokens=msg.cached_tokens,
         )
 
     @property
     def ttft(self) -> float | None:
         """Seconds from arrival to the first output token."""
         t = self.timings
-        if t.ttft is not None or t.first_token is None:
-            return t.ttft
-        return t.first_token - t.arrival
+        return _reported_or_since(t.ttft, t.first_token, t.arrival)
 
     @property
     def latency(self) -> float | None:
         t = self.timings
-        if t.latency is not None or t.finish is None:
-            return t.latency
-        return t.finish - t.arrival
+        return _reported_or_since(t.latency, t.finish, t.arrival)
 
     @property
     def per_token_latency(self) -> float | None:
@@ -88,7 +117,33 @@ class Completion:
     @property
     def counts(self) -> dict[str, int]:
         """How often the scheduler preempted, swapped and recomputed this job."""
-        return {f: getattr(self, f) for f in ("preemptions", "swaps_out", "swaps_in", "recomputes")}
+        return {f: getattr(self, f) for f in _COUNTS}
+
+
+_COUNTS = ("preemptions", "swaps_out", "swaps_in", "recomputes")
+# what a Completion takes from the Finished as it is
+_AS_FINISHED = ("job_id", "req_id", "text", "timings", "message", "cached_tokens", *_COUNTS)
+
+
+def _reported_or_since(reported: float | None, at: float | None, arrival: float) -> float | None:
+    """A duration as the daemon reported it, else from `arrival` to `at` (if known)."""
+    if reported is not None or at is None:
+        return reported
+    return at - arrival
+
+
+class Closes(ABC):
+    """`with obj:` closes `obj` on the way out."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Release what this object holds."""
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 _SAMPLING_FIELDS = tuple(f.name for f in fields(SamplingParams))

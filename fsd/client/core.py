@@ -1,8 +1,8 @@
 """The socket-free core of the client SDK: routing replies and keeping time.
 
-`ClientCore` is the brain shared by the sync `Client` (an I/O thread) and the
-`AsyncClient` (event-loop tasks). It never touches a socket: the I/O side feeds it
-frames and the clock, and sends what it asks for. Routing rules:
+`ClientCore` is the brain of the `AsyncClient` (whose event loop also serves the
+sync `Client`). It never touches a socket: the I/O side feeds it frames and the
+clock, and sends what it asks for. Routing rules:
 
 - `Accepted`, `Tokens` chunks, `Finished` and an `Error` that names a `req_id` go to
   that request's stream (a queue with `put_nowait`);
@@ -34,76 +34,19 @@ from __future__ import annotations
 import itertools
 import math
 import uuid
-from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
 
 from fsd import protocol as P
-from fsd.client.base import Completion, check_frame, log
+from fsd.client.base import check_frame, log
 from fsd.client.errors import DaemonUnavailable, RequestError, unavailable
-
-# ---- a job's stream, as its handle consumes it ------------------------------------
-
-
-class JobState:
-    """What a handle knows about its job; fed the items its stream queue receives."""
-
-    def __init__(self, req_id: str) -> None:
-        self.req_id = req_id
-        self.job_id: str | None = None
-        self.prompt_tokens: int | None = None
-        self.pending: deque[P.Chunk] = deque()
-        self.result: Completion | None = None
-        self.error: BaseException | None = None
-        self._tokens = 0
-        self._text: list[str] = []
-
-    @property
-    def done(self) -> bool:
-        return self.result is not None or self.error is not None
-
-    def feed(self, item: Any) -> None:
-        if isinstance(item, P.Accepted):
-            self.job_id, self.prompt_tokens = item.job_id, item.prompt_tokens
-        elif isinstance(item, P.Chunk):
-            self.job_id = self.job_id or item.job_id
-            self._tokens += len(item.token_ids)
-            self._text.append(item.text)
-            self.pending.append(item)
-        elif isinstance(item, P.Finished):
-            self.job_id = self.job_id or item.job_id
-            self._tail(item)
-            self.result = Completion.of(item, self.prompt_tokens)
-        elif isinstance(item, P.Error):
-            self.error = RequestError(item.code, item.message, item.req_id)
-        elif isinstance(item, BaseException):
-            self.error = item
-
-    def _tail(self, fin: P.Finished) -> None:
-        # Tokens that reached only the Finished message still reach the stream.
-        if len(fin.token_ids) <= self._tokens:
-            return
-        streamed = "".join(self._text)
-        rest = fin.text[len(streamed) :] if fin.text.startswith(streamed) else ""
-        self.pending.append(
-            P.Chunk(
-                req_id=fin.req_id,
-                job_id=fin.job_id,
-                token_ids=list(fin.token_ids[self._tokens :]),
-                text=rest,
-            )
-        )
-        self._tokens = len(fin.token_ids)
-
-
-# ---- routing and liveness ----------------------------------------------------------
 
 
 @dataclass
 class _Stream:
-    sink: Any  # queue.Queue / asyncio.Queue: put_nowait(item)
+    sink: Any  # an asyncio.Queue (any put_nowait(item))
     deadline: float | None  # until Accepted (or resumed); None once accepted
     job_id: str | None = None
     tokens: int = 0  # output tokens passed on so far
@@ -114,7 +57,7 @@ class _Stream:
 @dataclass
 class _Call:
     key: str
-    future: Any  # concurrent.futures.Future / asyncio.Future; None for the probe
+    future: Any  # an asyncio.Future; None for the probe
     deadline: float
     deferred: bool = False
     req_id: str | None = None  # a call whose answer names it (Inject, Preview)
@@ -234,7 +177,7 @@ class ClientCore:
     def _chunk(self, stream: _Stream, chunk: P.Chunk) -> None:
         """Pass a chunk on unless one before it went missing (a reconnect's gap)."""
         if chunk.start is not None and chunk.start != stream.tokens:
-            stream.gapped = True  # JobState takes the rest from the Finished
+            stream.gapped = True  # the handle's JobState takes the rest from the Finished
         if stream.gapped:
             return
         stream.tokens += len(chunk.token_ids)

@@ -24,6 +24,7 @@ from typing import IO, Any, ClassVar
 import msgspec
 
 from fsd import protocol as P
+from fsd.client.base import Closes
 from fsd.client.telemetry import Frame, Telemetry
 from fsd.errors import FsdError
 
@@ -54,7 +55,7 @@ _json_decoders = {
 }
 
 
-class RecordingWriter:
+class RecordingWriter(Closes):
     """Appends telemetry frames to a JSON Lines recording (format in the module doc)."""
 
     def __init__(self, path: str | Path, endpoint: str | None = None) -> None:
@@ -80,12 +81,6 @@ class RecordingWriter:
 
     def close(self) -> None:
         self._file.close()
-
-    def __enter__(self) -> RecordingWriter:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 def read_records(path: str | Path) -> Iterator[Frame]:

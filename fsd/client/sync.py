@@ -10,227 +10,260 @@
         c.retune(policy="fcfs"); c.status(); c.jobs()
         c.preview(policy="fcfs").proposed.p95   # what-if: the twin runs, nothing applied
 
-Design: one I/O thread per `Client` owns the DEALER socket (`fsd.client.iothread`).
-Callers hand it requests through a queue and wait on futures (control calls) or on
-their job's queue (streams); routing, deadlines, heartbeats and the liveness probe
-live in the socket-free `fsd.client.core.ClientCore`. Hence a `Client` is
-thread-safe: threads may share one. A `JobHandle` belongs to one consuming thread.
+Design: a thin layer over the asyncio client. Each `Client` runs one event loop on a
+thread of its own (`_Loop`) and, on it, one `AsyncClient`, which owns the DEALER
+socket, the routing, deadlines, heartbeats and the liveness probe. A method submits
+the matching coroutine to that loop (`asyncio.run_coroutine_threadsafe`) and waits
+for it up to the call's own deadline plus a grace; a `JobHandle` waits the same way
+for its `AsyncJobHandle` to hold what it asks for (the job id, a chunk, the end).
+Hence a `Client` is thread-safe: threads may share one. A `JobHandle` belongs to one
+consuming thread.
 """
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
+import functools
+import inspect
 import queue
+import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import Future
-from pathlib import Path
-from typing import Any
+from collections.abc import Callable, Coroutine, Iterator, Sequence
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import zmq
+import zmq.asyncio
 
 from fsd import protocol as P
+from fsd.client.aio import AsyncClient, AsyncJobHandle
 from fsd.client.base import (
-    DEFAULT_HEARTBEAT,
-    DEFAULT_TIMEOUT,
     INJECT_CHECK_TIME,
     PREVIEW_TIME,
+    ClientBase,
+    Closes,
     Completion,
-    build_inject,
-    build_preview,
-    build_submit,
+    log,
 )
-from fsd.client.core import ClientCore, JobState, answered_by_id
-from fsd.client.errors import RequestError, unavailable
-from fsd.client.iothread import IOThread, Outgoing
-from fsd.client.keys import CurveKeys
-from fsd.errors import ConfigError, FsdError
-from fsd.jobs import SamplingParams
-from fsd.protocol_preview import DEFAULT_HORIZON, DEFAULT_SEEDS
+from fsd.client.core import ClientCore
+from fsd.client.errors import unavailable
+from fsd.client.job import JobView
+from fsd.errors import FsdError
 
-_GRACE = 2.0  # beyond a call's own deadline, in case the I/O thread itself is stuck
+_GRACE = 2.0  # beyond a call's own deadline, in case the loop itself is stuck
 _PROGRESS_EVERY = 1.0  # seconds: longest a waiting call's progress callback goes unheard
+_CLOSE_WAIT = 5.0  # seconds close() waits for the AsyncClient to abort and close
+
+_T = TypeVar("_T")
+_Args = ParamSpec("_Args")
 
 
-class JobHandle:
+class _Closed(FsdError):
+    """The `Client` was closed: its loop runs nothing any more."""
+
+
+class _Inner(AsyncClient):
+    """The `AsyncClient` of a sync `Client`: its errors name the `Client`."""
+
+    _name = "Client"
+
+
+class _Loop:
+    """An event loop on a daemon thread of its own, running other threads' coroutines."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._lock = threading.Lock()
+        self._closed = False
+        self._thread = threading.Thread(target=self.loop.run_forever, name="fsd-client")
+        self._thread.daemon = True
+        self._thread.start()
+
+    def run(
+        self,
+        coro: Coroutine[Any, Any, _T],
+        timeout: float | None,
+        late: Callable[[], BaseException],
+    ) -> _T:
+        """`coro`'s result; after `timeout` seconds (None: none) it is cancelled and
+        `late()` raised instead."""
+        with self._lock:
+            if self._closed:
+                coro.close()
+                raise _Closed("this fsd Client is closed")
+            fut = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        if timeout is not None and timeout >= threading.TIMEOUT_MAX:  # timeout=inf
+            timeout = None
+        try:
+            finished = concurrent.futures.wait([fut], timeout).done
+        except BaseException:  # KeyboardInterrupt: the coroutine stops as well
+            fut.cancel()
+            raise
+        if not finished and fut.cancel():
+            raise late()
+        try:
+            return fut.result()
+        except concurrent.futures.CancelledError:  # cut short by close()
+            raise _Closed("the fsd Client was closed") from None
+
+    def close(self, last: Coroutine[Any, Any, None]) -> None:
+        """Run `last` (the client's own close) and what it ended, then stop the loop."""
+        with self._lock:
+            if self._closed:
+                last.close()
+                return
+            self._closed = True
+            fut = asyncio.run_coroutine_threadsafe(_finish(last), self.loop)
+        try:
+            fut.result(_CLOSE_WAIT)
+        except Exception:  # a bug or a stuck loop: the thread stops all the same
+            log.exception("closing the fsd Client failed")
+        finally:
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self._thread.join(_CLOSE_WAIT)
+            if not self._thread.is_alive():
+                self.loop.close()
+
+
+async def _finish(last: Coroutine[Any, Any, None]) -> None:
+    """Await `last`, then the callers' coroutines it failed; cancel any still left."""
+    await last
+    others = asyncio.all_tasks() - {asyncio.current_task()}
+    if others:
+        _, left = await asyncio.wait(others, timeout=1.0)
+        for task in left:  # their waiters get "closed" (`_Loop.run`)
+            task.cancel()
+        if left:
+            await asyncio.wait(left, timeout=1.0)
+
+
+def _blocking(
+    amethod: Callable[Concatenate[AsyncClient, _Args], Coroutine[Any, Any, _T]],
+    extra: float | None = 0.0,
+) -> Callable[Concatenate[Client, _Args], _T]:
+    """The `Client` method of an `AsyncClient` one (same signature and doc): runs it on
+    the client's loop and waits up to timeout + `extra` + a grace (None: no limit)."""
+
+    @functools.wraps(amethod)
+    def method(self: Client, *args: _Args.args, **kwargs: _Args.kwargs) -> _T:
+        return self._run(amethod(self._async, *args, **kwargs), extra)
+
+    method.__qualname__ = f"Client.{amethod.__name__}"
+    return method
+
+
+def _job(
+    amethod: Callable[Concatenate[AsyncClient, _Args], Coroutine[Any, Any, AsyncJobHandle]],
+    name: str,
+) -> Callable[Concatenate[Client, _Args], JobHandle]:
+    """A `Client` method that sends a job as `amethod` does and hands out its `JobHandle`."""
+    run = _blocking(amethod)
+
+    @functools.wraps(run)
+    def method(self: Client, *args: _Args.args, **kwargs: _Args.kwargs) -> JobHandle:
+        return JobHandle(self, run(self, *args, **kwargs))
+
+    method.__name__, method.__qualname__ = name, f"Client.{name}"
+    method.__signature__ = inspect.signature(amethod).replace(  # type: ignore[attr-defined]
+        return_annotation="JobHandle"
+    )
+    return method
+
+
+class JobHandle(JobView):
     """A submitted job: iterate it for `Chunk`s (text, token_ids, job_id) or wait for
     its `result()`. `job_id` blocks until the daemon accepts the job."""
 
-    def __init__(self, client: Client, req_id: str, sink: queue.Queue) -> None:
+    def __init__(self, client: Client, handle: AsyncJobHandle) -> None:
         self._client = client
-        self._sink = sink
-        self._state = JobState(req_id)
-
-    @property
-    def req_id(self) -> str:
-        return self._state.req_id
+        self._handle = handle
+        self._state = handle._state  # fed on the loop while this thread waits
 
     @property
     def job_id(self) -> str:
         """The daemon's id for the job (waits for `Accepted`; raises its refusal)."""
         return self.accepted()
 
-    @property
-    def prompt_tokens(self) -> int | None:
-        return self._state.prompt_tokens
-
-    @property
-    def done(self) -> bool:
-        return self._state.done
-
     def accepted(self, timeout: float | None = None) -> str:
-        state = self._state
-        while state.job_id is None and not state.done:
-            state.feed(self._get(timeout))
-        if state.job_id is None:
-            raise state.error  # type: ignore[misc]
-        return state.job_id
+        """Wait for the daemon to accept the job; its job id (or its refusal raised)."""
+        self._until("answered", timeout)
+        return self._state.accepted_id()
 
     def __iter__(self) -> Iterator[P.Chunk]:
-        state = self._state
         while True:
-            while state.pending:
-                yield state.pending.popleft()
-            if state.done:
-                if state.error is not None:
-                    raise state.error
+            self._until("ready", None)
+            chunk = self._state.take()
+            if chunk is None:
                 return
-            state.feed(self._get(None))
+            yield chunk
 
     def result(self, timeout: float | None = None) -> Completion:
         """The finished job (consumes the chunks not read yet)."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        state = self._state
-        while not state.done:
-            left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            state.feed(self._get(left, timeout))
-        state.pending.clear()
-        if state.error is not None:
-            raise state.error
-        assert state.result is not None
-        return state.result
+        self._until("done", timeout)
+        return self._state.outcome()
 
     def abort(self) -> dict[str, Any]:
         """Ask the daemon to stop this job; its result then ends with reason "abort"."""
         return self._client.abort(self.job_id)
 
-    def _get(self, timeout: float | None, total: float | None = None) -> Any:
+    def _until(self, what: str, timeout: float | None) -> None:
+        """Wait until the job's `state.<what>` holds (TimeoutError after `timeout`)."""
+        state = self._state
+        if getattr(state, what):
+            return
+
+        def late() -> TimeoutError:
+            return TimeoutError(f"job {self.req_id} gave no answer within {timeout:g} s")
+
         try:
-            return self._sink.get(timeout=timeout)
-        except queue.Empty:
-            waited = total if total is not None else timeout
-            raise TimeoutError(f"job {self.req_id} gave no answer within {waited:g} s") from None
+            self._client._loop.run(self._handle._until(what), timeout, late)
+        except _Closed as exc:  # nothing comes any more: its end is queued already
+            sink = self._handle._sink
+            while not getattr(state, what):
+                state.feed(exc if sink.empty() else sink.get_nowait())
 
 
-class Client:
+class Client(ClientBase[zmq.Context], Closes):
     """Synchronous client of one fsd daemon (thread-safe; see the module doc).
 
-    `timeout`: seconds to wait for any answer before `DaemonUnavailable`;
-    `heartbeat`: seconds between `Ping`s while jobs are outstanding (default: a
-    third of the daemon's default client_timeout); `curve`: `CurveKeys` when the
-    daemon requires CURVE; `token`: the operator token, for the operator role
-    (`fsd.credentials.find_operator_token` reads the daemon's token file).
+    Arguments: `ClientBase`'s. Each method is the `AsyncClient`'s of the same name,
+    waited for.
     """
 
-    def __init__(
-        self,
-        endpoint: str = P.DEFAULT_ENDPOINT,
-        timeout: float = DEFAULT_TIMEOUT,
-        curve: CurveKeys | None = None,
-        heartbeat: float | None = None,
-        token: str | None = None,
-        context: zmq.Context | None = None,
-    ) -> None:
-        if timeout <= 0:
-            raise ConfigError(f"timeout must be > 0 seconds, got {timeout}")
-        self.endpoint = endpoint
-        self.timeout = timeout
-        self._core = ClientCore(
-            endpoint,
-            timeout,
-            heartbeat or DEFAULT_HEARTBEAT,
-            curve=curve is not None,
-            token=token,
+    def _setup(self, context: zmq.Context | None) -> None:
+        # a shadow of the (sync) context: inproc endpoints need the one they are bound in
+        ctx = zmq.asyncio.Context.shadow((context or zmq.Context.instance()).underlying)
+        self._async = _Inner(
+            self.endpoint, self.timeout, self._curve, self._heartbeat, self._token, ctx
         )
         self._injected: queue.Queue[Any] = queue.Queue()  # injected jobs' Finished
         self._finished_injected: dict[str, P.Finished] = {}
         self._core.injected = self._injected
-        keys = curve.resolve() if curve is not None else None
-        self._io = IOThread(self._core, context or zmq.Context.instance(), endpoint, keys)
+        self._loop = _Loop()
 
-    # ---- generation --------------------------------------------------------------
+    @property
+    def _core(self) -> ClientCore:
+        """The routing core of the AsyncClient (tests look at what travels)."""
+        return self._async._core
 
-    def submit(
-        self,
-        prompt: str | Sequence[int],
-        *,
-        tags: Sequence[str] = (),
-        params: SamplingParams | None = None,
-        **sampling: Any,
-    ) -> JobHandle:
-        """Send one job without waiting; sampling keywords as `fsd.SamplingParams`."""
-        req_id = self._core.next_req_id()
-        msg = build_submit(req_id, prompt, params, sampling, tags)
-        sink: queue.Queue[Any] = queue.Queue()
-        self._io.put(Outgoing(self._core.encode(msg), req_id=req_id, sink=sink))
-        return JobHandle(self, req_id, sink)
+    submit = _job(AsyncClient.submit, "submit")
+    generate = _job(AsyncClient.submit, "generate")  # sent at once, as submit
+    complete = _blocking(AsyncClient.complete, None)
+    abort = _blocking(AsyncClient.abort)
+    retune = _blocking(AsyncClient.retune)
+    preview = _blocking(AsyncClient.preview, PREVIEW_TIME)
+    inject = _blocking(AsyncClient.inject, INJECT_CHECK_TIME)
+    jobs = _blocking(AsyncClient.jobs)
+    job = _blocking(AsyncClient.job)
+    status = _blocking(AsyncClient.status)
+    undrain = _blocking(AsyncClient.undrain)
 
-    def generate(
-        self,
-        prompt: str | Sequence[int],
-        *,
-        tags: Sequence[str] = (),
-        params: SamplingParams | None = None,
-        **sampling: Any,
-    ) -> JobHandle:
-        """Stream a job: iterate the handle for chunks; `.result()` once it ends."""
-        return self.submit(prompt, tags=tags, params=params, **sampling)
+    def drain(self, timeout: float = 30.0) -> dict[str, Any]:
+        """Stop new jobs; returns once the daemon says in-flight jobs ended (or `timeout`)."""
+        return self._run(self._async.drain(timeout), timeout)
 
-    def complete(
-        self,
-        prompt: str | Sequence[int],
-        *,
-        tags: Sequence[str] = (),
-        params: SamplingParams | None = None,
-        **sampling: Any,
-    ) -> Completion:
-        """Run one job to its end and return the whole result."""
-        return self.submit(prompt, tags=tags, params=params, **sampling).result()
-
-    # ---- control -----------------------------------------------------------------
-
-    def abort(self, job_id: str) -> dict[str, Any]:
-        return self._call(P.Abort(job_id=job_id), "ack:abort").detail
-
-    def retune(self, **changes: Any) -> dict[str, Any]:
-        """Change scheduling settings live; returns the daemon's resulting config."""
-        if not changes:
-            raise ConfigError("retune needs at least one setting, e.g. policy='fcfs'")
-        detail = self._call(P.Retune(changes=changes), "ack:retune").detail
-        return detail.get("config", detail)
-
-    def preview(
-        self, horizon: float = DEFAULT_HORIZON, seeds: int = DEFAULT_SEEDS, **changes: Any
-    ) -> P.PreviewReply:
-        """What would `changes` (retune's keys) do over the next `horizon` seconds?
-
-        The daemon runs its twin from a snapshot of the live state, `seeds` times under
-        the current settings and under `changes`; nothing is applied. Takes seconds to a
-        minute; RequestError "overloaded" while another preview runs.
-        """
-        msg = build_preview(changes, horizon, seeds, self._core.next_req_id())
-        return self._call(msg, "preview", PREVIEW_TIME)
-
-    def inject(
-        self,
-        burst: P.Burst | Sequence[int] | dict[str, int] | None = None,
-        scenario: str | Path | None = None,
-        tag: str = "injected",
-    ) -> list[str]:
-        """Inject tagged jobs: `burst=(count, input_len, output_len)` or a scenario
-        (a file path or TOML text, read by the daemon). Returns their job ids."""
-        msg = build_inject(burst, scenario, tag, self._core.next_req_id())
-        reply = self._call(msg, "ack:inject", INJECT_CHECK_TIME)
-        return list(reply.detail.get("job_ids", []))
+    def shutdown(self, drain: bool = True, timeout: float = 30.0) -> dict[str, Any]:
+        return self._run(self._async.shutdown(drain, timeout), timeout)
 
     def wait_injected(
         self,
@@ -271,52 +304,13 @@ class Client:
             on_progress(len(got), len(want))
         return got
 
-    def jobs(self) -> list[P.JobInfo]:
-        return self._call(P.ListJobs(), "jobs").jobs
-
-    def job(self, job_id: str) -> P.JobInfo:
-        return self._call(P.GetJob(job_id=job_id), "job").job
-
-    def status(self) -> P.StatusReply:
-        return self._call(P.Status(), "status")
-
-    def drain(self, timeout: float = 30.0) -> dict[str, Any]:
-        """Stop new jobs; returns once the daemon says in-flight jobs ended (or `timeout`)."""
-        return self._call(P.Drain(timeout=timeout), "ack:drain", timeout, deferred=True).detail
-
-    def undrain(self) -> dict[str, Any]:
-        """Accept new jobs again after a drain (operator)."""
-        return self._call(P.Undrain(), "ack:undrain").detail
-
-    def shutdown(self, drain: bool = True, timeout: float = 30.0) -> dict[str, Any]:
-        msg = P.Shutdown(drain=drain, timeout=timeout)
-        return self._call(msg, "ack:shutdown", timeout, deferred=True).detail
-
-    def _call(self, msg: P.Request, key: str, extra: float = 0.0, deferred: bool = False) -> Any:
-        fut: Future[Any] = Future()
-        frame = self._core.encode(msg)
-        call_id = answered_by_id(msg)
-        self._io.put(
-            Outgoing(frame, sink=fut, key=key, extra=extra, deferred=deferred, call_id=call_id)
-        )
-        try:
-            reply = fut.result(timeout=self.timeout + extra + _GRACE)
-        except FsdError:  # DaemonUnavailable (also a TimeoutError) or the client closed
-            raise
-        except TimeoutError:
-            raise unavailable(self.endpoint, self.timeout) from None
-        if isinstance(reply, P.Error):
-            raise RequestError(reply.code, reply.message, reply.req_id)
-        return reply
-
-    # ---- life --------------------------------------------------------------------
+    def _run(self, coro: Coroutine[Any, Any, _T], extra: float | None = 0.0) -> _T:
+        """Run a coroutine of the AsyncClient; wait up to the call's own deadline
+        (timeout + `extra`) and a grace, or as long as it takes (None)."""
+        wait = None if extra is None else self.timeout + extra + _GRACE
+        return self._loop.run(coro, wait, lambda: unavailable(self.endpoint, self.timeout))
 
     def close(self) -> None:
-        """Abort this client's streaming jobs and stop the I/O thread."""
-        self._io.close()
-
-    def __enter__(self) -> Client:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+        """Abort this client's streaming jobs (and the injected ones it holds), fail
+        what is pending and stop its loop."""
+        self._loop.close(self._async.close())

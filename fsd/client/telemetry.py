@@ -10,18 +10,20 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator, Iterator
-from typing import NamedTuple
+from typing import ClassVar, Generic, NamedTuple, TypeVar
 
 import msgspec
 import zmq
 import zmq.asyncio
 
 from fsd import protocol as P
+from fsd.client.base import Closes
 from fsd.client.keys import CurveKeys, connect
 
 _TOPICS = {P.TOPIC_SNAPSHOT: "snapshot", P.TOPIC_EVENT: "event"}
 
 Telemetry = P.Snapshot | P.Event
+_Ctx = TypeVar("_Ctx", bound=zmq.Context)
 
 
 class Frame(NamedTuple):
@@ -85,12 +87,10 @@ def _decode(parts: list[bytes]) -> Frame | None:
         return None
 
 
-class TelemetryClient:
-    """Subscribes to a daemon's telemetry; iterate it for Snapshot / Event messages.
+class _Subscriber(Generic[_Ctx]):
+    """A SUB socket on a daemon's telemetry (the sync or asyncio flavour of `_Ctx`)."""
 
-    A SUB socket cannot tell a silent daemon from an absent one: `recv(timeout)`
-    returns None when nothing arrived in time. One thread per client.
-    """
+    _context: ClassVar[type[zmq.Context]] = zmq.Context  # its default: the instance
 
     def __init__(
         self,
@@ -99,13 +99,23 @@ class TelemetryClient:
         snapshots: bool = True,
         events: bool = True,
         curve: CurveKeys | None = None,
-        context: zmq.Context | None = None,
+        context: _Ctx | None = None,
     ) -> None:
         self.endpoint = endpoint
         self.dropped = 0  # frames that did not decode
-        self._sock = _subscribe(
-            context or zmq.Context.instance(), endpoint, snapshots, events, curve
-        )
+        ctx = context or self._context.instance()
+        self._sock = _subscribe(ctx, endpoint, snapshots, events, curve)
+
+    def close(self) -> None:
+        self._sock.close(linger=0)
+
+
+class TelemetryClient(_Subscriber[zmq.Context], Closes):
+    """Subscribes to a daemon's telemetry; iterate it for Snapshot / Event messages.
+
+    A SUB socket cannot tell a silent daemon from an absent one: `recv(timeout)`
+    returns None when nothing arrived in time. One thread per client.
+    """
 
     def recv_frame(self, timeout: float | None = None) -> Frame | None:
         """The next message with its receive time, or None after `timeout` seconds."""
@@ -129,32 +139,11 @@ class TelemetryClient:
             if frame is not None:
                 yield frame.message
 
-    def close(self) -> None:
-        self._sock.close(linger=0)
 
-    def __enter__(self) -> TelemetryClient:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-class AsyncTelemetryClient:
+class AsyncTelemetryClient(_Subscriber[zmq.asyncio.Context]):
     """The asyncio flavour of `TelemetryClient` (`await recv()`, `async for`)."""
 
-    def __init__(
-        self,
-        endpoint: str = P.DEFAULT_TELEMETRY_ENDPOINT,
-        *,
-        snapshots: bool = True,
-        events: bool = True,
-        curve: CurveKeys | None = None,
-        context: zmq.asyncio.Context | None = None,
-    ) -> None:
-        self.endpoint = endpoint
-        self.dropped = 0
-        ctx = context or zmq.asyncio.Context.instance()
-        self._sock = _subscribe(ctx, endpoint, snapshots, events, curve)
+    _context = zmq.asyncio.Context
 
     async def recv_frame(self, timeout: float | None = None) -> Frame | None:
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -176,6 +165,3 @@ class AsyncTelemetryClient:
             frame = await self.recv_frame()
             if frame is not None:
                 yield frame.message
-
-    def close(self) -> None:
-        self._sock.close(linger=0)
