@@ -29,7 +29,6 @@ import os
 import resource
 import shutil
 import tempfile
-import threading
 from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -37,6 +36,7 @@ from urllib.parse import urlsplit
 from fsd import protocol as P
 from fsd.errors import ConfigError
 from fsd.server import zmtp
+from fsd.server.loop_thread import LoopThread
 
 log = logging.getLogger("fsd.server")
 
@@ -72,7 +72,7 @@ def connection_cap(configured: int, soft_limit: int) -> int:
     return max(1, min(configured, (soft_limit - _FD_RESERVE) // _FDS_PER_CONNECTION))
 
 
-class Gate:
+class Gate(LoopThread):
     """Relays the public endpoint to the ROUTER's private `ipc://` path (module doc)."""
 
     def __init__(
@@ -83,6 +83,7 @@ class Gate:
         max_connections: int,
         on_close: Callable[[bytes], None] = lambda rid: None,
     ) -> None:
+        super().__init__("fsd-gate")
         self.endpoint = endpoint
         self.curve = curve
         self.max_connections = connection_cap(max_connections, raise_fd_limit())
@@ -93,53 +94,31 @@ class Gate:
         self.live = 0
         self.refused = 0
         self._count = 0
-        self._loop: asyncio.AbstractEventLoop | None = None
         self._server: asyncio.AbstractServer | None = None
-        self._stop: asyncio.Event | None = None
-        self._ready = threading.Event()
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name="fsd-gate", daemon=True)
 
     def start(self) -> None:
         """Listen on the public endpoint; ConfigError (naming it) if it cannot be bound."""
-        self._thread.start()
-        if not self._ready.wait(_START_TIMEOUT):
-            raise ConfigError(f"the gate on {self.endpoint} did not start")
-        if self._error is not None:
+        error = self.start_thread(f"the gate on {self.endpoint}", _START_TIMEOUT)
+        if error is not None:
             self.close()
-            why = getattr(self._error, "strerror", None) or str(self._error)
+            why = getattr(error, "strerror", None) or str(error)
             raise ConfigError(
                 f"cannot bind {self.endpoint}: {why} (another fsd daemon or program listens there?)"
             )
 
     def close(self) -> None:
-        loop, stop = self._loop, self._stop
-        if loop is not None and stop is not None and not loop.is_closed():
-            with contextlib.suppress(RuntimeError):
-                loop.call_soon_threadsafe(stop.set)
+        self.signal_stop()
         if self._thread.is_alive():
             self._thread.join(5.0)
         shutil.rmtree(self._dir, ignore_errors=True)
 
     # ---- the thread ----------------------------------------------------------------
 
-    def _run(self) -> None:
-        try:
-            asyncio.run(self._main())
-        except BaseException as exc:  # noqa: BLE001 - reported to start() or logged
-            if not self._ready.is_set():
-                self._error = exc
-                self._ready.set()
-            else:
-                log.exception("the gate failed")
-
-    async def _main(self) -> None:
-        self._loop = asyncio.get_running_loop()
-        self._stop = asyncio.Event()
+    async def serve(self) -> None:
         self._server = await _listen(self.endpoint, self._serve)
-        self._ready.set()
+        self.ready()
         try:
-            await self._stop.wait()
+            await self.stopped()
         finally:
             self._server.close()
             # the ROUTER closed first (EngineService.close): each relay ends once it has

@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import threading
 import time
 
 import zmq
@@ -28,6 +27,7 @@ from fsd.engine.output import RequestOutput
 from fsd.errors import ConfigError
 from fsd.server.chat_template import ChatTemplate
 from fsd.server.http_api import Backend, build_app
+from fsd.server.loop_thread import LoopThread
 from fsd.server.prom import MetricsCollector
 from fsd.server.telemetry import Publisher
 
@@ -60,7 +60,7 @@ def exposure_warning(cfg: ServerConfig) -> str | None:
     )
 
 
-class HttpFrontend:
+class HttpFrontend(LoopThread):
     """The OpenAI-compatible API and /metrics of one daemon; `start()` to serve.
 
     It submits over `router` (the daemon's ROUTER, which binds an inproc endpoint for
@@ -76,6 +76,7 @@ class HttpFrontend:
         publisher: Publisher,
     ) -> None:
         assert cfg.http is not None
+        super().__init__("fsd-http")
         self.host, self.port = parse_http_address(cfg.http)
         self.cfg = cfg
         self.face = face
@@ -89,21 +90,14 @@ class HttpFrontend:
             max_model_len=face.info.max_model_len,
             events=self._telemetry,
         )
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._stop: asyncio.Event | None = None
-        self._ready = threading.Event()
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name="fsd-http", daemon=True)
 
     def start(self) -> None:
         """Listen; raise ConfigError if the address cannot be bound."""
         self._router.bind(self._inproc)
         self._publisher.taps.append(self.metrics.telemetry)
-        self._thread.start()
-        if not self._ready.wait(_START_TIMEOUT):
-            raise ConfigError(f"the HTTP server on {self.host}:{self.port} did not start")
-        if self._error is not None:
-            raise ConfigError(f"cannot serve HTTP on {self.host}:{self.port}: {self._error}")
+        error = self.start_thread(f"the HTTP server on {self.host}:{self.port}", _START_TIMEOUT)
+        if error is not None:
+            raise ConfigError(f"cannot serve HTTP on {self.host}:{self.port}: {error}")
         if not self._telemetry:
             log.warning(
                 "telemetry_hz = 0: /metrics has counters and histograms but no gauges "
@@ -120,26 +114,12 @@ class HttpFrontend:
 
     def stop(self, timeout: float = 5.0) -> None:
         """Stop serving and close the engine client (before the daemon's context ends)."""
-        loop, stop = self._loop, self._stop
-        if loop is not None and stop is not None and not loop.is_closed():
-            loop.call_soon_threadsafe(stop.set)
+        self.signal_stop()
         self._thread.join(timeout)
 
     # ---- the thread ----------------------------------------------------------------
 
-    def _run(self) -> None:
-        try:
-            asyncio.run(self._main())
-        except BaseException as exc:  # noqa: BLE001 - reported to start() or logged
-            if not self._ready.is_set():
-                self._error = exc
-                self._ready.set()
-            else:
-                log.exception("the HTTP server failed")
-
-    async def _main(self) -> None:
-        self._loop = asyncio.get_running_loop()
-        self._stop = asyncio.Event()
+    async def serve(self) -> None:
         cfg, info = self.cfg, self.face.info
         # a shadow shares the daemon's context, which inproc endpoints need
         ctx = zmq.asyncio.Context.shadow(self._ctx.underlying)
@@ -182,12 +162,12 @@ class HttpFrontend:
             await runner.cleanup()
             await client.close()
             self._error = exc
-            self._ready.set()
+            self.ready()
             return
-        self._ready.set()
+        self.ready()
         pump = asyncio.create_task(self._pump())
         try:
-            await self._stop.wait()
+            await self.stopped()
         finally:
             pump.cancel()
             await client.close()  # first: open requests fail fast, and the socket is gone

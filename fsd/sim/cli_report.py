@@ -58,6 +58,14 @@ def _ms(x: Any) -> str:
     return f"{float(x) * 1e3:.1f}"
 
 
+def policy_table(title: str, columns: tuple[str, ...]) -> Table:
+    """A table of one row per policy: the policy's name left, every figure right."""
+    table = Table(title=title)
+    for col in columns:
+        table.add_column(col, justify="left" if col == "policy" else "right")
+    return table
+
+
 def _per_request(m: dict[str, Any]) -> str:
     """Preemptions / swaps per finished request (a result that predates them: "-")."""
     if m.get("swaps_per_request") is None:
@@ -66,24 +74,25 @@ def _per_request(m: dict[str, Any]) -> str:
 
 
 def print_table(rows: dict[str, dict[str, Any]], slo: float) -> None:
-    table = Table(title=f"per-token latency (ms/token), SLO {slo * 1e3:.1f} ms")
-    for col in (
-        "policy",
-        "avg",
-        "p50",
-        "p95",
-        "p99",
-        "ttft s",
-        "tpot ms",
-        "tbt p99 ms",
-        "goodput r/s",
-        "SLO %",
-        "preempt",
-        "swaps",
-        "per req",
-        "peak KV",
-    ):
-        table.add_column(col, justify="left" if col == "policy" else "right")
+    table = policy_table(
+        f"per-token latency (ms/token), SLO {slo * 1e3:.1f} ms",
+        (
+            "policy",
+            "avg",
+            "p50",
+            "p95",
+            "p99",
+            "ttft s",
+            "tpot ms",
+            "tbt p99 ms",
+            "goodput r/s",
+            "SLO %",
+            "preempt",
+            "swaps",
+            "per req",
+            "peak KV",
+        ),
+    )
     for name, m in rows.items():
         table.add_row(
             name,
@@ -108,9 +117,10 @@ def print_table(rows: dict[str, dict[str, Any]], slo: float) -> None:
 
 def print_prefix(rows: dict[str, dict[str, Any]]) -> None:
     """The prefix cache's reuse (a workload with prefix hashes: a Mooncake trace)."""
-    table = Table(title="prefix cache: prompt tokens reused at first prefill, by tier")
-    for col in ("policy", "hit rate", "device", "host", "prefill tok saved", "evicted dev/host"):
-        table.add_column(col, justify="left" if col == "policy" else "right")
+    table = policy_table(
+        "prefix cache: prompt tokens reused at first prefill, by tier",
+        ("policy", "hit rate", "device", "host", "prefill tok saved", "evicted dev/host"),
+    )
     for name, m in rows.items():
         table.add_row(
             name, f"{m['prefix_hit_rate']:.1%}", f"{m['prefix_hit_rate_device']:.1%}",
@@ -128,21 +138,20 @@ def print_sweep(
     rows: dict[str, dict[str, Any]], trace_scale: float | None, slo: float, metric: str = "avg"
 ) -> None:
     """Each policy's max sustainable rate under the SLO and, when swept, its P95 goodput."""
-    table = Table(
-        title=f"max sustainable load with {metric} per-token latency <= {slo * 1e3:.1f} ms; "
-        "P95 goodput: 95% of jobs within 10 x light-load TTFT and TPOT"
+    table = policy_table(
+        f"max sustainable load with {metric} per-token latency <= {slo * 1e3:.1f} ms; "
+        "P95 goodput: 95% of jobs within 10 x light-load TTFT and TPOT",
+        (
+            "policy",
+            "max rate r/s",
+            "time scale" if trace_scale is not None else "x base rate",
+            "P95 goodput r/s",
+            "goodput time scale" if trace_scale is not None else "goodput x base",
+            "avg ms",
+            "p95 ms",
+            "runs",
+        ),
     )
-    for col in (
-        "policy",
-        "max rate r/s",
-        "time scale" if trace_scale is not None else "x base rate",
-        "P95 goodput r/s",
-        "goodput time scale" if trace_scale is not None else "goodput x base",
-        "avg ms",
-        "p95 ms",
-        "runs",
-    ):
-        table.add_column(col, justify="left" if col == "policy" else "right")
     mult = trace_scale if trace_scale is not None else 1.0
     for name, r in rows.items():
         has = r["max_scale"] > 0
@@ -167,19 +176,20 @@ def print_probes(
     rows: dict[str, dict[str, Any]], trace_scale: float | None, metric: str = "avg"
 ) -> None:
     """Every probed load of every policy: its latency, attainment, and whether it kept up."""
-    table = Table(title="probed loads (sustainable: completed >= 97% of offered, second half)")
-    for col in (
-        "policy",
-        "time scale" if trace_scale is not None else "x base rate",
-        "rate r/s",
-        f"{metric} ms",
-        "TTFT+TPOT met %",
-        "done/offered",
-        "sustainable",
-        "max rate ok",
-        "P95 goodput ok",
-    ):
-        table.add_column(col, justify="left" if col == "policy" else "right")
+    table = policy_table(
+        "probed loads (sustainable: completed >= 97% of offered, second half)",
+        (
+            "policy",
+            "time scale" if trace_scale is not None else "x base rate",
+            "rate r/s",
+            f"{metric} ms",
+            "TTFT+TPOT met %",
+            "done/offered",
+            "sustainable",
+            "max rate ok",
+            "P95 goodput ok",
+        ),
+    )
     mult = trace_scale if trace_scale is not None else 1.0
     for name, r in rows.items():
         merged: dict[float, dict[str, Any]] = {}

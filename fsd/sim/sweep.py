@@ -282,18 +282,3 @@ def sweep_all(
         )
     results = map_tasks(_task, tasks, jobs)
     return {s.label: r for s, r in zip(specs, results, strict=True)}
-
-
-def sweep_many(
-    specs: Sequence[RunSpec],
-    cost: CostModel,
-    workload: Workload,
-    metric: str = "avg",
-    start: float = 1.0,
-    tol: float = 0.05,
-    jobs: int = 1,
-    target: str = "slo",
-) -> dict[str, SweepResult]:
-    """One target's sweep per spec (in parallel processes when jobs > 1), keyed by label."""
-    found = sweep_all(specs, cost, workload, metric, start, tol, jobs, (target,))
-    return {label: r[target] for label, r in found.items()}

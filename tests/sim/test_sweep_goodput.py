@@ -12,7 +12,7 @@ from fsd.errors import ConfigError
 from fsd.sim.job import SimJob
 from fsd.sim.metrics import SUSTAINED_FRACTION, job_tpot, joint_attainment, throughput
 from fsd.sim.runner import run_one
-from fsd.sim.sweep import GOODPUT_QUANTILE, sweep, sweep_many, sweep_targets
+from fsd.sim.sweep import GOODPUT_QUANTILE, sweep, sweep_all, sweep_targets
 from tests.sim.test_sim_sweep import COST, WORK, spec
 
 
@@ -128,8 +128,8 @@ def test_goodput95_is_sustainable_and_at_most_the_max_sustainable_rate(policy):
 
 
 def test_every_policy_is_judged_against_one_fcfs_reference():
-    found = sweep_many([spec("srpt"), spec("sj-mlfq")], COST, WORK, tol=0.2, target="goodput95")
-    refs = {r.reference for r in found.values()}
+    found = sweep_all([spec("srpt"), spec("sj-mlfq")], COST, WORK, tol=0.2, targets=("goodput95",))
+    refs = {r["goodput95"].reference for r in found.values()}
     assert len(refs) == 1 and None not in refs
 
 
