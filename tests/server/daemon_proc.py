@@ -13,9 +13,9 @@ from pathlib import Path
 import zmq
 
 from fsd import protocol as P
-from fsd.bench.daemon import stop_process
 from fsd.client import Client, CurveKeys, DaemonUnavailable
 from fsd.credentials import find_operator_token
+from fsd.daemon_control import stop_process
 
 
 def pool_config(gpu_blocks: int, max_batch_size: int, telemetry_hz: float, **server: object) -> str:
