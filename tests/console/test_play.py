@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from fsd.console.cli import app
 from fsd.console.play_stats import JobRecord, split_latency, summarize
-from tests.server.daemon_proc import SMALL_POOL, Daemon, daemon_fixture
+from tests.server.daemon_proc import SMALL_POOL, SMALL_SCENARIO, Daemon, daemon_fixture
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
@@ -23,29 +23,8 @@ import slo  # noqa: E402  (bench/slo.py)
 
 CONFIG = SMALL_POOL
 
-SCENARIO = """
-[scenario]
-name = "mini"
-seed = 5
-duration = 2.0
-
-[[phase]]
-arrival = "poisson"
-rate = 6.0
-lengths = { prompt = { dist = "lognormal", mean = 24, sigma = 0.4 }, output = 8 }
-
-[[event]]
-at = 0.5
-kind = "burst"
-count = 3
-prompt_len = 40
-output_len = 12
-
-[[event]]
-at = 1.0
-kind = "retune"
-set = { quantum_ratio = 3.0 }
-"""
+# Poisson arrivals, a burst at 0.5 s and a retune at 1.0 s
+SCENARIO = SMALL_SCENARIO + '[[event]]\nat = 1.0\nkind = "retune"\nset = { quantum_ratio = 3.0 }\n'
 
 
 daemon = daemon_fixture(CONFIG, "play")
@@ -126,7 +105,7 @@ def test_abort_all_ends_the_players_live_jobs(daemon, tmp_path):
 
 def test_a_bad_scenario_fails_before_playing(daemon, tmp_path):
     scenario = tmp_path / "bad.toml"
-    scenario.write_text(SCENARIO.replace("rate = 6.0", "rate = 0"))
+    scenario.write_text(SCENARIO.replace("rate = 8.0", "rate = 0"))
     res = fsctl(daemon, "play", str(scenario), "--no-progress")
     assert res.exit_code == 2
     assert "bad.toml: phase[0].rate: must be > 0, got 0" in res.output
