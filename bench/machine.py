@@ -1,7 +1,9 @@
-"""What a benchmark ran on, written into every result JSON, and how a result is written."""
+"""What a benchmark ran on, written into every result JSON, and how a result is written;
+the options that the CPU timings share."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
@@ -51,11 +53,28 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def write_result(path: str | Path, settings: dict, **fields: object) -> Path:
-    """Write a benchmark's JSON: the machine (its CPU), the settings, then `fields`
-    (the folder is made if missing); returns the path."""
-    result = {"machine": describe_machine(torch.device("cpu")), "settings": settings, **fields}
+def write_json(path: str | Path, result: dict) -> Path:
+    """Write `result` as indented JSON (the folder is made if missing); returns the path."""
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
     return out
+
+
+def write_result(path: str | Path, settings: dict, **fields: object) -> Path:
+    """Write a benchmark's JSON: the machine (its CPU), the settings, then `fields`
+    (the folder is made if missing); returns the path."""
+    result = {"machine": describe_machine(torch.device("cpu")), "settings": settings, **fields}
+    return write_json(path, result)
+
+
+def timing_args(ap: argparse.ArgumentParser, batches: str) -> argparse.Namespace:
+    """Parse a CPU timing's command line, with the options the timings share: --batches
+    (comma-separated, default `batches`: a list of ints), --threads (torch's, set here)
+    and --json (where the result goes)."""
+    ap.add_argument("--batches", default=batches, type=lambda t: [int(b) for b in t.split(",")])
+    ap.add_argument("--threads", type=int, default=1, help="torch threads")
+    ap.add_argument("--json", default=None, help="the result's path")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    return args

@@ -15,7 +15,6 @@ bench/results/step-overhead-<device>.json.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -27,7 +26,7 @@ from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from machine import describe_machine, machine_slug  # noqa: E402
+from machine import describe_machine, machine_slug, timing_args, write_json  # noqa: E402
 
 from fsd import LLM, SamplingParams  # noqa: E402
 from fsd.layers.attention import AttentionMetadata  # noqa: E402
@@ -106,17 +105,13 @@ def time_steps(batch: int, args) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--batches", default="1,8,32,128")
     ap.add_argument("--context", type=int, default=512)
     ap.add_argument("--steps", type=int, default=48)
     ap.add_argument("--reps", type=int, default=400)
-    ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--device", default="cpu")
-    ap.add_argument("--json", default=None)
-    args = ap.parse_args()
-    torch.set_num_threads(args.threads)
+    args = timing_args(ap, batches="1,8,32,128")
     console = Console()
-    batches = [int(b) for b in args.batches.split(",")]
+    batches = args.batches
 
     builds = []
     for b in batches:
@@ -158,9 +153,7 @@ def main() -> None:
         "build": builds,
         "steps": steps,
     }
-    out = Path(args.json or f"bench/results/step-overhead-{machine_slug(dev)}.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
+    out = write_json(args.json or f"bench/results/step-overhead-{machine_slug(dev)}.json", result)
     console.print(f"wrote {out}")
 
 
