@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(ROOT))
 
-from machine import describe_machine, timing_args, write_json  # noqa: E402
+from machine import describe_machine, table_of, timing_args, write_json  # noqa: E402
 
 from fsd import LLM, SamplingParams  # noqa: E402
 
@@ -184,22 +184,15 @@ def main() -> None:
     systems = [Fsd(path, max(batches)), HF(path, max(batches))]
     n_params = sum(p.numel() for p in systems[1].model.parameters())
     rows = [compare(systems, b, args) for b in batches]
-    table = Table(
-        title=f"greedy decode, Llama {n_params / 1e6:.0f}M fp32, prompt {args.prompt_len}, "
+    title = (
+        f"greedy decode, Llama {n_params / 1e6:.0f}M fp32, prompt {args.prompt_len}, "
         f"{args.new_tokens} new tokens, {args.threads} thread(s): tokens/s (median of "
         f"{args.rounds})"
     )
-    for col in ("batch", "fsd", "transformers", "fsd / HF", "same tokens"):
-        table.add_column(col, justify="right")
-    for r in rows:
-        table.add_row(
-            str(r["batch"]),
-            f"{r['fsd']['decode_tokens_per_s']:.1f}",
-            f"{r['transformers']['decode_tokens_per_s']:.1f}",
-            f"{r['ratio']:.2f}",
-            r["sequences_equal"],
-        )
-    console.print(table)
+    columns = "batch | fsd | transformers | fsd / HF | same tokens"
+    cells = ("{batch} | {fsd[decode_tokens_per_s]:.1f} | {transformers[decode_tokens_per_s]:.1f}"
+             " | {ratio:.2f} | {sequences_equal}")  # fmt: skip
+    console.print(table_of(title, columns, cells, rows))
     result = {
         "bench": "fsd vs transformers greedy decode",
         "machine": describe_machine(torch.device("cpu")),

@@ -1,5 +1,5 @@
-"""What a benchmark ran on, written into every result JSON, and how a result is written;
-the options that the CPU timings share."""
+"""What a benchmark ran on, written into every result JSON; how a result is written and
+shown as a table; the options that the CPU timings share."""
 
 from __future__ import annotations
 
@@ -8,9 +8,11 @@ import json
 import os
 import platform
 import re
+from collections.abc import Iterable
 from pathlib import Path
 
 import torch
+from rich.table import Table
 
 
 def describe_machine(device: torch.device) -> dict:
@@ -66,6 +68,19 @@ def write_result(path: str | Path, settings: dict, **fields: object) -> Path:
     (the folder is made if missing); returns the path."""
     result = {"machine": describe_machine(torch.device("cpu")), "settings": settings, **fields}
     return write_json(path, result)
+
+
+def table_of(title: str, columns: str, cells: str, rows: Iterable[dict], left: int = 0) -> Table:
+    """A rich table of `rows`: `columns` names the columns and `cells` is each row's
+    cells as `str.format` templates of its fields, both " | "-separated; the first
+    `left` columns are left-aligned, the others right-aligned."""
+    table = Table(title=title)
+    for i, col in enumerate(columns.split(" | ")):
+        table.add_column(col, justify="left" if i < left else "right")
+    templates = cells.split(" | ")
+    for r in rows:
+        table.add_row(*(t.format(**r) for t in templates))
+    return table
 
 
 def timing_args(ap: argparse.ArgumentParser, batches: str) -> argparse.Namespace:

@@ -22,11 +22,10 @@ from pathlib import Path
 
 import torch
 from rich.console import Console
-from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from machine import describe_machine, machine_slug, timing_args, write_json  # noqa: E402
+from machine import describe_machine, machine_slug, table_of, timing_args, write_json  # noqa: E402
 
 from fsd import LLM, SamplingParams  # noqa: E402
 from fsd.layers.attention import AttentionMetadata  # noqa: E402
@@ -122,29 +121,17 @@ def main() -> None:
                 "with_prefill_us": 1e6 * time_build(b, args.context, args.context, args.reps),
             }
         )
-    table = Table(title=f"AttentionMetadata.build, context {args.context}: us (median)")
-    for col in ("decodes", "decodes only", f"+ prefill of {args.context}"):
-        table.add_column(col, justify="right")
-    for r in builds:
-        table.add_row(str(r["batch"]), f"{r['decode_us']:.1f}", f"{r['with_prefill_us']:.1f}")
-    console.print(table)
+    title = f"AttentionMetadata.build, context {args.context}: us (median)"
+    columns = f"decodes | decodes only | + prefill of {args.context}"
+    cells = "{batch} | {decode_us:.1f} | {with_prefill_us:.1f}"
+    console.print(table_of(title, columns, cells, builds))
 
     steps = [time_steps(b, args) for b in batches]
-    table = Table(
-        title=f"tiny decode step at context {args.context}, {args.threads} thread(s): ms (median)"
-    )
-    for col in ("batch", "step", "forward", "worker rest", "engine rest", "not forward"):
-        table.add_column(col, justify="right")
-    for r in steps:
-        table.add_row(
-            str(r["batch"]),
-            f"{r['step_ms']:.2f}",
-            f"{r['forward_ms']:.2f}",
-            f"{r['worker_rest_ms']:.2f}",
-            f"{r['engine_rest_ms']:.2f}",
-            f"{100 * r['overhead_share']:.0f}%",
-        )
-    console.print(table)
+    title = f"tiny decode step at context {args.context}, {args.threads} thread(s): ms (median)"
+    columns = "batch | step | forward | worker rest | engine rest | not forward"
+    cells = ("{batch} | {step_ms:.2f} | {forward_ms:.2f} | {worker_rest_ms:.2f} | "
+             "{engine_rest_ms:.2f} | {overhead_share:.0%}")  # fmt: skip
+    console.print(table_of(title, columns, cells, steps))
     dev = torch.device(args.device)
     result = {
         "bench": "step overhead",
