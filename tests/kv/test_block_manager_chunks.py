@@ -86,6 +86,19 @@ class PartlyPrefilledBlocks(RuleBasedStateMachine):
     def _ready(self, job: Job) -> bool:
         return job.job_id not in self.copies
 
+    def _copying(self, op: SwapOp, to: list[int], moving: KVLocation) -> bool:
+        """Checks a move that just started, whose destination table is `to`: only the
+        blocks filled so far move, however far its prompt goes (those the destination
+        caches already, the jobs sharing prefixes, are referenced there, not copied); an
+        asynchronous copy is `moving` until `copy_done`. Whether it is one."""
+        job = op.job
+        assert len(op.src) == len(op.dst) <= blocks_for(job.num_computed_tokens) == len(to)
+        if op.sync:  # (a move with nothing to copy ends at once)
+            return False
+        assert job.kv is moving
+        self.copies[job.job_id] = op
+        return True
+
     @rule(prompt=st.integers(1, 60), outputs=st.integers(1, 6))
     def arrive(self, prompt: int, outputs: int) -> None:
         self.seq += 1
@@ -121,13 +134,8 @@ class PartlyPrefilledBlocks(RuleBasedStateMachine):
         if job is None or not self.bm.can_swap_out(job):
             return
         op = self.bm.swap_out(job, sync=sync)
-        # only the blocks filled so far move, however far its prompt goes; those the host
-        # caches already (the jobs share prefixes) are referenced there, not copied
-        filled = blocks_for(job.num_computed_tokens)
-        assert len(op.src) == len(op.dst) <= filled == len(job.host_block_table)
-        if not op.sync:  # (a move with nothing to copy ends at once)
-            assert job.kv is _OUT and set(op.src) <= set(job.block_table)
-            self.copies[job.job_id] = op
+        if self._copying(op, job.host_block_table, _OUT):
+            assert set(op.src) <= set(job.block_table)
         else:
             assert job.kv is _HOST and not job.block_table
 
@@ -138,11 +146,7 @@ class PartlyPrefilledBlocks(RuleBasedStateMachine):
         if job is None or not self.bm.can_swap_in(job):
             return
         op = self.bm.swap_in(job, sync=sync)
-        filled = blocks_for(job.num_computed_tokens)
-        assert len(op.src) == len(op.dst) <= filled == len(job.block_table)
-        if not op.sync:
-            assert job.kv is _IN
-            self.copies[job.job_id] = op
+        self._copying(op, job.block_table, _IN)
 
     @precondition(lambda self: self.copies)
     @rule(data=st.data())
