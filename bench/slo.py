@@ -240,12 +240,21 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add = ap.add_argument
     add("--scenario", type=Path, required=True, help="scenario TOML whose rate is swept")
     add("--rates", type=_rates, required=True, help="comma-separated arrival rates, jobs/s")
-    add("--policies", type=_names, default=("fcfs", "sj-mlfq"), help="comma-separated policies (default fcfs,sj-mlfq)")
+    add(
+        "--policies",
+        type=_names,
+        default=("fcfs", "sj-mlfq"),
+        help="comma-separated policies (default fcfs,sj-mlfq)",
+    )
     add("--duration", type=float, help="cut the scenario to this many seconds")
     add("--time-scale", type=float, default=1.0, help="play S times faster")
     add("--length-scale", type=float, default=1.0, help="multiply token counts")
     add("--drain-timeout", type=float, default=120.0, help="seconds to wait after the last arrival")
-    add("--slo", type=float, help="per-token latency SLO, s (default: the daemon's, 10 decode steps)")
+    add(
+        "--slo",
+        type=float,
+        help="per-token latency SLO, s (default: the daemon's, 10 decode steps)",
+    )
     add("--metric", default="avg", choices=("avg", "p95"), help="what the SLO bounds")
     add("--model", default="tiny", help="preset name or HuggingFace directory")
     add("--device", help="auto, cpu or cuda (default: the daemon's)")
