@@ -23,7 +23,6 @@ Writes bench/results/distributed-sim.json and prints markdown tables.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
@@ -31,16 +30,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-import torch
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from machine import describe_machine  # noqa: E402
+from studies import keep, study_parser, study_result  # noqa: E402
 
 from fsd.config import CacheConfig, SchedConfig  # noqa: E402
 from fsd.cost import CostModel  # noqa: E402
 from fsd.cost.profiles import load_profile  # noqa: E402
-from fsd.sched.registry import DEFAULT_POLICY  # noqa: E402
 from fsd.sched.slo import default_slo  # noqa: E402
 from fsd.sim.capacity import max_context_of, size_pools  # noqa: E402
 from fsd.sim.runner import RunSpec, run_many  # noqa: E402
@@ -51,24 +47,10 @@ TRACE = Path(__file__).resolve().parents[1] / "scenarios" / "traces" / "azure-ll
 POLICIES = ("fcfs", "sj-mlfq", "srpt")
 NO_PIPELINE = "fcfs, pp=1"
 KEEP = (
-    "avg",
-    "p50",
-    "p95",
-    "p99",
-    "ttft",
-    "tpot",
-    "throughput_rps",
-    "throughput_tps",
-    "goodput",
-    "slo_attainment",
-    "preemptions",
-    "swaps",
-    "recomputes",
-    "peak_kv_blocks",
-    "mean_batch",
-    "busy_frac",
-    "sim_wall_s",
-)
+    "avg", "p50", "p95", "p99", "ttft", "tpot", "throughput_rps", "throughput_tps", "goodput",
+    "slo_attainment", "preemptions", "swaps", "recomputes", "peak_kv_blocks", "mean_batch",
+    "busy_frac", "sim_wall_s",
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -147,7 +129,7 @@ def run_family(fam: Family, cost: CostModel, ctx: int | None, quick: bool, jobs:
         points[f"{load:g}"] = {
             "load": load,
             "workload": w.summary(),
-            "policies": {k: {m: v[m] for m in KEEP if m in v} for k, v in rows.items()},
+            "policies": {k: keep(v, KEEP) for k, v in rows.items()},
         }
         took = time.perf_counter() - t
         print(f"  {fam.name} @ {load:g}: {took:.0f} s", file=sys.stderr)
@@ -181,13 +163,9 @@ def markdown(results: dict, slo: float) -> str:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    ap.add_argument("--quick", action="store_true", help="fewer requests per run")
+    ap = study_parser(__doc__, "fewer requests per run")
     ap.add_argument("--profile", default=PROFILE, help="a TP x PP profile (default %(default)s)")
     ap.add_argument("--only", default=",".join(f.name for f in FAMILIES), help="families to run")
-    ap.add_argument("--jobs", type=int, default=2, help="worker processes")
     ap.add_argument(
         "--out", default=str(Path(__file__).parent / "results" / "distributed-sim.json")
     )
@@ -207,24 +185,20 @@ def main() -> None:
     pools = size_pools(cost, CacheConfig())
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    report = {
-        "bench": "distributed-sim",
-        "machine": describe_machine(torch.device("cpu")),
-        "profile": cost.name,
-        "gpus": cost.notes.get("gpus"),
-        "pipeline_stages": cost.pipeline_stages,
-        "decode_step_s": cost.min_iteration_time,
-        "stage_time_s": cost.min_iteration_time / cost.pipeline_stages,
-        "slo": slo,
-        "max_context": ctx,
-        "kv_pools_blocks": {"device": pools.device, "host": pools.host},
-        "default_policy": DEFAULT_POLICY,
-        "policies": [*POLICIES, NO_PIPELINE],
-        "quick": args.quick,
-        "wall_s": time.perf_counter() - t0,
-        "results": results,
-        "markdown": text,
-    }
+    report = study_result(
+        "distributed-sim",
+        cost,
+        args.quick,
+        t0,
+        gpus=cost.notes.get("gpus"),
+        pipeline_stages=cost.pipeline_stages,
+        decode_step_s=cost.min_iteration_time,
+        stage_time_s=cost.min_iteration_time / cost.pipeline_stages,
+        kv_pools_blocks={"device": pools.device, "host": pools.host},
+        policies=[*POLICIES, NO_PIPELINE],
+        results=results,
+        markdown=text,
+    )
     out.write_text(json.dumps(report, indent=2) + "\n")
     print(f"wrote {out} in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
 

@@ -40,8 +40,8 @@ COMMANDS = {
     "sched-cpu.json": "python bench/sched.py",
     "serve-cpu.json": "python bench/serve.py",
     "sim-cpu.json": "python bench/sim.py",
-    "slo-cpu.json": "fsd bench slo --scenario scenarios/steady-sharegpt.toml "
-    "--policies fcfs,sj-mlfq --rates 10,20,30,40 --duration 15 --length-scale 0.25 "
+    "slo-cpu.json": "python bench/slo.py --scenario scenarios/steady-sharegpt.toml "
+    "--policies fcfs,sj-mlfq,default --rates 10,20,30,40 --duration 15 --length-scale 0.25 "
     "--max-batch-size 8 --out bench/results/slo-cpu",
     "step-overhead-cpu.json": "python bench/step_overhead.py",
     "threads-cpu.json": "python bench/threads.py",

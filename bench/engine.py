@@ -262,22 +262,11 @@ def main() -> None:
     table = Table(title=f"fsd engine, {args.model} on {dev.type}")
     for col in ("phase", "batch", "tokens", "tokens/s", "step ms"):
         table.add_column(col, justify="right")
-    for r in decode:
-        table.add_row(
-            "decode",
-            str(r["batch"]),
-            f"ctx {r['context']}",
-            f"{r['tokens_per_s']:.0f}",
-            f"{r['step_ms']:.2f}",
-        )
-    for r in prefill:
-        table.add_row(
-            "prefill",
-            str(r["batch"]),
-            f"len {r['prompt_len']}",
-            f"{r['tokens_per_s']:.0f}",
-            f"{r['step_ms']:.2f}",
-        )
+    phases = (("decode", decode, "ctx {context}"), ("prefill", prefill, "len {prompt_len}"))
+    for phase, rows, tokens in phases:
+        for r in rows:
+            rate, step = f"{r['tokens_per_s']:.0f}", f"{r['step_ms']:.2f}"
+            table.add_row(phase, str(r["batch"]), tokens.format(**r), rate, step)
     console.print(table)
 
     result = {

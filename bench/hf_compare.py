@@ -18,7 +18,6 @@ operators for fsd's decode at batch B. Writes bench/results/hf-compare-<device>.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import tempfile
@@ -33,7 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(ROOT))
 
-from machine import describe_machine  # noqa: E402
+from machine import describe_machine, table_of, timing_args, write_json  # noqa: E402
 
 from fsd import LLM, SamplingParams  # noqa: E402
 
@@ -172,39 +171,28 @@ def profile_fsd(fsd: Fsd, batch: int, args, console: Console) -> list[dict]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--batches", default="1,32")
     ap.add_argument("--prompt-len", type=int, default=32)
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--model-dir", default=None, help="where the checkpoint is (written once)")
     ap.add_argument("--profile-fsd", type=int, default=0, help="profile fsd at this batch")
-    ap.add_argument("--json", default=None)
-    args = ap.parse_args()
-    torch.set_num_threads(args.threads)
+    args = timing_args(ap, batches="1,32")
     console = Console()
     path = Path(args.model_dir or Path(tempfile.gettempdir()) / "fsd-hf-compare-llama100m")
     write_model(path)
-    batches = [int(b) for b in args.batches.split(",")]
+    batches = args.batches
     systems = [Fsd(path, max(batches)), HF(path, max(batches))]
     n_params = sum(p.numel() for p in systems[1].model.parameters())
     rows = [compare(systems, b, args) for b in batches]
-    table = Table(
-        title=f"greedy decode, Llama {n_params / 1e6:.0f}M fp32, prompt {args.prompt_len}, "
+    title = (
+        f"greedy decode, Llama {n_params / 1e6:.0f}M fp32, prompt {args.prompt_len}, "
         f"{args.new_tokens} new tokens, {args.threads} thread(s): tokens/s (median of "
         f"{args.rounds})"
     )
-    for col in ("batch", "fsd", "transformers", "fsd / HF", "same tokens"):
-        table.add_column(col, justify="right")
-    for r in rows:
-        table.add_row(
-            str(r["batch"]),
-            f"{r['fsd']['decode_tokens_per_s']:.1f}",
-            f"{r['transformers']['decode_tokens_per_s']:.1f}",
-            f"{r['ratio']:.2f}",
-            r["sequences_equal"],
-        )
-    console.print(table)
+    columns = "batch | fsd | transformers | fsd / HF | same tokens"
+    cells = ("{batch} | {fsd[decode_tokens_per_s]:.1f} | {transformers[decode_tokens_per_s]:.1f}"
+             " | {ratio:.2f} | {sequences_equal}")  # fmt: skip
+    console.print(table_of(title, columns, cells, rows))
     result = {
         "bench": "fsd vs transformers greedy decode",
         "machine": describe_machine(torch.device("cpu")),
@@ -219,9 +207,7 @@ def main() -> None:
         result["fsd_profile"] = profile_fsd(systems[0], args.profile_fsd, args, console)
     for s in systems:
         s.close()
-    out = Path(args.json or "bench/results/hf-compare-cpu.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
+    out = write_json(args.json or "bench/results/hf-compare-cpu.json", result)
     console.print(f"wrote {out}")
 
 

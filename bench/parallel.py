@@ -31,11 +31,10 @@ from pathlib import Path
 
 import torch
 from rich.console import Console
-from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from machine import describe_machine, machine_slug  # noqa: E402
+from machine import describe_machine, machine_slug, table_of  # noqa: E402
 
 from fsd import LLM, SamplingParams  # noqa: E402
 from fsd.cost import CostModel  # noqa: E402
@@ -134,22 +133,12 @@ def print_table(rows: list[dict], args: argparse.Namespace) -> None:
         title = f"{args.model} {args.dtype} on GPUs (NCCL), one GPU per worker"
     else:
         title = f"{args.model} on CPU actors (gloo, fp32) -- CPU, not GPU numbers"
-    table = Table(title=title)
-    cols = ("layout", "workers", "tokens/s", "vs in-process", "step ms", "wall s", "start-up s")
-    for col in cols:
-        table.add_column(col, justify="right")
+    columns = "layout | workers | tokens/s | vs in-process | step ms | wall s | start-up s"
+    cells = ("{layout} | {workers} | {tokens_per_s:.0f} | {vs:.2f}x | {step_ms:.2f} | "
+             "{seconds:.2f} | {startup_s:.1f}")  # fmt: skip
     base = rows[0]["tokens_per_s"]
-    for r in rows:
-        table.add_row(
-            r["layout"],
-            str(r["workers"]),
-            f"{r['tokens_per_s']:.0f}",
-            f"{r['tokens_per_s'] / base:.2f}x",
-            f"{r['step_ms']:.2f}",
-            f"{r['seconds']:.2f}",
-            f"{r['startup_s']:.1f}",
-        )
-    Console().print(table)
+    shown = [r | {"vs": r["tokens_per_s"] / base} for r in rows]
+    Console().print(table_of(title, columns, cells, shown))
 
 
 CPU_NOTE = (

@@ -43,7 +43,6 @@ markdown tables.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
@@ -52,11 +51,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from machine import describe_machine  # noqa: E402
+from studies import keep, study_parser, study_result  # noqa: E402
 from validation import run_validation, validation_markdown  # noqa: E402
 
 from fsd.config import CacheConfig, SchedConfig  # noqa: E402
@@ -287,10 +285,6 @@ def load(case: Case, quick: bool, ctx: int | None, seed: int = 0) -> Workload:
     return case.build(case.quick_n if quick else case.n, seed).clipped(ctx)
 
 
-def keep(row: dict) -> dict:
-    return {k: row[k] for k in KEEP if k in row}
-
-
 def run_main(study: Study, cost, ctx) -> None:
     specs = [base_spec(p, p) for p in POLICIES]
     # the paper's own rules beside fsd's default, to show what the rule changes buy
@@ -305,7 +299,7 @@ def run_main(study: Study, cost, ctx) -> None:
         out[case.name] = {
             "desc": case.desc,
             "workload": w.summary(),
-            "policies": {k: keep(v) for k, v in rows.items()},
+            "policies": {k: keep(v, KEEP) for k, v in rows.items()},
         }
         print(f"  main {case.name}: {time.perf_counter() - t:.0f} s", file=sys.stderr)
     study.results["main"] = out
@@ -323,7 +317,7 @@ def run_kv(study: Study, cost, ctx) -> None:
     study.results["kv"] = {
         "case": KV_CASE,
         "desc": case.desc,
-        "runs": {k: keep(v) for k, v in rows.items()},
+        "runs": {k: keep(v, KEEP) for k, v in rows.items()},
     }
 
 
@@ -340,7 +334,7 @@ def run_tuning(study: Study, cost, ctx) -> None:
         specs.append(base_spec("srpt", "srpt"))
         t = time.perf_counter()
         rows = run_many(specs, cost, w, study.jobs)
-        out[name] = {k: keep(v) for k, v in rows.items()}
+        out[name] = {k: keep(v, KEEP) for k, v in rows.items()}
         print(f"  tuning {name}: {time.perf_counter() - t:.0f} s", file=sys.stderr)
     study.results["tuning"] = out
 
@@ -363,7 +357,7 @@ def run_seeds(study: Study, cost, ctx) -> None:
         draws = []
         for seed in range(3 if study.quick else SEEDS):
             rows = run_many(specs, cost, load(case, study.quick, ctx, seed), study.jobs)
-            draws.append({"seed": seed, **{k: keep(v) for k, v in rows.items()}})
+            draws.append({"seed": seed, **{k: keep(v, KEEP) for k, v in rows.items()}})
         out[case.name] = draws
         print(f"  seeds {case.name}: {time.perf_counter() - t:.0f} s", file=sys.stderr)
     study.results["seeds"] = out
@@ -415,7 +409,7 @@ def run_sweep(study: Study, cost, ctx) -> None:
             "max_time_scale": 0.3 * r.max_scale,
             "max_rate": r.max_rate,
             "bracketed": r.bracketed,
-            "at_max": keep(r.metrics or {}),
+            "at_max": keep(r.metrics or {}, KEEP),
             "points": r.points,
             "goodput95_time_scale": 0.3 * g.max_scale,
             "goodput95_rate": g.max_rate,
@@ -715,17 +709,13 @@ def markdown(study: Study, slo: float) -> str:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    ap.add_argument("--quick", action="store_true", help="smaller workloads")
+    ap = study_parser(__doc__, "smaller workloads")
     ap.add_argument("--only", default="main,kv,tuning,seeds,sweep", help="sections to run")
     ap.add_argument(
         "--chunks",
         action="store_true",
         help="the chunked-prefill section alone (opt-13b-h100), into policies-chunks.json",
     )
-    ap.add_argument("--jobs", type=int, default=2, help="worker processes")
     ap.add_argument("--out", default=None, help="default: results/policies[-chunks].json")
     args = ap.parse_args()
     only = "chunks" if args.chunks else args.only
@@ -749,31 +739,14 @@ def main() -> None:
     text = markdown(study, default_slo(cost))
     if only == "chunks":  # the run's setting is the chunk section's
         cost = load_profile(CHUNK_PROFILE)
-        ctx = max_context_of(cost)
     print(text)
     name = {"chunks": "policies-chunks.json", "validation": "policies-validation.json"}.get(
         only, "policies.json"
     )
     out = Path(args.out or Path(__file__).parent / "results" / name)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(
-        json.dumps(
-            {
-                "bench": "policies",
-                "machine": describe_machine(torch.device("cpu")),
-                "profile": cost.name,
-                "slo": default_slo(cost),
-                "max_context": ctx,
-                "default_policy": DEFAULT_POLICY,
-                "quick": args.quick,
-                "wall_s": time.perf_counter() - t0,
-                **study.results,
-                "markdown": text,
-            },
-            indent=2,
-        )
-        + "\n"
-    )
+    result = study_result("policies", cost, args.quick, t0, **study.results, markdown=text)
+    out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {out} in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
 
 

@@ -45,8 +45,8 @@ from fsd import LLM, SamplingParams  # noqa: E402
 from fsd.config import CacheConfig, SchedConfig  # noqa: E402
 from fsd.cost.profiles import load_profile  # noqa: E402
 from fsd.metrics import percentile  # noqa: E402
-from fsd.sim.capacity import max_context_of  # noqa: E402
-from fsd.sim.engine import Simulator  # noqa: E402
+from fsd.sim.capacity import max_context_of, size_pools  # noqa: E402
+from fsd.sim.runner import RunSpec, run_one  # noqa: E402
 from fsd.workload.chat import conversations, load_chat, system_prompt  # noqa: E402
 from fsd.workload.mooncake import MOONCAKE_BLOCK_TOKENS, read_mooncake  # noqa: E402
 from fsd.workload.spec import Workload  # noqa: E402
@@ -115,7 +115,7 @@ def sim_section(args: argparse.Namespace, console: Console) -> dict[str, Any]:
     ctx = max_context_of(cost) or 131_072
     cache = CacheConfig()
     host = int(args.host_bytes) // (cost.kv_bytes_per_token * cache.block_size)
-    device = Simulator(cost, SchedConfig(), cache, num_host_blocks=host).pools.device
+    device = size_pools(cost, cache, num_host_blocks=host).device
     rows = []
     for scale in args.scales:
         w = read_mooncake(MOONCAKE, scale, args.limit).clipped(ctx)
@@ -123,9 +123,10 @@ def sim_section(args: argparse.Namespace, console: Console) -> dict[str, Any]:
         fits = lru_bound(w, cache.block_size, device + host)
         res = {}
         for on in (True, False):
+            cache_on = CacheConfig(prefix_cache=on)
+            spec = RunSpec("on" if on else "off", SchedConfig(), cache_on, num_host_blocks=host)
             t0 = time.perf_counter()
-            sim = Simulator(cost, SchedConfig(), CacheConfig(prefix_cache=on), num_host_blocks=host)
-            m = sim.run(w).metrics
+            m = run_one(spec, cost, w)
             res[on] = {k: v for k, v in m.items() if isinstance(v, (int, float))}
             res[on]["wall_s"] = time.perf_counter() - t0
             console.print(f"x{scale} cache {'on' if on else 'off'}: {res[on]['wall_s']:.0f} s")

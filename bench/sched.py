@@ -28,11 +28,10 @@ from pathlib import Path
 import numpy as np
 import torch
 from rich.console import Console
-from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from machine import describe_machine  # noqa: E402
+from machine import describe_machine, table_of  # noqa: E402
 
 from fsd.config import CacheConfig, SchedConfig  # noqa: E402
 from fsd.cost.profiles import load_profile  # noqa: E402
@@ -164,21 +163,12 @@ def main() -> None:
         for n in args.jobs.split(",")
         for p in args.policies.split(",")
     ]
-    table = Table(title=f"scheduler decision time per iteration ({PROFILE}, proactive, batch 32)")
-    for col in ("policy", "jobs", "mean ms", "p50 ms", "p99 ms", "goal ms", "ok", "iters"):
-        table.add_column(col, justify="left" if col == "policy" else "right")
-    for r in rows:
-        table.add_row(
-            r["policy"],
-            str(r["jobs"]),
-            f"{r['mean_ms']:.3f}",
-            f"{r['p50_ms']:.3f}",
-            f"{r['p99_ms']:.3f}",
-            f"{r['goal_ms']}",
-            "yes" if r["meets_goal"] else "NO",
-            str(r["iterations"]),
-        )
-    Console(width=120).print(table)
+    title = f"scheduler decision time per iteration ({PROFILE}, proactive, batch 32)"
+    columns = "policy | jobs | mean ms | p50 ms | p99 ms | goal ms | ok | iters"
+    cells = ("{policy} | {jobs} | {mean_ms:.3f} | {p50_ms:.3f} | {p99_ms:.3f} | {goal_ms} | "
+             "{ok} | {iterations}")  # fmt: skip
+    shown = [r | {"ok": "yes" if r["meets_goal"] else "NO"} for r in rows]
+    Console(width=120).print(table_of(title, columns, cells, shown, left=1))
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     result = {

@@ -61,7 +61,6 @@ from fsd.cost.profiles import load_profile  # noqa: E402
 from fsd.sched.registry import DEFAULT_POLICY, POLICIES  # noqa: E402
 from fsd.sched.scheduler import Scheduler  # noqa: E402
 from fsd.sim.capacity import max_context_of  # noqa: E402
-from fsd.sim.engine import Simulator  # noqa: E402
 from fsd.sim.runner import RunSpec, map_tasks, run_many  # noqa: E402
 from fsd.workload.spec import Workload  # noqa: E402
 from fsd.workload.trace import read_trace  # noqa: E402
@@ -301,7 +300,7 @@ def run_cost(args: argparse.Namespace, console: Console) -> dict[str, Any]:
 
 def prefix_run(cost: CostModel, workload: Workload, policy: str, on: bool) -> dict[str, Any]:
     """One simulation with the prefix cache on or off: its times and reuse."""
-    sim = Simulator(cost, SchedConfig(policy=policy), CacheConfig(prefix_cache=on))
+    sim = RunSpec(policy, SchedConfig(policy=policy), CacheConfig(prefix_cache=on)).simulator(cost)
     cpu = time.process_time()
     m = sim.run(workload).metrics
     cpu = time.process_time() - cpu

@@ -15,7 +15,6 @@ bench/results/step-overhead-<device>.json.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -23,11 +22,10 @@ from pathlib import Path
 
 import torch
 from rich.console import Console
-from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from machine import describe_machine, machine_slug  # noqa: E402
+from machine import describe_machine, machine_slug, table_of, timing_args, write_json  # noqa: E402
 
 from fsd import LLM, SamplingParams  # noqa: E402
 from fsd.layers.attention import AttentionMetadata  # noqa: E402
@@ -106,17 +104,13 @@ def time_steps(batch: int, args) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--batches", default="1,8,32,128")
     ap.add_argument("--context", type=int, default=512)
     ap.add_argument("--steps", type=int, default=48)
     ap.add_argument("--reps", type=int, default=400)
-    ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--device", default="cpu")
-    ap.add_argument("--json", default=None)
-    args = ap.parse_args()
-    torch.set_num_threads(args.threads)
+    args = timing_args(ap, batches="1,8,32,128")
     console = Console()
-    batches = [int(b) for b in args.batches.split(",")]
+    batches = args.batches
 
     builds = []
     for b in batches:
@@ -127,29 +121,17 @@ def main() -> None:
                 "with_prefill_us": 1e6 * time_build(b, args.context, args.context, args.reps),
             }
         )
-    table = Table(title=f"AttentionMetadata.build, context {args.context}: us (median)")
-    for col in ("decodes", "decodes only", f"+ prefill of {args.context}"):
-        table.add_column(col, justify="right")
-    for r in builds:
-        table.add_row(str(r["batch"]), f"{r['decode_us']:.1f}", f"{r['with_prefill_us']:.1f}")
-    console.print(table)
+    title = f"AttentionMetadata.build, context {args.context}: us (median)"
+    columns = f"decodes | decodes only | + prefill of {args.context}"
+    cells = "{batch} | {decode_us:.1f} | {with_prefill_us:.1f}"
+    console.print(table_of(title, columns, cells, builds))
 
     steps = [time_steps(b, args) for b in batches]
-    table = Table(
-        title=f"tiny decode step at context {args.context}, {args.threads} thread(s): ms (median)"
-    )
-    for col in ("batch", "step", "forward", "worker rest", "engine rest", "not forward"):
-        table.add_column(col, justify="right")
-    for r in steps:
-        table.add_row(
-            str(r["batch"]),
-            f"{r['step_ms']:.2f}",
-            f"{r['forward_ms']:.2f}",
-            f"{r['worker_rest_ms']:.2f}",
-            f"{r['engine_rest_ms']:.2f}",
-            f"{100 * r['overhead_share']:.0f}%",
-        )
-    console.print(table)
+    title = f"tiny decode step at context {args.context}, {args.threads} thread(s): ms (median)"
+    columns = "batch | step | forward | worker rest | engine rest | not forward"
+    cells = ("{batch} | {step_ms:.2f} | {forward_ms:.2f} | {worker_rest_ms:.2f} | "
+             "{engine_rest_ms:.2f} | {overhead_share:.0%}")  # fmt: skip
+    console.print(table_of(title, columns, cells, steps))
     dev = torch.device(args.device)
     result = {
         "bench": "step overhead",
@@ -158,9 +140,7 @@ def main() -> None:
         "build": builds,
         "steps": steps,
     }
-    out = Path(args.json or f"bench/results/step-overhead-{machine_slug(dev)}.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
+    out = write_json(args.json or f"bench/results/step-overhead-{machine_slug(dev)}.json", result)
     console.print(f"wrote {out}")
 
 

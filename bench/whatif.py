@@ -41,10 +41,10 @@ from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from daemon import BenchDaemon, DaemonSpec  # noqa: E402
 from machine import describe_machine  # noqa: E402
 
 from fsd import protocol as P  # noqa: E402
-from fsd.bench.daemon import BenchDaemon, DaemonSpec  # noqa: E402
 from fsd.client import Client  # noqa: E402
 from fsd.credentials import find_operator_token  # noqa: E402
 from fsd.twin.figures import JobTimes, window_figures  # noqa: E402

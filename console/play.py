@@ -6,7 +6,7 @@ the scenario's prompt length, `max_tokens` = its output length, EOS ignored, so 
 lengths are exact), retunes are sent, abort-all aborts this player's live jobs. The
 daemon's telemetry is recorded alongside for the KV series and the latency split.
 After the last arrival the player waits up to `drain_timeout` for its jobs, then
-aborts the rest. One asyncio loop does all of it; `fsd bench slo` calls `play` too.
+aborts the rest. One asyncio loop does all of it; bench/slo.py calls `play` too.
 """
 
 from __future__ import annotations

@@ -8,7 +8,6 @@ from typing import Annotated, Any, Optional
 import typer
 from rich.console import Console
 
-from fsd.bench.cli import bench_app
 from fsd.cli_errors import fail, friendly
 from fsd.cli_fields import field_options, with_fields
 from fsd.cli_options import (
@@ -347,7 +346,6 @@ def man_page(
 
 
 app.command("simulate")(simulate_command)
-app.add_typer(bench_app, name="bench")
 
 
 if __name__ == "__main__":

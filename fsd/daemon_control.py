@@ -10,7 +10,8 @@ If the child exits first, its error (from the lines it wrote during this start) 
 shown. `fsd stop` asks the daemon to drain on its socket, then signals the pid its
 held pidfile names, once the kernel confirms that this process holds the lock
 (`fsd.pidfile.check_lock_holder`). Both refuse a state folder another user may
-steer (`fsd.statedir`).
+steer (`fsd.statedir`). `stop_process` ends a daemon that the caller started itself
+(a benchmark's, a test's) by its process handle.
 """
 
 from __future__ import annotations
@@ -190,3 +191,16 @@ def _signal(pidfile: Path, sig: int) -> None:
     with contextlib.suppress(ProcessLookupError):  # it exited meanwhile
         check_lock_holder(pidfile, pid, holders)
         os.kill(pid, sig)
+
+
+def stop_process(proc: subprocess.Popen, timeout: float) -> int:
+    """SIGTERM (the daemon drains), then SIGKILL if it has not exited in `timeout`;
+    the exit code."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    return proc.returncode

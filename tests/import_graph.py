@@ -15,11 +15,14 @@ A module is named as installed: `fsd/sched/mlfq.py` is `fsd.sched.mlfq`, a packa
   `__init__`), only the modules named.
 
 Run it (`python tests/import_graph.py`) for the circles and the upward imports.
+`loads` asks a fresh interpreter instead: what importing some modules really loads.
 """
 
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -144,6 +147,14 @@ def upward(edges: dict[str, set[str]]) -> list[str]:
         for target in sorted(targets)
         if m.startswith(target + ".")
     ]
+
+
+def loads(name: str, *modules: str) -> bool:
+    """Whether a fresh interpreter that imports `modules` holds the module `name` after
+    (e.g. torch: a process that needs only them does not pay for it)."""
+    code = f"import sys, {', '.join(modules)}; print({name!r} in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return {"True": True, "False": False}[out.stdout.strip()]
 
 
 if __name__ == "__main__":

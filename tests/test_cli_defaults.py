@@ -15,19 +15,12 @@ import msgspec
 import pytest
 import typer
 
+from fsd import config
 from fsd import protocol as P
 from fsd.cli import ENGINE_POLICIES, START_OWN_OPTIONS
 from fsd.cli import app as fsd_app
 from fsd.cli_options import CLI_MAX_TOKENS, CONFIG_FIELDS
-from fsd.config import (
-    DEVICES,
-    DTYPES,
-    CacheConfig,
-    ModelConfig,
-    ParallelConfig,
-    SchedConfig,
-    ServerConfig,
-)
+from fsd.config import CacheConfig, ModelConfig, ParallelConfig, SchedConfig, ServerConfig
 from fsd.console.cli import app as fsctl_app
 from fsd.console.play import PlayOptions
 from fsd.jobs import SamplingParams
@@ -177,9 +170,9 @@ def test_help_lists_the_registries():
         engine_policy("srpt")
     for name in KV_POLICIES:
         assert name in start["kv_policy"].help
-    for name in DEVICES:
+    for name in config.DEVICES:
         assert name in start["device"].help
-    for name in DTYPES:
+    for name in config.DTYPES:
         assert name in start["dtype"].help
     sim = options(fsd_app, ("simulate",))
     assert sim["policies"].default == ",".join(POLICIES)

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
 import threading
 import time
 from dataclasses import dataclass, field
@@ -39,14 +38,9 @@ from fsd import protocol as P
 from fsd.errors import SettingError
 from fsd.protocol_preview import MAX_HORIZON, MAX_SEEDS
 from fsd.sched.retune import check_names
+from tests.server.daemon_proc import free_port
 
 OPERATOR_ONLY = (P.Retune, P.Inject, P.Drain, P.Undrain, P.Shutdown, P.Preview)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass

@@ -6,41 +6,25 @@ from __future__ import annotations
 import json
 import math
 import re
+import sys
 import time
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
-from fsd.bench.slo import max_rate_under
 from fsd.console.cli import app
 from fsd.console.play_stats import JobRecord, split_latency, summarize
-from tests.server.daemon_proc import SMALL_POOL, Daemon, daemon_fixture
+from tests.server.daemon_proc import SMALL_POOL, SMALL_SCENARIO, Daemon, daemon_fixture
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+
+import slo  # noqa: E402  (bench/slo.py)
 
 CONFIG = SMALL_POOL
 
-SCENARIO = """
-[scenario]
-name = "mini"
-seed = 5
-duration = 2.0
-
-[[phase]]
-arrival = "poisson"
-rate = 6.0
-lengths = { prompt = { dist = "lognormal", mean = 24, sigma = 0.4 }, output = 8 }
-
-[[event]]
-at = 0.5
-kind = "burst"
-count = 3
-prompt_len = 40
-output_len = 12
-
-[[event]]
-at = 1.0
-kind = "retune"
-set = { quantum_ratio = 3.0 }
-"""
+# Poisson arrivals, a burst at 0.5 s and a retune at 1.0 s
+SCENARIO = SMALL_SCENARIO + '[[event]]\nat = 1.0\nkind = "retune"\nset = { quantum_ratio = 3.0 }\n'
 
 
 daemon = daemon_fixture(CONFIG, "play")
@@ -121,7 +105,7 @@ def test_abort_all_ends_the_players_live_jobs(daemon, tmp_path):
 
 def test_a_bad_scenario_fails_before_playing(daemon, tmp_path):
     scenario = tmp_path / "bad.toml"
-    scenario.write_text(SCENARIO.replace("rate = 6.0", "rate = 0"))
+    scenario.write_text(SCENARIO.replace("rate = 8.0", "rate = 0"))
     res = fsctl(daemon, "play", str(scenario), "--no-progress")
     assert res.exit_code == 2
     assert "bad.toml: phase[0].rate: must be > 0, got 0" in res.output
@@ -190,16 +174,12 @@ def test_latency_split_charges_iterations_and_swap_ins():
 )
 def test_max_rate_under_the_slo(lat, expected):
     runs = [{"rate": float(i + 1), "avg": x} for i, x in enumerate(lat)]
-    got = max_rate_under(runs, slo=0.03, metric="avg")
+    got = slo.max_rate_under(runs, slo=0.03, metric="avg")
     assert (got["max_rate"], got["bracketed"]) == (pytest.approx(expected[0]), expected[1])
 
 
 def test_bench_slo_without_out_writes_a_new_file_not_the_committed_results(tmp_path, monkeypatch):
     # the committed bench/results/slo-cpu.* (which the README shows) must survive a trial run
-    from fsd.bench import slo
-    from fsd.bench.cli import default_prefix
-    from fsd.cli import app as fsd_app
-
     committed = tmp_path / "bench" / "results" / "slo-cpu.json"
     committed.parent.mkdir(parents=True)
     committed.write_text('{"committed": true}\n')
@@ -208,16 +188,14 @@ def test_bench_slo_without_out_writes_a_new_file_not_the_committed_results(tmp_p
     monkeypatch.chdir(tmp_path)
     scenario = tmp_path / "mini.toml"
     scenario.write_text(SCENARIO)
-    args = ["bench", "slo", "--scenario", str(scenario), "--rates", "1", "--no-plots"]
     for _ in range(2):  # two runs in the same second get two files
-        res = CliRunner().invoke(fsd_app, args)
-        assert res.exit_code == 0, res.output
+        slo.main(["--scenario", str(scenario), "--rates", "1", "--no-plots"])
     assert committed.read_text() == '{"committed": true}\n'
     written = sorted(p.name for p in tmp_path.glob("slo-cpu-*.json"))
     assert len(written) == 2 and all(json.loads((tmp_path / n).read_text()) == report for n in written)  # fmt: skip
     assert re.fullmatch(r"slo-cpu-\d{8}-\d{6}(-2)?\.json", written[0])
     # the name says when: slo-DEVICE-YYYYmmdd-HHMMSS, then -2, -3 when taken
-    base = default_prefix("cpu", 0.0, tmp_path)
+    base = slo.default_prefix("cpu", 0.0, tmp_path)
     assert base.name == "slo-cpu-" + time.strftime("%Y%m%d-%H%M%S", time.localtime(0.0))
     base.with_name(base.name + ".json").write_text("{}")
-    assert default_prefix("cpu", 0.0, tmp_path).name == base.name + "-2"
+    assert slo.default_prefix("cpu", 0.0, tmp_path).name == base.name + "-2"

@@ -12,6 +12,7 @@ import pytest
 import zmq
 from rich.text import Text
 from textual.pilot import Pilot
+from textual.screen import Screen
 from textual.widget import Widget
 from textual.widgets import Input
 
@@ -69,29 +70,39 @@ def message(app: TopApp) -> str:
     return text_of(app.query_one("#message"))
 
 
+async def open_dialog(pilot: Pilot, app: TopApp, key: str, dialog: type[Screen]) -> Screen:
+    """Once a snapshot is in, press `key`: the dialog it opens."""
+    await wait_for(pilot, lambda: app.view.snapshot is not None)
+    await pilot.press(key)
+    await wait_for(pilot, lambda: isinstance(app.screen, dialog))
+    return app.screen
+
+
+def fill(dialog: Screen, **inputs: str) -> None:
+    """Type each value into the dialog's Input of that id."""
+    for name, value in inputs.items():
+        dialog.query_one(f"#{name}", Input).value = value
+
+
 @sync
 async def test_retune_validates_then_changes_the_daemons_config(daemon):
     app = live_app(daemon)
     async with app.run_test(size=(120, 40)) as pilot:
-        await wait_for(pilot, lambda: app.view.snapshot is not None)
-        await pilot.press("t")
-        await wait_for(pilot, lambda: isinstance(app.screen, RetuneScreen))
-        dialog = app.screen
+        dialog = await open_dialog(pilot, app, "t", RetuneScreen)
         # a bad value is caught in the dialog: named, focused, nothing sent
-        dialog.query_one("#ratio", Input).value = "0.5"
+        fill(dialog, ratio="0.5")
         await pilot.press("ctrl+s")
         assert "ratio: must be > 1" in text_of(dialog.query_one("#error"))
         assert app.focused is dialog.query_one("#ratio")
         # a value only the daemon refuses: its Error is shown, the dialog stays
-        dialog.query_one("#ratio", Input).value = "2"
+        fill(dialog, ratio="2")
         dialog.query_one("#policy").value = "srpt"
         await pilot.press("ctrl+s")
         await wait_for(pilot, lambda: "daemon:" in text_of(dialog.query_one("#error")))
         assert app.screen is dialog
         # a good change reaches the daemon and its answer is shown
         dialog.query_one("#policy").value = "sj-mlfq"
-        dialog.query_one("#k_prime", Input).value = "3"
-        dialog.query_one("#alpha", Input).value = "750ms"
+        fill(dialog, k_prime="3", alpha="750ms")
         await pilot.press("ctrl+s")
         await wait_for(pilot, lambda: not isinstance(app.screen, RetuneScreen))
         assert "reserve_top_levels=3" in message(app) and "starve_limit=750ms" in message(app)
@@ -105,16 +116,11 @@ async def test_inject_creates_marked_jobs_and_a_scenario_gets_an_answer(daemon, 
     (tmp_path / "tiny.toml").write_text("# not a valid scenario for this daemon, maybe\n")
     app = live_app(daemon, scenario_dir=tmp_path)
     async with app.run_test(size=(160, 48)) as pilot:
-        await wait_for(pilot, lambda: app.view.snapshot is not None)
-        await pilot.press("i")
-        await wait_for(pilot, lambda: isinstance(app.screen, InjectScreen))
-        dialog = app.screen
-        dialog.query_one("#count", Input).value = "0"
+        dialog = await open_dialog(pilot, app, "i", InjectScreen)
+        fill(dialog, count="0")
         await pilot.click("#inject-burst")
         assert "count: must be in [1, 10000]" in text_of(dialog.query_one("#error"))
-        dialog.query_one("#count", Input).value = "3"
-        dialog.query_one("#output_len", Input).value = "400"
-        dialog.query_one("#tag", Input).value = "pilot"
+        fill(dialog, count="3", output_len="400", tag="pilot")
         # a Button ignores clicks for 0.2 s after a press (its "-active" effect)
         button = dialog.query_one("#inject-burst")
         await wait_for(pilot, lambda: not button.has_class("-active"))
@@ -124,9 +130,7 @@ async def test_inject_creates_marked_jobs_and_a_scenario_gets_an_answer(daemon, 
         table = app.query_one(JobTable)
         await wait_for(pilot, lambda: sum(r.injected and "pilot" in r.tags for r in table.rows) == 3)  # fmt: skip
         # the scenario file is listed and sent; whatever the daemon says is shown
-        await pilot.press("i")
-        await wait_for(pilot, lambda: isinstance(app.screen, InjectScreen))
-        dialog = app.screen
+        dialog = await open_dialog(pilot, app, "i", InjectScreen)
         await pilot.click("#inject-scenario")
         await wait_for(
             pilot,
@@ -299,10 +303,8 @@ async def test_an_operator_console_says_so_and_a_forbidden_answer_explains_itsel
             assert "read-only" not in title_of(app)
             await wait_for(pilot, lambda: app.view.snapshot is not None)
             fake.token = "rotated"  # the daemon's token changed: it now says "forbidden"
-            await pilot.press("t")
-            await wait_for(pilot, lambda: isinstance(app.screen, RetuneScreen))
-            dialog = app.screen
-            dialog.query_one("#ratio", Input).value = "3"
+            dialog = await open_dialog(pilot, app, "t", RetuneScreen)
+            fill(dialog, ratio="3")
             await pilot.press("ctrl+s")
             error = dialog.query_one("#error")
             await wait_for(pilot, lambda: "forbidden" in text_of(error))

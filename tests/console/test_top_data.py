@@ -15,21 +15,16 @@ from fsd.console.top.data import JobRow, TopState, fold, sort_rows
 from fsd.console.top.source import ReplaySource, TelemetryFeed
 from fsd.errors import ConfigError
 from tests.console.conftest import RECORDING
+from tests.wire_samples import kv_info, slo_info
 
 
 def kv(out: int = 0, inn: int = 0) -> P.KVInfo:
-    return P.KVInfo(
-        block_size=16, device_total=100, device_used=40, device_reserved=8, device_free=60,
-        host_total=400, host_used=10, bytes_in_flight=0, swapped_out_bytes=out, swapped_in_bytes=inn,
-    )  # fmt: skip
+    return kv_info(swapped_out_bytes=out, swapped_in_bytes=inn)
 
 
 def slo(avg: float | None = None, p95: float | None = None, limit: float = 0.05) -> P.SLOInfo:
-    return P.SLOInfo(
-        window=60.0, finished=3, avg_per_token_latency=avg, p95_per_token_latency=p95,
-        avg_ttft=None, p95_ttft=None, tokens_per_s=10.0, requests_per_s=1.0,
-        slo_per_token_latency=limit,
-    )  # fmt: skip
+    figures = {"avg_per_token_latency": avg, "p95_per_token_latency": p95}
+    return slo_info(**figures, slo_per_token_latency=limit)
 
 
 def job(jid: str, level: int = 1, state: str = "waiting", out: int = 0, enst: float | None = 0.1, tags=()) -> P.JobInfo:  # fmt: skip
@@ -234,11 +229,7 @@ def test_sparkline_scales_to_its_max_and_pads():
 def test_tok_s_counts_streaming_jobs_before_any_has_finished():
     # 32 jobs stream and none has finished: the SLO window's throughput is still 0, but
     # the engine makes 32 tokens per 25 ms iteration
-    none_done = P.SLOInfo(
-        window=60.0, finished=0, avg_per_token_latency=None, p95_per_token_latency=None,
-        avg_ttft=None, p95_ttft=None, tokens_per_s=0.0, requests_per_s=0.0,
-        slo_per_token_latency=0.05,
-    )  # fmt: skip
+    none_done = slo_info(finished=0, tokens_per_s=0.0, requests_per_s=0.0)
     ids = [f"j{i}" for i in range(32)]
     state = TopState()
     for k in range(1, 4):

@@ -52,13 +52,20 @@ def test_prompts_sharing_0_1_15_16_17_300_tokens_reuse_whole_blocks_and_match(un
     llm.engine.blocks.check()
 
 
-def test_blocks_evicted_to_the_host_come_back_by_copy_and_match(uncached):
-    # 24 device blocks: BASE's 19 are evicted by the next prompts and go to the host
-    llm = LLM("tiny", policy="fcfs", num_gpu_blocks=24, num_host_blocks=64)
+def run_evicting(num_host_blocks: int) -> tuple[LLM, list]:
+    """BASE and each prompt on 24 device blocks, each followed by an unrelated long
+    prompt that evicts what is idle: the LLM and the prompts' outputs."""
+    llm = LLM("tiny", policy="fcfs", num_gpu_blocks=24, num_host_blocks=num_host_blocks)
     outs = []
     for p in [BASE, *PROMPTS]:
         outs.append(llm.generate(p, PARAMS)[0])
         llm.generate([250 - k % 200 for k in range(300)], PARAMS)  # evicts what is idle
+    return llm, outs
+
+
+def test_blocks_evicted_to_the_host_come_back_by_copy_and_match(uncached):
+    # 24 device blocks: BASE's 19 are evicted by the next prompts and go to the host
+    llm, outs = run_evicting(num_host_blocks=64)
     assert [o.token_ids for o in outs] == uncached
     stats = llm.engine.blocks.prefix.stats()
     assert stats.host_hits > 0 and stats.device_evictions > 0
@@ -67,11 +74,7 @@ def test_blocks_evicted_to_the_host_come_back_by_copy_and_match(uncached):
 
 
 def test_blocks_evicted_for_good_are_recomputed_and_match(uncached):
-    llm = LLM("tiny", policy="fcfs", num_gpu_blocks=24, num_host_blocks=4)
-    outs = []
-    for p in [BASE, *PROMPTS]:
-        outs.append(llm.generate(p, PARAMS)[0])
-        llm.generate([250 - k % 200 for k in range(300)], PARAMS)
+    llm, outs = run_evicting(num_host_blocks=4)
     assert [o.token_ids for o in outs] == uncached
     assert llm.engine.blocks.prefix.stats().host_evictions > 0
     llm.engine.blocks.check()

@@ -30,6 +30,7 @@ from fsd.jobs import Job, KVLocation, SamplingParams
 from fsd.kv.block_manager import BlockManager
 from fsd.kv.swap import SwapOp
 from fsd.sched.scheduler import Scheduler, SchedulerOutput
+from tests.sched import harness
 from tests.sched.harness import drive, job_specs, make_jobs, scheduler
 
 BS = 4
@@ -85,6 +86,19 @@ class PartlyPrefilledBlocks(RuleBasedStateMachine):
     def _ready(self, job: Job) -> bool:
         return job.job_id not in self.copies
 
+    def _copying(self, op: SwapOp, to: list[int], moving: KVLocation) -> bool:
+        """Checks a move that just started, whose destination table is `to`: only the
+        blocks filled so far move, however far its prompt goes (those the destination
+        caches already, the jobs sharing prefixes, are referenced there, not copied); an
+        asynchronous copy is `moving` until `copy_done`. Whether it is one."""
+        job = op.job
+        assert len(op.src) == len(op.dst) <= blocks_for(job.num_computed_tokens) == len(to)
+        if op.sync:  # (a move with nothing to copy ends at once)
+            return False
+        assert job.kv is moving
+        self.copies[job.job_id] = op
+        return True
+
     @rule(prompt=st.integers(1, 60), outputs=st.integers(1, 6))
     def arrive(self, prompt: int, outputs: int) -> None:
         self.seq += 1
@@ -120,13 +134,8 @@ class PartlyPrefilledBlocks(RuleBasedStateMachine):
         if job is None or not self.bm.can_swap_out(job):
             return
         op = self.bm.swap_out(job, sync=sync)
-        # only the blocks filled so far move, however far its prompt goes; those the host
-        # caches already (the jobs share prefixes) are referenced there, not copied
-        filled = blocks_for(job.num_computed_tokens)
-        assert len(op.src) == len(op.dst) <= filled == len(job.host_block_table)
-        if not op.sync:  # (a move with nothing to copy ends at once)
-            assert job.kv is _OUT and set(op.src) <= set(job.block_table)
-            self.copies[job.job_id] = op
+        if self._copying(op, job.host_block_table, _OUT):
+            assert set(op.src) <= set(job.block_table)
         else:
             assert job.kv is _HOST and not job.block_table
 
@@ -137,11 +146,7 @@ class PartlyPrefilledBlocks(RuleBasedStateMachine):
         if job is None or not self.bm.can_swap_in(job):
             return
         op = self.bm.swap_in(job, sync=sync)
-        filled = blocks_for(job.num_computed_tokens)
-        assert len(op.src) == len(op.dst) <= filled == len(job.block_table)
-        if not op.sync:
-            assert job.kv is _IN
-            self.copies[job.job_id] = op
+        self._copying(op, job.block_table, _IN)
 
     @precondition(lambda self: self.copies)
     @rule(data=st.data())
@@ -270,35 +275,18 @@ def watch(sched: Scheduler, chunk: int, max_batch_tokens: int) -> list[int]:
 def test_property_chunked_prefill_conserves_blocks_and_finishes_everything(
     specs, policy, kv, chunk, batch, device, delay, max_batch_tokens
 ):
-    s = scheduler(
-        policy,
-        kv,
-        device=device,
-        host=200,
-        max_batch_size=batch,
-        block_size=BS,
-        demote_rule="always",
-        preempt_threshold=0,
-        prefill_chunk=chunk,
-        max_batch_tokens=max_batch_tokens,
-    )
-    # a prompt and its output must fit the device pool (admission's rule); with
+    s = harness.property_scheduler(
+        policy, kv, device, batch, demote_rule="always", preempt_threshold=0,
+        prefill_chunk=chunk, max_batch_tokens=max_batch_tokens,
+    )  # fmt: skip
+    assert s.blocks.block_size == BS
+    # a prompt and its output must fit the device pool (admission's rule, drive_all); with
     # chunking, a prompt need not fit one iteration's token budget
-    specs = [(p, o, a) for p, o, a in specs if blocks_for(p + o) <= device] or [(1, 1, 0)]
-    jobs = make_jobs([(p, o) for p, o, _ in specs])
-    arrivals = {j.job_id: a for j, (_, _, a) in zip(jobs, specs, strict=True)}
     partial = watch(s, chunk, max_batch_tokens)
-    run = drive(
-        s,
-        jobs,
-        arrivals,
-        copy_delay=delay,
-        before=lambda it, now: assert_tables_hold_only_filled_blocks(s.jobs(), BS),
-    )
-    assert sorted(run.finished) == sorted(j.job_id for j in jobs)
+    check = lambda it, now: assert_tables_hold_only_filled_blocks(s.jobs(), BS)  # noqa: E731
+    jobs = harness.drive_all(s, specs, copy_delay=delay, before=check)  # all end, blocks free
     assert all(len(j.output_token_ids) == j.max_output for j in jobs)
-    assert s.blocks.device.num_free == device and s.blocks.host.num_free == 200
-    if any(p > min(chunk, max_batch_tokens) for p, _, _ in specs):
+    if any(j.num_prompt_tokens > min(chunk, max_batch_tokens) for j in jobs):
         assert partial  # some prompt went in as chunks
 
 

@@ -59,6 +59,14 @@ def scheduler(
     return make_scheduler(SchedConfig(policy=policy, **sched_kw), cache, blocks, cost)
 
 
+def property_scheduler(
+    policy: str, kv_policy: str, device: int, batch: int, **sched_kw
+) -> Scheduler:
+    """The random-arrival property tests' scheduler: `device` blocks of 4 tokens, a host
+    pool of 200, at most `batch` jobs an iteration, and `sched_kw`."""
+    return scheduler(policy, kv_policy, device, 200, 4, max_batch_size=batch, **sched_kw)
+
+
 @dataclass
 class Run:
     finished: list[str] = field(default_factory=list)
@@ -113,3 +121,24 @@ def drive(
         sched.blocks.check()
         run.iterations += 1
     return run
+
+
+def drive_all(
+    sched: Scheduler,
+    specs: list[tuple[int, int, int]],
+    copy_delay: int = 1,
+    before: Callable[[int, float], None] | None = None,
+) -> list[Job]:
+    """The (prompt, output, arrival) `specs` whose prompt and output fit the device pool
+    (admission's rule; one tiny job if none does), run to completion on a fresh `sched`:
+    every job finishes and every block of both tiers is free again. Returns the jobs."""
+    blocks = sched.blocks
+    fit = [s for s in specs if blocks.blocks_for(s[0] + s[1]) <= blocks.device.num_blocks]
+    fit = fit or [(1, 1, 0)]
+    jobs = make_jobs([(p, o) for p, o, _ in fit])
+    arrivals = {j.job_id: a for j, (_, _, a) in zip(jobs, fit, strict=True)}
+    run = drive(sched, jobs, arrivals, copy_delay=copy_delay, before=before)
+    assert sorted(run.finished) == sorted(j.job_id for j in jobs)
+    assert blocks.device.num_free == blocks.device.num_blocks
+    assert blocks.host.num_free == blocks.host.num_blocks
+    return jobs

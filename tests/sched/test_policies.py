@@ -11,7 +11,14 @@ from hypothesis import strategies as st
 from fsd.config import SchedConfig
 from fsd.errors import ConfigError
 from fsd.sched import resolve_policy
-from tests.sched.harness import drive, job_specs, make_jobs, scheduler
+from tests.sched.harness import (
+    drive,
+    drive_all,
+    job_specs,
+    make_jobs,
+    property_scheduler,
+    scheduler,
+)
 
 POLICIES = ["fcfs", "priority", "mlfq", "sj-mlfq", "fsd", "gittins", "srpt"]
 KV = ["defer", "recompute", "reactive", "proactive"]
@@ -118,26 +125,12 @@ def test_property_blocks_conserved_all_finish_no_deadlock(
 ):
     # learned: output lengths that prime the Gittins demotion rule (None: always demote)
     rule = "always" if learned is None else "gittins"
-    s = scheduler(
-        policy,
-        kv,
-        device=device,
-        host=200,
-        max_batch_size=batch,
-        block_size=4,
-        demote_rule=rule,
-        preempt_threshold=threshold,
-    )
+    s = property_scheduler(policy, kv, device, batch, demote_rule=rule, preempt_threshold=threshold)
     lengths = getattr(s.queue, "lengths", None)  # MLFQ queues only
     if lengths is not None:
         for n in learned or ():
             lengths.observe(n)
-    specs = [(p, o, a) for p, o, a in specs if s.blocks.blocks_for(p + o) <= device] or [(1, 1, 0)]
-    jobs = make_jobs([(p, o) for p, o, _ in specs])
-    arrivals = {j.job_id: a for j, (_, _, a) in zip(jobs, specs, strict=True)}
-    run = drive(s, jobs, arrivals, copy_delay=delay)
-    assert sorted(run.finished) == sorted(j.job_id for j in jobs)
-    assert s.blocks.device.num_free == device and s.blocks.host.num_free == 200
+    drive_all(s, specs, copy_delay=delay)  # every job finishes, every block comes back
 
 
 def test_config_errors_name_the_field():

@@ -13,9 +13,9 @@ from pathlib import Path
 import zmq
 
 from fsd import protocol as P
-from fsd.bench.daemon import stop_process
 from fsd.client import Client, CurveKeys, DaemonUnavailable
 from fsd.credentials import find_operator_token
+from fsd.daemon_control import stop_process
 
 
 def pool_config(gpu_blocks: int, max_batch_size: int, telemetry_hz: float, **server: object) -> str:
@@ -31,6 +31,26 @@ def pool_config(gpu_blocks: int, max_batch_size: int, telemetry_hz: float, **ser
 
 # a daemon small enough to preempt and swap with a handful of jobs, telemetry at 20 Hz
 SMALL_POOL = pool_config(64, 8, 20)
+
+# a scenario of 1.5 s for a test that plays or injects one: Poisson arrivals, one burst
+SMALL_SCENARIO = """
+[scenario]
+name = "small"
+seed = 11
+duration = 1.5
+
+[[phase]]
+arrival = "poisson"
+rate = 8.0
+lengths = { prompt = { dist = "lognormal", mean = 20, sigma = 0.3 }, output = 6 }
+
+[[event]]
+at = 0.5
+kind = "burst"
+count = 3
+prompt_len = 30
+output_len = 4
+"""
 
 
 def raw(d: Daemon) -> zmq.Socket:

@@ -19,7 +19,7 @@ import random
 import resource
 import struct
 import threading
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import zmq
@@ -54,17 +54,9 @@ class IdentityStats:
     by_op: dict[str, int] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
-        return {
-            "ops": self.ops,
-            "connects": self.connects,
-            "closes": self.closes,
-            "replies": self.replies,
-            "leaks": self.leaks[:20],
-            "leak_count": len(self.leaks),
-            "honest_jobs": self.honest_jobs,
-            "honest_bad": self.honest_bad[:20],
-            "by_op": self.by_op,
-        }
+        """Every count, the first 20 leaks and honest jobs cut short, how many leaked."""
+        first = {"leaks": self.leaks[:20], "honest_bad": self.honest_bad[:20]}
+        return asdict(self) | first | {"leak_count": len(self.leaks)}
 
 
 class IdentityFuzzer:

@@ -12,39 +12,9 @@ from fsd.client import RequestError, TelemetryClient
 from fsd.errors import ConfigError
 from fsd.workload.scenario import load_scenario
 from fsd.workload.timeline import expand
-from tests.server.daemon_proc import Daemon, daemon_fixture
+from tests.server.daemon_proc import SMALL_SCENARIO, Daemon, daemon_fixture, pool_config
 
-CONFIG = """
-[cache]
-num_gpu_blocks = 64
-num_host_blocks = 256
-[sched]
-max_batch_size = 16
-[server]
-telemetry_hz = 20
-"""
-
-SMALL = """
-[scenario]
-name = "small"
-seed = 11
-duration = 1.5
-
-[[phase]]
-arrival = "poisson"
-rate = 8.0
-lengths = { prompt = { dist = "lognormal", mean = 20, sigma = 0.3 }, output = 6 }
-
-[[event]]
-at = 0.5
-kind = "burst"
-count = 3
-prompt_len = 30
-output_len = 4
-"""
-
-
-daemon = daemon_fixture(CONFIG, "inject")
+daemon = daemon_fixture(pool_config(64, 16, 20), "inject")
 
 
 def inject_and_watch(d: Daemon, spec: str, tag: str, timeout: float = 60.0):
@@ -72,9 +42,9 @@ def inject_and_watch(d: Daemon, spec: str, tag: str, timeout: float = 60.0):
 
 
 def test_scenario_jobs_arrive_on_its_clock_tagged_and_finish(daemon):
-    timeline = expand(load_scenario(SMALL))
+    timeline = expand(load_scenario(SMALL_SCENARIO))
     before = time.time()
-    ids, events = inject_and_watch(daemon, SMALL, "sc")
+    ids, events = inject_and_watch(daemon, SMALL_SCENARIO, "sc")
     assert len(ids) == len(timeline.arrivals) == len(set(ids))
     assert all("finish" in events[i] and "arrive" in events[i] for i in ids)
     # each job arrived at the feed's start plus its offset in the timeline, exactly
@@ -103,7 +73,7 @@ def test_scenario_jobs_arrive_on_its_clock_tagged_and_finish(daemon):
     ],
 )
 def test_a_bad_scenario_is_refused_and_changes_nothing(daemon, change, needle):
-    text = SMALL.replace(*change)
+    text = SMALL_SCENARIO.replace(*change)
     with daemon.client() as c:
         before = c.status()
         with pytest.raises(RequestError) as info:

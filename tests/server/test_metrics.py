@@ -12,7 +12,7 @@ from fsd import protocol as P
 from fsd.engine.output import RequestOutput
 from fsd.server.prom import MetricsCollector
 from tests.server.daemon_proc import Daemon, daemon_fixture
-from tests.wire_samples import job_row
+from tests.wire_samples import job_row, kv_info, slo_info
 
 
 def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -33,6 +33,14 @@ def job(job_id: str, state: str, kv: str, enst: float | None) -> P.JobInfo:
 
 
 def snapshot(jobs: list[P.JobInfo] | None) -> P.Snapshot:
+    kv = kv_info(
+        device_used=25, device_reserved=7, device_free=75, host_used=4,
+        swapped_out_bytes=4096, swapped_in_bytes=1024,
+    )  # fmt: skip
+    slo = slo_info(
+        finished=1, avg_per_token_latency=0.02, p95_per_token_latency=0.05, avg_ttft=0.1,
+        p95_ttft=0.2, tokens_per_s=1.0, requests_per_s=0.1, slo_per_token_latency=0.1,
+    )  # fmt: skip
     return P.Snapshot(
         time=100.0,
         seq=1,
@@ -42,30 +50,9 @@ def snapshot(jobs: list[P.JobInfo] | None) -> P.Snapshot:
             P.LevelInfo(index=2, quantum=0.02, job_ids=["c"]),
         ],
         jobs=jobs,
-        kv=P.KVInfo(
-            block_size=16,
-            device_total=100,
-            device_used=25,
-            device_reserved=7,
-            device_free=75,
-            host_total=400,
-            host_used=4,
-            bytes_in_flight=0,
-            swapped_out_bytes=4096,
-            swapped_in_bytes=1024,
-        ),
+        kv=kv,
         iterations=[],
-        slo=P.SLOInfo(
-            window=60.0,
-            finished=1,
-            avg_per_token_latency=0.02,
-            p95_per_token_latency=0.05,
-            avg_ttft=0.1,
-            p95_ttft=0.2,
-            tokens_per_s=1.0,
-            requests_per_s=0.1,
-            slo_per_token_latency=0.1,
-        ),
+        slo=slo,
         config={"cache": {"kv_policy": "proactive"}},
     )
 

@@ -35,15 +35,9 @@ def run(*args: str):
 def test_trace_run_prints_a_table_and_writes_every_key(small_trace, tmp_path):
     out = tmp_path / "res" / "sim.json"
     r = run(
-        "--trace",
-        str(small_trace),
-        "--time-scale",
-        "0.5",
-        "--policies",
-        "fcfs,fsd,srpt,default",
-        "--json",
-        str(out),
-    )
+        "--trace", str(small_trace), "--time-scale", "0.5",
+        "--policies", "fcfs,fsd,srpt,default", "--json", str(out),
+    )  # fmt: skip
     assert r.exit_code == 0, r.output
     assert "fcfs" in r.stdout and "srpt" in r.stdout and "SLO" in r.stdout
     data = json.loads(out.read_text())
@@ -69,33 +63,11 @@ def test_each_policys_run_shows_its_progress_on_stderr_when_not_a_terminal(small
 def test_synthetic_bursty_workload_with_settings(tmp_path):
     out = tmp_path / "syn.json"
     r = run(
-        "--arrival",
-        "gamma",
-        "--rate",
-        "2",
-        "--cv",
-        "4",
-        "--lengths",
-        "alpaca",
-        "--limit",
-        "150",
-        "--policies",
-        "sj-mlfq",
-        "--kv-policy",
-        "reactive",
-        "--starve-promote",
-        "entry",
-        "--num-gpu-blocks",
-        "64",
-        "--max-batch-size",
-        "8",
-        "--seed",
-        "3",
-        "--kv-sample",
-        "1.0",
-        "--json",
-        str(out),
-    )
+        "--arrival", "gamma", "--rate", "2", "--cv", "4", "--lengths", "alpaca",
+        "--limit", "150", "--policies", "sj-mlfq", "--kv-policy", "reactive",
+        "--starve-promote", "entry", "--num-gpu-blocks", "64", "--max-batch-size", "8",
+        "--seed", "3", "--kv-sample", "1.0", "--json", str(out),
+    )  # fmt: skip
     assert r.exit_code == 0, r.output
     data = json.loads(out.read_text())
     row = data["policies"]["sj-mlfq"]
@@ -107,20 +79,9 @@ def test_synthetic_bursty_workload_with_settings(tmp_path):
 def test_sweep_reports_each_policys_max_rate(small_trace, tmp_path):
     out = tmp_path / "sweep.json"
     r = run(
-        "--trace",
-        str(small_trace),
-        "--policies",
-        "fcfs,srpt",
-        "--sweep",
-        "--sweep-tol",
-        "0.3",
-        "--slo",
-        "0.06",
-        "--jobs",
-        "2",
-        "--json",
-        str(out),
-    )
+        "--trace", str(small_trace), "--policies", "fcfs,srpt", "--sweep", "--sweep-tol", "0.3",
+        "--slo", "0.06", "--jobs", "2", "--json", str(out),
+    )  # fmt: skip
     assert r.exit_code == 0, r.output
     data = json.loads(out.read_text())
     for row in data["policies"].values():

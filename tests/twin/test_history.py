@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import numpy as np
 import pytest
 
 from fsd.engine.history import WorkHistory
 from fsd.jobs import FinishReason, Job, SamplingParams
+from tests.import_graph import loads
 
 
 def _history(gaps: np.ndarray, start: float = 0.0) -> tuple[WorkHistory, float]:
@@ -82,9 +80,5 @@ def test_only_jobs_that_finished_lend_their_lengths() -> None:
 
 def test_the_twin_and_the_engines_history_load_without_torch():
     """The preview process imports the twin, and of the engine only its step history."""
-    code = (
-        "import sys, fsd.engine.history, fsd.twin.snapshot, fsd.twin.forward, fsd.twin.worker; "
-        "print('torch' in sys.modules)"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "False"
+    twin = ("fsd.twin.snapshot", "fsd.twin.forward", "fsd.twin.worker")
+    assert not loads("torch", "fsd.engine.history", *twin)

@@ -1,14 +1,14 @@
 """A fresh daemon for one benchmark setting: its own process, loopback ports and state dir.
 
-The benchmark measures the real engine, so each policy gets a new `fsd start
---foreground` (nothing carried over: KV pools, profile calibration, queues); the
-process is stopped with SIGTERM (drain) and killed if it does not exit.
+The benchmarks that measure the real engine (bench/slo.py, bench/whatif.py) give each
+setting a new `fsd start --foreground` (nothing carried over: KV pools, profile
+calibration, queues); the process is stopped with SIGTERM (drain) and killed if it
+does not exit (`fsd.daemon_control.stop_process`).
 """
 
 from __future__ import annotations
 
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -20,25 +20,13 @@ from pathlib import Path
 from fsd.client import Client
 from fsd.config import ServerConfig
 from fsd.daemon import probe_pidfile, state_files
-from fsd.daemon_control import last_message
+from fsd.daemon_control import last_message, stop_process
 from fsd.errors import FsdError
 from fsd.progress import Progress
 
 
 class BenchDaemonError(FsdError):
     """A benchmark daemon did not start or answer."""
-
-
-def stop_process(proc: subprocess.Popen, timeout: float) -> int:
-    """SIGTERM (the daemon drains), then SIGKILL if it has not exited in `timeout`."""
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-    return proc.returncode
 
 
 def _free_port() -> int:

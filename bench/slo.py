@@ -1,4 +1,7 @@
-"""`fsd bench slo`: latency against arrival rate per policy, on the real engine.
+"""Latency against arrival rate per policy, on the real engine (a fresh daemon per policy).
+
+    .venv/bin/python bench/slo.py --scenario scenarios/steady-sharegpt.toml --rates 1.5,3,4.5,6
+    .venv/bin/python bench/slo.py --scenario S --rates 10,20 --duration 15 --out PREFIX
 
 For each policy a fresh daemon starts; the scenario is played at each rate (every
 phase's rate scaled so the scenario's own arrivals average that rate, the same seed,
@@ -6,23 +9,36 @@ so both policies see the same jobs at a rate); the daemon is idle again before t
 next rate. One SLO judges every run: `--slo`, or the first daemon's (10 decode steps
 of its cost model). A policy's max rate under the SLO is where its average per-token
 latency crosses the SLO, interpolated linearly between the tested rates.
+
+Writes PREFIX.json and the PNG plots PREFIX-*.png (bench/slo_plots.py); without --out
+PREFIX is a new slo-DEVICE-YYYYmmdd-HHMMSS in the working folder, so that a trial run
+never replaces the committed bench/results/slo-cpu (regenerate that one with --out
+bench/results/slo-cpu). Prints the max rate under the SLO of each policy.
 """
 
 from __future__ import annotations
 
+import argparse
+import json
 import math
+import sys
+import time
 from dataclasses import asdict, dataclass, replace
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 
-from fsd.bench import machine
-from fsd.bench.daemon import BenchDaemon, DaemonSpec
-from fsd.console.play import PlayOptions, play, prepare, summary_table
-from fsd.console.play_stats import summarize
-from fsd.credentials import read_secret, token_path
-from fsd.errors import ConfigError
-from fsd.workload.scenario import Scenario
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import machine  # noqa: E402
+from daemon import BenchDaemon, DaemonSpec  # noqa: E402
+
+from fsd.console.play import PlayOptions, play, prepare, summary_table  # noqa: E402
+from fsd.console.play_stats import summarize  # noqa: E402
+from fsd.credentials import read_secret, token_path  # noqa: E402
+from fsd.errors import ConfigError, FsdError  # noqa: E402
+from fsd.workload.scenario import Scenario, load_scenario  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -124,7 +140,7 @@ def _report(
 ) -> dict[str, Any]:
     """The saved report; with two policies or more, the last's max rate over the first's."""
     report = {
-        "machine": describe_machine(bench.daemon.device),
+        "machine": daemon_machine(bench.daemon.device),
         "scenario": bench.scenario.name,
         "scenario_source": bench.scenario.source,
         "base_rate": base,
@@ -176,9 +192,117 @@ def max_rate_under(runs: list[dict[str, Any]], slo: float, metric: str) -> dict[
     return {"max_rate": r0 + (slo - l0) * (r1 - r0) / (l1 - l0), "bracketed": True}
 
 
-def describe_machine(device: str | None) -> dict[str, Any]:
+def daemon_machine(device: str | None) -> dict[str, Any]:
     """The machine the daemon ran on: its GPU when it used one (torch is imported lazily)."""
     import torch
 
     cuda = torch.cuda.is_available() and device in (None, "auto", "cuda")
     return machine.describe_machine(torch.device("cuda" if cuda else "cpu"))
+
+
+def default_prefix(device: str, now: float | None = None, folder: Path = Path(".")) -> Path:
+    """Where a run writes without --out: slo-DEVICE-YYYYmmdd-HHMMSS in the working folder.
+
+    Why not bench/results/slo-DEVICE: that is the committed run the README shows, and a
+    trial run must not replace it (regenerating it takes `--out bench/results/slo-cpu`).
+    A name already taken (two runs in one second) gets -2, -3, ...
+    """
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now))
+    base = folder / f"slo-{device}-{stamp}"
+    prefix, n = base, 1
+    while prefix.with_name(prefix.name + ".json").exists():
+        n += 1
+        prefix = base.with_name(f"{base.name}-{n}")
+    return prefix
+
+
+def _rates(text: str) -> tuple[float, ...]:
+    """--rates: comma-separated rates > 0, sorted, each once."""
+    try:
+        values = tuple(float(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"comma-separated numbers wanted, got {text!r}") from None
+    if not values or any(not v > 0 for v in values):
+        raise argparse.ArgumentTypeError(f"rates > 0 wanted, got {text!r}")
+    return tuple(sorted(set(values)))
+
+
+def _names(text: str) -> tuple[str, ...]:
+    """--policies: comma-separated names, each once, in order."""
+    names = tuple(dict.fromkeys(p.strip() for p in text.split(",") if p.strip()))
+    if not names:
+        raise argparse.ArgumentTypeError("no policy named")
+    return names
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    add = ap.add_argument
+    add("--scenario", type=Path, required=True, help="scenario TOML whose rate is swept")
+    add("--rates", type=_rates, required=True, help="comma-separated arrival rates, jobs/s")
+    add(
+        "--policies",
+        type=_names,
+        default=("fcfs", "sj-mlfq"),
+        help="comma-separated policies (default fcfs,sj-mlfq)",
+    )
+    add("--duration", type=float, help="cut the scenario to this many seconds")
+    add("--time-scale", type=float, default=1.0, help="play S times faster")
+    add("--length-scale", type=float, default=1.0, help="multiply token counts")
+    add("--drain-timeout", type=float, default=120.0, help="seconds to wait after the last arrival")
+    add(
+        "--slo",
+        type=float,
+        help="per-token latency SLO, s (default: the daemon's, 10 decode steps)",
+    )
+    add("--metric", default="avg", choices=("avg", "p95"), help="what the SLO bounds")
+    add("--model", default="tiny", help="preset name or HuggingFace directory")
+    add("--device", help="auto, cpu or cuda (default: the daemon's)")
+    for flag in ("--kv-policy", "--profile", "--config"):
+        add(flag, help=f"{flag} of the daemons (fsd start)")
+    for flag in ("--max-batch-size", "--num-gpu-blocks", "--num-host-blocks"):
+        add(flag, type=int, help=f"{flag} of the daemons (fsd start)")
+    add("--out", type=Path, help="output prefix: PREFIX.json and PREFIX-*.png (see above)")
+    add("--plots", action=argparse.BooleanOptionalAction, default=True, help="write the PNG plots")
+    return ap.parse_args(argv)
+
+
+def bench_of(args: argparse.Namespace) -> SloBench:
+    """The benchmark the command line asks for."""
+    spec = DaemonSpec(
+        args.policies[0], args.model, args.device, args.kv_policy, args.max_batch_size,
+        args.num_gpu_blocks, args.num_host_blocks, args.profile, args.config,
+    )  # fmt: skip
+    play = PlayOptions(
+        time_scale=args.time_scale,
+        length_scale=args.length_scale,
+        duration=args.duration,
+        drain_timeout=args.drain_timeout,  # progress: a bar on a terminal, else lines
+    )
+    return SloBench(
+        load_scenario(args.scenario), args.policies, args.rates, spec, play, args.slo, args.metric
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    console = Console() if Console().is_terminal else Console(width=200)
+    try:
+        report = run(bench_of(args), console)
+    except FsdError as exc:  # a deliberate error: one line, exit 2 (as fsd's commands)
+        print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    prefix = args.out or default_prefix(report["machine"]["device"])
+    prefix.parent.mkdir(parents=True, exist_ok=True)
+    path = prefix.with_name(prefix.name + ".json")
+    path.write_text(json.dumps(report, indent=1, default=float) + "\n")
+    console.print(f"wrote {path}", highlight=False)
+    if args.plots:
+        from slo_plots import write_plots
+
+        for png in write_plots(report, prefix):
+            console.print(f"wrote {png}", highlight=False)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,4 +1,4 @@
-"""PNG plots of an `fsd bench slo` report (matplotlib, Agg backend: no display needed).
+"""PNG plots of a bench/slo.py report (matplotlib, Agg backend: no display needed).
 
 - `latency`: average and P95 per-token latency against the arrival rate, one line per
   policy, the SLO dashed (paper Figs. 11 and 12);

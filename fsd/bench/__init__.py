@@ -1,1 +1,0 @@
-"""Benchmarks that drive real daemons: `fsd bench slo` (latency against rate per policy)."""
