@@ -36,8 +36,10 @@ from __future__ import annotations
 
 import dataclasses
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from fsd.cost.hardware import GB, GPU, GPUS, MODELS, ModelShape
 from fsd.cost.model import CostModel
@@ -85,20 +87,21 @@ class Layout:
         return self.tp * self.pp
 
 
+def _named(value: Any, known: Mapping[str, Any], what: str) -> Any:
+    """`value` itself, or the entry of `known` it names (ConfigError listing them)."""
+    if not isinstance(value, str):
+        return value
+    if value not in known:
+        raise ConfigError(f"unknown {what} {value!r}; known: {', '.join(known)}")
+    return known[value]
+
+
 def _resolve_model(model: str | ModelShape) -> ModelShape:
-    if isinstance(model, ModelShape):
-        return model
-    if model not in MODELS:
-        raise ConfigError(f"unknown model shape {model!r}; known: {', '.join(MODELS)}")
-    return MODELS[model]
+    return _named(model, MODELS, "model shape")
 
 
 def _resolve_gpu(gpu: str | GPU) -> GPU:
-    if isinstance(gpu, GPU):
-        return gpu
-    if gpu not in GPUS:
-        raise ConfigError(f"unknown GPU {gpu!r}; known: {', '.join(GPUS)}")
-    return GPUS[gpu]
+    return _named(gpu, GPUS, "GPU")
 
 
 def _check_layout(shape: ModelShape, gpu: GPU, tp: int, pp: int) -> None:
