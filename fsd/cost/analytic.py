@@ -96,12 +96,8 @@ def _named(value: Any, known: Mapping[str, Any], what: str) -> Any:
     return known[value]
 
 
-def _resolve_model(model: str | ModelShape) -> ModelShape:
-    return _named(model, MODELS, "model shape")
-
-
-def _resolve_gpu(gpu: str | GPU) -> GPU:
-    return _named(gpu, GPUS, "GPU")
+def _resolve(model: str | ModelShape, gpu: str | GPU) -> tuple[ModelShape, GPU]:
+    return _named(model, MODELS, "model shape"), _named(gpu, GPUS, "GPU")
 
 
 def _check_layout(shape: ModelShape, gpu: GPU, tp: int, pp: int) -> None:
@@ -152,7 +148,7 @@ def plan_stages(
     LM head: a tied one is the token table, so with pp > 1 that table is stored twice.
     Every stage keeps room for `activation_tokens` tokens' activations.
     """
-    shape, g = _resolve_model(model), _resolve_gpu(gpu)
+    shape, g = _resolve(model, gpu)
     _check_layout(shape, g, tp, pp)
     budget = g.memory_bytes * GPU_MEMORY_UTILIZATION
     reserve = activation_tokens * shape.activation_bytes_per_token(tp, dtype_bytes)
@@ -212,7 +208,7 @@ def derive_terms(
     model: str | ModelShape, gpu: str | GPU, tp: int = 1, pp: int = 1, dtype_bytes: int = 2
 ) -> Terms:
     """Every term of the iteration time of `model` on tp x pp GPUs of kind `gpu`."""
-    shape, g = _resolve_model(model), _resolve_gpu(gpu)
+    shape, g = _resolve(model, gpu)
     _check_layout(shape, g, tp, pp)
     L, h = shape.num_layers, shape.hidden_size
     flops_rate = g.peak_flops * g.compute_efficiency
@@ -267,7 +263,7 @@ def roofline_decode_time(
     dtype_bytes: int = 2,
 ) -> float:
     """The ideal max(bytes / bandwidth, FLOPs / peak) decode step at 100% of peak (a floor)."""
-    shape, g = _resolve_model(model), _resolve_gpu(gpu)
+    shape, g = _resolve(model, gpu)
     _check_layout(shape, g, tp, pp)
     L, h = shape.num_layers, shape.hidden_size
     nbytes = (L * shape.layer_params + shape.vocab_size * h) * dtype_bytes / tp
@@ -295,7 +291,7 @@ def analytic_profile(
     The KV capacity is the tightest stage's (`plan_stages`), after `activation_tokens`
     tokens' activations.
     """
-    shape, g = _resolve_model(model), _resolve_gpu(gpu)
+    shape, g = _resolve(model, gpu)
     t = derive_terms(shape, g, tp, pp, dtype_bytes)
     stages = plan_stages(shape, g, tp, pp, dtype_bytes, activation_tokens)
     n_gpu = tp * pp
