@@ -4,6 +4,11 @@
 ``reference`` holds ``store_kv_ref``, ``paged_decode_ref`` and ``paged_prefill_ref``
 with the same signatures, which the CPU engine runs.
 
+What the kernels share lives in two modules: ``launch``, the host side (shape checks,
+launch arguments, tile sizes, the split-K heuristic), and ``device``, the device side
+(``@triton.jit`` helpers, which Triton inlines, and the loader that JIT-wraps each
+kernel module). The references share none of the kernels' computation.
+
 Importing this package never imports Triton: each kernel module imports it (and
 JIT-wraps its kernels) on first call, so the references work without Triton and
 ``TRITON_INTERPRET=1`` only has to be set before the first kernel call.

@@ -1,4 +1,5 @@
-"""Launch helpers shared by the kernels: tile sizes and how to fill the GPU.
+"""Host-side launch helpers shared by the kernels: shape checks, arguments, tile sizes
+and how to fill the GPU.
 
 Plain Python and torch: importing it never imports Triton.
 """
@@ -6,10 +7,12 @@ Plain Python and torch: importing it never imports Triton.
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 import torch
 
 DEFAULT_NUM_SMS = 132  # H100 SXM; used when no CUDA device can be asked
+LOG2E = 1.4426950408889634  # the attention kernels' softmax is in the log2 domain
 
 
 def next_pow2(n: int) -> int:
@@ -50,3 +53,54 @@ def choose_num_splits(
     want = -(-waves * num_sms // programs)
     by_length = max(1, -(-max_context // min_tokens_per_split))
     return max(1, min(want, by_length, max_splits))
+
+
+def attention_dims(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
+) -> tuple[int, int, int, int, int]:
+    """(q rows, query heads, head dim, block size, KV heads), once q and the caches agree."""
+    rows, num_heads, head_dim = q.shape
+    _, block_size, num_kv_heads, cache_dim = k_cache.shape
+    if cache_dim != head_dim or v_cache.shape != k_cache.shape:
+        raise ValueError(f"caches {tuple(k_cache.shape)} do not match q {tuple(q.shape)}")
+    if num_heads % num_kv_heads:
+        raise ValueError(f"{num_heads} query heads do not group onto {num_kv_heads} KV heads")
+    return rows, num_heads, head_dim, block_size, num_kv_heads
+
+
+def attention_args(
+    paged: tuple[torch.Tensor, ...],
+    extra: tuple[torch.Tensor, ...],
+    scale: float,
+    count: int,
+    strided: tuple[torch.Tensor, ...],
+) -> tuple[Any, ...]:
+    """An attention kernel's positional arguments, in its order.
+
+    ``paged`` is (q, k_cache, v_cache, block_tables, context_lens), the tensors both
+    kernels take first; then the kernel's ``extra`` tensors, the softmax scale in the
+    log2 domain, ``count`` (splits or query tiles), the strides of all of ``paged`` but
+    the lengths, and those of ``strided``.
+    """
+    strides = [n for t in (*paged[:4], *strided) for n in t.stride()]
+    return (*paged, *extra, float(scale) * LOG2E, count, *strides)
+
+
+def attention_constants(
+    q: torch.Tensor, k_cache: torch.Tensor, block_n: int | None
+) -> dict[str, Any]:
+    """The compile-time constants both attention kernels take (tiles padded to powers of two)."""
+    _, num_heads, head_dim = q.shape
+    _, block_size, num_kv_heads, _ = k_cache.shape
+    block_d = max(16, next_pow2(head_dim))
+    if block_n is None:
+        block_n = 64 if block_d <= 128 else 32
+    return {
+        "HEAD_DIM": head_dim,
+        "GROUP": num_heads // num_kv_heads,
+        "BLOCK_SIZE": block_size,
+        "BLOCK_D": block_d,
+        "BLOCK_N": block_n,
+        "UPCAST": q.device.type != "cuda",  # the interpreter's tl.dot mis-multiplies bf16
+        "DOT_PRECISION": "ieee" if q.dtype == torch.float32 else "tf32",
+    }

@@ -11,7 +11,8 @@ Stage 1 (one program per (sequence, KV head, split)) walks its range in tiles of
 (``position // block_size``), so any block size 1..128 is read the same way and a
 tile may span several blocks. It keeps an online softmax (running max ``m``, running
 sum ``l`` in the log2 domain, fp32) and writes the split's normalised output with its
-log-sum-exp ``lse = m + log2(l)``. An empty split writes ``lse = -inf``.
+log-sum-exp ``lse = m + log2(l)``. An empty split writes ``lse = -inf``. (The walk
+is ``device.attend``, which the prefill kernel runs too.)
 
 Stage 2 (one program per (sequence, query head)) merges the splits: with
 ``M = max lse_i`` the result is ``sum_i 2**(lse_i - M) o_i / sum_i 2**(lse_i - M)``,
@@ -25,16 +26,21 @@ calls on tensor cores. ``head_dim`` is padded to a power of two with masking.
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import torch
 
-from fsd.kernels.launch import choose_num_splits, next_pow2, num_sms_of
+from fsd.kernels import device
+from fsd.kernels.launch import (
+    attention_args,
+    attention_constants,
+    attention_dims,
+    choose_num_splits,
+    next_pow2,
+    num_sms_of,
+)
 
 tl: Any = None  # triton.language, bound on first use
-
-LOG2E = 1.4426950408889634
 
 
 def _decode_split_kernel(
@@ -93,7 +99,6 @@ def _decode_split_kernel(
 
     offs_g = tl.arange(0, BLOCK_G)
     offs_d = tl.arange(0, BLOCK_D)
-    offs_n = tl.arange(0, BLOCK_N)
     heads = kv_head * GROUP + offs_g
     g_mask = offs_g < GROUP
     d_mask = offs_d < HEAD_DIM
@@ -109,37 +114,11 @@ def _decode_split_kernel(
     table = BLOCK_TABLES + seq.to(tl.int64) * stride_btb
     k_base = K_CACHE + kv_head * stride_kh
     v_base = V_CACHE + kv_head * stride_vh
-
-    m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_G], tl.float32)
-    acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
-    for tile in range(start, end, BLOCK_N):
-        pos = tile + offs_n
-        n_mask = pos < end
-        block = tl.load(table + (pos // BLOCK_SIZE) * stride_btn, mask=n_mask, other=0)
-        row = block.to(tl.int64) * stride_kb + (pos % BLOCK_SIZE) * stride_ks
-        # No padded columns: a per-row mask lets loads vectorise. (A constexpr `if`, not a
-        # ternary, so only one branch is ever compiled.)
-        if HEAD_DIM == BLOCK_D:  # noqa: SIM108
-            kv_mask = n_mask[:, None]
-        else:
-            kv_mask = n_mask[:, None] & d_mask[None, :]
-        k = tl.load(k_base + row[:, None] + offs_d[None, :] * stride_kd, mask=kv_mask, other=0.0)
-        if UPCAST:
-            k = k.to(tl.float32)
-        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale_log2  # [G, N]
-        s = tl.where(n_mask[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-
-        vrow = block.to(tl.int64) * stride_vb + (pos % BLOCK_SIZE) * stride_vs
-        v = tl.load(v_base + vrow[:, None] + offs_d[None, :] * stride_vd, mask=kv_mask, other=0.0)
-        if UPCAST:
-            v = v.to(tl.float32)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
-        m_i = m_new
+    acc, m_i, l_i = device.attend(
+        q, None, start, end, table, k_base, v_base, scale_log2,
+        stride_btn, stride_kb, stride_ks, stride_kd, stride_vb, stride_vs, stride_vd,
+        BLOCK_G, HEAD_DIM, BLOCK_SIZE, BLOCK_D, BLOCK_N, UPCAST, DOT_PRECISION,
+    )  # fmt: skip
 
     out_mask = g_mask[:, None] & d_mask[None, :]
     l_safe = tl.where(l_i > 0.0, l_i, 1.0)
@@ -210,14 +189,7 @@ def _decode_merge_kernel(
     )
 
 
-@functools.cache
-def _kernels() -> tuple[Any, Any]:
-    global tl
-    import triton
-    import triton.language as language
-
-    tl = language
-    return triton.jit(_decode_split_kernel), triton.jit(_decode_merge_kernel)
+_kernels = device.jit_loader(globals(), "_decode_split_kernel", "_decode_merge_kernel")
 
 
 def paged_decode(
@@ -244,9 +216,9 @@ def paged_decode(
     device); ``block_n`` (keys per tile), ``num_warps`` and ``num_stages`` are tuning
     knobs.
     """
-    batch, num_heads, head_dim, block_size, num_kv_heads = _checked_dims(
-        q, k_cache, v_cache, block_tables, context_lens
-    )
+    batch, _, head_dim, block_size, num_kv_heads = attention_dims(q, k_cache, v_cache)
+    if block_tables.shape[0] < batch or context_lens.shape[0] < batch:
+        raise ValueError("block_tables / context_lens have fewer rows than q")
     out = torch.empty_like(q)
     if batch == 0:
         return out
@@ -258,71 +230,26 @@ def paged_decode(
 
     split_kernel, merge_kernel = _kernels()
     o_part, lse_part = _partials(out, num_splits)
+    parts = (o_part, lse_part, out)
+    args = attention_args(
+        (q, k_cache, v_cache, block_tables, context_lens), parts, scale, num_splits, strided=parts
+    )
     split_kernel[(batch, num_kv_heads, num_splits)](
-        q,
-        k_cache,
-        v_cache,
-        block_tables,
-        context_lens,
-        o_part,
-        lse_part,
-        out,
-        float(scale) * LOG2E,
-        num_splits,
-        *q.stride(),
-        *k_cache.stride(),
-        *v_cache.stride(),
-        *block_tables.stride(),
-        *o_part.stride(),
-        *lse_part.stride(),
-        *out.stride(),
-        **consts,
-        num_warps=num_warps,
-        num_stages=num_stages,
+        *args, **consts, num_warps=num_warps, num_stages=num_stages
     )
     if not consts["DIRECT"]:
         _merge(merge_kernel, o_part, lse_part, out, num_splits, head_dim, consts["BLOCK_D"])
     return out
 
 
-def _checked_dims(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    block_tables: torch.Tensor,
-    context_lens: torch.Tensor,
-) -> tuple[int, int, int, int, int]:
-    """(batch, query heads, head dim, block size, KV heads), once the shapes agree."""
-    batch, num_heads, head_dim = q.shape
-    _, block_size, num_kv_heads, cache_dim = k_cache.shape
-    if cache_dim != head_dim or v_cache.shape != k_cache.shape:
-        raise ValueError(f"caches {tuple(k_cache.shape)} do not match q {tuple(q.shape)}")
-    if num_heads % num_kv_heads:
-        raise ValueError(f"{num_heads} query heads do not group onto {num_kv_heads} KV heads")
-    if block_tables.shape[0] < batch or context_lens.shape[0] < batch:
-        raise ValueError("block_tables / context_lens have fewer rows than q")
-    return batch, num_heads, head_dim, block_size, num_kv_heads
-
-
 def _split_constants(
     q: torch.Tensor, k_cache: torch.Tensor, num_splits: int, block_n: int | None
 ) -> dict[str, Any]:
     """The stage-1 kernel's compile-time constants (tiles padded to powers of two)."""
-    _, num_heads, head_dim = q.shape
-    _, block_size, num_kv_heads, _ = k_cache.shape
-    group = num_heads // num_kv_heads
-    block_d = max(16, next_pow2(head_dim))
-    if block_n is None:
-        block_n = 64 if block_d <= 128 else 32
+    consts = attention_constants(q, k_cache, block_n)
     return {
-        "HEAD_DIM": head_dim,
-        "GROUP": group,
-        "BLOCK_SIZE": block_size,
-        "BLOCK_G": max(16, next_pow2(group)),
-        "BLOCK_D": block_d,
-        "BLOCK_N": block_n,
-        "UPCAST": q.device.type != "cuda",  # the interpreter's tl.dot mis-multiplies bf16
-        "DOT_PRECISION": "ieee" if q.dtype == torch.float32 else "tf32",
+        **consts,
+        "BLOCK_G": max(16, next_pow2(consts["GROUP"])),
         "DIRECT": num_splits == 1,  # one split: stage 1 writes `out`, no merge
     }
 

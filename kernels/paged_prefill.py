@@ -11,23 +11,21 @@ query heads that share the KV head (row ``r`` is position ``r // BLOCK_G``, head
 ``r % BLOCK_G``), so each K/V tile fetched through the block table serves the whole
 group (GQA-aware) and both products are ``tl.dot`` on [BLOCK_M, ...] tiles. Keys are
 walked in ``BLOCK_N`` tiles only up to the tile's last query position, with an online
-softmax in fp32 (log2 domain) and the causal mask applied per row. Tiles are
-scheduled longest-first to even out the tail. ``head_dim`` is padded to a power of
-two with masking.
+softmax in fp32 (log2 domain) and the causal mask applied per row (``device.attend``,
+the walk the decode kernel runs too). Tiles are scheduled longest-first to even out
+the tail. ``head_dim`` is padded to a power of two with masking.
 """
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import torch
 
-from fsd.kernels.launch import next_pow2
+from fsd.kernels import device
+from fsd.kernels.launch import attention_args, attention_constants, attention_dims, next_pow2
 
 tl: Any = None  # triton.language, bound on first use
-
-LOG2E = 1.4426950408889634
 
 
 def _prefill_kernel(
@@ -80,7 +78,6 @@ def _prefill_kernel(
     q_idx = first + rows // BLOCK_G
     g = rows % BLOCK_G
     offs_d = tl.arange(0, BLOCK_D)
-    offs_n = tl.arange(0, BLOCK_N)
     heads = kv_head * GROUP + g
     row_mask = (q_idx < q_len) & (g < GROUP)
     d_mask = offs_d < HEAD_DIM
@@ -102,40 +99,11 @@ def _prefill_kernel(
     table = BLOCK_TABLES + seq.to(tl.int64) * stride_btb
     k_base = K_CACHE + kv_head * stride_kh
     v_base = V_CACHE + kv_head * stride_vh
-
-    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    for tile in range(0, kv_end, BLOCK_N):
-        pos = tile + offs_n
-        n_mask = pos < kv_end
-        block = tl.load(table + (pos // BLOCK_SIZE) * stride_btn, mask=n_mask, other=0)
-        block = block.to(tl.int64)
-        # No padded columns: a per-row mask lets loads vectorise. (A constexpr `if`, not a
-        # ternary, so only one branch is ever compiled.)
-        if HEAD_DIM == BLOCK_D:  # noqa: SIM108
-            kv_mask = n_mask[:, None]
-        else:
-            kv_mask = n_mask[:, None] & d_mask[None, :]
-        krow = block * stride_kb + (pos % BLOCK_SIZE) * stride_ks
-        k = tl.load(k_base + krow[:, None] + offs_d[None, :] * stride_kd, mask=kv_mask, other=0.0)
-        if UPCAST:
-            k = k.to(tl.float32)
-        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale_log2  # [M, N]
-        # Key 0 is visible to every row, so the first tile leaves m_i finite.
-        visible = (pos[None, :] <= q_pos[:, None]) & n_mask[None, :]
-        s = tl.where(visible, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-
-        vrow = block * stride_vb + (pos % BLOCK_SIZE) * stride_vs
-        v = tl.load(v_base + vrow[:, None] + offs_d[None, :] * stride_vd, mask=kv_mask, other=0.0)
-        if UPCAST:
-            v = v.to(tl.float32)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
-        m_i = m_new
+    acc, m_i, l_i = device.attend(
+        q, q_pos, 0, kv_end, table, k_base, v_base, scale_log2,
+        stride_btn, stride_kb, stride_ks, stride_kd, stride_vb, stride_vs, stride_vd,
+        BLOCK_M, HEAD_DIM, BLOCK_SIZE, BLOCK_D, BLOCK_N, UPCAST, DOT_PRECISION,
+    )  # fmt: skip
 
     l_safe = tl.where(l_i > 0.0, l_i, 1.0)
     out = acc / l_safe[:, None]
@@ -146,14 +114,7 @@ def _prefill_kernel(
     )
 
 
-@functools.cache
-def _kernel() -> Any:
-    global tl
-    import triton
-    import triton.language as language
-
-    tl = language
-    return triton.jit(_prefill_kernel)
+_kernels = device.jit_loader(globals(), "_prefill_kernel")
 
 
 def paged_prefill(
@@ -183,12 +144,7 @@ def paged_prefill(
     program), ``block_n`` (keys per tile), ``num_warps`` and ``num_stages`` are tuning
     knobs.
     """
-    num_tokens, num_heads, head_dim = q.shape
-    _, block_size, num_kv_heads, cache_dim = k_cache.shape
-    if cache_dim != head_dim or v_cache.shape != k_cache.shape:
-        raise ValueError(f"caches {tuple(k_cache.shape)} do not match q {tuple(q.shape)}")
-    if num_heads % num_kv_heads:
-        raise ValueError(f"{num_heads} query heads do not group onto {num_kv_heads} KV heads")
+    num_tokens, _, _, _, num_kv_heads = attention_dims(q, k_cache, v_cache)
     num_seqs = context_lens.shape[0]
     if query_start_loc.shape[0] != num_seqs + 1 or block_tables.shape[0] < num_seqs:
         raise ValueError("query_start_loc must have S + 1 entries and block_tables S rows")
@@ -200,44 +156,28 @@ def paged_prefill(
     if max_query_len <= 0:
         return out
 
-    group = num_heads // num_kv_heads
-    block_g = next_pow2(group)
-    block_d = max(16, next_pow2(head_dim))
+    consts = attention_constants(q, k_cache, block_n)
+    block_g = next_pow2(consts["GROUP"])
     block_q = max(1, next_pow2(max(16, block_m)) // block_g)
     block_q = min(block_q, max(1, next_pow2(max_query_len)))  # short chunks: smaller tiles
     if block_q * block_g < 16:
         block_q = -(-16 // block_g)  # tl.dot needs at least 16 rows
-    if block_n is None:
-        block_n = 64 if block_d <= 128 else 32
     num_q_tiles = -(-max_query_len // block_q)
-    upcast = q.device.type != "cuda"  # the interpreter's tl.dot mis-multiplies bf16
-    precision = "ieee" if q.dtype == torch.float32 else "tf32"
 
-    _kernel()[(num_q_tiles, num_seqs, num_kv_heads)](
-        q,
-        k_cache,
-        v_cache,
-        block_tables,
-        context_lens,
-        query_start_loc,
-        out,
-        float(scale) * LOG2E,
+    (kernel,) = _kernels()
+    args = attention_args(
+        (q, k_cache, v_cache, block_tables, context_lens),
+        (query_start_loc, out),
+        scale,
         num_q_tiles,
-        *q.stride(),
-        *k_cache.stride(),
-        *v_cache.stride(),
-        *block_tables.stride(),
-        *out.stride(),
-        HEAD_DIM=head_dim,
-        GROUP=group,
-        BLOCK_SIZE=block_size,
+        strided=(out,),
+    )
+    kernel[(num_q_tiles, num_seqs, num_kv_heads)](
+        *args,
+        **consts,
         BLOCK_G=block_g,
         BLOCK_Q=block_q,
         BLOCK_M=block_q * block_g,
-        BLOCK_D=block_d,
-        BLOCK_N=block_n,
-        UPCAST=upcast,
-        DOT_PRECISION=precision,
         num_warps=num_warps,
         num_stages=num_stages,
     )

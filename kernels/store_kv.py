@@ -12,11 +12,11 @@ costs nothing when Triton is absent and ``TRITON_INTERPRET`` may be set late.
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import torch
 
+from fsd.kernels import device
 from fsd.kernels.launch import next_pow2
 
 tl: Any = None  # triton.language, bound on first use
@@ -58,36 +58,36 @@ def _store_kv_kernel(
     mask = ((slot >= 0) & (heads < num_kv_heads))[:, None] & (offs_d[None, :] < HEAD_DIM)
     tok64 = tok.to(tl.int64)
 
-    k = tl.load(
-        KEY + tok64 * stride_kt + heads[:, None] * stride_kh + offs_d[None, :] * stride_kd,
-        mask=mask,
-    )
-    kc = K_CACHE + block * stride_kcb + offset * stride_kcs + heads * stride_kch
-    tl.store(
-        kc[:, None] + offs_d[None, :] * stride_kcd,
-        k.to(K_CACHE.dtype.element_ty),
-        mask=mask,
-    )
-    v = tl.load(
-        VALUE + tok64 * stride_vt + heads[:, None] * stride_vh + offs_d[None, :] * stride_vd,
-        mask=mask,
-    )
-    vc = V_CACHE + block * stride_vcb + offset * stride_vcs + heads * stride_vch
-    tl.store(
-        vc[:, None] + offs_d[None, :] * stride_vcd,
-        v.to(V_CACHE.dtype.element_ty),
-        mask=mask,
-    )
+    # K, then V: the same copy, each through its own strides.
+    _copy_heads(KEY + tok64 * stride_kt, stride_kh, stride_kd, heads, offs_d, mask,
+                K_CACHE, block, offset, stride_kcb, stride_kcs, stride_kch, stride_kcd)  # fmt: skip
+    _copy_heads(VALUE + tok64 * stride_vt, stride_vh, stride_vd, heads, offs_d, mask,
+                V_CACHE, block, offset, stride_vcb, stride_vcs, stride_vch, stride_vcd)  # fmt: skip
 
 
-@functools.cache
-def _kernel() -> Any:
-    global tl
-    import triton
-    import triton.language as language
+def _copy_heads(
+    src,
+    stride_h,
+    stride_d,
+    heads,
+    offs_d,
+    mask,
+    CACHE,
+    block,
+    offset,
+    stride_cb,
+    stride_cs,
+    stride_ch,
+    stride_cd,
+):
+    """Copy the ``heads`` of one token (row ``src``) to its slot (``block``, ``offset``)
+    in ``CACHE``, cast to the cache's dtype."""
+    x = tl.load(src + heads[:, None] * stride_h + offs_d[None, :] * stride_d, mask=mask)
+    dst = CACHE + block * stride_cb + offset * stride_cs + heads * stride_ch
+    tl.store(dst[:, None] + offs_d[None, :] * stride_cd, x.to(CACHE.dtype.element_ty), mask=mask)
 
-    tl = language
-    return triton.jit(_store_kv_kernel)
+
+_kernels = device.jit_loader(globals(), "_store_kv_kernel", helpers=("_copy_heads",))
 
 
 def store_kv(
@@ -116,7 +116,8 @@ def store_kv(
     block_d = max(16, next_pow2(head_dim))
     block_h = min(next_pow2(num_kv_heads), max(1, 4096 // block_d))
     grid = (num_tokens, -(-num_kv_heads // block_h))
-    _kernel()[grid](
+    (kernel,) = _kernels()
+    kernel[grid](
         key,
         value,
         k_cache,

@@ -41,16 +41,15 @@ class Spy:
 @pytest.fixture
 def launches(monkeypatch) -> list[dict]:
     log: list[dict] = []
-    decode = importlib.import_module("fsd.kernels.paged_decode")
-    prefill = importlib.import_module("fsd.kernels.paged_prefill")
-    store = importlib.import_module("fsd.kernels.store_kv")
-    split, merge = decode._kernels()
-    spied_decode = (Spy(split, "decode", log), Spy(merge, "merge", log))
-    spied_prefill = Spy(prefill._kernel(), "prefill", log)
-    spied_store = Spy(store._kernel(), "store_kv", log)
-    monkeypatch.setattr(decode, "_kernels", lambda: spied_decode)
-    monkeypatch.setattr(prefill, "_kernel", lambda: spied_prefill)
-    monkeypatch.setattr(store, "_kernel", lambda: spied_store)
+    spies = {
+        "paged_decode": ("decode", "merge"),
+        "paged_prefill": ("prefill",),
+        "store_kv": ("store_kv",),
+    }
+    for module_name, names in spies.items():
+        module = importlib.import_module(f"fsd.kernels.{module_name}")
+        spied = tuple(Spy(k, name, log) for k, name in zip(module._kernels(), names, strict=True))
+        monkeypatch.setattr(module, "_kernels", lambda spied=spied: spied)
     return log
 
 
@@ -82,22 +81,23 @@ def _check(launches: list[dict], dtype: torch.dtype, device: torch.device) -> No
             assert entry["UPCAST"] is (device.type != "cuda"), entry
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter runs where CUDA is not")
-@uses_triton
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_off_cuda_the_interpreter_path_upcasts(dtype, launches) -> None:
-    device = torch.device("cpu")
-    out = _layer_step(device, dtype)
-    assert out.dtype == dtype and not torch.isnan(out).any()
-    _check(launches, dtype, device)
+CUDA = torch.cuda.is_available()
+DEVICES = [
+    pytest.param(
+        "cpu", marks=pytest.mark.skipif(CUDA, reason="the interpreter runs where CUDA is not")
+    ),
+    pytest.param(
+        "cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not CUDA, reason="needs a CUDA device")]
+    ),
+]
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @uses_triton
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_on_cuda_half_precision_reaches_the_tensor_cores(dtype, launches) -> None:
-    device = torch.device("cuda")
+@pytest.mark.parametrize("where", DEVICES)
+def test_only_the_interpreter_path_upcasts(where: str, dtype, launches) -> None:
+    """Off CUDA the tiles are upcast; on CUDA half precision reaches the tensor cores."""
+    device = torch.device(where)
     out = _layer_step(device, dtype)
     assert out.dtype == dtype and not torch.isnan(out).any()
     _check(launches, dtype, device)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import pytest
@@ -22,6 +23,13 @@ CUDA = torch.cuda.is_available()
 gpu = pytest.mark.gpu
 needs_cuda = pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
 uses_triton = pytest.mark.usefixtures("triton_ready")
+half_precision = pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+
+
+def on_gpu(test: Callable) -> Callable:
+    """A GPU-only check: marked `gpu`, skipped without CUDA or Triton."""
+    return gpu(needs_cuda(uses_triton(test)))
+
 
 # (atol, rtol) of a kernel against the reference, by dtype.
 TOL = {
@@ -620,10 +628,8 @@ def test_paged_attention_layer_triton_matches_torch(device) -> None:
 # ----------------------------------------------------------------------------- GPU only
 
 
-@gpu
-@needs_cuda
-@uses_triton
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@on_gpu
+@half_precision
 @pytest.mark.parametrize("block_size", [16, 128])
 def test_gpu_decode_realistic(dtype, block_size: int) -> None:
     lens = [1, 100, 2048, 4097, 513, 16, 17, 3000]
@@ -633,10 +639,8 @@ def test_gpu_decode_realistic(dtype, block_size: int) -> None:
         assert_close(out, _run_decode(q, paged, 128**-0.5, reference.paged_decode_ref), dtype)
 
 
-@gpu
-@needs_cuda
-@uses_triton
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@on_gpu
+@half_precision
 @pytest.mark.parametrize("group", [1, 8])
 def test_gpu_prefill_realistic(dtype, group: int) -> None:
     q_lens, ctx = [1000, 37, 1, 512], [1000, 2100, 64, 4096]
@@ -647,10 +651,8 @@ def test_gpu_prefill_realistic(dtype, group: int) -> None:
     assert_close(out, _run_prefill(q, paged, qsl, 128**-0.5, reference.paged_prefill_ref), dtype)
 
 
-@gpu
-@needs_cuda
-@uses_triton
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@on_gpu
+@half_precision
 def test_gpu_store_kv(dtype) -> None:
     gen = torch.Generator().manual_seed(13)
     nb, bs, hkv, dim = 64, 16, 8, 128

@@ -1,0 +1,139 @@
+"""Device-side code shared by the Triton kernels, and how each kernel module JIT-wraps.
+
+``attend`` is the loop both attention kernels run: an online softmax over a range of
+keys read in tiles through the block table. Triton inlines such helpers into the
+kernels that call them, so sharing one adds no call and no other work.
+
+Like the kernel modules, this one imports Triton only on first use: ``jit_loader``
+gives each kernel module a cached loader that then binds ``tl`` and JIT-wraps the
+helpers here and the module's own functions.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+tl: Any = None  # triton.language, bound on first use
+
+
+def attend(
+    q,
+    q_pos,
+    start,
+    end,
+    table,
+    k_base,
+    v_base,
+    scale_log2,
+    stride_btn,
+    stride_kb,
+    stride_ks,
+    stride_kd,
+    stride_vb,
+    stride_vs,
+    stride_vd,
+    ROWS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    UPCAST: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    """Online softmax of the ``ROWS`` rows of ``q`` over one sequence's keys ``start ..< end``.
+
+    ``table`` is the sequence's block-table row, ``k_base`` and ``v_base`` the caches at
+    its KV head. Keys are walked in ``BLOCK_N`` tiles; each token's cache block comes
+    from the table (``position // BLOCK_SIZE``), so any block size is read the same way
+    and a tile may span several blocks. Scores are in the log2 domain (``scale_log2``
+    folds in log2(e)), the running max and sum in fp32. With ``q_pos`` (each row's
+    absolute position) a row sees the keys up to its own position; with ``None``,
+    every key in range. Returns (acc, m_i, l_i): the unnormalised output [ROWS,
+    BLOCK_D] and the running max and sum [ROWS].
+    """
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_n = tl.arange(0, BLOCK_N)
+    d_mask = offs_d < HEAD_DIM
+    m_i = tl.full([ROWS], float("-inf"), tl.float32)
+    l_i = tl.zeros([ROWS], tl.float32)
+    acc = tl.zeros([ROWS, BLOCK_D], tl.float32)
+    for tile in range(start, end, BLOCK_N):
+        pos = tile + offs_n
+        n_mask = pos < end
+        block = tl.load(table + (pos // BLOCK_SIZE) * stride_btn, mask=n_mask, other=0)
+        krow = block.to(tl.int64) * stride_kb + (pos % BLOCK_SIZE) * stride_ks
+        # No padded columns: a per-row mask lets loads vectorise. (A constexpr `if`, not a
+        # ternary, so only one branch is ever compiled.)
+        if HEAD_DIM == BLOCK_D:  # noqa: SIM108
+            kv_mask = n_mask[:, None]
+        else:
+            kv_mask = n_mask[:, None] & d_mask[None, :]
+        k = _load_tile(k_base, krow, offs_d, stride_kd, kv_mask, UPCAST)
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale_log2  # [ROWS, N]
+        if q_pos is None:  # noqa: SIM108
+            visible = n_mask[None, :]
+        else:  # causal; key 0 is visible to every row, so the first tile leaves m_i finite
+            visible = (pos[None, :] <= q_pos[:, None]) & n_mask[None, :]
+        s = tl.where(visible, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+
+        vrow = block.to(tl.int64) * stride_vb + (pos % BLOCK_SIZE) * stride_vs
+        v = _load_tile(v_base, vrow, offs_d, stride_vd, kv_mask, UPCAST)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        m_i = m_new
+    return acc, m_i, l_i
+
+
+def _load_tile(base, rows, offs_d, stride_d, mask, UPCAST: tl.constexpr):
+    """A [N, BLOCK_D] K or V tile (row offsets ``rows``), in fp32 when ``UPCAST``."""
+    tile = tl.load(base + rows[:, None] + offs_d[None, :] * stride_d, mask=mask, other=0.0)
+    if UPCAST:
+        tile = tile.to(tl.float32)
+    return tile
+
+
+_HELPERS = ("attend", "_load_tile")
+
+
+def jit_loader(
+    namespace: dict[str, Any], *kernels: str, helpers: tuple[str, ...] = ()
+) -> Callable[[], tuple[Any, ...]]:
+    """A cached loader of a kernel module's ``kernels`` (``namespace`` is its globals()).
+
+    Its first call imports Triton, binds ``tl`` here and in the module, JIT-wraps this
+    module's helpers and the module's ``helpers`` in place (a kernel calls a helper by
+    its global name, which must then be the JIT wrapper), and returns the kernels'
+    JIT wrappers, in order.
+    """
+
+    @functools.cache
+    def load() -> tuple[Any, ...]:
+        _wrap_own_helpers()
+        _wrap(namespace, helpers)
+        return _wrap(namespace, kernels, in_place=False)
+
+    return load
+
+
+@functools.cache
+def _wrap_own_helpers() -> None:
+    _wrap(globals(), _HELPERS)
+
+
+def _wrap(
+    namespace: dict[str, Any], names: tuple[str, ...], in_place: bool = True
+) -> tuple[Any, ...]:
+    """Bind ``tl`` in ``namespace`` and JIT-wrap its ``names`` (rebound there if in place)."""
+    import triton
+    import triton.language as language
+
+    namespace["tl"] = language
+    wrapped = tuple(triton.jit(namespace[name]) for name in names)
+    if in_place:
+        namespace.update(zip(names, wrapped, strict=True))
+    return wrapped
