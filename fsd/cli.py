@@ -245,6 +245,7 @@ def status(
     role = getattr(st, "role", None)
     typer.echo(
         f"pid {st.pid}  fsd {st.version}  model {st.model}  policy {st.policy}/{st.kv_policy}  "
+        f"{f'replicas {st.replicas}  ' if st.replicas > 1 else ''}"
         f"jobs {st.jobs} (running {st.running})  iterations {st.iterations}  "
         f"up {st.uptime:.0f}s{'  DRAINING' if st.draining else ''}"
         f"{f'  DEGRADED: {st.degraded}' if st.degraded else ''}"

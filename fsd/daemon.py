@@ -100,14 +100,32 @@ def check_addresses(cfg: ServerConfig) -> None:
                 raise DaemonError(bind_error(f"http://{cfg.http}", exc)) from None
 
 
-def _serve_on(engine: Any, cfg: ServerConfig) -> Any:
-    """EngineService(engine, cfg), with a bind failure as one DaemonError line."""
+def _load(engine_cfg: EngineConfig) -> Any:
+    """The engine's face, its model loaded and its cost model known (logged)."""
+    from fsd.engine.core import Engine
+    from fsd.engine.face import EngineFace
+
+    t0 = time.monotonic()
+    engine = Engine(engine_cfg)
+    log.info(
+        "loaded %s in %.1f s: %d device and %d host KV blocks, cost model %s",
+        engine.loaded.source,
+        time.monotonic() - t0,
+        engine.blocks.device.num_blocks,
+        engine.blocks.host.num_blocks,
+        engine.cost.name,
+    )
+    return EngineFace(engine, events=True)
+
+
+def _serve_on(face: Any, cfg: ServerConfig) -> Any:
+    """EngineService(face, cfg), with a bind failure as one DaemonError line."""
     import zmq
 
     from fsd.server.service import EngineService
 
     try:
-        return EngineService(engine, cfg)
+        return EngineService(face, cfg)
     except zmq.ZMQError as exc:
         # a port taken since check_addresses (which names it); the service may hold
         # the other one by now, so checking again could blame the wrong address
@@ -121,8 +139,6 @@ def _exit_on_signal(signum: int, frame: FrameType | None) -> None:
 
 def serve_foreground(engine_cfg: EngineConfig, server_cfg: ServerConfig) -> None:
     """Load the model and serve until shut down (what systemd or a container runs)."""
-    from fsd.engine.core import Engine
-
     pidfile, logfile = state_files(server_cfg)
     lock = PidLock(pidfile, server_cfg.endpoint)  # first: two starts never both load
     info: dict[str, Any] = {
@@ -143,20 +159,11 @@ def serve_foreground(engine_cfg: EngineConfig, server_cfg: ServerConfig) -> None
         log.info(
             "loading %s (device %s, dtype %s), then its cost model", m.model, m.device, m.dtype
         )
-        t0 = time.monotonic()
-        engine = Engine(engine_cfg)
-        log.info(
-            "loaded %s in %.1f s: %d device and %d host KV blocks, cost model %s",
-            engine.loaded.source,
-            time.monotonic() - t0,
-            engine.blocks.device.num_blocks,
-            engine.blocks.host.num_blocks,
-            engine.cost.name,
-        )
+        face = _load(engine_cfg)
         try:
-            service = _serve_on(engine, server_cfg)
+            service = _serve_on(face, server_cfg)
         except BaseException:
-            engine.close()
+            face.close()
             raise
         signals = {"count": 0}
 
@@ -170,7 +177,7 @@ def serve_foreground(engine_cfg: EngineConfig, server_cfg: ServerConfig) -> None
         signal.signal(signal.SIGINT, on_signal)
         # readiness: `fsd start` waits for exactly this (sockets bound, signals drain)
         lock.write(
-            {**info, "state": "serving", "model": engine.loaded.source, "started": time.time()}
+            {**info, "state": "serving", "model": face.info.source, "started": time.time()}
         )
         try:
             service.run()

@@ -56,6 +56,8 @@ from fsd.protocol_telemetry import (  # noqa: F401 - re-exported: the telemetry 
     LearnedInfo,
     LevelInfo,
     PrefixInfo,
+    ReplicaInfo,
+    RouteInfo,
     SchedInfo,
     SLOInfo,
     Snapshot,
@@ -309,6 +311,7 @@ class StatusReply(_Msg, tag="status_reply"):
     preview_seconds: float = 0.0  # engine-thread time snapshotting for previews
     role: str = "client"  # the role the asking request had: "client" or "operator"
     max_model_len: int = 0  # the model's context in tokens (0: not reported)
+    replicas: int = 1  # engine replicas behind the endpoint (fsd.cluster)
 
 
 class Ack(_Msg, tag="ack"):

@@ -155,6 +155,35 @@ class SchedInfo(msgspec.Struct, kw_only=True, omit_defaults=True):
     learned: LearnedInfo | None = None
 
 
+class ReplicaInfo(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """One replica of a daemon that runs several (fsd.cluster): its load and health.
+
+    `levels`: its queued jobs per level (Q1 first); `health`: "ok", or why not.
+    """
+
+    index: int
+    health: str = "ok"
+    live: int = 0
+    running: int = 0
+    levels: list[int] = []
+    device_used: int = 0
+    device_total: int = 0
+    host_used: int = 0
+    host_total: int = 0
+    prefix_queries: int = 0
+    prefix_hits: int = 0
+    iterations: int = 0
+
+
+class RouteInfo(msgspec.Struct, kw_only=True):
+    """One of the router's recent decisions: which replica took a job, and why."""
+
+    time: float
+    job_id: str
+    replica: int
+    why: str
+
+
 class Snapshot(msgspec.Struct, kw_only=True):
     """The engine's observable state. The job table costs a few microseconds per job to
     read, so with many jobs the daemon sends it in only some snapshots (see
@@ -175,6 +204,10 @@ class Snapshot(msgspec.Struct, kw_only=True):
     config: dict[str, Any]
     sched: SchedInfo | None = None  # None from a daemon that predates it
     prefix: PrefixInfo | None = None  # the prefix cache; None from a daemon that predates it
+    # a daemon of several replicas: each one, and the router's recent decisions (None:
+    # one replica, or a daemon that predates them)
+    replicas: list[ReplicaInfo] | None = None
+    routes: list[RouteInfo] | None = None
 
 
 class Event(msgspec.Struct, kw_only=True, omit_defaults=True):

@@ -80,6 +80,8 @@ FORBIDDEN = {
         "fsd.models", "fsd.console",
     ),
     "fsd/models": ("fsd.engine", "fsd.sched", "fsd.kv", "fsd.server", "fsd.console", "fsd.sim"),
+    # replicas: engines behind one face; the server reaches them through it alone
+    "fsd/cluster": ("fsd.server", "fsd.console", "fsd.sim"),
 }  # fmt: skip
 
 # exceptions to FORBIDDEN: of the engine, the twin reads its torch-free step history;

@@ -126,6 +126,7 @@ class TopApp(App[None]):
         yield panels.Summary(id="summary")
         with Horizontal(id="middle"):
             yield JobTable(id="jobs")
+            yield panels.replicas()
             yield panels.config()
         yield Static(id="message")
         yield Footer()
@@ -186,6 +187,7 @@ class TopApp(App[None]):
         s = view.snapshot
         if s is not None:  # the panel row fits the levels, whatever their number
             row.first().styles.height = max(len(s.levels), 6) + 2
+            self._main.query_one("#replicas").display = bool(s.replicas)
         self._main.query_one(panels.TitleBar).show(view)
         for panel in self._main.query(panels.Panel):
             panel.show(view)

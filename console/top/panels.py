@@ -8,7 +8,7 @@ from rich.console import RenderableType
 from rich.text import Text
 from textual.widgets import Static
 
-from fsd.console.top import render
+from fsd.console.top import render, render_replicas
 from fsd.console.top.data import EMPTY_VIEW, TopView
 
 
@@ -65,6 +65,17 @@ def _slo(view: TopView, width: int) -> RenderableType:
 
 def _config(view: TopView, width: int) -> RenderableType:
     return render.config_panel(view)
+
+
+def _replicas(view: TopView, width: int) -> RenderableType:
+    return render_replicas.replicas_panel(view)
+
+
+def replicas() -> Panel:
+    """Shown only for a daemon of several replicas (fsd.cluster)."""
+    panel = Panel("replicas", _replicas, id="replicas")
+    panel.display = False
+    return panel
 
 
 def levels() -> Panel:

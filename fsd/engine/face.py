@@ -67,6 +67,11 @@ class EngineFace:
         return self._engine.config
 
     @property
+    def replica_count(self) -> int:
+        """Engine replicas behind this face: one (fsd.cluster's face has several)."""
+        return 1
+
+    @property
     def limits(self) -> RequestLimits:
         """What bounds one request here now (fsd.sched.admission)."""
         return self._engine.limits

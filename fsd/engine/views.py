@@ -14,7 +14,7 @@ from fsd.engine.events import wire_level
 from fsd.engine.output import IterationStats, StepDelta
 from fsd.jobs import Job
 from fsd.kv.block_manager import KVStats
-from fsd.protocol_telemetry import JobInfo, PrefixInfo
+from fsd.protocol_telemetry import JobInfo, PrefixInfo, ReplicaInfo, RouteInfo
 from fsd.sched.scheduler import SchedulerStats
 
 
@@ -85,6 +85,8 @@ class EngineSnapshot:
     running: int  # of them, in the last batch
     degraded: str | None
     jobs: list[JobInfo] | None = None
+    replicas: list[ReplicaInfo] | None = None  # several replicas (fsd.cluster): each one
+    routes: list[RouteInfo] | None = None  # and the router's recent decisions
 
 
 @dataclass(frozen=True)

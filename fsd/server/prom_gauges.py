@@ -67,6 +67,8 @@ class SnapshotGauges(Collector):
         if snap.prefix is not None:  # None from a daemon that predates the prefix cache
             yield from self._prefix(snap.prefix)
         yield from self._slo(snap.slo)
+        if snap.replicas:
+            yield from self._replicas(snap.replicas)
         info = GaugeMetricFamily(
             "fsd_info", "The daemon's policies.", labels=["model_name", "policy", "kv_policy"]
         )
@@ -177,6 +179,28 @@ class SnapshotGauges(Collector):
             m,
             slo.slo_per_token_latency,
         )
+
+
+    def _replicas(self, replicas: list[P.ReplicaInfo]) -> Iterator[Metric]:
+        """A daemon of several replicas: each one's jobs, KV blocks and health."""
+        labels = ["model_name", "replica", "state"]
+        jobs = GaugeMetricFamily("fsd_replica_requests", "Jobs per replica, by state.", labels=labels)
+        kv = GaugeMetricFamily(
+            "fsd_replica_kv_device_blocks", "Device KV blocks per replica, by state.", labels=labels
+        )
+        up = GaugeMetricFamily(
+            "fsd_replica_up", "1 while the replica is healthy.", labels=["model_name", "replica"]
+        )
+        for r in replicas:
+            at = [self.model_name, str(r.index)]
+            jobs.add_metric([*at, "live"], r.live)
+            jobs.add_metric([*at, "running"], r.running)
+            kv.add_metric([*at, "used"], r.device_used)
+            kv.add_metric([*at, "total"], r.device_total)
+            up.add_metric(at, float(r.health == "ok"))
+        yield jobs
+        yield kv
+        yield up
 
 
 def _gauge(name: str, doc: str, model: list[str], value: float) -> GaugeMetricFamily:

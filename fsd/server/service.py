@@ -30,7 +30,6 @@ import zmq
 
 from fsd import protocol as P
 from fsd.config import ServerConfig
-from fsd.engine.core import Engine
 from fsd.engine.face import EngineFace
 from fsd.engine.output import RequestOutput
 from fsd.errors import ConfigError
@@ -72,12 +71,14 @@ class OnceLog:
 
 
 class EngineService:
-    """Serves one engine on a ROUTER (requests) and a PUB (telemetry) socket."""
+    """Serves one engine, or N replicas behind one face (fsd.cluster), on a ROUTER
+    (requests) and a PUB (telemetry) socket."""
 
-    def __init__(self, engine: Engine, cfg: ServerConfig) -> None:
+    def __init__(self, face: EngineFace, cfg: ServerConfig) -> None:
         """Bind the sockets (and the HTTP port); ConfigError naming the address if one
-        cannot be bound, with everything opened so far closed again."""
-        self.face = face = EngineFace(engine, events=True)  # all the loop sees of the engine
+        cannot be bound, with everything opened so far closed again. `face`: all the
+        loop sees of the engine (an `EngineFace`, or a `ReplicaSetFace`: the same surface)."""
+        self.face = face
         self.cfg = cfg
         self.failures = OnceLog()
         self.book = ClientBook(cfg)  # who is connected, whose each job is
@@ -357,6 +358,7 @@ class EngineService:
             preview_seconds=self.control.previews.seconds,
             role=role,
             max_model_len=self.face.info.max_model_len,
+            replicas=self.face.replica_count,
         )
 
     def close(self) -> None:

@@ -92,6 +92,8 @@ def wire_snapshot(snap: EngineSnapshot, slo: SLOWindow, seq: int) -> P.Snapshot:
         config=config,
         sched=sched_info(stats),
         prefix=snap.prefix,
+        replicas=snap.replicas,
+        routes=snap.routes,
     )
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 import urllib.request
 
+import msgspec
 import openai
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -254,3 +255,21 @@ def test_metrics_reflect_the_work_done(daemon):
     assert ("vllm:num_requests_running", ()) in after
     assert after[("vllm:kv_cache_usage_perc", ())] >= 0
     assert after[("vllm:gpu_cache_usage_perc", ())] == after[("vllm:kv_cache_usage_perc", ())]
+
+
+def test_a_daemon_of_several_replicas_labels_each_ones_gauges():
+    m = MetricsCollector("tiny")
+    replicas = [
+        P.ReplicaInfo(index=0, live=3, running=2, device_used=10, device_total=64),
+        P.ReplicaInfo(index=1, health="worker lost", live=0, device_total=64),
+    ]
+    m.telemetry(P.TOPIC_SNAPSHOT, msgspec.structs.replace(snapshot(None), replicas=replicas))
+    got = samples(m.render().decode())
+    assert got[("fsd_replica_requests", (("replica", "0"), ("state", "live")))] == 3
+    assert got[("fsd_replica_requests", (("replica", "0"), ("state", "running")))] == 2
+    assert got[("fsd_replica_kv_device_blocks", (("replica", "1"), ("state", "total")))] == 64
+    assert got[("fsd_replica_up", (("replica", "0"),))] == 1
+    assert got[("fsd_replica_up", (("replica", "1"),))] == 0
+    one = MetricsCollector("tiny")  # one replica: no replica gauges
+    one.telemetry(P.TOPIC_SNAPSHOT, snapshot(None))
+    assert not any(name.startswith("fsd_replica") for name, _ in samples(one.render().decode()))

@@ -1,0 +1,63 @@
+"""Starting N replicas of one engine config: where each runs and with what share."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fsd.cluster.face import Chooser, LeastLive, ReplicaSetFace
+from fsd.cluster.handles import LocalReplicas, RayReplicas, Replicas, replica_configs
+from fsd.config import EngineConfig
+from fsd.errors import ConfigError
+
+log = logging.getLogger("fsd.cluster")
+MAX_REPLICAS = 256
+
+
+def cpu_share(usable: int, replicas: int) -> int:
+    """CPU cores (and torch threads) per CPU replica: the usable cores less one for
+    the daemon's loop, split evenly, at least one each."""
+    return max(1, (usable - 1) // replicas)
+
+
+def start_replicas(
+    config: EngineConfig,
+    n: int,
+    *,
+    chooser: Chooser | None = None,
+    in_process: bool = False,
+) -> ReplicaSetFace:
+    """N replicas of `config` behind one face: Ray actors (on the cluster at
+    `config.parallel.ray_address`, or a local one), or threads of this process."""
+    from fsd.engine.threads import usable_cpus
+    from fsd.models.loader import describe_model, resolve_device
+
+    if not 1 <= n <= MAX_REPLICAS:
+        raise ConfigError(f"replicas must be in [1, {MAX_REPLICAS}], got {n}")
+    model = describe_model(config.model)  # the tokenizer, without weights
+    device = resolve_device(config.model.device)
+    on_gpu = device.type == "cuda"
+    share = None if on_gpu else cpu_share(usable_cpus(), n)
+    configs = replica_configs(config, n, share)
+    log.info(
+        "starting %d replicas of %s (%s)", n, config.model.model,
+        "one GPU each" if on_gpu else f"{share} CPU threads each",
+    )  # fmt: skip
+    replicas: Replicas
+    if in_process:
+        replicas = LocalReplicas(configs, None)
+    else:
+        world = config.parallel.tp * config.parallel.pp
+        gpus = 1.0 if on_gpu and world == 1 else 0.0
+        replicas = RayReplicas(configs, None, config.parallel.ray_address, gpus, share or 1)
+    try:
+        return ReplicaSetFace(replicas, chooser or LeastLive(n), model.tokenizer)
+    except BaseException:
+        replicas.close()
+        raise
+
+
+def describe(face: Any) -> str:
+    """One line for the log: the replicas and their pools."""
+    n = len(face.replicas)
+    return f"{n} replicas of {face.info.source}, {face.info.kv_tokens} KV tokens each"

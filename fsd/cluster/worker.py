@@ -1,0 +1,235 @@
+"""One replica's engine on a thread of its own: it steps while it has work and applies
+the daemon's commands between two steps, so the daemon never waits for a step.
+
+Design. A replica lives in a Ray actor (or in process: tests, and one machine without
+Ray). Its thread owns the engine (`EngineFace`); the daemon reaches it through three
+doors, each safe from any thread:
+- `admit`: fire and forget. The daemon has already checked the request (the same
+  rules, `fsd.cluster.admission`) and named the job, so it answers its client at once;
+  a refusal here (a late job refused, a degraded engine) comes back in a report and
+  the daemon ends the job with that error;
+- `call`: a verb whose answer the daemon needs (abort, retune, a snapshot, the job
+  table, the twin's history), applied between two steps: it waits at most one step;
+- `poll`: what the steps produced since the last poll (tokens and results,
+  iterations, failures, engine events) and what the router reads (`state`).
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+from fsd.config import EngineConfig
+from fsd.engine.core import Engine
+from fsd.engine.events import EngineEvent
+from fsd.engine.face import EngineFace
+from fsd.engine.output import IterationStats, StepDelta
+from fsd.engine.views import EngineInfo
+from fsd.errors import FsdError
+from fsd.jobs import SamplingParams
+from fsd.sched.admission import RequestLimits
+
+log = logging.getLogger("fsd.cluster")
+IDLE_WAIT = 0.05  # seconds an idle replica waits for a command before looking again
+
+
+@dataclass
+class Refusal:
+    """An admission the replica refused after the daemon accepted it."""
+
+    job_id: str
+    code: str  # the error's stable code (fsd.errors), e.g. "overloaded"
+    message: str
+
+
+@dataclass
+class Report:
+    """What one replica did since the last poll (plain values: it crosses processes)."""
+
+    index: int
+    deltas: list[StepDelta] = field(default_factory=list)
+    iterations: list[IterationStats] = field(default_factory=list)
+    seconds: float = 0.0  # wall time in steps
+    failures: list[str] = field(default_factory=list)
+    refused: list[Refusal] = field(default_factory=list)
+    events: list[EngineEvent] = field(default_factory=list)
+    busy: bool = False  # it still has work
+    live: int = 0  # its live jobs
+    state: Any = None  # the router's view of it (fsd.router), when one is given
+
+
+@dataclass(frozen=True)
+class Fixed:
+    """What a replica serves and its bounds: read once, they never change."""
+
+    info: EngineInfo
+    limits: RequestLimits
+    config: EngineConfig
+
+
+class ReplicaWorker:
+    """One engine and its loop thread (module doc). `state_of` builds the router's
+    view of the replica from its face after each step (None: no router state);
+    `news` is notified when a report has something (replicas in one process share it)."""
+
+    def __init__(
+        self,
+        config: EngineConfig,
+        index: int,
+        state_of: Callable[[EngineFace], Any] | None = None,
+        news: threading.Condition | None = None,
+    ) -> None:
+        self.index = index
+        self.face = EngineFace(Engine(config), events=True)
+        self._state_of = state_of
+        self._commands: queue.SimpleQueue[tuple[str, tuple, Future | None]] = queue.SimpleQueue()
+        self._ready = news or threading.Condition()
+        self._report = Report(index)
+        # admissions received: a call waits for those sent before it (on Ray, calls may
+        # arrive on the actor's threads out of order)
+        self._received = 0
+        self._arrived = threading.Condition()
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name=f"fsd-replica-{index}", daemon=True)
+        self._thread.start()
+
+    # ---- the doors (any thread) ------------------------------------------------------
+
+    def fixed(self) -> Fixed:
+        return self.call("fixed")
+
+    def admit(
+        self,
+        ids: Sequence[int],
+        params: SamplingParams,
+        job_id: str,
+        arrival: float,
+        tags: Sequence[str] = (),
+    ) -> None:
+        """Queue a checked request (refusals come back in a report)."""
+        with self._arrived:
+            self._commands.put(("admit", (list(ids), params, job_id, arrival, tuple(tags)), None))
+            self._received += 1
+            self._arrived.notify_all()
+
+    def call(self, name: str, *args: Any, after: int = 0, timeout: float | None = None) -> Any:
+        """Run a verb between two steps, after the first `after` admissions, and return
+        its answer (its error is raised)."""
+        with self._arrived:
+            if not self._arrived.wait_for(lambda: self._received >= after, timeout):
+                raise FsdError(f"replica {self.index}: admissions before this call never came")
+            future: Future = Future()
+            self._commands.put((name, args, future))
+        return future.result(timeout)
+
+    def poll(self, timeout: float = 0.0) -> Report:
+        """What happened since the last poll, waiting up to `timeout` for anything."""
+        with self._ready:
+            if timeout > 0 and not self.has_news():
+                self._ready.wait(timeout)
+            report, self._report = self._report, Report(self.index)
+        report.busy = self.face.busy() or not self._commands.empty()
+        report.live = self.face.live()
+        return report
+
+    def close(self) -> None:
+        self._closed = True
+        self._commands.put(("stop", (), None))
+        self._thread.join(10.0)
+        self.face.close()
+
+    # ---- the thread --------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while not self._closed:
+            try:
+                self._apply(block=not self.face.busy())
+                if self.face.busy():
+                    self._step()
+            except Exception:  # noqa: BLE001 - a replica's loop must not die
+                log.exception("replica %d: the loop failed", self.index)
+                time.sleep(IDLE_WAIT)
+
+    def _apply(self, block: bool) -> None:
+        """Every queued command; an idle replica waits a little for the first."""
+        try:
+            item = self._commands.get(timeout=IDLE_WAIT) if block else self._commands.get_nowait()
+        except queue.Empty:
+            return
+        while True:
+            self._command(*item)
+            try:
+                item = self._commands.get_nowait()
+            except queue.Empty:
+                return
+
+    def _command(self, name: str, args: tuple, future: Future | None) -> None:
+        if name == "stop":
+            return
+        if name == "admit":
+            self._admit(*args)
+            return
+        assert future is not None
+        try:
+            future.set_result(self._verb(name)(*args))
+        except BaseException as exc:  # noqa: BLE001 - the caller gets it
+            future.set_exception(exc)
+
+    def _verb(self, name: str) -> Callable[..., Any]:
+        face = self.face
+        verbs: dict[str, Callable[..., Any]] = {
+            "fixed": lambda: Fixed(face.info, face.limits, face.config),
+            "abort": face.abort,
+            "retune": lambda changes: face.retune(**changes),
+            "snapshot": face.snapshot,
+            "jobs": face.jobs,
+            "job": face.job,
+            "has": face.has,
+            "history": face.history,
+            "config": lambda: face.config,
+        }
+        if name not in verbs:
+            raise FsdError(f"no replica verb {name!r}")
+        return verbs[name]
+
+    def _admit(
+        self, ids: list[int], params: SamplingParams, job_id: str, arrival: float, tags: tuple
+    ) -> None:
+        try:
+            self.face.admit(ids, params, request_id=job_id, arrival_time=arrival, tags=tags)
+        except FsdError as exc:
+            self._add(refused=[Refusal(job_id, exc.code, str(exc))])
+
+    def _step(self) -> None:
+        stepped = self.face.step()
+        failures = [f"{what}: {type(exc).__name__}: {exc}" for what, exc in stepped.failures]
+        state = self._state_of(self.face) if self._state_of is not None else None
+        self._add(
+            deltas=stepped.deltas,
+            iterations=stepped.iterations,
+            seconds=stepped.seconds,
+            failures=failures,
+            events=self.face.drain_events(),
+            state=state,
+        )
+
+    def _add(self, seconds: float = 0.0, state: Any = None, **lists: list) -> None:
+        with self._ready:
+            report = self._report
+            for name, items in lists.items():
+                getattr(report, name).extend(items)
+            report.seconds += seconds
+            if state is not None:
+                report.state = state
+            self._ready.notify_all()
+
+    def has_news(self) -> bool:
+        """Whether the next report carries tokens, refusals or failures (hold `news`)."""
+        r = self._report
+        return bool(r.deltas or r.refused or r.failures or r.iterations)

@@ -1,0 +1,119 @@
+"""N replicas behind one face: every job runs on one replica, its tokens are the ones a
+single engine gives, and the verbs (abort, retune, snapshots) reach the right one."""
+
+from __future__ import annotations
+
+import time
+
+import msgspec
+import pytest
+
+from fsd import protocol as P
+from fsd.cluster.face import ReplicaSetFace
+from fsd.cluster.start import cpu_share, start_replicas
+from fsd.config import EngineConfig
+from fsd.engine.core import Engine
+from fsd.engine.face import EngineFace
+from fsd.errors import FsdError, PromptTooLongError, SettingError, UnknownJobError
+from fsd.jobs import SamplingParams
+from fsd.metrics import SLOWindow
+from fsd.server.telemetry import wire_snapshot
+
+CONFIG = dict(model="tiny", device="cpu", num_gpu_blocks=64, profile="opt-13b-a100", threads=1)
+PARAMS = SamplingParams(max_tokens=8, ignore_eos=True, temperature=0.0)
+PROMPTS = [[5 + i, 6, 7, 8 + i] for i in range(6)]
+
+
+@pytest.fixture(scope="module")
+def pair():
+    face = start_replicas(EngineConfig.from_kwargs(**CONFIG), 2, in_process=True)
+    yield face
+    face.close()
+
+
+def run(face: ReplicaSetFace | EngineFace, ids: list[str], limit: float = 60.0) -> dict:
+    """Step until every job in `ids` finished: each job's token ids and its result."""
+    tokens: dict[str, list[int]] = {i: [] for i in ids}
+    done: dict = {}
+    deadline = time.monotonic() + limit
+    while len(done) < len(ids):
+        assert time.monotonic() < deadline, f"unfinished: {set(ids) - set(done)}"
+        for d in face.step().deltas:
+            tokens[d.job_id].extend(d.new_token_ids)
+            if d.finished:
+                done[d.job_id] = d.output
+    return {i: (tokens[i], done[i]) for i in ids}
+
+
+def test_jobs_spread_over_the_replicas_and_give_a_single_engines_tokens(pair):
+    single = EngineFace(Engine(EngineConfig.from_kwargs(**CONFIG)))
+    want = run(single, [single.admit(p, PARAMS).job_id for p in PROMPTS])
+    single.close()
+    ids = [pair.admit(p, PARAMS).job_id for p in PROMPTS]
+    assert len(set(ids)) == len(ids) and pair.live() == len(ids) and pair.busy()
+    placed = {i: pair.replica_of(i) for i in ids}
+    assert set(placed.values()) == {0, 1}, placed  # the least-loaded router uses both
+    assert {d[1]: d[2] for d in pair.decisions if d[1] in placed} == placed  # and says so
+    got = run(pair, ids)
+    assert [got[i][0] for i in ids] == [tokens for tokens, _ in want.values()]
+    assert all(out.finish_reason == "length" for _, out in got.values())
+    assert pair.live() == 0 and not pair.busy()
+
+
+def test_abort_reaches_the_jobs_replica_and_unknown_ids_are_refused(pair):
+    long = SamplingParams(max_tokens=200, ignore_eos=True)
+    job = pair.admit([5, 6, 7], long).job_id
+    assert pair.has(job) and pair.job(job).job_id == job
+    out = pair.abort(job)
+    assert out.finish_reason == "abort" and not pair.has(job)
+    with pytest.raises(UnknownJobError):
+        pair.abort(job)
+    with pytest.raises(PromptTooLongError):  # checked here, before any replica sees it
+        pair.admit([5] * (pair.info.max_model_len + 1), PARAMS)
+    with pytest.raises(FsdError, match="already in use"):
+        pair.admit([5], long, request_id="twice")
+        pair.admit([5], long, request_id="twice")
+    pair.abort("twice")
+    run(pair, [])
+
+
+def test_retune_applies_to_every_replica_or_none(pair):
+    config = pair.retune(policy="fcfs", max_batch_size=4)
+    assert config.sched.policy == "fcfs"
+    assert {c.sched.policy for c in pair.replicas.call_all("config")} == {"fcfs"}
+    with pytest.raises(SettingError):
+        pair.retune(policy="nope")
+    assert {c.sched.max_batch_size for c in pair.replicas.call_all("config")} == {4}
+    pair.retune(policy="default", max_batch_size=32)
+
+
+def test_the_snapshot_sums_the_pools_and_lists_every_replicas_jobs(pair):
+    long = SamplingParams(max_tokens=300, ignore_eos=True)
+    ids = [pair.admit([5, 6, 7, 8], long).job_id for _ in range(4)]
+    for _ in range(5):
+        pair.step()
+    snap = pair.snapshot()
+    parts = pair.replica_snapshots()
+    assert snap.kv.device_total == sum(p.kv.device_total for p in parts) == 128
+    assert snap.live == sum(p.live for p in parts) == 4
+    assert sorted(j.job_id for j in snap.jobs) == sorted(ids)
+    assert sorted(i for lv in snap.sched.levels for i in lv.job_ids) == sorted(ids)
+    assert [r.index for r in snap.replicas] == [0, 1]
+    assert sum(r.live for r in snap.replicas) == 4 and {r.health for r in snap.replicas} == {"ok"}
+    routed = {r.job_id: r.replica for r in snap.routes}
+    assert all(routed[i] == pair.replica_of(i) for i in ids)
+    wire = msgspec.msgpack.decode(
+        msgspec.msgpack.encode(wire_snapshot(snap, SLOWindow(60.0, 0.1), 1)), type=P.Snapshot
+    )
+    assert wire.replicas == snap.replicas and wire.routes[-1].why.startswith("least live")
+    for i in ids:
+        pair.abort(i)
+
+
+def test_a_cpu_replica_gets_its_share_of_the_cores():
+    assert [cpu_share(2, 2), cpu_share(16, 2), cpu_share(16, 4), cpu_share(1, 3)] == [1, 7, 3, 1]
+
+
+def test_the_preview_says_it_needs_one_replica(pair):
+    with pytest.raises(FsdError, match="one-replica daemon"):
+        pair.history(0.1)
