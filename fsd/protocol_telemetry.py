@@ -158,21 +158,18 @@ class SchedInfo(msgspec.Struct, kw_only=True, omit_defaults=True):
 class ReplicaInfo(msgspec.Struct, kw_only=True, omit_defaults=True):
     """One replica of a daemon that runs several (fsd.cluster): its load and health.
 
-    `levels`: its queued jobs per level (Q1 first); `health`: "ok", or why not.
+    `levels`: its queued jobs per level (Q1 first); `health`: "ok", or why not; its
+    pools and prefix cache as the daemon's own are shown.
     """
 
     index: int
     health: str = "ok"
     live: int = 0
     running: int = 0
-    levels: list[int] = []
-    device_used: int = 0
-    device_total: int = 0
-    host_used: int = 0
-    host_total: int = 0
-    prefix_queries: int = 0
-    prefix_hits: int = 0
     iterations: int = 0
+    levels: list[int] = []
+    kv: KVInfo | None = None
+    prefix: PrefixInfo | None = None
 
 
 class RouteInfo(msgspec.Struct, kw_only=True):

@@ -21,12 +21,14 @@ def replica_line(r: P.ReplicaInfo) -> Text:
     line = Text(f"r{r.index} ", style="bold")
     line.append(r.health if r.health == "ok" else "DOWN", style="green" if r.health == "ok" else "bold red")
     queues = "/".join(str(n) for n in r.levels[:4]) + ("/…" if len(r.levels) > 4 else "")
-    hit = f"{r.prefix_hits / r.prefix_queries:.0%}" if r.prefix_queries else "-"
-    line.append(
-        f"  live {r.live} run {r.running}  Q {queues or '-'}"
-        f"  dev {_share(r.device_used, r.device_total)} host {_share(r.host_used, r.host_total)}"
-        f"  hit {hit}"
-    )
+    line.append(f"  live {r.live} run {r.running}  Q {queues or '-'}")
+    if r.kv is not None:
+        kv = r.kv
+        line.append(
+            f"  dev {_share(kv.device_used, kv.device_total)} host {_share(kv.host_used, kv.host_total)}"
+        )
+    if r.prefix is not None and r.prefix.queries:
+        line.append(f"  hit {r.prefix.hit_rate:.0%}")
     if r.health != "ok":
         line.append(f"\n   {r.health}", style="red")
     return line

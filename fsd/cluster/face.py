@@ -25,9 +25,8 @@ from fsd.config import EngineConfig
 from fsd.engine.events import EngineEvent
 from fsd.engine.output import RequestOutput, StepDelta
 from fsd.engine.prompts import check_stop_ids, prompt_ids
-from fsd.engine.views import Admitted, EngineSnapshot, Stepped
+from fsd.engine.views import Admitted, EngineSnapshot, JobRequest, Stepped
 from fsd.errors import FsdError, UnknownJobError
-from fsd.jobs import SamplingParams
 from fsd.protocol_telemetry import JobInfo, RouteInfo
 from fsd.sched.admission import RequestLimits, check_request
 from fsd.sched.retune import plan_retune
@@ -63,31 +62,14 @@ class ReplicaSetFace:
         self.replicas = replicas
         self.chooser = chooser
         self.info = fixed[0].info
-        self._limits: RequestLimits = fixed[0].limits
-        self._config: EngineConfig = fixed[0].config
-        self._tokenizer = tokenizer
+        self.limits: RequestLimits = fixed[0].limits  # every replica's (one model, one config)
+        self.config: EngineConfig = fixed[0].config  # the live one: a retune replaces it
+        self.tokenizer = tokenizer
+        self.replica_count = len(replicas)
         self._owner: dict[str, int] = {}  # every live job's replica
         self._busy = [False] * len(replicas)
         self._events: list[EngineEvent] = []
         self.decisions: list[tuple[float, str, int, str]] = []  # (time, job, replica, why)
-
-    # ---- settings and bounds ---------------------------------------------------------
-
-    @property
-    def config(self) -> EngineConfig:
-        return self._config
-
-    @property
-    def replica_count(self) -> int:
-        return len(self.replicas)
-
-    @property
-    def limits(self) -> RequestLimits:
-        return self._limits
-
-    @property
-    def tokenizer(self) -> Tokenizer:
-        return self._tokenizer
 
     # ---- the jobs ------------------------------------------------------------------------
 
@@ -137,27 +119,18 @@ class ReplicaSetFace:
 
     # ---- the verbs -------------------------------------------------------------------
 
-    def admit(
-        self,
-        prompt: str | Sequence[int],
-        params: SamplingParams,
-        *,
-        request_id: str | None = None,
-        arrival_time: float | None = None,
-        tags: Sequence[str] = (),
-        clip: bool = True,
-        session: str | None = None,
-    ) -> Admitted:
+    def admit(self, request: JobRequest) -> Admitted:
         """Check, name and place one request (module doc); FsdError if refused."""
-        check_stop_ids(params, self.info.vocab_size)
-        ids = prompt_ids(prompt, self._tokenizer, self.info.vocab_size)
-        check_request(len(ids), params.max_tokens, self._limits, clip)
-        job_id = request_id or f"job-r{next(_job_ids)}"
+        r = request
+        check_stop_ids(r.params, self.info.vocab_size)
+        ids = prompt_ids(r.prompt, self.tokenizer, self.info.vocab_size)
+        check_request(len(ids), r.params.max_tokens, self.limits, r.clip)
+        job_id = r.job_id or f"job-r{next(_job_ids)}"
         if job_id in self._owner:
             raise FsdError(f"request id {job_id!r} is already in use")
-        index, why = self.chooser.choose(ids, session)
-        arrival = time.time() if arrival_time is None else arrival_time
-        self.replicas.admit(index, ids, params, job_id, arrival, tags)
+        index, why = self.chooser.choose(ids, r.session)
+        arrival = time.time() if r.arrival is None else r.arrival
+        self.replicas.admit(index, ids, r.params, job_id, arrival, r.tags)
         self._owner[job_id] = index
         self.decisions = [*self.decisions[-63:], (arrival, job_id, index, why)]
         return Admitted(job_id, len(ids))
@@ -172,10 +145,9 @@ class ReplicaSetFace:
 
     def retune(self, **changes: Any) -> EngineConfig:
         """Every replica, or none: the change is checked here first."""
-        plan_retune(self._config.sched, self._config.cache, changes)  # SettingError: none
-        configs = self.replicas.call_all("retune", changes)
-        self._config = configs[0]
-        return self._config
+        plan_retune(self.config.sched, self.config.cache, changes)  # SettingError: none
+        self.config = self.replicas.call_all("retune", changes)[0]
+        return self.config
 
     def step(self) -> Stepped:
         """What every replica produced since the last step (waits briefly for news)."""

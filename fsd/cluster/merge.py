@@ -7,7 +7,7 @@ import dataclasses
 from collections.abc import Sequence
 
 from fsd.engine.face import RECENT_ITERATIONS
-from fsd.engine.views import EngineSnapshot, SwapBytes
+from fsd.engine.views import EngineSnapshot, SwapBytes, kv_info
 from fsd.kv.block_manager import KVStats
 from fsd.protocol_telemetry import PrefixInfo, ReplicaInfo
 from fsd.sched.queues import LevelView
@@ -71,21 +71,17 @@ def _sum_prefix(items: Sequence[PrefixInfo]) -> PrefixInfo:
 
 
 def replica_infos(snaps: Sequence[EngineSnapshot]) -> list[ReplicaInfo]:
-    """Each replica's line: its load, pools, prefix hits and health."""
+    """Each replica's line: its load, pools, prefix cache and health."""
     return [
         ReplicaInfo(
             index=i,
             health=s.degraded or "ok",
             live=s.live,
             running=s.running,
-            levels=[len(lv.job_ids) for lv in s.sched.levels],
-            device_used=s.kv.device_used,
-            device_total=s.kv.device_total,
-            host_used=s.kv.host_used,
-            host_total=s.kv.host_total,
-            prefix_queries=s.prefix.queries,
-            prefix_hits=s.prefix.hits,
             iterations=s.iteration_count,
+            levels=[len(lv.job_ids) for lv in s.sched.levels],
+            kv=kv_info(s),
+            prefix=s.prefix,
         )
         for i, s in enumerate(snaps)
     ]

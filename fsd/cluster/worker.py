@@ -30,7 +30,7 @@ from fsd.engine.core import Engine
 from fsd.engine.events import EngineEvent
 from fsd.engine.face import EngineFace
 from fsd.engine.output import IterationStats, StepDelta
-from fsd.engine.views import EngineInfo
+from fsd.engine.views import EngineInfo, JobRequest
 from fsd.errors import FsdError
 from fsd.jobs import SamplingParams
 from fsd.sched.admission import RequestLimits
@@ -202,7 +202,7 @@ class ReplicaWorker:
         self, ids: list[int], params: SamplingParams, job_id: str, arrival: float, tags: tuple
     ) -> None:
         try:
-            self.face.admit(ids, params, request_id=job_id, arrival_time=arrival, tags=tags)
+            self.face.admit(JobRequest(ids, params, job_id, arrival, tags))
         except FsdError as exc:
             self._add(refused=[Refusal(job_id, exc.code, str(exc))])
 

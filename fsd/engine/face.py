@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Sequence
 from typing import Any
 
 from fsd.config import EngineConfig
@@ -26,11 +25,12 @@ from fsd.engine.views import (
     Admitted,
     EngineInfo,
     EngineSnapshot,
+    JobRequest,
     Stepped,
     SwapBytes,
     job_info,
 )
-from fsd.jobs import JobStatus, SamplingParams
+from fsd.jobs import JobStatus
 from fsd.protocol_telemetry import JobInfo
 from fsd.sched.admission import RequestLimits
 from fsd.sched.slo import default_slo
@@ -152,19 +152,11 @@ class EngineFace:
 
     # ---- the verbs ---------------------------------------------------------------
 
-    def admit(
-        self,
-        prompt: str | Sequence[int],
-        params: SamplingParams,
-        *,
-        request_id: str | None = None,
-        arrival_time: float | None = None,
-        tags: Sequence[str] = (),
-        clip: bool = True,
-    ) -> Admitted:
+    def admit(self, request: JobRequest) -> Admitted:
         """Validate and queue one request (`Engine.add_request`); FsdError if refused."""
+        r = request
         job = self._engine.add_request(
-            prompt, params, request_id=request_id, arrival_time=arrival_time, tags=tags, clip=clip
+            r.prompt, r.params, request_id=r.job_id, arrival_time=r.arrival, tags=r.tags, clip=r.clip
         )
         return Admitted(job.job_id, job.num_prompt_tokens)
 

@@ -7,14 +7,16 @@ boundary (a replica in another process answers with the same values).
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from fsd.config import EngineConfig
 from fsd.engine.events import wire_level
 from fsd.engine.output import IterationStats, StepDelta
-from fsd.jobs import Job
+from fsd.jobs import Job, SamplingParams
 from fsd.kv.block_manager import KVStats
-from fsd.protocol_telemetry import JobInfo, PrefixInfo, ReplicaInfo, RouteInfo
+from fsd.protocol_telemetry import JobInfo, KVInfo, PrefixInfo, ReplicaInfo, RouteInfo
 from fsd.sched.scheduler import SchedulerStats
 
 
@@ -90,6 +92,21 @@ class EngineSnapshot:
 
 
 @dataclass(frozen=True)
+class JobRequest:
+    """One request for the face to admit: the prompt (text or token ids), its sampling,
+    and how to take it (`clip` False: a max_tokens past the context is refused, not
+    cut to it; `session`: with several replicas, the router keeps a session together)."""
+
+    prompt: str | Sequence[int]
+    params: SamplingParams
+    job_id: str | None = None  # None: the engine names it
+    arrival: float | None = None  # None: now
+    tags: Sequence[str] = ()
+    clip: bool = True
+    session: str | None = None
+
+
+@dataclass(frozen=True)
 class Admitted:
     """A job the engine took: its id and its prompt's length in tokens."""
 
@@ -106,3 +123,14 @@ class Stepped:
     iterations: list[IterationStats]
     seconds: float
     failures: list[tuple[str, Exception]] = field(default_factory=list)
+
+
+def kv_info(snap: EngineSnapshot) -> KVInfo:
+    """The snapshot's KV pools and copies as the wire carries them."""
+    return KVInfo(
+        **dataclasses.asdict(snap.kv),
+        device_reserved=snap.sched.reserve,
+        bytes_in_flight=snap.swap.in_flight,
+        swapped_out_bytes=snap.swap.out,
+        swapped_in_bytes=snap.swap.into,
+    )

@@ -17,7 +17,7 @@ from typing import ClassVar
 import numpy as np
 
 from fsd.engine.face import EngineFace
-from fsd.engine.views import Admitted
+from fsd.engine.views import Admitted, JobRequest
 from fsd.errors import FsdError
 from fsd.jobs import SamplingParams
 from fsd.server.clients import ClientBook
@@ -68,12 +68,7 @@ class Admission:
         admitted = []
         for ask in asks:
             job = self.face.admit(
-                ask.prompt,
-                ask.params,
-                request_id=ask.job_id,
-                arrival_time=ask.arrival,
-                tags=ask.tags,
-                clip=clip,
+                JobRequest(ask.prompt, ask.params, ask.job_id, ask.arrival, ask.tags, clip)
             )
             self.book.own(job.job_id, owner, ask.req_id or job.job_id, stream)
             admitted.append(job)

@@ -195,8 +195,9 @@ class SnapshotGauges(Collector):
             at = [self.model_name, str(r.index)]
             jobs.add_metric([*at, "live"], r.live)
             jobs.add_metric([*at, "running"], r.running)
-            kv.add_metric([*at, "used"], r.device_used)
-            kv.add_metric([*at, "total"], r.device_total)
+            if r.kv is not None:
+                kv.add_metric([*at, "used"], r.kv.device_used)
+                kv.add_metric([*at, "total"], r.kv.device_total)
             up.add_metric(at, float(r.health == "ok"))
         yield jobs
         yield kv

@@ -8,7 +8,6 @@ thread so the engine loop pays only for the read. Levels leave the engine 1-base
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import queue
 import threading
@@ -24,7 +23,7 @@ from fsd.config import ServerConfig
 from fsd.engine.events import EngineEvent, wire_level
 from fsd.engine.face import EngineFace
 from fsd.engine.output import IterationStats
-from fsd.engine.views import EngineSnapshot
+from fsd.engine.views import EngineSnapshot, kv_info
 from fsd.metrics import SLOWindow
 from fsd.sched.scheduler import SchedulerStats
 
@@ -80,13 +79,7 @@ def wire_snapshot(snap: EngineSnapshot, slo: SLOWindow, seq: int) -> P.Snapshot:
         ],
         jobs=snap.jobs,
         jobs_time=now if snap.jobs is not None else None,
-        kv=P.KVInfo(
-            **dataclasses.asdict(snap.kv),
-            device_reserved=stats.reserve,
-            bytes_in_flight=snap.swap.in_flight,
-            swapped_out_bytes=snap.swap.out,
-            swapped_in_bytes=snap.swap.into,
-        ),
+        kv=kv_info(snap),
         iterations=[_iteration_info(it) for it in snap.iterations],
         slo=P.SLOInfo(**slo.stats(now)),
         config=config,

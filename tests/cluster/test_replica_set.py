@@ -14,6 +14,7 @@ from fsd.cluster.start import cpu_share, start_replicas
 from fsd.config import EngineConfig
 from fsd.engine.core import Engine
 from fsd.engine.face import EngineFace
+from fsd.engine.views import JobRequest
 from fsd.errors import FsdError, PromptTooLongError, SettingError, UnknownJobError
 from fsd.jobs import SamplingParams
 from fsd.metrics import SLOWindow
@@ -47,9 +48,9 @@ def run(face: ReplicaSetFace | EngineFace, ids: list[str], limit: float = 60.0) 
 
 def test_jobs_spread_over_the_replicas_and_give_a_single_engines_tokens(pair):
     single = EngineFace(Engine(EngineConfig.from_kwargs(**CONFIG)))
-    want = run(single, [single.admit(p, PARAMS).job_id for p in PROMPTS])
+    want = run(single, [single.admit(JobRequest(p, PARAMS)).job_id for p in PROMPTS])
     single.close()
-    ids = [pair.admit(p, PARAMS).job_id for p in PROMPTS]
+    ids = [pair.admit(JobRequest(p, PARAMS)).job_id for p in PROMPTS]
     assert len(set(ids)) == len(ids) and pair.live() == len(ids) and pair.busy()
     placed = {i: pair.replica_of(i) for i in ids}
     assert set(placed.values()) == {0, 1}, placed  # the least-loaded router uses both
@@ -62,17 +63,17 @@ def test_jobs_spread_over_the_replicas_and_give_a_single_engines_tokens(pair):
 
 def test_abort_reaches_the_jobs_replica_and_unknown_ids_are_refused(pair):
     long = SamplingParams(max_tokens=200, ignore_eos=True)
-    job = pair.admit([5, 6, 7], long).job_id
+    job = pair.admit(JobRequest([5, 6, 7], long)).job_id
     assert pair.has(job) and pair.job(job).job_id == job
     out = pair.abort(job)
     assert out.finish_reason == "abort" and not pair.has(job)
     with pytest.raises(UnknownJobError):
         pair.abort(job)
     with pytest.raises(PromptTooLongError):  # checked here, before any replica sees it
-        pair.admit([5] * (pair.info.max_model_len + 1), PARAMS)
+        pair.admit(JobRequest([5] * (pair.info.max_model_len + 1), PARAMS))
     with pytest.raises(FsdError, match="already in use"):
-        pair.admit([5], long, request_id="twice")
-        pair.admit([5], long, request_id="twice")
+        pair.admit(JobRequest([5], long, job_id="twice"))
+        pair.admit(JobRequest([5], long, job_id="twice"))
     pair.abort("twice")
     run(pair, [])
 
@@ -89,7 +90,7 @@ def test_retune_applies_to_every_replica_or_none(pair):
 
 def test_the_snapshot_sums_the_pools_and_lists_every_replicas_jobs(pair):
     long = SamplingParams(max_tokens=300, ignore_eos=True)
-    ids = [pair.admit([5, 6, 7, 8], long).job_id for _ in range(4)]
+    ids = [pair.admit(JobRequest([5, 6, 7, 8], long)).job_id for _ in range(4)]
     for _ in range(5):
         pair.step()
     snap = pair.snapshot()

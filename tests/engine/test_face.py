@@ -10,6 +10,7 @@ import pytest
 from fsd.config import EngineConfig
 from fsd.engine.core import Engine
 from fsd.engine.face import EngineFace
+from fsd.engine.views import JobRequest
 from fsd.errors import UnknownJobError
 from fsd.jobs import SamplingParams
 from tests.sched.harness import COST
@@ -25,8 +26,8 @@ def face():
 
 def test_admit_step_and_abort_through_the_face(face):
     params = SamplingParams(max_tokens=6, ignore_eos=True)
-    a = face.admit([5, 6, 7, 8], params, tags=["t"])
-    b = face.admit([9, 10, 11], params, request_id="mine")
+    a = face.admit(JobRequest([5, 6, 7, 8], params, tags=["t"]))
+    b = face.admit(JobRequest([9, 10, 11], params, job_id="mine"))
     assert (a.prompt_tokens, b.job_id) == (4, "mine")
     assert face.live() == 2 and face.busy()
 

@@ -9,6 +9,7 @@ from fsd.cluster.start import start_replicas
 from fsd.config import EngineConfig
 from fsd.engine.core import Engine
 from fsd.engine.face import EngineFace
+from fsd.engine.views import JobRequest
 from fsd.errors import UnknownJobError
 from fsd.jobs import SamplingParams
 from tests.cluster.test_replica_set import CONFIG, PARAMS, PROMPTS, run
@@ -16,15 +17,15 @@ from tests.cluster.test_replica_set import CONFIG, PARAMS, PROMPTS, run
 
 def test_ray_replicas_serve_like_one_engine(ray_cluster):
     single = EngineFace(Engine(EngineConfig.from_kwargs(**CONFIG)))
-    want = run(single, [single.admit(p, PARAMS).job_id for p in PROMPTS])
+    want = run(single, [single.admit(JobRequest(p, PARAMS)).job_id for p in PROMPTS])
     single.close()
     face = start_replicas(EngineConfig.from_kwargs(**CONFIG), 2)
     try:
-        ids = [face.admit(p, PARAMS).job_id for p in PROMPTS]
+        ids = [face.admit(JobRequest(p, PARAMS)).job_id for p in PROMPTS]
         assert {face.replica_of(i) for i in ids} == {0, 1}
         got = run(face, ids, limit=120.0)
         assert [got[i][0] for i in ids] == [tokens for tokens, _ in want.values()]
-        job = face.admit([5, 6], SamplingParams(max_tokens=500, ignore_eos=True)).job_id
+        job = face.admit(JobRequest([5, 6], SamplingParams(max_tokens=500, ignore_eos=True))).job_id
         assert face.abort(job).finish_reason == "abort"
         with pytest.raises(UnknownJobError):
             face.abort(job)

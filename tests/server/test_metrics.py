@@ -260,8 +260,8 @@ def test_metrics_reflect_the_work_done(daemon):
 def test_a_daemon_of_several_replicas_labels_each_ones_gauges():
     m = MetricsCollector("tiny")
     replicas = [
-        P.ReplicaInfo(index=0, live=3, running=2, device_used=10, device_total=64),
-        P.ReplicaInfo(index=1, health="worker lost", live=0, device_total=64),
+        P.ReplicaInfo(index=0, live=3, running=2, kv=kv_info(device_used=10, device_total=64)),
+        P.ReplicaInfo(index=1, health="worker lost", live=0, kv=kv_info(device_total=64)),
     ]
     m.telemetry(P.TOPIC_SNAPSHOT, msgspec.structs.replace(snapshot(None), replicas=replicas))
     got = samples(m.render().decode())
