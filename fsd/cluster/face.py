@@ -8,6 +8,10 @@ replicas), placed by the router and queued on its replica without waiting for it
 the client hears Accepted at once. `step` collects what the replicas produced since
 the last look (they step on their own, in parallel); a verb that needs an answer
 (abort, retune, the job table) waits at most one step of the replicas it asks.
+
+A replica that dies loses nothing silently (fsd.cluster.placement): its jobs that had
+not started are placed on another replica, its started ones end with the error; the
+router stops choosing it until its fresh copy is up, and the snapshot says it is down.
 """
 
 from __future__ import annotations
@@ -20,7 +24,8 @@ from typing import Any, Protocol
 
 from fsd.cluster.handles import Replicas
 from fsd.cluster.merge import merge_snapshots, replica_infos
-from fsd.cluster.worker import Report
+from fsd.cluster.placement import Pending, Placement
+from fsd.cluster.worker import ReplicaDown, Report
 from fsd.config import EngineConfig
 from fsd.engine.events import EngineEvent
 from fsd.engine.output import RequestOutput, StepDelta
@@ -29,10 +34,11 @@ from fsd.engine.views import Admitted, EngineSnapshot, JobRequest, Stepped
 from fsd.errors import FsdError, UnknownJobError
 from fsd.protocol_telemetry import JobInfo, RouteInfo
 from fsd.sched.admission import RequestLimits, check_request
-from fsd.sched.retune import plan_retune
+from fsd.sched.retune import RETUNABLE, plan_retune
 from fsd.tokenizer import Tokenizer
 
 STEP_WAIT = 0.005  # seconds a step waits for news from the replicas
+ROUTES_KEPT = 64  # the router's latest decisions, for the console
 _job_ids = itertools.count(1)
 
 
@@ -44,7 +50,7 @@ class Chooser(Protocol):
         ...
 
     def observe(self, index: int, report: Report) -> None:
-        """A replica's latest report (its state for the router, its live jobs)."""
+        """A replica's latest report (its state for the router; `down` if it is gone)."""
         ...
 
 
@@ -66,46 +72,49 @@ class ReplicaSetFace:
         self.config: EngineConfig = fixed[0].config  # the live one: a retune replaces it
         self.tokenizer = tokenizer
         self.replica_count = len(replicas)
-        self._owner: dict[str, int] = {}  # every live job's replica
+        self.jobs_at = Placement()
         self._busy = [False] * len(replicas)
+        self._lost: set[int] = set()  # replicas whose death was handled (until revived)
         self._events: list[EngineEvent] = []
         self.decisions: list[tuple[float, str, int, str]] = []  # (time, job, replica, why)
 
     # ---- the jobs ------------------------------------------------------------------------
 
     def live(self) -> int:
-        return len(self._owner)
+        return len(self.jobs_at.owner)
 
     def busy(self) -> bool:
-        return bool(self._owner) or any(self._busy)
+        return bool(self.jobs_at.owner) or any(self._busy)
 
     def jobs(self, now: float | None = None) -> list[JobInfo]:
-        return [row for rows in self.replicas.call_all("jobs", now) for row in rows]
+        return [row for rows in self.replicas.call_all("jobs", now).values() for row in rows]
 
     def has(self, job_id: str) -> bool:
-        return job_id in self._owner
+        return job_id in self.jobs_at.owner
 
     def job(self, job_id: str, now: float | None = None) -> JobInfo | None:
-        index = self._owner.get(job_id)
+        index = self.jobs_at.owner.get(job_id)
         return None if index is None else self.replicas.call(index, "job", job_id, now)
 
     def replica_of(self, job_id: str) -> int | None:
         """The replica a live job runs on."""
-        return self._owner.get(job_id)
+        return self.jobs_at.owner.get(job_id)
 
     def snapshot(self, now: float | None = None, with_jobs: bool = True) -> EngineSnapshot:
-        """The replicas' snapshots as one, with each replica's own line and the
-        router's recent decisions."""
+        """The replicas' snapshots as one, with each replica's own line (a replica that
+        is down says why) and the router's recent decisions."""
         now = time.time() if now is None else now
         parts = self.replicas.call_all("snapshot", now, with_jobs)
-        routes = [RouteInfo(time=t, job_id=j, replica=r, why=w) for t, j, r, w in self.decisions]
+        if not parts:
+            raise ReplicaError("every replica is down: " + "; ".join(self.replicas.down.values()))
+        merged = merge_snapshots(list(parts.values()))
+        down = [f"replica {i} down: {why}" for i, why in sorted(self.replicas.down.items())]
         return dataclasses.replace(
-            merge_snapshots(parts), replicas=replica_infos(parts), routes=routes
+            merged,
+            degraded="; ".join(filter(None, [merged.degraded, *down])) or None,
+            replicas=replica_infos(parts, self.replicas.down),
+            routes=[RouteInfo(time=t, job_id=j, replica=r, why=w) for t, j, r, w in self.decisions],
         )
-
-    def replica_snapshots(self, now: float | None = None) -> list[EngineSnapshot]:
-        """Each replica's own snapshot, without its job table."""
-        return self.replicas.call_all("snapshot", time.time() if now is None else now, False)
 
     def history(self, slo: float) -> Any:
         raise FsdError(
@@ -126,78 +135,136 @@ class ReplicaSetFace:
         ids = prompt_ids(r.prompt, self.tokenizer, self.info.vocab_size)
         check_request(len(ids), r.params.max_tokens, self.limits, r.clip)
         job_id = r.job_id or f"job-r{next(_job_ids)}"
-        if job_id in self._owner:
+        if job_id in self.jobs_at.owner:
             raise FsdError(f"request id {job_id!r} is already in use")
-        index, why = self.chooser.choose(ids, r.session)
         arrival = time.time() if r.arrival is None else r.arrival
-        self.replicas.admit(index, ids, r.params, job_id, arrival, r.tags)
-        self._owner[job_id] = index
-        self.decisions = [*self.decisions[-63:], (arrival, job_id, index, why)]
+        self._place(job_id, Pending(ids, r.params, arrival, tuple(r.tags), r.session))
         return Admitted(job_id, len(ids))
 
     def abort(self, job_id: str) -> RequestOutput:
-        index = self._owner.get(job_id)
+        index = self.jobs_at.owner.get(job_id)
         if index is None:
             raise UnknownJobError(f"no job with id {job_id!r}")
         out = self.replicas.call(index, "abort", job_id)
-        self._owner.pop(job_id, None)
+        self.jobs_at.finished(job_id)
         return out
 
     def retune(self, **changes: Any) -> EngineConfig:
-        """Every replica, or none: the change is checked here first."""
+        """Every replica that is up, or none: the change is checked here first."""
         plan_retune(self.config.sched, self.config.cache, changes)  # SettingError: none
-        self.config = self.replicas.call_all("retune", changes)[0]
+        answers = self.replicas.call_all("retune", changes)
+        if answers:
+            self.config = next(iter(answers.values()))
         return self.config
 
     def step(self) -> Stepped:
         """What every replica produced since the last step (waits briefly for news)."""
         t0 = time.perf_counter()
-        reports = self.replicas.poll(STEP_WAIT)
+        for i in self.replicas.revived():
+            self._lost.discard(i)
+            self._catch_up(i)
+            self.chooser.observe(i, Report(i))
         deltas: list[StepDelta] = []
         failures: list[tuple[str, Exception]] = []
         iterations = []
-        for report in reports:
+        for report in self.replicas.poll(STEP_WAIT):
             self._busy[report.index] = report.busy
             self.chooser.observe(report.index, report)
-            deltas.extend(report.deltas)
-            deltas.extend(self._refused(report))
+            if report.down and report.index not in self._lost:
+                deltas.extend(self._lose(report.index, report.down))
+            # a job aborted here may still have tokens in flight from its replica: dropped
+            owned = self.jobs_at.owner
+            deltas.extend(d for d in report.deltas if d.job_id in owned)
+            deltas.extend(
+                _ended(r.job_id, f"{r.code}: {r.message}") for r in report.refused if r.job_id in owned
+            )
             iterations.extend(report.iterations)
             self._events.extend(report.events)
             failures += [(f"replica {report.index}", ReplicaError(f)) for f in report.failures]
         for d in deltas:
-            if d.finished:
-                self._owner.pop(d.job_id, None)
+            (self.jobs_at.finished if d.finished else self.jobs_at.started)(d.job_id)
         return Stepped(deltas, iterations, time.perf_counter() - t0, failures)
-
-    def _refused(self, report: Report) -> list[StepDelta]:
-        """A job its replica refused ends with that error."""
-        now = time.time()
-        return [
-            StepDelta(r.job_id, (), "", output=RequestOutput(
-                request_id=r.job_id, prompt=None, prompt_token_ids=[], text="", token_ids=[],
-                finish_reason="error", arrival_time=now, first_token_time=None,
-                finish_time=now, error=f"{r.code}: {r.message}",
-            ))
-            for r in report.refused
-        ]  # fmt: skip
 
     def close(self) -> None:
         self.replicas.close()
 
+    def _catch_up(self, index: int) -> None:
+        """A fresh replica starts from the daemon's first config: retune it to the live one."""
+        first, live = self.replicas.configs[index], self.config
+        changes = {
+            name: getattr(getattr(live, part), name)
+            for part in ("sched", "cache")
+            for name in RETUNABLE
+            if hasattr(getattr(live, part), name)
+            and getattr(getattr(live, part), name) != getattr(getattr(first, part), name)
+        }
+        if changes:
+            self.replicas.call(index, "retune", changes)
+
+    # ---- placing jobs ----------------------------------------------------------------
+
+    def _place(self, job_id: str, pending: Pending) -> None:
+        """Send a job to the router's replica, or to another one that is up."""
+        index, why = self.chooser.choose(pending.ids, pending.session)
+        tried: set[int] = set()
+        while True:
+            if index not in self.replicas.down:
+                try:
+                    self.replicas.admit(
+                        index, pending.ids, pending.params, job_id, pending.arrival, pending.tags
+                    )
+                    break
+                except ReplicaDown:
+                    pass
+            tried.add(index)
+            left = [i for i in self.replicas.up() if i not in tried]
+            if not left:
+                raise ReplicaError("no replica is up: " + "; ".join(self.replicas.down.values()))
+            index = min(left, key=self.jobs_at.count)
+            why = f"replica {min(tried)} is down: the least-loaded one that is up"
+        self.jobs_at.place(job_id, index, pending)
+        self.decisions = [*self.decisions[1 - ROUTES_KEPT :], (time.time(), job_id, index, why)]
+
+    def _lose(self, index: int, why: str) -> list[StepDelta]:
+        """A replica died: its waiting jobs go elsewhere, its started ones end."""
+        self._lost.add(index)
+        again, ended = self.jobs_at.lost(index)
+        out = [
+            _ended(j, f"replica {index} failed ({why}); the job had started there and its KV was lost")
+            for j in ended
+        ]
+        for job_id, pending in again:
+            try:
+                self._place(job_id, pending)
+            except ReplicaError as exc:
+                out.append(_ended(job_id, str(exc)))
+        return out
+
+
+def _ended(job_id: str, error: str) -> StepDelta:
+    """A job that ends here, with `error` (refused by its replica, or lost with it)."""
+    now = time.time()
+    return StepDelta(job_id, (), "", output=RequestOutput(
+        request_id=job_id, prompt=None, prompt_token_ids=[], text="", token_ids=[],
+        finish_reason="error", arrival_time=now, first_token_time=None, finish_time=now,
+        error=error,
+    ))  # fmt: skip
+
 
 class LeastLive:
     """The fallback router: the replica with the fewest live jobs, counting the ones
-    sent since its last report (optimistic accounting)."""
+    sent since its last report (optimistic accounting); never one that is down."""
 
     def __init__(self, n: int) -> None:
-        self.live = [0] * n
+        self.live = [0.0] * n
         self.sent = [0] * n
 
     def choose(self, prompt: Sequence[int], session: str | None) -> tuple[int, str]:
         load = [a + b for a, b in zip(self.live, self.sent, strict=True)]
         index = min(range(len(load)), key=load.__getitem__)
         self.sent[index] += 1
-        return index, f"least live jobs ({load[index]})"
+        return index, f"least live jobs ({load[index]:g})"
 
     def observe(self, index: int, report: Report) -> None:
-        self.live[index], self.sent[index] = report.live, 0
+        self.live[index] = float("inf") if report.down else report.live
+        self.sent[index] = 0

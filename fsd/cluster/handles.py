@@ -6,6 +6,11 @@ the GPU of a tp = pp = 1 replica (a larger replica's engine starts its own tp x 
 workers from inside the actor); on CPU it takes its share of the cores and runs that
 many torch threads. The actor serves several calls at once (a poll must not wait
 behind a call), which is safe: the worker's own thread alone touches the engine.
+
+A replica that dies (its actor or process gone, its thread stopped) is marked down
+with why, the first time any door finds it so; a fresh one is then started in the
+background and takes its index once its model is loaded (`revived`). Calls to a
+replica that is down raise `ReplicaDown` at once; `call_all` and `poll` skip it.
 """
 
 from __future__ import annotations
@@ -14,73 +19,181 @@ import dataclasses
 import logging
 import threading
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-from fsd.cluster.worker import Fixed, ReplicaWorker, Report
+from fsd.cluster.worker import Fixed, ReplicaDown, ReplicaWorker, Report
 from fsd.config import EngineConfig
 from fsd.engine.face import EngineFace
 from fsd.jobs import SamplingParams
 
 log = logging.getLogger("fsd.cluster")
 _CALLS_AT_ONCE = 4  # an actor's concurrent calls: a poll, a call, an admission
+StateOf = Callable[[EngineFace], Any] | None
 
 
 class Replicas:
-    """N replicas behind one interface; each is addressed by its index."""
+    """N replicas behind one interface; each is addressed by its index (module doc)."""
 
-    workers: list[Any]
+    def __init__(self, configs: Sequence[EngineConfig], state_of: StateOf) -> None:
+        self.configs = list(configs)
+        self.state_of = state_of
+        self.down: dict[int, str] = {}  # replicas found dead, and why
+        self._restarts: dict[int, Future] = {}
+        self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="fsd-restart")
+        self.workers: list[Any] = [self._spawn(i) for i in range(len(self.configs))]
 
     def __len__(self) -> int:
         return len(self.workers)
 
+    def up(self) -> list[int]:
+        """The replicas not down."""
+        return [i for i in range(len(self)) if i not in self.down]
+
     def fixed(self) -> list[Fixed]:
         return [self.call(i, "fixed") for i in range(len(self))]
+
+    # ---- the doors ---------------------------------------------------------------------
 
     def admit(
         self, index: int, ids: Sequence[int], params: SamplingParams, job_id: str,
         arrival: float, tags: Sequence[str],
     ) -> None:  # fmt: skip
-        raise NotImplementedError
+        self._guard(index, self._admit, index, list(ids), params, job_id, arrival, list(tags))
 
     def call(self, index: int, name: str, *args: Any) -> Any:
-        raise NotImplementedError
+        """A verb on one replica (ReplicaDown if it is down or dies now)."""
+        return self._guard(index, self._call, index, name, *args)
 
-    def call_all(self, name: str, *args: Any) -> list[Any]:
-        return [self.call(i, name, *args) for i in range(len(self))]
+    def call_all(self, name: str, *args: Any) -> dict[int, Any]:
+        """A verb on every replica that is up: {index: answer}."""
+        answers = {}
+        for i in self.up():
+            try:
+                answers[i] = self.call(i, name, *args)
+            except ReplicaDown:
+                continue
+        return answers
 
     def poll(self, timeout: float) -> list[Report]:
-        """Every replica's report, waiting up to `timeout` for news from any."""
+        """Every replica's report, waiting up to `timeout` for news from any; one that
+        is down reports only that (`Report.down`)."""
+        got = self._poll(self.up(), timeout)
+        reports = []
+        for i in range(len(self)):
+            item = got.get(i)
+            if isinstance(item, BaseException):
+                self._died(i, item)
+            reports.append(item if isinstance(item, Report) else Report(i, down=self.down.get(i)))
+        return reports
+
+    def kill(self, index: int) -> None:
+        """End a replica now, as a crash would (tests, and a replica to be replaced)."""
         raise NotImplementedError
 
+    def revived(self) -> list[int]:
+        """The replicas whose fresh copy has come up since the last look."""
+        back = []
+        for i, future in list(self._restarts.items()):
+            if not future.done():
+                continue
+            del self._restarts[i]
+            try:
+                self.workers[i] = future.result()
+            except Exception as exc:  # noqa: BLE001 - it stays down, saying why
+                self.down[i] = f"{self.down.get(i)}; its restart failed: {exc}"
+                log.error("replica %d: the restart failed: %s", i, exc)
+                continue
+            self.down.pop(i, None)
+            log.info("replica %d is back", i)
+            back.append(i)
+        return back
+
     def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    # ---- what each kind provides -------------------------------------------------------
+
+    def _spawn(self, index: int) -> Any:
         raise NotImplementedError
+
+    def _admit(self, index: int, *args: Any) -> None:
+        raise NotImplementedError
+
+    def _call(self, index: int, name: str, *args: Any) -> Any:
+        raise NotImplementedError
+
+    def _poll(self, indices: list[int], timeout: float) -> dict[int, Report | BaseException]:
+        raise NotImplementedError
+
+    def _is_death(self, exc: BaseException) -> bool:
+        return isinstance(exc, ReplicaDown)
+
+    # ---- faults ------------------------------------------------------------------------
+
+    def _guard(self, index: int, door: Callable[..., Any], *args: Any) -> Any:
+        if index in self.down:
+            raise ReplicaDown(f"replica {index} is down: {self.down[index]}")
+        try:
+            return door(*args)
+        except BaseException as exc:
+            if not self._is_death(exc):
+                raise
+            self._died(index, exc)
+            raise ReplicaDown(f"replica {index} is down: {self.down[index]}") from None
+
+    def _died(self, index: int, exc: BaseException) -> None:
+        if index in self.down:
+            return
+        lines = [line.strip() for line in str(exc).splitlines() if line.strip()] or [""]
+        tail = f" ({lines[-1]})" if len(lines) > 1 else ""  # Ray's own last line says why
+        self.down[index] = f"{type(exc).__name__}: {lines[0]}{tail}"[:300]
+        log.error("replica %d is down (%s); starting a fresh one", index, self.down[index])
+        self._restarts[index] = self._pool.submit(self._replace, index)
+
+    def _replace(self, index: int) -> Any:
+        worker = self._spawn(index)
+        self._ready(worker)
+        return worker
+
+    def _ready(self, worker: Any) -> None:
+        """Wait until a fresh worker serves (its model loaded)."""
 
 
 class LocalReplicas(Replicas):
     """Replicas in this process, each on its own thread (tests; one machine, no Ray)."""
 
-    def __init__(
-        self, configs: Sequence[EngineConfig], state_of: Callable[[EngineFace], Any] | None
-    ) -> None:
+    def __init__(self, configs: Sequence[EngineConfig], state_of: StateOf) -> None:
         self._news = threading.Condition()  # any replica's news wakes a waiting poll
-        self.workers = [ReplicaWorker(c, i, state_of, self._news) for i, c in enumerate(configs)]
+        super().__init__(configs, state_of)
 
-    def admit(
-        self, index: int, ids: Sequence[int], params: SamplingParams, job_id: str,
-        arrival: float, tags: Sequence[str],
-    ) -> None:  # fmt: skip
-        self.workers[index].admit(ids, params, job_id, arrival, tags)
+    def _spawn(self, index: int) -> ReplicaWorker:
+        return ReplicaWorker(self.configs[index], index, self.state_of, self._news)
 
-    def call(self, index: int, name: str, *args: Any) -> Any:
+    def _admit(self, index: int, *args: Any) -> None:
+        self.workers[index].admit(*args)
+
+    def _call(self, index: int, name: str, *args: Any) -> Any:
         return self.workers[index].call(name, *args)
 
-    def poll(self, timeout: float) -> list[Report]:
+    def _poll(self, indices: list[int], timeout: float) -> dict[int, Report | BaseException]:
+        workers = [self.workers[i] for i in indices]
         with self._news:
-            if timeout > 0 and not any(w.has_news() for w in self.workers):
+            if timeout > 0 and not any(w.has_news() for w in workers):
                 self._news.wait(timeout)
-        return [w.poll() for w in self.workers]
+        got: dict[int, Report | BaseException] = {}
+        for i, w in zip(indices, workers, strict=True):
+            try:
+                got[i] = w.poll()
+            except ReplicaDown as exc:
+                got[i] = exc
+        return got
+
+    def kill(self, index: int) -> None:
+        self.workers[index].close()
 
     def close(self) -> None:
+        super().close()
         for w in self.workers:
             w.close()
 
@@ -91,7 +204,7 @@ class RayReplicas(Replicas):
     def __init__(
         self,
         configs: Sequence[EngineConfig],
-        state_of: Callable[[EngineFace], Any] | None,
+        state_of: StateOf,
         address: str | None,
         gpus: float,
         cpus: int,
@@ -99,35 +212,49 @@ class RayReplicas(Replicas):
         from fsd.engine.ray_cluster import ensure_ray
 
         self.ray, self._started = ensure_ray(address)
-        actor = self.ray.remote(ReplicaWorker).options(
+        self._actor = self.ray.remote(ReplicaWorker).options(
             num_cpus=cpus, num_gpus=gpus, max_concurrency=_CALLS_AT_ONCE
         )
-        self.workers = [actor.remote(c, i, state_of) for i, c in enumerate(configs)]
         self._sent = [0] * len(configs)  # admissions sent to each: its calls come after
+        super().__init__(configs, state_of)
         log.info(
             "%d replicas as Ray actors (%d CPUs%s each)", len(configs), cpus,
             f", {gpus:g} GPU" if gpus else "",
         )  # fmt: skip
 
-    def admit(
-        self, index: int, ids: Sequence[int], params: SamplingParams, job_id: str,
-        arrival: float, tags: Sequence[str],
-    ) -> None:  # fmt: skip
-        self.workers[index].admit.remote(list(ids), params, job_id, arrival, list(tags))
+    def _spawn(self, index: int) -> Any:
+        self._sent[index] = 0
+        return self._actor.remote(self.configs[index], index, self.state_of)
+
+    def _ready(self, worker: Any) -> None:
+        self.ray.get(worker.call.remote("fixed"))
+
+    def _admit(self, index: int, *args: Any) -> None:
+        self.workers[index].admit.remote(*args)
         self._sent[index] += 1
 
-    def call(self, index: int, name: str, *args: Any) -> Any:
+    def _call(self, index: int, name: str, *args: Any) -> Any:
         return self.ray.get(self.workers[index].call.remote(name, *args, after=self._sent[index]))
 
-    def call_all(self, name: str, *args: Any) -> list[Any]:
-        refs = [w.call.remote(name, *args, after=n) for w, n in zip(self.workers, self._sent, strict=True)]
-        return self.ray.get(refs)
+    def _poll(self, indices: list[int], timeout: float) -> dict[int, Report | BaseException]:
+        refs = {i: self.workers[i].poll.remote(timeout) for i in indices}
+        got: dict[int, Report | BaseException] = {}
+        for i, ref in refs.items():
+            try:
+                got[i] = self.ray.get(ref)
+            except self.ray.exceptions.RayActorError as exc:
+                got[i] = exc
+        return got
 
-    def poll(self, timeout: float) -> list[Report]:
-        return self.ray.get([w.poll.remote(timeout) for w in self.workers])
+    def _is_death(self, exc: BaseException) -> bool:
+        return isinstance(exc, ReplicaDown | self.ray.exceptions.RayActorError)
+
+    def kill(self, index: int) -> None:
+        self.ray.kill(self.workers[index], no_restart=True)
 
     def close(self) -> None:
-        refs = [w.close.remote() for w in self.workers]
+        super().close()
+        refs = [self.workers[i].close.remote() for i in self.up()]
         try:
             self.ray.get(refs, timeout=30)
         except Exception:  # noqa: BLE001 - leaving anyway

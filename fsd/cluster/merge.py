@@ -4,7 +4,7 @@ for the whole daemon (the sums of the pools and counters, the levels side by sid
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from fsd.engine.face import RECENT_ITERATIONS
 from fsd.engine.views import EngineSnapshot, SwapBytes, kv_info
@@ -70,18 +70,23 @@ def _sum_prefix(items: Sequence[PrefixInfo]) -> PrefixInfo:
     return PrefixInfo(enabled=items[0].enabled, **counts)
 
 
-def replica_infos(snaps: Sequence[EngineSnapshot]) -> list[ReplicaInfo]:
-    """Each replica's line: its load, pools, prefix cache and health."""
-    return [
-        ReplicaInfo(
-            index=i,
-            health=s.degraded or "ok",
-            live=s.live,
-            running=s.running,
-            iterations=s.iteration_count,
-            levels=[len(lv.job_ids) for lv in s.sched.levels],
-            kv=kv_info(s),
-            prefix=s.prefix,
+def replica_infos(
+    parts: Mapping[int, EngineSnapshot], down: Mapping[int, str]
+) -> list[ReplicaInfo]:
+    """Each replica's line: its load, pools, prefix cache and health (one that is down
+    says only why)."""
+    infos = [ReplicaInfo(index=i, health=f"down: {why}") for i, why in down.items()]
+    for i, s in parts.items():
+        infos.append(
+            ReplicaInfo(
+                index=i,
+                health=s.degraded or "ok",
+                live=s.live,
+                running=s.running,
+                iterations=s.iteration_count,
+                levels=[len(lv.job_ids) for lv in s.sched.levels],
+                kv=kv_info(s),
+                prefix=s.prefix,
+            )
         )
-        for i, s in enumerate(snaps)
-    ]
+    return sorted(infos, key=lambda r: r.index)

@@ -39,6 +39,12 @@ log = logging.getLogger("fsd.cluster")
 IDLE_WAIT = 0.05  # seconds an idle replica waits for a command before looking again
 
 
+class ReplicaDown(FsdError):
+    """A replica has stopped (its actor, process or thread is gone)."""
+
+    code = "replica-down"
+
+
 @dataclass
 class Refusal:
     """An admission the replica refused after the daemon accepted it."""
@@ -62,6 +68,7 @@ class Report:
     busy: bool = False  # it still has work
     live: int = 0  # its live jobs
     state: Any = None  # the router's view of it (fsd.router), when one is given
+    down: str | None = None  # set by the daemon's side: the replica is gone, and why
 
 
 @dataclass(frozen=True)
@@ -113,6 +120,7 @@ class ReplicaWorker:
         tags: Sequence[str] = (),
     ) -> None:
         """Queue a checked request (refusals come back in a report)."""
+        self._check_open()
         with self._arrived:
             self._commands.put(("admit", (list(ids), params, job_id, arrival, tuple(tags)), None))
             self._received += 1
@@ -121,6 +129,7 @@ class ReplicaWorker:
     def call(self, name: str, *args: Any, after: int = 0, timeout: float | None = None) -> Any:
         """Run a verb between two steps, after the first `after` admissions, and return
         its answer (its error is raised)."""
+        self._check_open()
         with self._arrived:
             if not self._arrived.wait_for(lambda: self._received >= after, timeout):
                 raise FsdError(f"replica {self.index}: admissions before this call never came")
@@ -130,6 +139,7 @@ class ReplicaWorker:
 
     def poll(self, timeout: float = 0.0) -> Report:
         """What happened since the last poll, waiting up to `timeout` for anything."""
+        self._check_open()
         with self._ready:
             if timeout > 0 and not self.has_news():
                 self._ready.wait(timeout)
@@ -138,10 +148,20 @@ class ReplicaWorker:
         report.live = self.face.live()
         return report
 
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ReplicaDown(f"replica {self.index} has stopped")
+
     def close(self) -> None:
+        if self._closed:
+            return
         self._closed = True
         self._commands.put(("stop", (), None))
         self._thread.join(10.0)
+        while not self._commands.empty():  # calls that came too late hear why
+            _, _, future = self._commands.get_nowait()
+            if future is not None:
+                future.set_exception(ReplicaDown(f"replica {self.index} has stopped"))
         self.face.close()
 
     # ---- the thread --------------------------------------------------------------------

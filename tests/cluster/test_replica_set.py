@@ -81,10 +81,10 @@ def test_abort_reaches_the_jobs_replica_and_unknown_ids_are_refused(pair):
 def test_retune_applies_to_every_replica_or_none(pair):
     config = pair.retune(policy="fcfs", max_batch_size=4)
     assert config.sched.policy == "fcfs"
-    assert {c.sched.policy for c in pair.replicas.call_all("config")} == {"fcfs"}
+    assert {c.sched.policy for c in pair.replicas.call_all("config").values()} == {"fcfs"}
     with pytest.raises(SettingError):
         pair.retune(policy="nope")
-    assert {c.sched.max_batch_size for c in pair.replicas.call_all("config")} == {4}
+    assert {c.sched.max_batch_size for c in pair.replicas.call_all("config").values()} == {4}
     pair.retune(policy="default", max_batch_size=32)
 
 
@@ -94,7 +94,7 @@ def test_the_snapshot_sums_the_pools_and_lists_every_replicas_jobs(pair):
     for _ in range(5):
         pair.step()
     snap = pair.snapshot()
-    parts = pair.replica_snapshots()
+    parts = pair.replicas.call_all("snapshot", time.time(), False).values()
     assert snap.kv.device_total == sum(p.kv.device_total for p in parts) == 128
     assert snap.live == sum(p.live for p in parts) == 4
     assert sorted(j.job_id for j in snap.jobs) == sorted(ids)
@@ -118,3 +118,45 @@ def test_a_cpu_replica_gets_its_share_of_the_cores():
 def test_the_preview_says_it_needs_one_replica(pair):
     with pytest.raises(FsdError, match="one-replica daemon"):
         pair.history(0.1)
+
+
+def test_a_replica_that_dies_loses_no_job_silently_and_comes_back():
+    """Its waiting jobs run elsewhere with the same tokens; its started job ends with
+    the error; the router avoids it until a fresh copy is up, retuned as the others."""
+    face = start_replicas(EngineConfig.from_kwargs(**CONFIG, max_batch_size=1), 2, in_process=True)
+    try:
+        face.retune(policy="fcfs")
+        first = face.admit(JobRequest(PROMPTS[0], PARAMS)).job_id
+        while face.replica_of(first) is not None and not any(
+            d.job_id == first and d.new_token_ids for d in face.step().deltas
+        ):
+            pass
+        victim = face.replica_of(first)
+        queued = [face.admit(JobRequest(p, PARAMS)).job_id for p in PROMPTS[1:]]
+        moved = [j for j in queued if face.replica_of(j) == victim]
+        face.replicas.kill(victim)
+        got = run(face, [first, *queued])
+        assert got[first][1].finish_reason == "error"
+        assert f"replica {victim} failed" in got[first][1].error
+        want = run_single(PROMPTS[1:])
+        assert [got[j][0] for j in queued] == want and moved  # the moved ones too
+        assert victim in face.replicas.down
+        assert face.snapshot().replicas[victim].health.startswith("down: ")
+        deadline = time.monotonic() + 60
+        while victim in face.replicas.down:
+            assert time.monotonic() < deadline, "the replica never came back"
+            face.step()
+        assert face.replicas.call(victim, "config").sched.policy == "fcfs"  # caught up
+        assert {r.health for r in face.snapshot().replicas} == {"ok"}
+    finally:
+        face.close()
+
+
+def run_single(prompts: list[list[int]]) -> list[list[int]]:
+    """What one engine gives these prompts (greedy: the tokens any replica gives)."""
+    single = EngineFace(Engine(EngineConfig.from_kwargs(**CONFIG)))
+    try:
+        out = run(single, [single.admit(JobRequest(p, PARAMS)).job_id for p in prompts])
+        return [tokens for tokens, _ in out.values()]
+    finally:
+        single.close()

@@ -3,6 +3,8 @@ tokens one engine gives; the verbs cross the process boundary with their errors.
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from fsd.cluster.start import start_replicas
@@ -30,5 +32,16 @@ def test_ray_replicas_serve_like_one_engine(ray_cluster):
         with pytest.raises(UnknownJobError):
             face.abort(job)
         assert face.snapshot().kv.device_total == 128
+        # an actor that dies: its jobs that had not started run on the other one
+        ids = [face.admit(JobRequest(p, PARAMS)).job_id for p in PROMPTS]
+        face.replicas.kill(1)
+        got = run(face, ids, limit=120.0)
+        assert [got[i][0] for i in ids] == [tokens for tokens, _ in want.values()]
+        assert 1 in face.replicas.down and "killed by `ray.kill`" in face.replicas.down[1]
+        deadline = time.monotonic() + 120
+        while 1 in face.replicas.down:  # Ray starts a fresh actor in its place
+            assert time.monotonic() < deadline, "the replica never came back"
+            face.step()
+        assert face.admit(JobRequest(PROMPTS[0], PARAMS)) and len(face.snapshot().replicas) == 2
     finally:
         face.close()
