@@ -126,6 +126,12 @@ class Submit(_Req, tag="submit"):
     prompt_token_ids: list[int] | None = None
     sampling: Sampling = msgspec.field(default_factory=Sampling)
     tags: list[str] = []
+    # requests of one affinity key (a user, a conversation) stay on one replica while
+    # its load allows (fsd.cluster); at most MAX_AFFINITY_CHARS
+    affinity: str | None = None
+
+
+MAX_AFFINITY_CHARS = 256
 
 
 class Abort(_Req, tag="abort"):

@@ -129,12 +129,14 @@ class AsyncClient(ClientBase[zmq.asyncio.Context]):
         prompt: str | Sequence[int],
         *,
         tags: Sequence[str] = (),
+        affinity: str | None = None,
         params: SamplingParams | None = None,
         **sampling: Any,
     ) -> AsyncJobHandle:
-        """A job to stream with `async for`; sent on first use (validated now)."""
+        """A job to stream with `async for`; sent on first use (validated now).
+        `affinity`: this request's key (default: the client's)."""
         req_id = self._core.next_req_id()
-        msg = build_submit(req_id, prompt, params, sampling, tags)
+        msg = build_submit(req_id, prompt, params, sampling, tags, affinity or self.affinity)
         return AsyncJobHandle(self, req_id, self._core.encode(msg))
 
     async def submit(
@@ -142,12 +144,13 @@ class AsyncClient(ClientBase[zmq.asyncio.Context]):
         prompt: str | Sequence[int],
         *,
         tags: Sequence[str] = (),
+        affinity: str | None = None,
         params: SamplingParams | None = None,
         **sampling: Any,
     ) -> AsyncJobHandle:
         """Send one job now, without waiting for it to be accepted; sampling keywords as
         `fsd.SamplingParams`. Iterate its handle for chunks, or wait for its `result()`."""
-        handle = self.generate(prompt, tags=tags, params=params, **sampling)
+        handle = self.generate(prompt, tags=tags, affinity=affinity, params=params, **sampling)
         await handle._ensure_sent()
         return handle
 
@@ -156,11 +159,13 @@ class AsyncClient(ClientBase[zmq.asyncio.Context]):
         prompt: str | Sequence[int],
         *,
         tags: Sequence[str] = (),
+        affinity: str | None = None,
         params: SamplingParams | None = None,
         **sampling: Any,
     ) -> Completion:
         """Run one job to its end and return the whole result."""
-        return await self.generate(prompt, tags=tags, params=params, **sampling).result()
+        handle = self.generate(prompt, tags=tags, affinity=affinity, params=params, **sampling)
+        return await handle.result()
 
     # ---- control -----------------------------------------------------------------
 

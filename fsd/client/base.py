@@ -41,7 +41,9 @@ class ClientBase(ABC, Generic[_Ctx]):
     third of the daemon's default client_timeout); `curve`: `CurveKeys` when the
     daemon requires CURVE; `token`: the operator token, for the operator role
     (`fsd.credentials.find_operator_token` reads the daemon's token file);
-    `context`: the ZeroMQ context (default: the process's).
+    `context`: the ZeroMQ context (default: the process's); `affinity`: the key every
+    request carries unless it names its own (a daemon of several replicas keeps the
+    requests of one key, a user or a conversation, on one replica while its load allows).
     """
 
     def __init__(
@@ -52,6 +54,7 @@ class ClientBase(ABC, Generic[_Ctx]):
         heartbeat: float | None = None,
         token: str | None = None,
         context: _Ctx | None = None,
+        affinity: str | None = None,
     ) -> None:
         if timeout <= 0:
             raise ConfigError(f"timeout must be > 0 seconds, got {timeout}")
@@ -60,6 +63,7 @@ class ClientBase(ABC, Generic[_Ctx]):
         self._curve = curve
         self._heartbeat = heartbeat or DEFAULT_HEARTBEAT
         self._token = token
+        self.affinity = affinity
         self._setup(context)
 
     @abstractmethod
@@ -155,6 +159,7 @@ def build_submit(
     params: SamplingParams | None,
     sampling: dict[str, Any],
     tags: Sequence[str],
+    affinity: str | None = None,
 ) -> P.Submit:
     """A `Submit`, its sampling validated locally through `SamplingParams`."""
     if params is not None and sampling:
@@ -168,11 +173,15 @@ def build_submit(
         params = SamplingParams(**sampling)
     wire = P.Sampling.of(params)
     if isinstance(prompt, str):
-        return P.Submit(req_id=req_id, prompt=prompt, sampling=wire, tags=list(tags))
+        return P.Submit(
+            req_id=req_id, prompt=prompt, sampling=wire, tags=list(tags), affinity=affinity
+        )
     ids = list(prompt)
     if not ids or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
         raise ConfigError("prompt must be a string or a non-empty list of token ids")
-    return P.Submit(req_id=req_id, prompt_token_ids=ids, sampling=wire, tags=list(tags))
+    return P.Submit(
+        req_id=req_id, prompt_token_ids=ids, sampling=wire, tags=list(tags), affinity=affinity
+    )
 
 
 def build_inject(

@@ -234,7 +234,7 @@ class Client(ClientBase[zmq.Context], Closes):
         # a shadow of the (sync) context: inproc endpoints need the one they are bound in
         ctx = zmq.asyncio.Context.shadow((context or zmq.Context.instance()).underlying)
         self._async = _Inner(
-            self.endpoint, self.timeout, self._curve, self._heartbeat, self._token, ctx
+            self.endpoint, self.timeout, self._curve, self._heartbeat, self._token, ctx, self.affinity
         )
         self._injected: queue.Queue[Any] = queue.Queue()  # injected jobs' Finished
         self._finished_injected: dict[str, P.Finished] = {}

@@ -45,8 +45,8 @@ _job_ids = itertools.count(1)
 class Chooser(Protocol):
     """Picks each request's replica (fsd.router's routers are ones)."""
 
-    def choose(self, prompt: Sequence[int], session: str | None) -> tuple[int, str]:
-        """(the replica's index, why) for a request with these prompt tokens."""
+    def choose(self, prompt: Sequence[int], affinity: str | None) -> tuple[int, str]:
+        """(the replica's index, why) for a request with these prompt tokens and key."""
         ...
 
     def observe(self, index: int, report: Report) -> None:
@@ -138,7 +138,7 @@ class ReplicaSetFace:
         if job_id in self.jobs_at.owner:
             raise FsdError(f"request id {job_id!r} is already in use")
         arrival = time.time() if r.arrival is None else r.arrival
-        self._place(job_id, Pending(ids, r.params, arrival, tuple(r.tags), r.session))
+        self._place(job_id, Pending(ids, r.params, arrival, tuple(r.tags), r.affinity))
         return Admitted(job_id, len(ids))
 
     def abort(self, job_id: str) -> RequestOutput:
@@ -205,7 +205,7 @@ class ReplicaSetFace:
 
     def _place(self, job_id: str, pending: Pending) -> None:
         """Send a job to the router's replica, or to another one that is up."""
-        index, why = self.chooser.choose(pending.ids, pending.session)
+        index, why = self.chooser.choose(pending.ids, pending.affinity)
         tried: set[int] = set()
         while True:
             if index not in self.replicas.down:
@@ -259,7 +259,7 @@ class LeastLive:
         self.live = [0.0] * n
         self.sent = [0] * n
 
-    def choose(self, prompt: Sequence[int], session: str | None) -> tuple[int, str]:
+    def choose(self, prompt: Sequence[int], affinity: str | None) -> tuple[int, str]:
         load = [a + b for a, b in zip(self.live, self.sent, strict=True)]
         index = min(range(len(load)), key=load.__getitem__)
         self.sent[index] += 1

@@ -20,7 +20,7 @@ class Pending:
     params: SamplingParams
     arrival: float
     tags: tuple[str, ...]
-    session: str | None
+    affinity: str | None
 
 
 class Placement:

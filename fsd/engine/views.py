@@ -95,7 +95,7 @@ class EngineSnapshot:
 class JobRequest:
     """One request for the face to admit: the prompt (text or token ids), its sampling,
     and how to take it (`clip` False: a max_tokens past the context is refused, not
-    cut to it; `session`: with several replicas, the router keeps a session together)."""
+    cut to it; `affinity`: with several replicas, the router keeps one key's jobs together)."""
 
     prompt: str | Sequence[int]
     params: SamplingParams
@@ -103,7 +103,7 @@ class JobRequest:
     arrival: float | None = None  # None: now
     tags: Sequence[str] = ()
     clip: bool = True
-    session: str | None = None
+    affinity: str | None = None
 
 
 @dataclass(frozen=True)

@@ -43,6 +43,7 @@ class Ask:
     req_id: str | None = None  # the owner's name for the job (None: its job id)
     job_id: str | None = None  # a planned id (a scenario's); None: the engine picks
     arrival: float | None = None  # when it arrived (a scenario's due time); None: now
+    affinity: str | None = None  # the router keeps one key's jobs together (fsd.cluster)
 
 
 class Admission:
@@ -68,7 +69,9 @@ class Admission:
         admitted = []
         for ask in asks:
             job = self.face.admit(
-                JobRequest(ask.prompt, ask.params, ask.job_id, ask.arrival, ask.tags, clip)
+                JobRequest(
+                    ask.prompt, ask.params, ask.job_id, ask.arrival, ask.tags, clip, ask.affinity
+                )
             )
             self.book.own(job.job_id, owner, ask.req_id or job.job_id, stream)
             admitted.append(job)

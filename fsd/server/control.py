@@ -105,8 +105,10 @@ class ControlHandler:
         if (msg.prompt is None) == (msg.prompt_token_ids is None):
             raise ConfigError("give exactly one of prompt and prompt_token_ids")
         check_tags(msg.tags)
+        if msg.affinity is not None and not 0 < len(msg.affinity) <= P.MAX_AFFINITY_CHARS:
+            raise ConfigError(f"affinity must be 1 to {P.MAX_AFFINITY_CHARS} characters")
         prompt = msg.prompt if msg.prompt is not None else msg.prompt_token_ids
-        ask = Ask(prompt, msg.sampling.params(), msg.tags, req_id=msg.req_id)  # type: ignore[arg-type]
+        ask = Ask(prompt, msg.sampling.params(), msg.tags, req_id=msg.req_id, affinity=msg.affinity)  # type: ignore[arg-type]
         # a client's max_tokens past the context is refused, naming the limit (HTTP too)
         [job] = self.admission.admit(caller, [ask], clip=False)
         self.send(

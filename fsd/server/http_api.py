@@ -158,7 +158,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
     be = request.app[BACKEND]
     req = oa.parse_completion(await _json(request), be.model, be.vocab_size)
     assert req.prompt is not None
-    handle = _generate(be, req.prompt, req.params)
+    handle = _generate(be, req.prompt, req.params, req.user)
     return await _serve(request, be, req, handle, chat=False)
 
 
@@ -177,14 +177,16 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     params = req.params
     if req.fill_max_tokens:
         params = oa.fill_max_tokens(params, be.capacity - len(ids))
-    handle = _generate(be, ids, params)
+    handle = _generate(be, ids, params, req.user)
     return await _serve(request, be, req, handle, chat=True)
 
 
-def _generate(be: Backend, prompt: str | Sequence[int], params: SamplingParams) -> AsyncJobHandle:
+def _generate(
+    be: Backend, prompt: str | Sequence[int], params: SamplingParams, user: str | None
+) -> AsyncJobHandle:
     """The job's handle (not sent yet); what the wire cannot carry is a 400, not a 500."""
     try:
-        return be.client.generate(prompt, params=params)
+        return be.client.generate(prompt, params=params, affinity=user)
     except ConfigError as exc:
         raise bad_request(str(exc)) from None
     except (OverflowError, UnicodeError) as exc:  # the schema's checks should leave none

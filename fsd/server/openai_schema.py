@@ -4,8 +4,9 @@ Only what fsd can honour is accepted: one choice per request (n=1), no logprobs,
 no penalties, no tools. Anything else is refused with a 400 naming the parameter,
 rather than silently ignored, so a client never gets output that differs from what
 it asked for. vLLM's extra sampling fields (top_k, min_tokens, ignore_eos,
-stop_token_ids) are accepted too. Unknown fields (user, metadata, ...) are ignored,
-as OpenAI's API does.
+stop_token_ids) are accepted too; `user` is the affinity key (a daemon of several
+replicas keeps one user's requests together). Unknown fields (metadata, ...) are
+ignored, as OpenAI's API does.
 
 A body reaches these parsers already decoded strictly (`openai_decode.decode_body`);
 errors are built in `openai_errors`, responses in `openai_response`.
@@ -36,6 +37,7 @@ class GenerationRequest:
     messages: list[Any] | None = None  # chat (checked by chat_template.normalize_messages)
     # chat without max_tokens: OpenAI's "as much as fits", settled once the prompt is known
     fill_max_tokens: bool = False
+    user: str | None = None  # OpenAI's end-user id: the affinity key of a daemon's replicas
 
 
 # parameters whose non-default values fsd cannot honour, and the value that is fine
@@ -66,7 +68,7 @@ def parse_completion(body: Any, model: str, vocab_size: int | None = None) -> Ge
     max_tokens = body.get("max_tokens")
     params = _sampling(body, 16 if max_tokens is None else max_tokens, "max_tokens", vocab_size)
     return GenerationRequest(
-        model=_model(body, model), params=params, prompt=prompt, **_stream(body)
+        model=_model(body, model), params=params, prompt=prompt, user=_user(body), **_stream(body)
     )
 
 
@@ -94,8 +96,19 @@ def parse_chat(body: Any, model: str, vocab_size: int | None = None) -> Generati
         params=params,
         messages=body["messages"],
         fill_max_tokens=fill,
+        user=_user(body),
         **_stream(body),
     )
+
+
+def _user(body: dict[str, Any]) -> str | None:
+    """OpenAI's `user`: a string of at most 256 characters, or absent."""
+    user = body.get("user")
+    if user is None:
+        return None
+    if not isinstance(user, str) or not 0 < len(user) <= 256:
+        raise bad_request("user must be a string of 1 to 256 characters", "user")
+    return user
 
 
 def fill_max_tokens(params: SamplingParams, room: int) -> SamplingParams:

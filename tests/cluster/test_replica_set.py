@@ -9,7 +9,7 @@ import msgspec
 import pytest
 
 from fsd import protocol as P
-from fsd.cluster.face import ReplicaSetFace
+from fsd.cluster.face import LeastLive, ReplicaSetFace
 from fsd.cluster.start import cpu_share, start_replicas
 from fsd.config import EngineConfig
 from fsd.engine.core import Engine
@@ -160,3 +160,31 @@ def run_single(prompts: list[list[int]]) -> list[list[int]]:
         return [tokens for tokens, _ in out.values()]
     finally:
         single.close()
+
+
+class Recording(LeastLive):
+    """The fallback router, remembering each request's affinity key."""
+
+    def __init__(self, n: int) -> None:
+        super().__init__(n)
+        self.keys: list[str | None] = []
+
+    def choose(self, prompt, affinity):  # type: ignore[no-untyped-def]
+        self.keys.append(affinity)
+        return super().choose(prompt, affinity)
+
+
+def test_the_affinity_key_reaches_the_router_from_the_sdk_and_http():
+    from fsd.client.base import build_submit
+    from fsd.server.openai_schema import parse_completion
+
+    assert build_submit("r", "hi", None, {}, (), "user-42").affinity == "user-42"
+    assert parse_completion({"prompt": "x", "user": "user-7"}, "tiny").user == "user-7"
+    chooser = Recording(2)
+    face = start_replicas(EngineConfig.from_kwargs(**CONFIG), 2, chooser=chooser, in_process=True)
+    try:
+        job = face.admit(JobRequest([5, 6], PARAMS, affinity="user-42")).job_id
+        run(face, [job])
+        assert chooser.keys == ["user-42"]
+    finally:
+        face.close()

@@ -142,6 +142,8 @@ def test_chat_uses_the_plain_template_for_presets(api):
         ({"stop": [""]}, "stop"),
         ({"prompt": ["one", "two"]}, "prompt"),
         ({"presence_penalty": 0.5}, "presence_penalty"),
+        ({"user": "u" * 257}, "user"),
+        ({"user": ""}, "user"),
     ],
 )
 def test_unsupported_or_bad_parameters_are_400_naming_the_parameter(api, kwargs, param):
@@ -399,7 +401,7 @@ class FailingJob:
 class FailingClient:
     """An engine client whose every job fails on the engine."""
 
-    def generate(self, prompt: Any, params: Any = None) -> FailingJob:
+    def generate(self, prompt: Any, params: Any = None, affinity: Any = None) -> FailingJob:
         return FailingJob()
 
 
