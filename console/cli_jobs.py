@@ -8,7 +8,7 @@ from __future__ import annotations
 import contextlib
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Optional
 
 import msgspec
 import typer
@@ -159,6 +159,10 @@ def retune(
     seeds: Annotated[
         int, typer.Option(help="With --preview: runs (arrival draws) per side.")
     ] = default_of(P.Preview, "seeds"),
+    replica: Annotated[
+        Optional[int],  # noqa: UP045 - typer reads the annotation at run time
+        typer.Option(help="A daemon of several replicas: retune this one only (default: all)."),
+    ] = None,
 ) -> None:
     """Change scheduling settings live; prints each setting's new value (--preview: what
     they would do, applying nothing)."""
@@ -171,7 +175,7 @@ def retune(
                 with Progress(f"previewing... (runs the twin for {horizon:g} s of simulated time)"):  # fmt: skip
                     reply = c.preview(horizon=horizon, seeds=seeds, **changes)
             else:
-                config = c.retune(**changes)
+                config = c.retune(replica=replica, **changes)
     if preview:
         for line in preview_lines(reply):
             typer.echo(line)

@@ -142,6 +142,7 @@ class Retune(_Req, tag="retune"):
     """Scheduling settings to change (names as in fsd.toml's [sched] and KV policy keys)."""
 
     changes: dict[str, Any]
+    replica: int | None = None  # one replica of a daemon that runs several (None: all)
 
 
 class Burst(msgspec.Struct, kw_only=True):

@@ -173,11 +173,13 @@ class AsyncClient(ClientBase[zmq.asyncio.Context]):
         """Ask the daemon to stop a job; its result then ends with reason "abort"."""
         return (await self._call(P.Abort(job_id=job_id), "ack:abort")).detail
 
-    async def retune(self, **changes: Any) -> dict[str, Any]:
-        """Change scheduling settings live; returns the daemon's resulting config."""
+    async def retune(self, *, replica: int | None = None, **changes: Any) -> dict[str, Any]:
+        """Change scheduling settings live (`replica`: on that one of a daemon's several
+        replicas only); returns the resulting config."""
         if not changes:
             raise ConfigError("retune needs at least one setting, e.g. policy='fcfs'")
-        detail = (await self._call(P.Retune(changes=changes), "ack:retune")).detail
+        msg = P.Retune(changes=changes, replica=replica)
+        detail = (await self._call(msg, "ack:retune")).detail
         return detail.get("config", detail)
 
     async def preview(

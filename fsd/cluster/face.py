@@ -31,7 +31,7 @@ from fsd.engine.events import EngineEvent
 from fsd.engine.output import RequestOutput, StepDelta
 from fsd.engine.prompts import check_stop_ids, prompt_ids
 from fsd.engine.views import Admitted, EngineSnapshot, JobRequest, Stepped
-from fsd.errors import FsdError, UnknownJobError
+from fsd.errors import FsdError, SettingError, UnknownJobError
 from fsd.protocol_telemetry import JobInfo, RouteInfo
 from fsd.sched.admission import RequestLimits, check_request
 from fsd.sched.retune import RETUNABLE, plan_retune
@@ -69,7 +69,8 @@ class ReplicaSetFace:
         self.chooser = chooser
         self.info = fixed[0].info
         self.limits: RequestLimits = fixed[0].limits  # every replica's (one model, one config)
-        self.config: EngineConfig = fixed[0].config  # the live one: a retune replaces it
+        self.config: EngineConfig = fixed[0].config  # the first replica's live one
+        self.replica_configs = [f.config for f in fixed]  # each one's (retunes may differ)
         self.tokenizer = tokenizer
         self.replica_count = len(replicas)
         self.jobs_at = Placement()
@@ -149,13 +150,26 @@ class ReplicaSetFace:
         self.jobs_at.finished(job_id)
         return out
 
-    def retune(self, **changes: Any) -> EngineConfig:
-        """Every replica that is up, or none: the change is checked here first."""
-        plan_retune(self.config.sched, self.config.cache, changes)  # SettingError: none
-        answers = self.replicas.call_all("retune", changes)
-        if answers:
-            self.config = next(iter(answers.values()))
+    def retune(self, replica: int | None = None, /, **changes: Any) -> EngineConfig:
+        """Every replica that is up, or `replica` alone; checked here first, so all
+        take it or none does. Returns the (first) replica's new config."""
+        if replica is None:
+            targets = self.replicas.up()
+        elif 0 <= replica < len(self.replicas) and replica not in self.replicas.down:
+            targets = [replica]
+        else:
+            raise SettingError(f"no replica {replica} is up (replicas: {self.replicas.up()})")
+        for i in targets:
+            live = self.replica_configs[i]
+            plan_retune(live.sched, live.cache, changes)  # SettingError: none changed
+        for i in targets:
+            self.replica_configs[i] = self.replicas.call(i, "retune", changes)
+        self.config = self.replica_configs[targets[0] if replica is not None else self._first_up()]
         return self.config
+
+    def _first_up(self) -> int:
+        up = self.replicas.up()
+        return up[0] if up else 0
 
     def step(self) -> Stepped:
         """What every replica produced since the last step (waits briefly for news)."""
@@ -189,8 +203,9 @@ class ReplicaSetFace:
         self.replicas.close()
 
     def _catch_up(self, index: int) -> None:
-        """A fresh replica starts from the daemon's first config: retune it to the live one."""
-        first, live = self.replicas.configs[index], self.config
+        """A fresh replica starts from the daemon's first config: retune it to its own
+        live one."""
+        first, live = self.replicas.configs[index], self.replica_configs[index]
         changes = {
             name: getattr(getattr(live, part), name)
             for part in ("sched", "cache")

@@ -30,6 +30,7 @@ from fsd.engine.views import (
     SwapBytes,
     job_info,
 )
+from fsd.errors import SettingError
 from fsd.jobs import JobStatus
 from fsd.protocol_telemetry import JobInfo
 from fsd.sched.admission import RequestLimits
@@ -164,8 +165,11 @@ class EngineFace:
         """End a job now (UnknownJobError if there is none); its result so far."""
         return self._engine.abort(job_id)
 
-    def retune(self, **changes: Any) -> EngineConfig:
-        """Change scheduling settings between iterations (SettingError: none changed)."""
+    def retune(self, replica: int | None = None, /, **changes: Any) -> EngineConfig:
+        """Change scheduling settings between iterations (SettingError: none changed);
+        `replica`: 0 or None, the one replica there is."""
+        if replica not in (None, 0):
+            raise SettingError(f"this daemon runs one replica (0), not replica {replica}")
         return self._engine.retune(**changes)
 
     def step(self) -> Stepped:

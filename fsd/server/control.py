@@ -192,12 +192,13 @@ class ControlHandler:
         if isinstance(changes.get("quanta"), list):
             changes["quanta"] = tuple(changes["quanta"])
         try:
-            config = self.face.retune(**changes)
+            config = self.face.retune(msg.replica, **changes)
         except SettingError:
             raise  # the service answers Error(code=exc.code), "invalid-setting"
         except (ConfigError, TypeError) as exc:  # any other refusal of a setting is one too
             raise SettingError(str(exc)) from None
-        audit(caller, "retune", settings(changes))
+        where = "" if msg.replica is None else f" on replica {msg.replica}"
+        audit(caller, "retune", settings(changes) + where)
         self.send(caller.ident, P.Ack(what="retune", detail={"config": config.to_dict()}))
 
     def on_preview(self, caller: Caller, msg: P.Preview) -> None:

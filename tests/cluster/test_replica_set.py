@@ -188,3 +188,20 @@ def test_the_affinity_key_reaches_the_router_from_the_sdk_and_http():
         assert chooser.keys == ["user-42"]
     finally:
         face.close()
+
+
+def test_a_retune_may_name_one_replica_and_a_one_replica_face_refuses_others(pair):
+    config = pair.retune(1, policy="fcfs")
+    assert config.sched.policy == "fcfs"
+    policies = {i: c.sched.policy for i, c in pair.replicas.call_all("config").items()}
+    assert policies == {0: pair.replica_configs[0].sched.policy, 1: "fcfs"} and policies[0] != "fcfs"
+    with pytest.raises(SettingError, match="no replica 5"):
+        pair.retune(5, policy="fcfs")
+    pair.retune(None, policy="default")
+    single = EngineFace(Engine(EngineConfig.from_kwargs(**CONFIG)))
+    try:
+        assert single.retune(0, policy="fcfs").sched.policy == "fcfs"
+        with pytest.raises(SettingError, match="one replica"):
+            single.retune(1, policy="fcfs")
+    finally:
+        single.close()
