@@ -9,6 +9,7 @@ from typing import Any
 from fsd.config import EngineConfig
 from fsd.engine.core import Engine
 from fsd.engine.output import RequestOutput, StepDelta
+from fsd.engine.views import JobRequest
 from fsd.jobs import SamplingParams
 
 log = logging.getLogger("fsd.llm")
@@ -27,15 +28,25 @@ class LLM:
     directory; other keywords are engine options named after config fields
     (num_gpu_blocks, block_size, max_batch_size, dtype, device, seed, policy, ...).
     `tp=N, pp=M` shard the model over N x M Ray workers (`ray_address=` joins a
-    cluster; otherwise a local Ray starts); close() (or `with LLM(...)`) stops them.
+    cluster; otherwise a local Ray starts); `replicas=N` runs N engines as Ray actors,
+    each prompt on one of them (fsd.cluster; `engine` is then None); close() (or
+    `with LLM(...)`) stops them.
     """
 
-    def __init__(self, model: str = "tiny", **engine_options: Any) -> None:
-        self.engine = Engine(EngineConfig.from_kwargs(model=model, **engine_options))
+    def __init__(self, model: str = "tiny", *, replicas: int = 1, **engine_options: Any) -> None:
+        config = EngineConfig.from_kwargs(model=model, **engine_options)
+        self.engine: Engine | None = None
+        self.replicas: Any = None  # fsd.cluster.face.ReplicaSetFace, with replicas > 1
+        if replicas == 1:
+            self.engine = Engine(config)
+        else:
+            from fsd.cluster.start import start_replicas
+
+            self.replicas = start_replicas(config, replicas)
 
     def close(self) -> None:
         """Stop the engine's workers (Ray actors, copy threads)."""
-        self.engine.close()
+        (self.engine or self.replicas).close()
 
     def __enter__(self) -> LLM:
         return self
@@ -45,7 +56,7 @@ class LLM:
 
     @property
     def tokenizer(self):  # noqa: ANN201
-        return self.engine.tokenizer
+        return (self.engine or self.replicas).tokenizer
 
     def generate(
         self,
@@ -60,30 +71,39 @@ class LLM:
         """
         batch = _as_prompt_list(prompts)
         params = _as_params_list(sampling_params, len(batch))
-        jobs = []
+        jobs: list[str] = []
         try:
             for p, sp in zip(batch, params, strict=True):
-                jobs.append(self.engine.add_request(p, sp))
+                jobs.append(self._add(p, sp))
         except BaseException:
-            for job in jobs:  # a refused prompt refuses the call: run none of it
-                self.engine.abort(job.job_id)
+            for job_id in jobs:  # a refused prompt refuses the call: run none of it
+                (self.engine or self.replicas).abort(job_id)
             raise
         results: dict[str, RequestOutput] = {}
         for delta in self._run():
             if delta.output is not None:
                 results[delta.job_id] = delta.output
-        return [results[j.job_id] for j in jobs]
+        return [results[j] for j in jobs]
 
     def stream(
         self, prompt: Prompt, sampling_params: SamplingParams | None = None
     ) -> Iterator[StepDelta]:
         """Yield one delta per iteration for a single prompt, the last one with the output."""
-        job = self.engine.add_request(prompt, sampling_params)
+        job_id = self._add(prompt, sampling_params)
         for delta in self._run():
-            if delta.job_id == job.job_id:
+            if delta.job_id == job_id:
                 yield delta
 
+    def _add(self, prompt: Prompt, params: SamplingParams | None) -> str:
+        if self.engine is not None:
+            return self.engine.add_request(prompt, params).job_id
+        return self.replicas.admit(JobRequest(prompt, params or SamplingParams())).job_id
+
     def _run(self) -> Iterator[StepDelta]:
+        if self.engine is None:  # each replica runs its own loop; gather what they made
+            while self.replicas.busy():
+                yield from self.replicas.step().deltas
+            return
         idle = 0
         gave_up = False
         while self.engine.has_unfinished():

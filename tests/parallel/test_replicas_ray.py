@@ -45,3 +45,17 @@ def test_ray_replicas_serve_like_one_engine(ray_cluster):
         assert face.admit(JobRequest(PROMPTS[0], PARAMS)) and len(face.snapshot().replicas) == 2
     finally:
         face.close()
+
+
+def test_llm_with_replicas_generates_what_one_engine_does(ray_cluster):
+    from fsd import LLM
+
+    prompts = ["The quick brown fox", "Hello", "A longer prompt of several words", "x"]
+    with LLM(**CONFIG) as one:
+        want = [o.token_ids for o in one.generate(prompts, PARAMS)]
+    with LLM(**CONFIG, replicas=2) as many:
+        assert many.engine is None
+        got = many.generate(prompts, PARAMS)
+        assert [o.token_ids for o in got] == want
+        streamed = list(many.stream("Hello", PARAMS))
+        assert streamed[-1].output is not None and streamed[-1].output.token_ids == want[1]
