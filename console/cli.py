@@ -144,18 +144,29 @@ def drain(
     drain_timeout: Annotated[
         float, typer.Option(help="Seconds the daemon waits for in-flight jobs.")
     ] = 30.0,
+    replica: Annotated[
+        Optional[int],  # noqa: UP045 - typer reads the annotation at run time
+        typer.Option(help="Drain one replica of several: its jobs move to the others."),
+    ] = None,
 ) -> None:
-    """Stop accepting jobs and wait for the in-flight ones to end."""
+    """Stop accepting jobs and wait for the in-flight ones to end (--replica: move one
+    replica's jobs to the others instead)."""
     with friendly(), target_of(ctx).client() as c:
-        detail = c.drain(timeout=drain_timeout)
+        detail = c.drain(timeout=drain_timeout, replica=replica)
     typer.echo(f"drain: {_detail(detail)}")
 
 
 @app.command()
-def undrain(ctx: typer.Context) -> None:
+def undrain(
+    ctx: typer.Context,
+    replica: Annotated[
+        Optional[int],  # noqa: UP045 - typer reads the annotation at run time
+        typer.Option(help="Let this drained replica take jobs again."),
+    ] = None,
+) -> None:
     """Accept new jobs again after `fsctl drain` (operator)."""
     with friendly(), target_of(ctx).client() as c:
-        detail = c.undrain()
+        detail = c.undrain(replica=replica)
     typer.echo(f"undrain: {_detail(detail)}")
 
 

@@ -183,10 +183,15 @@ class Drain(_Req, tag="drain"):
     """Stop accepting jobs; answer once in-flight jobs end or `timeout` passes."""
 
     timeout: float = 30.0
+    # one replica of several: it takes no new jobs and its jobs move to the others
+    # (answered at once with how many moved); None: the whole daemon
+    replica: int | None = None
 
 
 class Undrain(_Req, tag="undrain"):
     """Accept jobs again after a drain (not after a shutdown began)."""
+
+    replica: int | None = None  # one replica of several (None: the whole daemon)
 
 
 class Shutdown(_Req, tag="shutdown"):

@@ -19,7 +19,10 @@ def _share(used: int, total: int) -> str:
 def replica_line(r: P.ReplicaInfo) -> Text:
     """r1 ok  live 12 run 8  Q 3/5/4  dev 61% host 4%  hit 37%"""
     line = Text(f"r{r.index} ", style="bold")
-    line.append(r.health if r.health == "ok" else "DOWN", style="green" if r.health == "ok" else "bold red")
+    label, style = {"ok": ("ok", "green"), "draining": ("draining", "yellow")}.get(
+        r.health, ("DOWN", "bold red")
+    )
+    line.append(label, style=style)
     queues = "/".join(str(n) for n in r.levels[:4]) + ("/…" if len(r.levels) > 4 else "")
     line.append(f"  live {r.live} run {r.running}  Q {queues or '-'}")
     if r.kv is not None:
@@ -29,7 +32,7 @@ def replica_line(r: P.ReplicaInfo) -> Text:
         )
     if r.prefix is not None and r.prefix.queries:
         line.append(f"  hit {r.prefix.hit_rate:.0%}")
-    if r.health != "ok":
+    if label == "DOWN":
         line.append(f"\n   {r.health}", style="red")
     return line
 

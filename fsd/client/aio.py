@@ -218,14 +218,15 @@ class AsyncClient(ClientBase[zmq.asyncio.Context]):
     async def status(self) -> P.StatusReply:
         return await self._call(P.Status(), "status")
 
-    async def drain(self, timeout: float = 30.0) -> dict[str, Any]:
-        """Stop new jobs; returns once the daemon says in-flight jobs ended (or `timeout`)."""
-        msg = P.Drain(timeout=timeout)
-        return (await self._call(msg, "ack:drain", timeout, deferred=True)).detail
+    async def drain(self, timeout: float = 30.0, replica: int | None = None) -> dict[str, Any]:
+        """Stop new jobs; returns once the daemon says in-flight jobs ended (or `timeout`).
+        `replica`: one of a daemon's several, whose jobs move to the others (at once)."""
+        msg = P.Drain(timeout=timeout, replica=replica)
+        return (await self._call(msg, "ack:drain", timeout, deferred=replica is None)).detail
 
-    async def undrain(self) -> dict[str, Any]:
-        """Accept new jobs again after a drain (operator)."""
-        return (await self._call(P.Undrain(), "ack:undrain")).detail
+    async def undrain(self, replica: int | None = None) -> dict[str, Any]:
+        """Accept new jobs again after a drain (operator); `replica`: that one only."""
+        return (await self._call(P.Undrain(replica=replica), "ack:undrain")).detail
 
     async def shutdown(self, drain: bool = True, timeout: float = 30.0) -> dict[str, Any]:
         msg = P.Shutdown(drain=drain, timeout=timeout)

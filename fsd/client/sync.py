@@ -258,9 +258,9 @@ class Client(ClientBase[zmq.Context], Closes):
     status = _blocking(AsyncClient.status)
     undrain = _blocking(AsyncClient.undrain)
 
-    def drain(self, timeout: float = 30.0) -> dict[str, Any]:
+    def drain(self, timeout: float = 30.0, replica: int | None = None) -> dict[str, Any]:
         """Stop new jobs; returns once the daemon says in-flight jobs ended (or `timeout`)."""
-        return self._run(self._async.drain(timeout), timeout)
+        return self._run(self._async.drain(timeout, replica), timeout)
 
     def shutdown(self, drain: bool = True, timeout: float = 30.0) -> dict[str, Any]:
         return self._run(self._async.shutdown(drain, timeout), timeout)

@@ -24,6 +24,7 @@ from typing import Any, Protocol
 
 from fsd.cluster.handles import Replicas
 from fsd.cluster.merge import merge_snapshots, replica_infos
+from fsd.cluster.moves import Moves
 from fsd.cluster.placement import Pending, Placement
 from fsd.cluster.worker import ReplicaDown, Report
 from fsd.config import EngineConfig
@@ -74,6 +75,8 @@ class ReplicaSetFace:
         self.tokenizer = tokenizer
         self.replica_count = len(replicas)
         self.jobs_at = Placement()
+        self.moves = Moves(replicas, self.jobs_at)
+        self._held: list[Report] = []  # reports read early (a move): handled first next step
         self._busy = [False] * len(replicas)
         self._lost: set[int] = set()  # replicas whose death was handled (until revived)
         self._events: list[EngineEvent] = []
@@ -113,7 +116,7 @@ class ReplicaSetFace:
         return dataclasses.replace(
             merged,
             degraded="; ".join(filter(None, [merged.degraded, *down])) or None,
-            replicas=replica_infos(parts, self.replicas.down),
+            replicas=replica_infos(parts, self.replicas.down, self.moves.draining),
             routes=[RouteInfo(time=t, job_id=j, replica=r, why=w) for t, j, r, w in self.decisions],
         )
 
@@ -181,7 +184,8 @@ class ReplicaSetFace:
         deltas: list[StepDelta] = []
         failures: list[tuple[str, Exception]] = []
         iterations = []
-        for report in self.replicas.poll(STEP_WAIT):
+        reports, self._held = [*self._held, *self.replicas.poll(STEP_WAIT)], []
+        for report in reports:
             self._busy[report.index] = report.busy
             self.chooser.observe(report.index, report)
             if report.down and report.index not in self._lost:
@@ -197,7 +201,33 @@ class ReplicaSetFace:
             failures += [(f"replica {report.index}", ReplicaError(f)) for f in report.failures]
         for d in deltas:
             (self.jobs_at.finished if d.finished else self.jobs_at.started)(d.job_id)
+        if self.moves.rebalance():
+            self._hold()
         return Stepped(deltas, iterations, time.perf_counter() - t0, failures)
+
+    # ---- moving jobs (fsd.cluster.moves) ---------------------------------------------
+
+    def move(self, job_id: str, to: int) -> None:
+        """Move a job that can move to replica `to` (CannotMove: it stays)."""
+        if job_id not in self.jobs_at.owner:
+            raise UnknownJobError(f"no job with id {job_id!r}")
+        self.moves.move(job_id, to)
+        self._hold()
+
+    def drain_replica(self, index: int) -> dict[str, int]:
+        """New jobs go elsewhere and this replica's jobs move off as they can."""
+        moved, staying = self.moves.drain(index)
+        self._hold()
+        return {"replica": index, "moved": moved, "staying": staying}
+
+    def undrain_replica(self, index: int) -> dict[str, int]:
+        self.moves.undrain(index)
+        return {"replica": index}
+
+    def _hold(self) -> None:
+        """Read what the replicas made before a move, so a moved job's earlier tokens
+        go out before the ones it makes on its new replica."""
+        self._held.extend(self.replicas.poll(0.0))
 
     def close(self) -> None:
         self.replicas.close()
@@ -223,7 +253,7 @@ class ReplicaSetFace:
         index, why = self.chooser.choose(pending.ids, pending.affinity)
         tried: set[int] = set()
         while True:
-            if index not in self.replicas.down:
+            if index in self.moves.targets():
                 try:
                     self.replicas.admit(
                         index, pending.ids, pending.params, job_id, pending.arrival, pending.tags
@@ -232,11 +262,11 @@ class ReplicaSetFace:
                 except ReplicaDown:
                     pass
             tried.add(index)
-            left = [i for i in self.replicas.up() if i not in tried]
+            left = [i for i in self.moves.targets() if i not in tried]
             if not left:
                 raise ReplicaError("no replica is up: " + "; ".join(self.replicas.down.values()))
             index = min(left, key=self.jobs_at.count)
-            why = f"replica {min(tried)} is down: the least-loaded one that is up"
+            why = f"replica {min(tried)} is down or draining: the least-loaded one that is up"
         self.jobs_at.place(job_id, index, pending)
         self.decisions = [*self.decisions[1 - ROUTES_KEPT :], (time.time(), job_id, index, why)]
 

@@ -4,7 +4,7 @@ for the whole daemon (the sums of the pools and counters, the levels side by sid
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, Sequence, Set
 
 from fsd.engine.face import RECENT_ITERATIONS
 from fsd.engine.views import EngineSnapshot, SwapBytes, kv_info
@@ -71,16 +71,16 @@ def _sum_prefix(items: Sequence[PrefixInfo]) -> PrefixInfo:
 
 
 def replica_infos(
-    parts: Mapping[int, EngineSnapshot], down: Mapping[int, str]
+    parts: Mapping[int, EngineSnapshot], down: Mapping[int, str], draining: Set[int]
 ) -> list[ReplicaInfo]:
     """Each replica's line: its load, pools, prefix cache and health (one that is down
-    says only why)."""
+    says only why; one being drained says "draining")."""
     infos = [ReplicaInfo(index=i, health=f"down: {why}") for i, why in down.items()]
     for i, s in parts.items():
         infos.append(
             ReplicaInfo(
                 index=i,
-                health=s.degraded or "ok",
+                health=s.degraded or ("draining" if i in draining else "ok"),
                 live=s.live,
                 running=s.running,
                 iterations=s.iteration_count,

@@ -213,6 +213,8 @@ class ReplicaWorker:
             "has": face.has,
             "history": face.history,
             "config": lambda: face.config,
+            "take_out": face.take_out,
+            "bring_in": face.bring_in,
         }
         if name not in verbs:
             raise FsdError(f"no replica verb {name!r}")

@@ -20,6 +20,7 @@ from typing import Any
 from fsd.config import EngineConfig
 from fsd.engine.core import Engine
 from fsd.engine.events import EngineEvent
+from fsd.engine.migration import MovedJob, bring_in, take_out
 from fsd.engine.output import RequestOutput
 from fsd.engine.views import (
     Admitted,
@@ -171,6 +172,19 @@ class EngineFace:
         if replica not in (None, 0):
             raise SettingError(f"this daemon runs one replica (0), not replica {replica}")
         return self._engine.retune(**changes)
+
+    def drain_replica(self, index: int) -> dict[str, int]:
+        raise SettingError("this daemon runs one replica: drain it whole (fsctl drain)")
+
+    undrain_replica = drain_replica
+
+    def take_out(self, job_id: str) -> MovedJob:
+        """Remove a job that can move (fsd.engine.migration), with its host KV."""
+        return take_out(self._engine, job_id)
+
+    def bring_in(self, moved: MovedJob) -> None:
+        """Queue a job moved here from another engine."""
+        bring_in(self._engine, moved)
 
     def step(self) -> Stepped:
         """One iteration, timed into the step history; never raises.

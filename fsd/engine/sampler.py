@@ -41,6 +41,16 @@ class Sampler:
     def forget(self, job_id: str) -> None:
         self._job_generators.pop(job_id, None)
 
+    def seed_state(self, job_id: str) -> torch.Tensor | None:
+        """A seeded job's generator state (None: it has drawn nothing, or has no seed)."""
+        gen = self._job_generators.get(job_id)
+        return None if gen is None else gen.get_state()
+
+    def restore(self, job_id: str, params: SamplingParams, state: torch.Tensor | None) -> None:
+        """A job moved here from another engine goes on drawing where it stopped."""
+        if state is not None:
+            self._generator_for(job_id, params).set_state(state)
+
     def _generator_for(self, job_id: str, params: SamplingParams) -> torch.Generator:
         if params.seed is None:
             return self.generator

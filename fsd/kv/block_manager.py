@@ -129,6 +129,16 @@ class BlockManager:
         self._place(job, KVLocation.NONE)
         self.prefix.forget_job(job.job_id)
 
+    def receive_on_host(self, job: HasBlocks, n: int) -> list[int]:
+        """Host blocks for a job that arrives with its KV (moved from another engine's
+        host tier); the caller copies the KV into them. MemoryError if they do not fit."""
+        if job.block_table or job.host_block_table:
+            raise ValueError(f"{job.job_id} already holds KV blocks")
+        job.host_block_table.extend(_take(self.host, n))
+        self._owners[job.job_id] = job
+        self._place(job, KVLocation.HOST)
+        return list(job.host_block_table)
+
     def release(self, job: HasBlocks) -> None:
         """The job ended: free its blocks now, or once the copy of its KV in flight ends."""
         if job.job_id in self.moving:

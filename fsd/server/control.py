@@ -210,10 +210,21 @@ class ControlHandler:
 
     def on_drain(self, caller: Caller, msg: P.Drain) -> None:
         timeout = check_timeout(msg.timeout)
+        if msg.replica is not None:  # its jobs move to the other replicas now
+            detail = self.face.drain_replica(msg.replica)
+            audit(caller, "drain", f"replica {msg.replica}: {detail['moved']} jobs moved, "
+                  f"{detail['staying']} staying until they can")  # fmt: skip
+            self.send(caller.ident, P.Ack(what="drain", detail=detail))
+            return
         self.life.begin_drain(caller.ident, timeout)
         audit(caller, "drain", f"({self.face.live()} jobs live, timeout {timeout:g} s)")
 
     def on_undrain(self, caller: Caller, msg: P.Undrain) -> None:
+        if msg.replica is not None:
+            detail = self.face.undrain_replica(msg.replica)
+            audit(caller, "undrain", f"replica {msg.replica}")
+            self.send(caller.ident, P.Ack(what="undrain", detail=detail))
+            return
         self.life.end_drain()
         audit(caller, "undrain")
         self.send(caller.ident, P.Ack(what="undrain", detail={"draining": False}))

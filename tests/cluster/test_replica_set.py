@@ -205,3 +205,39 @@ def test_a_retune_may_name_one_replica_and_a_one_replica_face_refuses_others(pai
             single.retune(1, policy="fcfs")
     finally:
         single.close()
+
+
+def test_draining_a_replica_moves_its_waiting_jobs_and_sends_new_ones_elsewhere():
+    face = start_replicas(EngineConfig.from_kwargs(**CONFIG, max_batch_size=1), 2, in_process=True)
+    try:
+        ids = [face.admit(JobRequest(p, PARAMS)).job_id for p in PROMPTS]
+        on_one = [j for j in ids if face.replica_of(j) == 1]
+        detail = face.drain_replica(1)
+        assert detail["replica"] == 1 and detail["moved"] + detail["staying"] == len(on_one)
+        assert detail["moved"] >= len(on_one) - 1  # all but the one running there, if any
+        assert face.admit(JobRequest([5, 6], PARAMS)).job_id and face.replica_of(
+            face.decisions[-1][1]
+        ) == 0  # a new job goes to replica 0
+        got = run(face, [*ids, face.decisions[-1][1]])
+        assert [got[j][0] for j in ids] == run_single(PROMPTS)  # the same tokens, moved or not
+        assert face.moves.moved == detail["moved"] + 0  # (the rebalancer moved none back)
+        health = {r.index: r.health for r in face.snapshot().replicas}
+        assert health == {0: "ok", 1: "draining"}
+        face.undrain_replica(1)
+        assert {r.health for r in face.snapshot().replicas} == {"ok"}
+    finally:
+        face.close()
+
+
+def test_an_idle_replica_takes_waiting_jobs_from_a_busy_one():
+    face = start_replicas(EngineConfig.from_kwargs(**CONFIG, max_batch_size=1), 2, in_process=True)
+    try:
+        face.drain_replica(1)  # everything lands on replica 0 ...
+        ids = [face.admit(JobRequest(p, PARAMS)).job_id for p in PROMPTS]
+        assert {face.replica_of(j) for j in ids} == {0}
+        face.undrain_replica(1)  # ... then replica 1 is idle: the rebalancer evens them out
+        got = run(face, ids)
+        assert face.moves.moved >= 2
+        assert [got[j][0] for j in ids] == run_single(PROMPTS)
+    finally:
+        face.close()

@@ -59,3 +59,17 @@ def test_llm_with_replicas_generates_what_one_engine_does(ray_cluster):
         assert [o.token_ids for o in got] == want
         streamed = list(many.stream("Hello", PARAMS))
         assert streamed[-1].output is not None and streamed[-1].output.token_ids == want[1]
+
+
+def test_ray_replicas_move_jobs_between_actors(ray_cluster):
+    from tests.cluster.test_replica_set import run_single
+
+    face = start_replicas(EngineConfig.from_kwargs(**CONFIG, max_batch_size=1), 2)
+    try:
+        ids = [face.admit(JobRequest(p, PARAMS)).job_id for p in PROMPTS]
+        detail = face.drain_replica(1)  # its waiting jobs cross to the other actor
+        assert detail["moved"] >= 1
+        got = run(face, ids, limit=120.0)
+        assert [got[j][0] for j in ids] == run_single(PROMPTS)
+    finally:
+        face.close()
