@@ -120,11 +120,13 @@ class ReplicaSetFace:
             routes=[RouteInfo(time=t, job_id=j, replica=r, why=w) for t, j, r, w in self.decisions],
         )
 
-    def history(self, slo: float) -> Any:
-        raise FsdError(
-            "the what-if preview replays one scheduler; with several replicas it is not "
-            "available yet (run it against a one-replica daemon)"
-        )
+    def history(self, slo: float) -> list[Any]:
+        """Each replica's scheduler with its step history (fsd.twin): the preview runs
+        them forward side by side."""
+        snaps = self.replicas.call_all("history", slo)
+        if not snaps:
+            raise ReplicaError("every replica is down: nothing to preview")
+        return list(snaps.values())
 
     def drain_events(self) -> list[EngineEvent]:
         events, self._events = self._events, []

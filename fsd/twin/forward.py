@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -107,19 +107,28 @@ def run_twin(
 
 
 def forward(
-    snap: TwinSnapshot, changes: Mapping[str, Any] | None, horizon: float, seed: int
+    snaps: TwinSnapshot | Sequence[TwinSnapshot],
+    changes: Mapping[str, Any] | None,
+    horizon: float,
+    seed: int,
 ) -> dict[str, float]:
-    """The figures of one run over the horizon (fsd.twin.figures, plus the counts)."""
-    before = {lj.job_id: (lj.preemptions, lj.swaps) for lj in snap.live}
-    live, arrivals, loop = run_twin(snap, changes, horizon, seed)
-    jobs = live + arrivals
-    t0 = snap.taken_at
-    figures = window_figures((_times(j) for j in jobs), t0, t0 + horizon, snap.slo)
-    p0 = sum(p for p, _ in before.values())
-    s0 = sum(s for _, s in before.values())
-    figures["preemptions"] = float(sum(j.preemptions for j in jobs) - p0)
-    figures["swaps"] = float(sum(j.swaps_out + j.swaps_in for j in jobs) - s0)
-    figures["peak_kv_blocks"] = float(loop.counters.peak_device_blocks)
+    """The figures of one run over the horizon (fsd.twin.figures, plus the counts). A
+    daemon of several replicas gives one snapshot each: each runs forward on its own
+    (with its own share of the arrivals), and the figures are the union's."""
+    snaps = [snaps] if isinstance(snaps, TwinSnapshot) else list(snaps)
+    jobs: list[SimJob] = []
+    preemptions = swaps = peak = 0.0
+    for snap in snaps:
+        live, arrivals, loop = run_twin(snap, changes, horizon, seed)
+        jobs += live + arrivals
+        preemptions -= sum(lj.preemptions for lj in snap.live)
+        swaps -= sum(lj.swaps for lj in snap.live)
+        peak += loop.counters.peak_device_blocks
+    t0 = snaps[0].taken_at
+    figures = window_figures((_times(j) for j in jobs), t0, t0 + horizon, snaps[0].slo)
+    figures["preemptions"] = preemptions + sum(j.preemptions for j in jobs)
+    figures["swaps"] = swaps + sum(j.swaps_out + j.swaps_in for j in jobs)
+    figures["peak_kv_blocks"] = peak
     return figures
 
 
@@ -132,19 +141,31 @@ def _stalled(sched: Scheduler, now: float) -> str:
 
 
 def preview(
-    snap: TwinSnapshot, changes: Mapping[str, Any], horizon: float, seeds: int
+    snaps: TwinSnapshot | Sequence[TwinSnapshot],
+    changes: Mapping[str, Any],
+    horizon: float,
+    seeds: int,
 ) -> PreviewReply:
-    """Current vs proposed over `horizon` seconds, `seeds` futures each."""
+    """Current vs proposed over `horizon` seconds, `seeds` futures each (one snapshot,
+    or one per replica: the change applies to every replica)."""
     t_wall = time.perf_counter()
-    plan_retune(snap.sched, snap.cache, changes)  # refused here as retune would refuse it
+    snaps = [snaps] if isinstance(snaps, TwinSnapshot) else list(snaps)
+    for snap in snaps:  # refused here as retune would refuse it
+        plan_retune(snap.sched, snap.cache, changes)
     seed_list = list(range(seeds))
-    current = [forward(snap, None, horizon, s) for s in seed_list]
-    proposed = [forward(snap, changes, horizon, s) for s in seed_list]
+    current = [forward(snaps, None, horizon, s) for s in seed_list]
+    proposed = [forward(snaps, changes, horizon, s) for s in seed_list]
+    notes = [f"{len(snaps)} replicas, each run forward on its own"] if len(snaps) > 1 else []
+    assumed = assumptions(snaps[0], horizon, seed_list)
+    assumed.live_jobs = sum(len(s.live) for s in snaps)
+    assumed.sampled_remaining = sum(not lj.exact for s in snaps for lj in s.live)
+    assumed.arrival_rate = sum(s.arrivals.rate for s in snaps)
+    assumed.notes = [*notes, *assumed.notes]
     return PreviewReply(
         changes={k: plain_value(v) for k, v in changes.items()},
         current=side(current),
         proposed=side(proposed),
-        assumptions=assumptions(snap, horizon, seed_list),
+        assumptions=assumed,
         wall_s=time.perf_counter() - t_wall,
     )
 

@@ -115,9 +115,17 @@ def test_a_cpu_replica_gets_its_share_of_the_cores():
     assert [cpu_share(2, 2), cpu_share(16, 2), cpu_share(16, 4), cpu_share(1, 3)] == [1, 7, 3, 1]
 
 
-def test_the_preview_says_it_needs_one_replica(pair):
-    with pytest.raises(FsdError, match="one-replica daemon"):
-        pair.history(0.1)
+def test_the_preview_runs_every_replica_forward(pair):
+    from fsd.twin.forward import preview
+
+    ids = [pair.admit(JobRequest([5, 6, 7, 8], SamplingParams(max_tokens=100))).job_id for _ in range(4)]
+    snaps = pair.history(0.1)
+    assert len(snaps) == 2 and sum(len(s.live) for s in snaps) == 4
+    reply = preview(snaps, {"policy": "fcfs"}, 5.0, 2)
+    assert reply.assumptions.live_jobs == 4 and "2 replicas" in reply.assumptions.notes[0]
+    assert reply.current.finished.mean >= 0 and reply.proposed is not None
+    for i in ids:
+        pair.abort(i)
 
 
 def test_a_replica_that_dies_loses_no_job_silently_and_comes_back():
