@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import time
-from collections.abc import Sequence
+from collections.abc import Sequence, Set
 from typing import Any, Protocol
 
 from fsd.cluster.handles import Replicas
@@ -46,8 +46,11 @@ _job_ids = itertools.count(1)
 class Chooser(Protocol):
     """Picks each request's replica (fsd.router's routers are ones)."""
 
-    def choose(self, prompt: Sequence[int], affinity: str | None) -> tuple[int, str]:
-        """(the replica's index, why) for a request with these prompt tokens and key."""
+    def choose(
+        self, job_id: str, prompt: Sequence[int], affinity: str | None, avoid: Set[int]
+    ) -> tuple[int, str]:
+        """(the replica's index, why) for a job with these prompt tokens and key; never
+        one in `avoid` (down or draining) while another is left."""
         ...
 
     def observe(self, index: int, report: Report) -> None:
@@ -252,7 +255,9 @@ class ReplicaSetFace:
 
     def _place(self, job_id: str, pending: Pending) -> None:
         """Send a job to the router's replica, or to another one that is up."""
-        index, why = self.chooser.choose(pending.ids, pending.affinity)
+        targets = self.moves.targets()
+        avoid = {i for i in range(len(self.replicas)) if i not in targets}
+        index, why = self.chooser.choose(job_id, pending.ids, pending.affinity, avoid)
         tried: set[int] = set()
         while True:
             if index in self.moves.targets():
@@ -306,9 +311,11 @@ class LeastLive:
         self.live = [0.0] * n
         self.sent = [0] * n
 
-    def choose(self, prompt: Sequence[int], affinity: str | None) -> tuple[int, str]:
+    def choose(
+        self, job_id: str, prompt: Sequence[int], affinity: str | None, avoid: Set[int]
+    ) -> tuple[int, str]:
         load = [a + b for a, b in zip(self.live, self.sent, strict=True)]
-        index = min(range(len(load)), key=load.__getitem__)
+        index = min((i for i in range(len(load)) if i not in avoid), key=load.__getitem__, default=0)
         self.sent[index] += 1
         return index, f"least live jobs ({load[index]:g})"
 

@@ -24,20 +24,18 @@ from typing import Any
 
 from fsd.cluster.worker import Fixed, ReplicaDown, ReplicaWorker, Report
 from fsd.config import EngineConfig
-from fsd.engine.face import EngineFace
 from fsd.jobs import SamplingParams
 
 log = logging.getLogger("fsd.cluster")
 _CALLS_AT_ONCE = 4  # an actor's concurrent calls: a poll, a call, an admission
-StateOf = Callable[[EngineFace], Any] | None
 
 
 class Replicas:
     """N replicas behind one interface; each is addressed by its index (module doc)."""
 
-    def __init__(self, configs: Sequence[EngineConfig], state_of: StateOf) -> None:
+    def __init__(self, configs: Sequence[EngineConfig], routed: bool) -> None:
         self.configs = list(configs)
-        self.state_of = state_of
+        self.routed = routed
         self.down: dict[int, str] = {}  # replicas found dead, and why
         self._restarts: dict[int, Future] = {}
         self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="fsd-restart")
@@ -163,12 +161,12 @@ class Replicas:
 class LocalReplicas(Replicas):
     """Replicas in this process, each on its own thread (tests; one machine, no Ray)."""
 
-    def __init__(self, configs: Sequence[EngineConfig], state_of: StateOf) -> None:
+    def __init__(self, configs: Sequence[EngineConfig], routed: bool) -> None:
         self._news = threading.Condition()  # any replica's news wakes a waiting poll
-        super().__init__(configs, state_of)
+        super().__init__(configs, routed)
 
     def _spawn(self, index: int) -> ReplicaWorker:
-        return ReplicaWorker(self.configs[index], index, self.state_of, self._news)
+        return ReplicaWorker(self.configs[index], index, self.routed, self._news)
 
     def _admit(self, index: int, *args: Any) -> None:
         self.workers[index].admit(*args)
@@ -204,7 +202,7 @@ class RayReplicas(Replicas):
     def __init__(
         self,
         configs: Sequence[EngineConfig],
-        state_of: StateOf,
+        routed: bool,
         address: str | None,
         gpus: float,
         cpus: int,
@@ -216,7 +214,7 @@ class RayReplicas(Replicas):
             num_cpus=cpus, num_gpus=gpus, max_concurrency=_CALLS_AT_ONCE
         )
         self._sent = [0] * len(configs)  # admissions sent to each: its calls come after
-        super().__init__(configs, state_of)
+        super().__init__(configs, routed)
         log.info(
             "%d replicas as Ray actors (%d CPUs%s each)", len(configs), cpus,
             f", {gpus:g} GPU" if gpus else "",
@@ -224,7 +222,7 @@ class RayReplicas(Replicas):
 
     def _spawn(self, index: int) -> Any:
         self._sent[index] = 0
-        return self._actor.remote(self.configs[index], index, self.state_of)
+        return self._actor.remote(self.configs[index], index, self.routed)
 
     def _ready(self, worker: Any) -> None:
         self.ray.get(worker.call.remote("fixed"))

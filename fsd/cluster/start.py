@@ -26,9 +26,11 @@ def start_replicas(
     *,
     chooser: Chooser | None = None,
     in_process: bool = False,
+    routed: bool = False,
 ) -> ReplicaSetFace:
     """N replicas of `config` behind one face: Ray actors (on the cluster at
-    `config.parallel.ray_address`, or a local one), or threads of this process."""
+    `config.parallel.ray_address`, or a local one), or threads of this process;
+    `routed`: each pushes its state for a router (fsd.router) after every step."""
     from fsd.engine.threads import usable_cpus
     from fsd.models.loader import describe_model, resolve_device
 
@@ -45,11 +47,11 @@ def start_replicas(
     )  # fmt: skip
     replicas: Replicas
     if in_process:
-        replicas = LocalReplicas(configs, None)
+        replicas = LocalReplicas(configs, routed)
     else:
         world = config.parallel.tp * config.parallel.pp
         gpus = 1.0 if on_gpu and world == 1 else 0.0
-        replicas = RayReplicas(configs, None, config.parallel.ray_address, gpus, share or 1)
+        replicas = RayReplicas(configs, routed, config.parallel.ray_address, gpus, share or 1)
     try:
         return ReplicaSetFace(replicas, chooser or LeastLive(n), model.tokenizer)
     except BaseException:

@@ -81,20 +81,23 @@ class Fixed:
 
 
 class ReplicaWorker:
-    """One engine and its loop thread (module doc). `state_of` builds the router's
-    view of the replica from its face after each step (None: no router state);
+    """One engine and its loop thread (module doc). `routed`: after each step it
+    builds its state for the router (fsd.router.state: queued work, KV room, prefix
+    cache events), acknowledging the admissions it has taken;
     `news` is notified when a report has something (replicas in one process share it)."""
 
     def __init__(
         self,
         config: EngineConfig,
         index: int,
-        state_of: Callable[[EngineFace], Any] | None = None,
+        routed: bool = False,
         news: threading.Condition | None = None,
     ) -> None:
         self.index = index
         self.face = EngineFace(Engine(config), events=True)
-        self._state_of = state_of
+        self._routed = routed
+        self._watcher: Any = None  # its router state's builder (made on the first step)
+        self._taken = 0  # admissions applied (the router counts them as acknowledged)
         self._commands: queue.SimpleQueue[tuple[str, tuple, Future | None]] = queue.SimpleQueue()
         self._ready = news or threading.Condition()
         self._report = Report(index)
@@ -214,6 +217,7 @@ class ReplicaWorker:
             "history": face.history,
             "config": lambda: face.config,
             "take_out": face.take_out,
+            "resync": lambda: self._watcher is not None and self._watcher.resync(),
             "bring_in": face.bring_in,
         }
         if name not in verbs:
@@ -223,6 +227,7 @@ class ReplicaWorker:
     def _admit(
         self, ids: list[int], params: SamplingParams, job_id: str, arrival: float, tags: tuple
     ) -> None:
+        self._taken += 1
         try:
             self.face.admit(JobRequest(ids, params, job_id, arrival, tags))
         except FsdError as exc:
@@ -231,7 +236,9 @@ class ReplicaWorker:
     def _step(self) -> None:
         stepped = self.face.step()
         failures = [f"{what}: {type(exc).__name__}: {exc}" for what, exc in stepped.failures]
-        state = self._state_of(self.face) if self._state_of is not None else None
+        state = None
+        if self._routed:
+            self._watcher, state = self.face.routing_state(self._watcher, self.index, self._taken)
         self._add(
             deltas=stepped.deltas,
             iterations=stepped.iterations,

@@ -178,6 +178,16 @@ class EngineFace:
 
     undrain_replica = drain_replica
 
+    def routing_state(self, watcher: Any, index: int, admitted: int) -> tuple[Any, Any]:
+        """This engine's compact state for a router (fsd.router.state), as replica
+        `index` that has taken `admitted` requests: (its builder, the state). The
+        builder is made on the first call and watches the prefix cache from then on."""
+        from fsd.router.state import StateBuilder
+
+        eng = self._engine
+        watcher = watcher or StateBuilder(index, eng.blocks)
+        return watcher, watcher.build(eng.scheduler, time.time(), admitted)
+
     def take_out(self, job_id: str) -> MovedJob:
         """Remove a job that can move (fsd.engine.migration), with its host KV."""
         return take_out(self._engine, job_id)

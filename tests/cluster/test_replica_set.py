@@ -177,9 +177,9 @@ class Recording(LeastLive):
         super().__init__(n)
         self.keys: list[str | None] = []
 
-    def choose(self, prompt, affinity):  # type: ignore[no-untyped-def]
+    def choose(self, job_id, prompt, affinity, avoid):  # type: ignore[no-untyped-def]
         self.keys.append(affinity)
-        return super().choose(prompt, affinity)
+        return super().choose(job_id, prompt, affinity, avoid)
 
 
 def test_the_affinity_key_reaches_the_router_from_the_sdk_and_http():
