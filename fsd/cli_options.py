@@ -16,7 +16,14 @@ from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 
-from fsd.config import CacheConfig, ModelConfig, ParallelConfig, SchedConfig, ServerConfig
+from fsd.config import (
+    CacheConfig,
+    ClusterConfig,
+    ModelConfig,
+    ParallelConfig,
+    SchedConfig,
+    ServerConfig,
+)
 from fsd.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -29,6 +36,7 @@ CONFIG_CLASSES: tuple[type, ...] = (
     SchedConfig,
     ParallelConfig,
     ServerConfig,
+    ClusterConfig,
 )
 CONFIG_FIELDS = frozenset(f.name for cls in CONFIG_CLASSES for f in dataclasses.fields(cls))
 # `fsd generate` and `fsctl submit` answer at more length than SamplingParams' default
