@@ -3,7 +3,8 @@
 `fsd` uses what only fsd's replicas can say: the work queued ahead of the level a
 request would enter (skip-join), how much of its prompt each replica caches and on
 which tier, and each replica's KV room, for an estimated TTFT per replica
-(fsd.router.estimate). The baselines are the prior art's rules, by name:
+(fsd.router.estimate), plus a quarter of the replica's whole queue (LOAD_WEIGHT).
+The baselines are the prior art's rules, by name:
 
 - `round-robin`: each replica in turn.
 - `least-loaded`: vLLM's data-parallel balancer, the least 4 x waiting + running.
@@ -38,9 +39,12 @@ Pick = tuple[int, str, Estimate | None]  # replica, reason, the estimate if one 
 CACHE_THRESHOLD = 0.3
 BALANCE_ABS = 64
 BALANCE_REL = 1.5
-# fsd: the weight of a replica's whole queued work beside the request's own TTFT (a
-# request that starts soon still decodes among that work; tuned, bench/replicas.py)
-LOAD_WEIGHT = 0.0
+# fsd: the weight of a replica's whole queued work (seconds over its batch) beside the
+# request's own TTFT. Why: a request that starts soon still decodes among that work;
+# by TTFT alone, a popular system prompt piles its requests on one replica. 0.25 had
+# the least worst-point regret on bench/replicas.py's tuning set (against 0, 0.5, 1,
+# and a term for the decode time the replica's batch would give the request).
+LOAD_WEIGHT = 0.25
 MAX_SESSIONS = 1 << 16  # sessions remembered for affinity (least recently used go)
 
 
@@ -136,9 +140,10 @@ class CacheAware(RouterPolicy):
 
 
 class FsdRouter(RouterPolicy):
-    """The lowest estimated TTFT (fsd.router.estimate); least work when the replicas are
-    imbalanced (ClusterConfig.imbalance_s and imbalance_ratio); a session stays on its
-    replica while that costs at most `affinity_s` of TTFT."""
+    """The lowest estimated TTFT (fsd.router.estimate) plus LOAD_WEIGHT x the replica's
+    queued work; least work when the replicas are imbalanced (ClusterConfig.imbalance_s
+    and imbalance_ratio); a session stays on its replica while that costs at most
+    `affinity_s` of TTFT."""
 
     name = "fsd"
 
@@ -155,7 +160,7 @@ class FsdRouter(RouterPolicy):
             why = f"imbalanced ({max(loads):.2f} s queued): least work ({loads[i]:.2f} s)"
             return self._remember(request, i), why, ests[i]
         i = min(range(n), key=lambda k: (ests[k].ttft + LOAD_WEIGHT * loads[k], loads[k]))
-        why = describe(ests[i])
+        why = f"{describe(ests[i])}; queue {loads[i]:.2f} s"
         prev = self._sessions.get(request.session) if request.session is not None else None
         if (
             prev is not None

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from fsd.kv.events import chain_names
-from fsd.router.estimate import estimate, pending_of
+from fsd.router.estimate import pending_of
 from fsd.router.policies import RouterPolicy
 from fsd.router.state import ReplicaState
 from fsd.router.view import ReplicaView
@@ -88,8 +88,6 @@ class Router:
         views = self.views
         i, reason, est = self.policy.pick(views, request)
         view = views[i]
-        if est is None:
-            est = estimate(view, request, self.policy.cost)
         view.route(pending_of(view, request, est))
         seconds = time.perf_counter() - t0
         self._count += 1

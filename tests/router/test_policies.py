@@ -10,13 +10,14 @@ PREFIX = names(*[("sys", i) for i in range(4)])  # a 4-block (64-token) shared p
 
 
 def test_fsd_looks_at_the_work_ahead_of_the_level_a_request_enters():
-    """Replica 0 has few jobs, all at the top level; replica 1 many, all at the bottom.
-    A short request enters the top level: nothing runs ahead of it on replica 1."""
+    """Replica 0 has 2 jobs, all at the top level; replica 1 has 20, and twice the work,
+    all at the bottom. A short request enters the top level: nothing runs ahead of it
+    on replica 1."""
     r = router("fsd")
     top = (0.5,) * 8  # 0.5 s ahead at every level
-    bottom = (0.0,) * 7 + (5.0,)  # only a job entering the last level waits
+    bottom = (0.0,) * 7 + (1.0,)  # only a job entering the last level waits
     r.update(state(0, ahead=top, waiting=2, work=(0.5,) + (0.0,) * 7))
-    r.update(state(1, ahead=bottom, waiting=20, work=(0.0,) * 7 + (5.0,)))
+    r.update(state(1, ahead=bottom, waiting=20, work=(0.0,) * 7 + (1.0,)))
     d = r.choose(request(0, prompt=64))
     assert d.replica == 1 and "level 0" in d.reason
     ll = router("least-loaded")
@@ -70,9 +71,9 @@ def test_fsd_falls_back_to_least_work_when_imbalanced():
     r.update(state(1, work=(2.0,) + (0.0,) * 7))
     d = r.choose(request(0, 72, PREFIX))
     assert d.replica == 1 and d.reason.startswith("imbalanced")
-    # within the thresholds the prefix wins (2 s more work, under imbalance_s)
+    # balanced, the prefix wins (its prefill saved beats 20 ms more work there)
     r = router("fsd", imbalance_s=10.0, imbalance_ratio=2.0)
-    r.update(state(0, events=cached(PREFIX), work=(4.0,) + (0.0,) * 7))
+    r.update(state(0, events=cached(PREFIX), work=(2.02,) + (0.0,) * 7))
     r.update(state(1, work=(2.0,) + (0.0,) * 7))
     assert r.choose(request(0, 72, PREFIX)).replica == 0
 
