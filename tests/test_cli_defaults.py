@@ -20,14 +20,7 @@ from fsd import protocol as P
 from fsd.cli import ENGINE_POLICIES, START_OWN_OPTIONS
 from fsd.cli import app as fsd_app
 from fsd.cli_options import CLI_MAX_TOKENS, CONFIG_FIELDS
-from fsd.config import (
-    CacheConfig,
-    ClusterConfig,
-    ModelConfig,
-    ParallelConfig,
-    SchedConfig,
-    ServerConfig,
-)
+from fsd.config import CacheConfig, ModelConfig, ParallelConfig, SchedConfig, ServerConfig
 from fsd.console.cli import app as fsctl_app
 from fsd.console.play import PlayOptions
 from fsd.jobs import SamplingParams
@@ -40,7 +33,7 @@ from fsd.sim.cli import SIM_CACHE, SIM_SCHED
 COMMANDS = [
     (fsd_app, ("generate",), (SamplingParams, ModelConfig, CacheConfig, ParallelConfig)),
     (fsd_app, ("profile",), (ModelConfig, CacheConfig)),
-    (fsd_app, ("simulate",), (SchedConfig, CacheConfig, ClusterConfig)),
+    (fsd_app, ("simulate",), (SchedConfig, CacheConfig, config.ClusterConfig)),
     (fsd_app, ("stop",), (ServerConfig,)),
     (fsd_app, ("status",), (ServerConfig,)),
     (fsctl_app, (), (ServerConfig,)),

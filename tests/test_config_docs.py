@@ -6,9 +6,9 @@ import dataclasses
 import re
 from pathlib import Path
 
+from fsd import config
 from fsd.config import (
     CacheConfig,
-    ClusterConfig,
     ModelConfig,
     ParallelConfig,
     SchedConfig,
@@ -23,7 +23,7 @@ SECTIONS = {
     "sched": SchedConfig,
     "parallel": ParallelConfig,
     "server": ServerConfig,
-    "cluster": ClusterConfig,
+    "cluster": config.ClusterConfig,
 }
 
 
@@ -50,4 +50,4 @@ def test_the_example_loads_and_equals_the_defaults():
     engine, server, cluster = build_configs(EXAMPLE)
     assert engine.sched == SchedConfig() and engine.cache == CacheConfig()
     assert engine.model == ModelConfig() and server == ServerConfig()
-    assert cluster == ClusterConfig()
+    assert cluster == config.ClusterConfig()

@@ -100,14 +100,8 @@ def test_pages_ship_with_the_package():
 
 
 def test_fsd_toml_states_each_keys_default_as_the_code_has_it():
-    from fsd.config import (
-        CacheConfig,
-        ClusterConfig,
-        ModelConfig,
-        ParallelConfig,
-        SchedConfig,
-        ServerConfig,
-    )
+    from fsd import config
+    from fsd.config import CacheConfig, ModelConfig, ParallelConfig, SchedConfig, ServerConfig
 
     raw = (ROOT / "man" / manual.PAGES["fsd.toml"]).read_text()
     section, stated = None, {}
@@ -122,7 +116,7 @@ def test_fsd_toml_states_each_keys_default_as_the_code_has_it():
         "sched": SchedConfig(),
         "parallel": ParallelConfig(),
         "server": ServerConfig(),
-        "cluster": ClusterConfig(),
+        "cluster": config.ClusterConfig(),
     }
 
     def toml(value: object) -> str:

@@ -27,17 +27,10 @@ from __future__ import annotations
 from fsd.lazy import lazy_exports
 
 _EXPORTS = {
-    "DEFAULT_ROUTER": "fsd.router.registry",
-    "ROUTERS": "fsd.router.registry",
-    "Decision": "fsd.router.router",
-    "ReplicaState": "fsd.router.state",
-    "RouteRequest": "fsd.router.router",
-    "Router": "fsd.router.router",
-    "StateBuilder": "fsd.router.state",
-    "check_router": "fsd.router.registry",
-    "make_router": "fsd.router.registry",
-    "prompt_names": "fsd.router.router",
-}
+    **dict.fromkeys(("DEFAULT_ROUTER", "ROUTERS", "check_router", "make_router"), "fsd.router.registry"),
+    **dict.fromkeys(("Decision", "RouteRequest", "Router", "prompt_names"), "fsd.router.router"),
+    **dict.fromkeys(("ReplicaState", "StateBuilder"), "fsd.router.state"),
+}  # fmt: skip
 __all__ = sorted(_EXPORTS)
 
 

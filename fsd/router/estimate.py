@@ -85,13 +85,16 @@ def estimate(view: ReplicaView, request: RouteRequest, cost: CostModel) -> Estim
     )  # fmt: skip
 
 
-def pending_of(view: ReplicaView, request: RouteRequest, est: Estimate | None) -> Pending:
+def pending_of(
+    view: ReplicaView, request: RouteRequest, est: Estimate | None, names: bool
+) -> Pending:
     """What routing `request` to `view`'s replica adds there until a state counts it
-    (without an estimate, a baseline's: a job and its prompt, no work)."""
+    (without an estimate, a baseline's: a job and its prompt, no work; `names`: its
+    prompt's blocks count as cached there, for a policy that reads them)."""
+    held = request.names if names else ()
     if est is None:
         blocks = -(-(request.prompt_len + 1) // view.state.block_size)
-        return Pending(view.next_ordinal(), 0, 0.0, 0.0, blocks, request.names)
+        return Pending(view.next_ordinal(), 0, 0.0, 0.0, blocks, held)
     return Pending(
-        view.next_ordinal(), est.level, est.prefill_profile, est.expected, est.blocks,
-        request.names,
-    )  # fmt: skip
+        view.next_ordinal(), est.level, est.prefill_profile, est.expected, est.blocks, held
+    )

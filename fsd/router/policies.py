@@ -68,6 +68,7 @@ class RouterPolicy:
     """A way to pick a replica for a request (module doc)."""
 
     name = "policy"
+    reads_prefixes = False  # whether it matches prompts (a routed prompt counts as cached)
 
     def __init__(self, config: ClusterConfig, cost: CostModel, seed: int = 0) -> None:
         self.config = config
@@ -122,6 +123,7 @@ class CacheAware(RouterPolicy):
     """SGLang's router: the longest cached prefix unless imbalanced (module doc)."""
 
     name = "cache-aware"
+    reads_prefixes = True
 
     def pick(self, views: Sequence[ReplicaView], request: RouteRequest) -> Pick:
         loads = [v.waiting + v.running for v in views]
@@ -146,6 +148,7 @@ class FsdRouter(RouterPolicy):
     `affinity_s` of TTFT."""
 
     name = "fsd"
+    reads_prefixes = True
 
     def __init__(self, config: ClusterConfig, cost: CostModel, seed: int = 0) -> None:
         super().__init__(config, cost, seed)

@@ -38,15 +38,13 @@ ROUTERS = tuple(ROUTER_TABLE)
 
 def resolve_router(name: str) -> str:
     """The router a name means (`default`: DEFAULT_ROUTER); a one-line error if none."""
-    name = DEFAULT_ROUTER if name == "default" else name
-    if name not in ROUTER_TABLE:
-        raise ConfigError(f"unknown router {name!r}; choose one of: default, {', '.join(ROUTERS)}")
-    return name
+    resolved = DEFAULT_ROUTER if name == "default" else name
+    if resolved in ROUTER_TABLE:
+        return resolved
+    raise ConfigError(f"unknown router {name!r}; choose one of: default, {', '.join(ROUTERS)}")
 
 
-def check_router(name: str) -> None:
-    """Refuse an unknown router name before anything is built."""
-    resolve_router(name)
+check_router = resolve_router  # refuses an unknown name before anything is built
 
 
 def make_router(config: ClusterConfig, cost: CostModel, block_size: int, seed: int = 0) -> Router:

@@ -76,6 +76,10 @@ class Router:
     def update(self, state: ReplicaState) -> bool:
         """Take a replica's pushed state; True: that replica must send a full state
         next (`StateBuilder.resync`), its pushes having had a gap."""
+        if not 0 <= state.replica < len(self.views):
+            raise ValueError(
+                f"a state of replica {state.replica}; replicas are 0..{len(self.views) - 1}"
+            )
         view = self.views[state.replica]
         was = view.stale
         stale = view.update(state)
@@ -88,7 +92,7 @@ class Router:
         views = self.views
         i, reason, est = self.policy.pick(views, request)
         view = views[i]
-        view.route(pending_of(view, request, est))
+        view.route(pending_of(view, request, est, self.policy.reads_prefixes))
         seconds = time.perf_counter() - t0
         self._count += 1
         self._total_s += seconds

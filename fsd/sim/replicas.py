@@ -23,7 +23,8 @@ replica queue over the mean one), prefix hits by tier over all replicas,
 whose longest such prefix had only gone to other replicas: Mooncake's first block is
 everyone's, so the longest, not the first, says whether a conversation was split),
 the router's time per decision, its resyncs, and `migrations` (0: no request moves
-between replicas yet; the counter is for that work).
+between replicas yet; the counter is for that work). KV samples (`kv_sample_s`) are
+a lone simulator's: none are taken here.
 """
 
 from __future__ import annotations
@@ -31,10 +32,11 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
+from typing import Any
 
 import numpy as np
 
-from fsd.config import CacheConfig, ClusterConfig, SchedConfig
+from fsd.config import ClusterConfig
 from fsd.cost import CostModel
 from fsd.kv.block_manager import BlockManager
 from fsd.kv.events import chain_names
@@ -43,9 +45,9 @@ from fsd.router.registry import check_router, make_router
 from fsd.router.router import Router, RouteRequest
 from fsd.router.state import StateBuilder
 from fsd.sched.registry import make_scheduler
-from fsd.sim.engine import SimResult, Simulator
+from fsd.sim.engine import SimResult, Simulator, check_done
 from fsd.sim.job import SimJob
-from fsd.sim.loop import EventLoop, SimulationError
+from fsd.sim.loop import EventLoop
 from fsd.sim.metrics import Counters, prefix_metrics, summarize
 from fsd.workload.mooncake import MOONCAKE_BLOCK_TOKENS
 from fsd.workload.spec import Workload
@@ -110,15 +112,10 @@ class ReplicaSimulator(Simulator):
     """`ClusterConfig.replicas` simulators behind one router (module doc)."""
 
     def __init__(
-        self,
-        cost: CostModel,
-        sched: SchedConfig | None = None,
-        cache: CacheConfig | None = None,
-        cluster: ClusterConfig | None = None,
-        **options: object,
+        self, cost: CostModel, *args: Any, cluster: ClusterConfig | None = None, **options: Any
     ) -> None:
-        """`options`: the Simulator's (num_gpu_blocks, num_host_blocks, slo, ...)."""
-        super().__init__(cost, sched, cache, **options)  # type: ignore[arg-type]
+        """`args` and `options`: the Simulator's (sched, cache, num_gpu_blocks, ...)."""
+        super().__init__(cost, *args, **options)
         self.cluster = cluster or ClusterConfig()
         check_router(self.cluster.router)
 
@@ -153,7 +150,7 @@ class ReplicaSimulator(Simulator):
         for rep in reps:
             if rep.now is not None:
                 rep.loop.run(start=rep.now)
-            self._check_done(rep)
+            check_done(rep.loop.sched)
         if on_progress is not None:
             on_progress(len(jobs), len(jobs))
         metrics = self._metrics(jobs, reps, router, spread)
@@ -180,18 +177,6 @@ class ReplicaSimulator(Simulator):
             rep.builder.resync()
         rep.pushes += 1
         rep.pushed, rep.pushed_at = rep.now, t
-
-    @staticmethod
-    def _check_done(rep: _Replica) -> None:
-        sched, blocks = rep.loop.sched, rep.loop.blocks
-        blocks.check()
-        device, host = blocks.device, blocks.host
-        if (
-            sched.has_unfinished()
-            or device.num_free != device.num_blocks
-            or host.num_free != host.num_blocks
-        ):
-            raise SimulationError("simulation ended with jobs or KV blocks still held")
 
     def _metrics(
         self, jobs: list[SimJob], reps: list[_Replica], router: Router, spread: _Spread

@@ -39,26 +39,14 @@ class RunSpec:
     slo: float | None = None
     kv_sample_s: float | None = None
     jobs_csv: Path | None = None  # write each job's record here (fsd.sim.records)
-    cluster: ClusterConfig = ClusterConfig()
+    cluster: ClusterConfig = ClusterConfig()  # its replicas and router
 
     def simulator(self, cost: CostModel) -> Simulator:
-        options = {
-            "num_gpu_blocks": self.num_gpu_blocks,
-            "num_host_blocks": self.num_host_blocks,
-            "slo": self.slo,
-            "kv_sample_s": self.kv_sample_s,
-        }
+        names = ("num_gpu_blocks", "num_host_blocks", "slo", "kv_sample_s")
+        options = {name: getattr(self, name) for name in names}
         if self.cluster.replicas > 1:
-            return ReplicaSimulator(cost, self.sched, self.cache, self.cluster, **options)
+            return ReplicaSimulator(cost, self.sched, self.cache, cluster=self.cluster, **options)
         return Simulator(cost, self.sched, self.cache, **options)  # type: ignore[arg-type]
-
-    @property
-    def replicas(self) -> int:
-        return self.cluster.replicas
-
-    @property
-    def router(self) -> str:
-        return self.cluster.router
 
     def with_router(self, router: str, replicas: int | None = None, label: str | None = None) -> RunSpec:
         """The same run behind `router` (over `replicas`, if given)."""

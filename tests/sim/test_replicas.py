@@ -53,7 +53,9 @@ def conversations(n: int = 30, turns: int = 4, gap: float = 3.0) -> Workload:
 def test_one_replica_is_the_plain_simulator_whatever_the_router(router):
     w = read_trace(TRACES / "azure-llm-2023-conv.csv", time_scale=0.5, limit=250).clipped(2048)
     plain = Simulator(OPT, SchedConfig(), CacheConfig()).run(w)
-    one = ReplicaSimulator(OPT, SchedConfig(), CacheConfig(), ClusterConfig(router=router)).run(w)
+    one = ReplicaSimulator(
+        OPT, SchedConfig(), CacheConfig(), cluster=ClusterConfig(router=router)
+    ).run(w)
     assert not same(plain.metrics, one.metrics)
     assert [j.finish_time for j in plain.jobs] == [j.finish_time for j in one.jobs]
     assert one.metrics["replicas"] == 1 and one.metrics["migrations"] == 0
@@ -64,7 +66,9 @@ def test_one_replica_is_the_plain_simulator_with_prefixes_and_a_pipeline():
     w = read_mooncake(TRACES / "mooncake-conversation.jsonl", time_scale=0.3, limit=120)
     cfg = SchedConfig(policy="gittins")
     plain = Simulator(cost, cfg, CacheConfig(), pipeline_stages=2).run(w)
-    one = ReplicaSimulator(cost, cfg, CacheConfig(), ClusterConfig(), pipeline_stages=2).run(w)
+    one = ReplicaSimulator(
+        cost, cfg, CacheConfig(), cluster=ClusterConfig(), pipeline_stages=2
+    ).run(w)
     assert plain.metrics["prefill_tokens_saved"] > 0
     assert not same(plain.metrics, one.metrics)
 
@@ -74,7 +78,7 @@ def test_routers_that_see_the_caches_keep_conversations_together():
     split = {}
     for router in ("round-robin", "cache-aware", "fsd"):
         sim = ReplicaSimulator(
-            OPT, SchedConfig(), CacheConfig(), ClusterConfig(replicas=2, router=router)
+            OPT, SchedConfig(), CacheConfig(), cluster=ClusterConfig(replicas=2, router=router)
         )
         m = sim.run(w).metrics
         assert m["requests"] == len(w) and m["same_prefix_requests"] == 30 * 3
@@ -99,4 +103,4 @@ def test_run_many_runs_replicas_and_reports_the_spread():
         assert row["router"] in ("fsd", "least-loaded")
         assert row["busy_cv"] >= 0 and row["queue_max_mean"] >= 1.0
         assert row["router_decision_us"] > 0 and row["migrations"] == 0
-    assert specs[0].replicas == 3 and specs[1].router == "least-loaded"
+    assert specs[0].cluster.replicas == 3 and specs[1].cluster.router == "least-loaded"
