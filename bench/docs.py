@@ -37,6 +37,7 @@ COMMANDS = {
     "live_scene.json": "python bench/live_scene.py",
     "parallel-cpu.json": "python bench/parallel.py",
     "prefix-cpu.json": "python bench/prefix.py",
+    "replicas.json": "python bench/replicas.py --quick",
     "sched-cpu.json": "python bench/sched.py",
     "serve-cpu.json": "python bench/serve.py",
     "sim-cpu.json": "python bench/sim.py",

@@ -171,7 +171,7 @@ def start(
 
     options = {k: v for k, v in fields.items() if k in CONFIG_FIELDS}
     with friendly():
-        engine_cfg, server_cfg = build_configs(config, **options)
+        engine_cfg, server_cfg, _ = build_configs(config, **options)
         if foreground:
             daemon.setup_logging(log_level)
             daemon.serve_foreground(engine_cfg, server_cfg)
@@ -203,7 +203,7 @@ def stop(
     from fsd.credentials import find_operator_token
 
     with friendly():
-        _, cfg = build_configs(None, endpoint=endpoint, state_dir=state_dir)
+        _, cfg, _ = build_configs(None, endpoint=endpoint, state_dir=state_dir)
         token = find_operator_token(cfg.endpoint, cfg.state_dir)
         pid = daemon.stop(cfg, timeout, curve=curve_keys(server_key, client_key), token=token)
     typer.echo(f"fsd stopped{f' (pid {pid})' if pid else ''}")
@@ -225,7 +225,7 @@ def status(
     from fsd.local_daemon import check_daemon
 
     with friendly():
-        _, cfg = build_configs(None, endpoint=endpoint, state_dir=state_dir)
+        _, cfg, _ = build_configs(None, endpoint=endpoint, state_dir=state_dir)
         token = find_operator_token(cfg.endpoint, cfg.state_dir)
         curve = curve_keys(server_key, client_key)
         check_daemon(cfg.endpoint, cfg.state_dir, timeout)  # at once when none can answer

@@ -16,20 +16,14 @@ from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 
-from fsd.config import CacheConfig, ModelConfig, ParallelConfig, SchedConfig, ServerConfig
+from fsd.config import SLICE_TYPES, ClusterConfig, ServerConfig
 from fsd.errors import ConfigError
 
 if TYPE_CHECKING:
     from fsd.client import CurveKeys
 
 # every dataclass whose fields a command-line option may set, by the field's own name
-CONFIG_CLASSES: tuple[type, ...] = (
-    ModelConfig,
-    CacheConfig,
-    SchedConfig,
-    ParallelConfig,
-    ServerConfig,
-)
+CONFIG_CLASSES: tuple[type, ...] = (*SLICE_TYPES.values(), ServerConfig, ClusterConfig)
 CONFIG_FIELDS = frozenset(f.name for cls in CONFIG_CLASSES for f in dataclasses.fields(cls))
 # `fsd generate` and `fsctl submit` answer at more length than SamplingParams' default
 CLI_MAX_TOKENS = 64

@@ -19,9 +19,11 @@ from fsd.config_checks import (
     MAX_BATCH_TOKENS,
     MAX_LEVELS,
     MAX_QUANTUM_RATIO,
+    MAX_REPLICAS,
     MAX_RESERVE_JOBS,
     MAX_SECONDS,
     at_most,
+    check_prefill_chunk,
     check_quanta,
     check_types,
     choice,
@@ -30,6 +32,7 @@ from fsd.config_checks import (
     int_range,
     loopback_host,
     parse_http_address,
+    real_range,
     setting_pairs,
 )
 from fsd.errors import ConfigError
@@ -204,14 +207,11 @@ class SchedConfig:
                 "the last quantum: use fewer levels or a smaller ratio"
             )
         at_most("quantum_ratio", self.quantum_ratio, MAX_QUANTUM_RATIO)
-        if self.starve_limit is not None and self.starve_limit <= 0:
-            raise ConfigError(f"starve_limit (alpha) must be > 0 seconds, got {self.starve_limit}")
-        if self.starve_limit_waiting is not None and self.starve_limit_waiting <= 0:
-            raise ConfigError(
-                f"starve_limit_waiting (alpha) must be > 0 seconds, got {self.starve_limit_waiting}"
-            )
         for name in ("starve_limit", "starve_limit_waiting"):
-            at_most(name, getattr(self, name), MAX_SECONDS, " seconds (one day)")
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise ConfigError(f"{name} (alpha) must be > 0 seconds, got {value}")
+            at_most(name, value, MAX_SECONDS, " seconds (one day)")
         if self.refuse_late is not None and not 0 < self.refuse_late <= MAX_REFUSE_SLOS:
             raise ConfigError(
                 f"refuse_late must be in (0, {MAX_REFUSE_SLOS}] SLOs, got {self.refuse_late}"
@@ -328,6 +328,26 @@ class ServerConfig:
 
 
 @dataclass(frozen=True)
+class ClusterConfig:
+    """Engine replicas behind one endpoint (each its own scheduler, KV and tp x pp GPUs)
+    and the router spreading requests; its name is checked where it is built
+    (fsd.router.registry), its thresholds are the `fsd` router's (bench/replicas.py)."""
+
+    replicas: int = doc(1, "Engine replicas behind the endpoint.")
+    router: str = doc("default", "How a request picks its replica (fsd.router.registry).")
+    push_interval: float = doc(0.0, "Seconds between a replica's state pushes (0: each step).")
+    affinity_s: float = doc(0.5, "A session keeps its replica while that costs < S s of TTFT.")
+    imbalance_s: float = doc(10.0, "fsd router: least work once a replica has S s more work...")
+    imbalance_ratio: float = doc(2.0, "...and this many times the least loaded one's.")
+
+    def __post_init__(self) -> None:
+        check_types(self)
+        int_range("replicas", self.replicas, 1, MAX_REPLICAS)
+        for name in ("push_interval", "affinity_s", "imbalance_s", "imbalance_ratio"):
+            real_range(name, getattr(self, name), float(name == "imbalance_ratio"), MAX_SECONDS)
+
+
+@dataclass(frozen=True)
 class EngineConfig:
     """All slices of one engine."""
 
@@ -369,16 +389,6 @@ class EngineConfig:
 
     def to_dict(self) -> dict[str, dict[str, Any]]:
         return dataclasses.asdict(self)
-
-
-def check_prefill_chunk(chunk: int | None, block_size: int) -> None:
-    """A chunk holds at least one KV block (or chunking is off, or derived): the one
-    cross-slice rule."""
-    if chunk and chunk < block_size:
-        raise ConfigError(
-            f"prefill_chunk must be 0 (off) or at least one KV block ({block_size} tokens), "
-            f"got {chunk}"
-        )
 
 
 SLICE_TYPES: dict[str, type] = {

@@ -17,6 +17,7 @@ MAX_BATCH_TOKENS = 1 << 24  # tokens in one iteration: past any model's context
 MAX_SECONDS = 86_400.0  # q1, quanta and alphas: a day is no limit for a job's turn
 MAX_QUANTUM_RATIO = 1000.0  # q(k+1) / q(k)
 MAX_RESERVE_JOBS = MAX_BATCH_SIZE  # K: room for more new jobs than one batch starts is moot
+MAX_REPLICAS = 4096  # engine replicas behind one endpoint
 
 
 def doc(default: Any, help: str) -> Any:
@@ -132,6 +133,13 @@ def int_range(name: str, value: int, low: int, high: int, unit: str = "") -> Non
         raise ConfigError(f"{name} must be in [{low}, {high}]{unit}, got {value}")
 
 
+def real_range(name: str, value: float, low: float, high: float) -> None:
+    """A finite `value` within [low, high], or a ConfigError naming the field and both."""
+    finite(name, value)
+    if not low <= value <= high:
+        raise ConfigError(f"{name} must be in [{low:g}, {high:g}], got {value}")
+
+
 def at_most(name: str, value: float | None, high: float, unit: str = "") -> None:
     """An upper bound for an optional number (its lower bound is checked beside it)."""
     if value is not None and value > high:
@@ -152,3 +160,13 @@ def choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
     """`value` is one of `allowed`, or a ConfigError listing them."""
     if value not in allowed:
         raise ConfigError(f"{name} must be one of {', '.join(allowed)}; got {value!r}")
+
+
+def check_prefill_chunk(chunk: int | None, block_size: int) -> None:
+    """A chunk holds at least one KV block (or chunking is off, or derived): the one
+    cross-slice rule."""
+    if chunk and chunk < block_size:
+        raise ConfigError(
+            f"prefill_chunk must be 0 (off) or at least one KV block ({block_size} tokens), "
+            f"got {chunk}"
+        )

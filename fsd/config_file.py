@@ -7,14 +7,14 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from fsd.config import SLICE_TYPES, EngineConfig, ServerConfig
+from fsd.config import SLICE_TYPES, ClusterConfig, EngineConfig, ServerConfig
 from fsd.config_checks import setting_pairs
 from fsd.errors import ConfigError
 
 
 def load_toml(path: str | Path) -> dict[str, dict[str, Any]]:
     """Read fsd.toml: tables [model], [cache], [sched] (with a [sched.POLICY] table of
-    each policy's own settings), [parallel], [server]."""
+    each policy's own settings), [parallel], [server], [cluster]."""
     p = Path(path).expanduser()
     try:
         data = tomllib.loads(p.read_text())
@@ -22,7 +22,7 @@ def load_toml(path: str | Path) -> dict[str, dict[str, Any]]:
         raise ConfigError(f"config file {str(p)!r} does not exist") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"config file {str(p)!r} is not valid TOML: {exc}") from None
-    tables = {**SLICE_TYPES, "server": ServerConfig}
+    tables = {**SLICE_TYPES, "server": ServerConfig, "cluster": ClusterConfig}
     for section, values in data.items():
         if section not in tables:
             raise ConfigError(f"{p}: unknown section [{section}]; known: {', '.join(tables)}")
@@ -41,13 +41,15 @@ def load_toml(path: str | Path) -> dict[str, dict[str, Any]]:
 
 def build_configs(
     path: str | Path | None = None, **overrides: Any
-) -> tuple[EngineConfig, ServerConfig]:
-    """Engine and server configs from an optional TOML file, then keyword overrides.
+) -> tuple[EngineConfig, ServerConfig, ClusterConfig]:
+    """Engine, server and cluster configs from an optional TOML file, then overrides.
 
-    Overrides use the field names (e.g. policy="fcfs", endpoint="tcp://..."); None
-    values are ignored so unset CLI flags keep the file's value. The policy names are
-    checked here too, by their registries: a bad one fails at start, not in the daemon.
+    Overrides use the field names (e.g. policy="fcfs", endpoint="tcp://...",
+    replicas=2); None values are ignored so unset CLI flags keep the file's value. The
+    policy and router names are checked here too, by their registries: a bad one fails
+    at start, not in the daemon.
     """
+    from fsd.router.registry import check_router
     from fsd.sched.registry import check_policies
 
     data = load_toml(path) if path else {}
@@ -59,12 +61,16 @@ def build_configs(
             else:
                 flat[key] = value
     server_kw = dict(data.get("server", {}))
+    cluster_kw = dict(data.get("cluster", {}))
     server_fields = {f.name for f in dataclasses.fields(ServerConfig)}
+    cluster_fields = {f.name for f in dataclasses.fields(ClusterConfig)}
     for key, value in overrides.items():
         if value is None:
             continue
         if key in server_fields:
             server_kw[key] = value
+        elif key in cluster_fields:
+            cluster_kw[key] = value
         elif key == "policy_settings":  # a command line's, over the file's
             flat.update(setting_pairs(value))
         else:
@@ -73,8 +79,10 @@ def build_configs(
         flat["quanta"] = tuple(flat["quanta"])
     try:
         server = ServerConfig(**server_kw)
+        cluster = ClusterConfig(**cluster_kw)
     except TypeError as exc:
-        raise ConfigError(f"[server]: {exc}") from None
+        raise ConfigError(f"[server] or [cluster]: {exc}") from None
     engine = EngineConfig.from_kwargs(**flat)
     check_policies(engine.sched, engine.cache)
-    return engine, server
+    check_router(cluster.router)
+    return engine, server, cluster

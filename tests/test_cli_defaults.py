@@ -33,7 +33,7 @@ from fsd.sim.cli import SIM_CACHE, SIM_SCHED
 COMMANDS = [
     (fsd_app, ("generate",), (SamplingParams, ModelConfig, CacheConfig, ParallelConfig)),
     (fsd_app, ("profile",), (ModelConfig, CacheConfig)),
-    (fsd_app, ("simulate",), (SchedConfig, CacheConfig)),
+    (fsd_app, ("simulate",), (SchedConfig, CacheConfig, config.ClusterConfig)),
     (fsd_app, ("stop",), (ServerConfig,)),
     (fsd_app, ("status",), (ServerConfig,)),
     (fsctl_app, (), (ServerConfig,)),

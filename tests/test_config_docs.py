@@ -6,6 +6,7 @@ import dataclasses
 import re
 from pathlib import Path
 
+from fsd import config
 from fsd.config import (
     CacheConfig,
     ModelConfig,
@@ -22,6 +23,7 @@ SECTIONS = {
     "sched": SchedConfig,
     "parallel": ParallelConfig,
     "server": ServerConfig,
+    "cluster": config.ClusterConfig,
 }
 
 
@@ -45,6 +47,7 @@ def test_every_config_field_is_in_the_example():
 
 
 def test_the_example_loads_and_equals_the_defaults():
-    engine, server = build_configs(EXAMPLE)
+    engine, server, cluster = build_configs(EXAMPLE)
     assert engine.sched == SchedConfig() and engine.cache == CacheConfig()
     assert engine.model == ModelConfig() and server == ServerConfig()
+    assert cluster == config.ClusterConfig()

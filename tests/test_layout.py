@@ -61,11 +61,16 @@ def _under(name: str, prefixes: tuple[str, ...]) -> bool:
 
 FORBIDDEN = {
     # the torch-free core shared by the engine and the simulator
-    "fsd/sched": ("torch", "fsd.engine", "fsd.server", "fsd.console", "fsd.sim", "fsd.models"),
+    "fsd/sched": (
+        "torch", "fsd.engine", "fsd.server", "fsd.console", "fsd.sim", "fsd.models", "fsd.router",
+    ),
     "fsd/kv": (
         "torch", "fsd.sched", "fsd.engine", "fsd.server", "fsd.console", "fsd.sim", "fsd.models",
+        "fsd.router",
     ),
     "fsd/sim": ("torch", "fsd.engine", "fsd.server", "fsd.console"),
+    # the router runs in the daemon and in the simulator alike
+    "fsd/router": ("torch", "fsd.engine", "fsd.server", "fsd.console", "fsd.sim"),
     # the what-if twin runs in its own process: the simulator's imports, plus the wire
     "fsd/twin": ("torch", "fsd.engine", "fsd.server", "fsd.console", "fsd.models"),
     # the engine's step history is read by the twin's process: no torch, no engine

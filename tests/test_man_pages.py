@@ -100,6 +100,7 @@ def test_pages_ship_with_the_package():
 
 
 def test_fsd_toml_states_each_keys_default_as_the_code_has_it():
+    from fsd import config
     from fsd.config import CacheConfig, ModelConfig, ParallelConfig, SchedConfig, ServerConfig
 
     raw = (ROOT / "man" / manual.PAGES["fsd.toml"]).read_text()
@@ -115,6 +116,7 @@ def test_fsd_toml_states_each_keys_default_as_the_code_has_it():
         "sched": SchedConfig(),
         "parallel": ParallelConfig(),
         "server": ServerConfig(),
+        "cluster": config.ClusterConfig(),
     }
 
     def toml(value: object) -> str:

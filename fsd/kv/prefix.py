@@ -19,6 +19,9 @@ device block when `worth_copy` says the copy beats recomputing them. A job whose
 whole sequence is cached still computes its last token (for its logits): its last
 block is copied first (copy on write), so no shared block is ever written.
 
+A router far away learns what is cached from `events` (fsd.kv.events), when set: each
+name stored on a tier or removed from it, reported as it happens.
+
 Every copy the cache makes is synchronous: it is handed to `sink` in the order it
 was decided, among the scheduler's own synchronous copies, so a block is read
 before anything later in the iteration writes it.
@@ -40,6 +43,7 @@ import itertools
 from collections.abc import Callable, Hashable
 from typing import Any, Protocol
 
+from fsd.kv.events import DEVICE, HOST, BlockEvents
 from fsd.kv.pool import BlockPool
 from fsd.kv.swap import SwapOp
 from fsd.protocol_telemetry import PrefixInfo  # its counters as published: one struct
@@ -92,6 +96,7 @@ class PrefixCache:
         # (a name is never reused), so a lookup re-derives only from the first one not
         # held; dropped when the job runs (`commit`: its tokens may change) or leaves
         self._chains: dict[str, list[int]] = {}
+        self.events: BlockEvents | None = None  # a router's feed (fsd.kv.events.watch)
         device.on_evict = self._demote
         host.on_evict = self._drop_host
 
@@ -241,6 +246,8 @@ class PrefixCache:
             if uid not in on_device and dst not in d_cached and uid in keys:  # name it
                 on_device[uid] = dst
                 d_cached[dst] = uid
+                if self.events is not None:
+                    self.events.stored(uid, DEVICE)
             table.append(dst)
         host.give([b for b, dev in zip(blocks, on_dev, strict=True) if not dev])
         if len(table) < len(blocks):  # the device blocks past a copy there was no room for
@@ -279,13 +286,16 @@ class PrefixCache:
             uids.clear()
             start = 0
         pool, where = (self.device, self.on_device) if on_device else (self.host, self.on_host)
-        cached, keys, known = pool.cached, self._key, len(uids)
+        cached, keys, known, ev = pool.cached, self._key, len(uids), self.events
+        tier = DEVICE if on_device else HOST
         stop = min(known, full)  # a new table (a move ended): the names known, on it
         if start < stop:
             for uid, block in zip(uids[start:stop], table[start:stop], strict=True):
                 if uid not in where and block not in cached and uid in keys:  # name it
                     where[uid] = block
                     cached[block] = uid
+                    if ev is not None:
+                        ev.stored(uid, tier)
         if known >= full:
             return
         parent, names, count = uids[-1] if uids else ROOT, self._uid, self._next
@@ -304,12 +314,16 @@ class PrefixCache:
             if uid not in where and block not in cached:
                 where[uid] = block
                 cached[block] = uid
+                if ev is not None:
+                    ev.stored(uid, tier)
 
     # ---- eviction ------------------------------------------------------------------
 
     def _demote(self, block: int, uid: int) -> None:
         """A device block is evicted: its content moves to the host unless there already."""
         self.on_device.pop(uid, None)
+        if self.events is not None:
+            self.events.removed(uid, DEVICE)
         on_host = self.on_host
         if uid in on_host:
             return  # (the host holds it: its name stays)
@@ -325,18 +339,18 @@ class PrefixCache:
             dst = idle.popitem(last=False)[0]
             gone = host.cached.pop(dst)
             host.evictions += 1
-            on_host.pop(gone, None)
-            if gone not in self.on_device:
-                key = self._key.pop(gone, None)
-                if key is not None:
-                    del self._uid[key]
+            self._drop_host(dst, gone)
         self.sink(SwapOp(None, "out", [block], [dst], True))
         on_host[uid] = dst
         host.cached[dst] = uid
         idle[dst] = None
+        if self.events is not None:
+            self.events.stored(uid, HOST)
 
     def _drop_host(self, block: int, uid: int) -> None:
         self.on_host.pop(uid, None)
+        if self.events is not None:
+            self.events.removed(uid, HOST)
         if uid not in self.on_device:  # no tier holds it: forgotten
             key = self._key.pop(uid, None)
             if key is not None:
@@ -351,6 +365,8 @@ class PrefixCache:
         self._uid.clear()
         self._key.clear()
         self._chains.clear()
+        if self.events is not None:
+            self.events.reset()
 
     def stats(self) -> PrefixInfo:
         return PrefixInfo(

@@ -26,6 +26,15 @@ from fsd.sched.queues import LevelView
 _by_queue_seq = operator.attrgetter("queue_seq")
 
 
+def entry_level(quanta: Sequence[float], iteration_time: float) -> int:
+    """The highest level whose quantum covers `iteration_time` (the last if none):
+    skip-join's rule, which a router applies to a replica's quanta too. Quanta strictly
+    increase (SchedConfig checks): a bisection finds it."""
+    if iteration_time != iteration_time:  # NaN: covered by none
+        return len(quanta) - 1
+    return min(bisect.bisect_left(quanta, iteration_time), len(quanta) - 1)
+
+
 class LevelQueue(LevelENST):
     """Levels Q1..Qn with quanta q1 < q2 < ..., FIFO inside a level."""
 
@@ -39,11 +48,8 @@ class LevelQueue(LevelENST):
     # ---- membership ------------------------------------------------------------
 
     def entry_level(self, iteration_time: float) -> int:
-        """The highest level whose quantum covers `iteration_time` (the last if none).
-        Quanta strictly increase (SchedConfig checks): a bisection finds it."""
-        if iteration_time != iteration_time:  # NaN: covered by none
-            return len(self.quanta) - 1
-        return min(bisect.bisect_left(self.quanta, iteration_time), len(self.quanta) - 1)
+        """The highest level whose quantum covers `iteration_time` (the last if none)."""
+        return entry_level(self.quanta, iteration_time)
 
     def _unlink(self, job: Job) -> None:
         if 0 <= job.level < len(self._levels):

@@ -2,12 +2,12 @@
 
 Owns: simulated time. Jobs (`job`), the event loop (`engine`), the metrics of a run
 (`metrics`), pool sizing (`capacity`), batches of runs and sweeps (`runner`,
-`sweep`) and `fsd simulate` (`cli`). It differs from the engine only in where time
+`sweep`), replicas behind a router (`replicas`) and `fsd simulate` (`cli`). It differs from the engine only in where time
 comes from: admission, token append and stop, the SLO and the pipeline's in-flight
 jobs are the shared rules of fsd.sched and fsd.jobs.
 
-May import: fsd.sched, fsd.kv, fsd.cost, fsd.jobs, fsd.workload, fsd.metrics,
-fsd.config, fsd.errors. Never torch, fsd.engine, fsd.server or the console.
+May import: fsd.sched, fsd.kv, fsd.router, fsd.cost, fsd.jobs, fsd.workload,
+fsd.metrics, fsd.config, fsd.errors. Never torch, fsd.engine, fsd.server or the console.
 Exports load lazily, so `fsd.sim.cli` (imported by the `fsd` command line) stays cheap.
 """
 
@@ -22,6 +22,7 @@ _EXPORTS = {
     "Simulator": "fsd.sim.engine",
     "default_slo": "fsd.sched.slo",
     "simulate": "fsd.sim.engine",
+    "ReplicaSimulator": "fsd.sim.replicas",
     "RunSpec": "fsd.sim.runner",
     "run_many": "fsd.sim.runner",
 }

@@ -17,8 +17,9 @@ import typer
 from fsd.cli_errors import fail, friendly
 from fsd.cli_fields import field_names, field_options, with_fields
 from fsd.cli_options import default_of, one_of
-from fsd.config import CacheConfig, SchedConfig
+from fsd.config import CacheConfig, ClusterConfig, SchedConfig
 from fsd.kv.registry import KV_POLICIES
+from fsd.router.registry import ROUTERS
 from fsd.sched.registry import POLICIES, policy_setting_notes
 from fsd.sched.slo import SLO_DECODE_STEPS
 from fsd.sim.cli_run import simulate
@@ -34,10 +35,12 @@ DEFAULT_PROFILE = "opt-13b-a100"
 # policy's setting added to SchedConfig is an option here with no line changed)
 SIM_SCHED = field_names(SchedConfig, skip=("policy", "quanta", "refuse_late", "profile"))
 SIM_CACHE = field_names(CacheConfig, skip=("gpu_memory_utilization", "cpu_kv_bytes", "host_kv_bytes"))
+SIM_CLUSTER = field_names(ClusterConfig)  # replicas behind a router (fsd.sim.replicas)
 _SIM_HELPS = {
     "max_batch_tokens": "Most new tokens per iteration (default: "
     f"max({default_of(SchedConfig, 'max_batch_tokens')}, longest request)).",
     "kv_policy": f"{one_of(KV_POLICIES)}.",
+    "router": f"With --replicas > 1: {one_of([*ROUTERS, 'default'])}.",
 }
 
 
@@ -50,6 +53,7 @@ _SIM_HELPS = {
         notes=policy_setting_notes(),
     ),
     field_options(CacheConfig, SIM_CACHE, helps=_SIM_HELPS),
+    field_options(ClusterConfig, SIM_CLUSTER, helps=_SIM_HELPS),
     before="slo",
 )
 def simulate_command(

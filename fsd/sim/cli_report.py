@@ -29,6 +29,7 @@ def print_header(
     sched: Any,
     kv: str,
     budget: int,
+    cluster: Any = None,
 ) -> None:
     out = console()
     out.print(
@@ -46,6 +47,12 @@ def print_header(
         + (" (from the SLO)" if budget and sched.prefill_chunk is None else ""),
         highlight=False,
     )
+    if cluster is not None and cluster.replicas > 1:
+        out.print(
+            f"{cluster.replicas} replicas (the pools above each) behind the "
+            f"{cluster.router} router",
+            highlight=False,
+        )
 
 
 def console() -> Console:
@@ -113,6 +120,23 @@ def print_table(rows: dict[str, dict[str, Any]], slo: float) -> None:
     console().print(table)
     if any(m.get("prefix_hit_rate") for m in rows.values()):
         print_prefix(rows)
+    if any(m.get("replicas", 1) > 1 for m in rows.values()):
+        print_replicas(rows)
+
+
+def print_replicas(rows: dict[str, dict[str, Any]]) -> None:
+    """How the router spread the load (fsd.sim.replicas)."""
+    table = policy_table(
+        "replicas: spread of load and prefixes, and the router's time per decision",
+        ("policy", "router", "busy CV", "queue max/mean", "split prefix", "resyncs", "us/decision", "p99 us"),
+    )
+    for name, m in rows.items():
+        table.add_row(
+            name, str(m["router"]), f"{m['busy_cv']:.3f}", f"{m['queue_max_mean']:.2f}",
+            f"{m['split_share']:.1%}", str(m["resyncs"]), f"{m['router_decision_us']:.0f}",
+            f"{m['router_decision_p99_us']:.0f}",
+        )  # fmt: skip
+    console().print(table)
 
 
 def print_prefix(rows: dict[str, dict[str, Any]]) -> None:

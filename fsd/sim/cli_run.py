@@ -13,7 +13,7 @@ from dataclasses import asdict, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fsd.config import CacheConfig, SchedConfig
+from fsd.config import CacheConfig, ClusterConfig, SchedConfig
 from fsd.errors import ConfigError
 from fsd.sim import cli_report as out
 from fsd.sim.cli_workload import load_scenario_workload, load_workload
@@ -37,15 +37,16 @@ def simulate(options: Mapping[str, Any]) -> dict[str, Any]:
     ctx = max_context_of(cost) if o.max_context is None else (o.max_context or None)
     workload, actions = _workload(o, ctx)
     sched, cache = configs(o, workload)
+    cluster = cluster_config(o)
     slo = o.slo if o.slo is not None else default_slo(cost)
-    specs = _specs(o, names, sched, cache, slo)
+    specs = [replace(s, cluster=cluster) for s in _specs(o, names, sched, cache, slo)]
     pools = specs[0].simulator(cost).pools
     summary = workload.summary()
     layout = cost.name + (
         f" ({cost.pipeline_stages} pipeline stages)" if cost.pipeline_stages > 1 else ""
     )
     budget = prefill_budget(sched.prefill_chunk, cost, cache.block_size)
-    out.print_header(summary, layout, slo, pools, ctx, sched, o.kv_policy, budget)
+    out.print_header(summary, layout, slo, pools, ctx, sched, o.kv_policy, budget, cluster)
     out.print_actions(actions)
     report: dict[str, Any] = {
         "workload": {**summary, **{k: v for k, v in workload.params.items() if k != "window"}},
@@ -59,6 +60,7 @@ def simulate(options: Mapping[str, Any]) -> dict[str, Any]:
         "pools": asdict(pools),
         "sched": asdict(sched),
         "cache": asdict(cache),
+        "cluster": asdict(cluster),
     }
     if o.sweep:
         _sweep(o, specs, cost, workload, slo, report)
@@ -119,6 +121,15 @@ def configs(o: Options, workload: Any) -> tuple[SchedConfig, CacheConfig]:
     cache = CacheConfig(**given(o, CacheConfig, skip=("num_gpu_blocks", "num_host_blocks")))
     check_kv_policy(cache.kv_policy)
     return sched, cache
+
+
+def cluster_config(o: Options) -> ClusterConfig:
+    """The replicas and router every run shares (the router's name checked here)."""
+    from fsd.router.registry import check_router
+
+    cluster = ClusterConfig(**given(o, ClusterConfig))
+    check_router(cluster.router)
+    return cluster
 
 
 class Options(dict):

@@ -125,14 +125,7 @@ class Simulator:
             on_progress,
         )  # fmt: skip
         loop.run()
-        blocks.check()
-        device, host = blocks.device, blocks.host
-        if (
-            sched.has_unfinished()
-            or device.num_free != device.num_blocks
-            or host.num_free != host.num_blocks
-        ):
-            raise SimulationError("simulation ended with jobs or KV blocks still held")
+        check_done(sched)
         metrics = summarize(jobs, loop.counters, self.slo)
         metrics.update(prefix_metrics(blocks.prefix.stats(), jobs))
         metrics["sim_wall_s"] = time.perf_counter() - t_wall
@@ -153,6 +146,19 @@ class Simulator:
             f"{sched.blocks.num_free}/{sched.blocks.device.num_blocks} device blocks free); "
             f"first: {desc}"
         )
+
+
+def check_done(sched: Scheduler) -> None:
+    """Every job finished and every KV block came back (raise if not)."""
+    blocks = sched.blocks
+    blocks.check()
+    device, host = blocks.device, blocks.host
+    if (
+        sched.has_unfinished()
+        or device.num_free != device.num_blocks
+        or host.num_free != host.num_blocks
+    ):
+        raise SimulationError("simulation ended with jobs or KV blocks still held")
 
 
 def simulate(

@@ -150,13 +150,24 @@ class EventLoop:
             heapq.heappush(self.copies, (end, self.seq, op))
             self.seq += 1
 
-    def run(self, start: float | None = None, until: float = _INF) -> float:
+    def add(self, job: SimJob) -> None:
+        """One more job, arriving no earlier than the last (a router's, fsd.sim.replicas)."""
+        self.jobs.append(job)
+        self.n += 1
+
+    def run(self, start: float | None = None, until: float = _INF, hold: bool = False) -> float:
         """Run from `start` (the first arrival) until every job is done, or until the
-        first decision at or past `until`; returns the clock then."""
+        first decision at or past `until`; returns the clock then.
+
+        `hold`: stop before that decision, nothing at its instant applied, and count
+        `until` as an event (an arrival the loop does not know yet: `add` it, then
+        `run` again from the clock returned, exactly as if it had been known)."""
         pipe, sched, c = self.pipe, self.sched, self.counters
         now = start if start is not None else self.jobs[0].arrival_time if self.jobs else 0.0
         report, countdown = self._on_progress, PROGRESS_EVERY
         while True:
+            if hold and now >= until:
+                return now
             self._settle(now)
             if report is not None:
                 countdown -= 1
@@ -185,6 +196,8 @@ class EventLoop:
                 continue
             sched.update(out, now)
             nxt = self._next_event()
+            if hold and until < nxt:
+                nxt = until
             if nxt == _INF:
                 if self.live:
                     raise SimulationError(self._stalled(sched, now))

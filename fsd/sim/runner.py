@@ -15,10 +15,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TypeVar
 
-from fsd.config import CacheConfig, SchedConfig
+from fsd.config import CacheConfig, ClusterConfig, SchedConfig
 from fsd.cost import CostModel
 from fsd.sim.engine import Simulator
 from fsd.sim.records import write_jobs_csv
+from fsd.sim.replicas import ReplicaSimulator
 from fsd.workload.spec import Workload
 
 T = TypeVar("T")
@@ -27,7 +28,8 @@ R = TypeVar("R")
 
 @dataclass(frozen=True)
 class RunSpec:
-    """One simulation: a label and the configs it runs with."""
+    """One simulation: a label and the configs it runs with (`cluster`: replicas behind
+    a router, fsd.sim.replicas; one replica is the plain simulator)."""
 
     label: str
     sched: SchedConfig
@@ -37,17 +39,19 @@ class RunSpec:
     slo: float | None = None
     kv_sample_s: float | None = None
     jobs_csv: Path | None = None  # write each job's record here (fsd.sim.records)
+    cluster: ClusterConfig = ClusterConfig()  # its replicas and router
 
     def simulator(self, cost: CostModel) -> Simulator:
-        return Simulator(
-            cost,
-            self.sched,
-            self.cache,
-            num_gpu_blocks=self.num_gpu_blocks,
-            num_host_blocks=self.num_host_blocks,
-            slo=self.slo,
-            kv_sample_s=self.kv_sample_s,
-        )
+        names = ("num_gpu_blocks", "num_host_blocks", "slo", "kv_sample_s")
+        options = {name: getattr(self, name) for name in names}
+        if self.cluster.replicas > 1:
+            return ReplicaSimulator(cost, self.sched, self.cache, cluster=self.cluster, **options)
+        return Simulator(cost, self.sched, self.cache, **options)  # type: ignore[arg-type]
+
+    def with_router(self, router: str, replicas: int | None = None, label: str | None = None) -> RunSpec:
+        """The same run behind `router` (over `replicas`, if given)."""
+        cluster = replace(self.cluster, router=router, replicas=replicas or self.cluster.replicas)
+        return replace(self, label=label or router, cluster=cluster)
 
     def with_policy(self, policy: str, label: str | None = None) -> RunSpec:
         return replace(self, label=label or policy, sched=replace(self.sched, policy=policy))

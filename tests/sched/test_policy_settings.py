@@ -51,11 +51,11 @@ def toy(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_a_new_policy_gets_its_setting_from_the_toml_table_and_keywords(toy, tmp_path):
     toml = tmp_path / "fsd.toml"
     toml.write_text('[sched]\npolicy = "toy"\n[sched.toy]\nstride = 3\n')
-    engine, _ = build_configs(toml)
+    engine, _, _ = build_configs(toml)
     assert engine.sched.policy_settings == (("toy.stride", 3),)
     assert registry.make_queue(engine.sched, cost()).stride == 3
     # a command line's value (text) wins over the file's, read as the field's type
-    engine, _ = build_configs(toml, policy_settings=["toy.stride=5"])
+    engine, _, _ = build_configs(toml, policy_settings=["toy.stride=5"])
     assert registry.make_queue(engine.sched, cost()).stride == 5
     keywords = EngineConfig.from_kwargs(policy="toy", **{"toy.stride": 7})
     assert registry.make_queue(keywords.sched, cost()).stride == 7
