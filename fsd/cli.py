@@ -25,6 +25,7 @@ from fsd.config import (
     DEVICES,
     DTYPES,
     CacheConfig,
+    ClusterConfig,
     ModelConfig,
     ParallelConfig,
     SchedConfig,
@@ -33,6 +34,7 @@ from fsd.config import (
 from fsd.errors import ConfigError
 from fsd.jobs import SamplingParams
 from fsd.kv.registry import KV_POLICIES
+from fsd.router.registry import ROUTERS
 from fsd.sched.registry import POLICIES, engine_policy, policy_setting_notes
 from fsd.sim.cli import simulate_command
 
@@ -140,9 +142,14 @@ START_FIELDS = (
     (SchedConfig, ("profile",)),
     (ServerConfig, ("state_dir", "http")),
     (ParallelConfig, ("tp", "pp", "ray_address")),
+    (ClusterConfig, ("replicas", "router")),
 )
 _SETTINGS_NOTE = {"policy_settings": policy_setting_notes()["policy_settings"]}
-_POLICY_HELPS = {"policy": f"{one_of(ENGINE_POLICIES)}.", "kv_policy": f"{one_of(KV_POLICIES)}."}
+_POLICY_HELPS = {
+    "policy": f"{one_of(ENGINE_POLICIES)}.",
+    "kv_policy": f"{one_of(KV_POLICIES)}.",
+    "router": f"{one_of(['default', *ROUTERS])} (with --replicas > 1).",
+}
 
 
 @app.command()
@@ -171,10 +178,10 @@ def start(
 
     options = {k: v for k, v in fields.items() if k in CONFIG_FIELDS}
     with friendly():
-        engine_cfg, server_cfg, _ = build_configs(config, **options)
+        engine_cfg, server_cfg, cluster_cfg = build_configs(config, **options)
         if foreground:
             daemon.setup_logging(log_level)
-            daemon.serve_foreground(engine_cfg, server_cfg)
+            daemon.serve_foreground(engine_cfg, server_cfg, cluster_cfg)
             return
         if wait <= 0:
             fail(f"--wait must be > 0 seconds, got {wait}")

@@ -9,19 +9,14 @@ from typing import Any
 
 from fsd.config import SLICE_TYPES, ClusterConfig, EngineConfig, ServerConfig
 from fsd.config_checks import setting_pairs
-from fsd.errors import ConfigError
+from fsd.errors import ConfigError, read_parsed
 
 
 def load_toml(path: str | Path) -> dict[str, dict[str, Any]]:
     """Read fsd.toml: tables [model], [cache], [sched] (with a [sched.POLICY] table of
     each policy's own settings), [parallel], [server], [cluster]."""
     p = Path(path).expanduser()
-    try:
-        data = tomllib.loads(p.read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"config file {str(p)!r} does not exist") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"config file {str(p)!r} is not valid TOML: {exc}") from None
+    data = read_parsed(p, "config file", "TOML", tomllib.loads, tomllib.TOMLDecodeError)
     tables = {**SLICE_TYPES, "server": ServerConfig, "cluster": ClusterConfig}
     for section, values in data.items():
         if section not in tables:

@@ -20,7 +20,7 @@ import time
 from types import FrameType
 from typing import Any
 
-from fsd.config import EngineConfig, ServerConfig, parse_http_address
+from fsd.config import ClusterConfig, EngineConfig, ServerConfig, parse_http_address
 from fsd.daemon_control import DRAIN_TIMEOUT, START_TIMEOUT, start_background, stop
 from fsd.pidfile import DaemonError, PidLock, probe_pidfile, read_pidfile, state_files
 
@@ -100,10 +100,23 @@ def check_addresses(cfg: ServerConfig) -> None:
                 raise DaemonError(bind_error(f"http://{cfg.http}", exc)) from None
 
 
-def _load(engine_cfg: EngineConfig) -> Any:
-    """The engine's face, its model loaded and its cost model known (logged)."""
+def _load(engine_cfg: EngineConfig, cluster: ClusterConfig) -> Any:
+    """The engine's face, its model loaded and its cost model known (logged); with
+    several replicas, theirs behind one face (fsd.cluster), routed by `cluster.router`."""
     from fsd.engine.core import Engine
     from fsd.engine.face import EngineFace
+
+    if cluster.replicas > 1:
+        from fsd.cluster.start import start_replicas
+
+        t0 = time.monotonic()
+        face = start_replicas(engine_cfg, cluster.replicas, cluster=cluster)
+        log.info(
+            "%d replicas of %s up in %.1f s (router %s; %d device KV blocks each)",
+            cluster.replicas, face.info.source, time.monotonic() - t0, cluster.router,
+            face.info.kv_tokens // engine_cfg.cache.block_size,
+        )  # fmt: skip
+        return face
 
     t0 = time.monotonic()
     engine = Engine(engine_cfg)
@@ -137,8 +150,11 @@ def _exit_on_signal(signum: int, frame: FrameType | None) -> None:
     raise SystemExit(128 + signum)
 
 
-def serve_foreground(engine_cfg: EngineConfig, server_cfg: ServerConfig) -> None:
-    """Load the model and serve until shut down (what systemd or a container runs)."""
+def serve_foreground(
+    engine_cfg: EngineConfig, server_cfg: ServerConfig, cluster: ClusterConfig | None = None
+) -> None:
+    """Load the model (on each replica) and serve until shut down (what systemd or a
+    container runs)."""
     pidfile, logfile = state_files(server_cfg)
     lock = PidLock(pidfile, server_cfg.endpoint)  # first: two starts never both load
     info: dict[str, Any] = {
@@ -159,7 +175,7 @@ def serve_foreground(engine_cfg: EngineConfig, server_cfg: ServerConfig) -> None
         log.info(
             "loading %s (device %s, dtype %s), then its cost model", m.model, m.device, m.dtype
         )
-        face = _load(engine_cfg)
+        face = _load(engine_cfg, cluster or ClusterConfig())
         try:
             service = _serve_on(face, server_cfg)
         except BaseException:

@@ -2,11 +2,14 @@
 
 Every class carries its one wire code (`code`): the daemon answers a refused
 request with `Error(code=exc.code)`, so a client can route on the code alone.
+`read_parsed` turns a missing or unreadable settings file into one such error.
 """
 
 from __future__ import annotations
 
-from typing import ClassVar
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, ClassVar
 
 
 class FsdError(Exception):
@@ -58,3 +61,14 @@ class OverloadedError(FsdError):
     """The daemon holds as many jobs as its limits allow."""
 
     code: ClassVar[str] = "overloaded"
+
+
+def read_parsed(path: Path, what: str, fmt: str, parse: Callable[[str], Any], invalid: type) -> Any:
+    """The file at `path` parsed by `parse`, or a ConfigError naming it (`what`, e.g.
+    "config file"): it does not exist, or is not valid `fmt` (`parse` raised `invalid`)."""
+    try:
+        return parse(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"{what} {str(path)!r} does not exist") from None
+    except invalid as exc:
+        raise ConfigError(f"{what} {str(path)!r} is not valid {fmt}: {exc}") from None

@@ -6,7 +6,7 @@ import logging
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from fsd.config import EngineConfig
+from fsd.config import ClusterConfig, EngineConfig
 from fsd.engine.core import Engine
 from fsd.engine.output import RequestOutput, StepDelta
 from fsd.engine.views import JobRequest
@@ -29,11 +29,13 @@ class LLM:
     (num_gpu_blocks, block_size, max_batch_size, dtype, device, seed, policy, ...).
     `tp=N, pp=M` shard the model over N x M Ray workers (`ray_address=` joins a
     cluster; otherwise a local Ray starts); `replicas=N` runs N engines as Ray actors,
-    each prompt on one of them (fsd.cluster; `engine` is then None); close() (or
-    `with LLM(...)`) stops them.
+    each prompt on one of them, placed by `router` (fsd.router; `engine` is then
+    None); close() (or `with LLM(...)`) stops them.
     """
 
-    def __init__(self, model: str = "tiny", *, replicas: int = 1, **engine_options: Any) -> None:
+    def __init__(
+        self, model: str = "tiny", *, replicas: int = 1, router: str = "default", **engine_options: Any
+    ) -> None:
         config = EngineConfig.from_kwargs(model=model, **engine_options)
         self.engine: Engine | None = None
         self.replicas: Any = None  # fsd.cluster.face.ReplicaSetFace, with replicas > 1
@@ -42,7 +44,8 @@ class LLM:
         else:
             from fsd.cluster.start import start_replicas
 
-            self.replicas = start_replicas(config, replicas)
+            cluster = ClusterConfig(replicas=replicas, router=router)
+            self.replicas = start_replicas(config, replicas, cluster=cluster)
 
     def close(self) -> None:
         """Stop the engine's workers (Ray actors, copy threads)."""

@@ -7,11 +7,13 @@ from typing import Any
 
 from fsd.cluster.face import Chooser, LeastLive, ReplicaSetFace
 from fsd.cluster.handles import LocalReplicas, RayReplicas, Replicas, replica_configs
-from fsd.config import EngineConfig
+from fsd.cluster.routing import RouterChooser
+from fsd.config import ClusterConfig, EngineConfig
+from fsd.config_checks import MAX_REPLICAS
 from fsd.errors import ConfigError
+from fsd.router.registry import check_router, make_router
 
 log = logging.getLogger("fsd.cluster")
-MAX_REPLICAS = 256
 
 
 def cpu_share(usable: int, replicas: int) -> int:
@@ -24,27 +26,30 @@ def start_replicas(
     config: EngineConfig,
     n: int,
     *,
+    cluster: ClusterConfig | None = None,
     chooser: Chooser | None = None,
     in_process: bool = False,
-    routed: bool = False,
 ) -> ReplicaSetFace:
     """N replicas of `config` behind one face: Ray actors (on the cluster at
-    `config.parallel.ray_address`, or a local one), or threads of this process;
-    `routed`: each pushes its state for a router (fsd.router) after every step."""
+    `config.parallel.ray_address`, or a local one), or threads of this process. The
+    router is `cluster`'s (fsd.router, priced with the first replica's cost model);
+    without one, `chooser` (default: the least live jobs)."""
     from fsd.engine.threads import usable_cpus
     from fsd.models.loader import describe_model, resolve_device
 
     if not 1 <= n <= MAX_REPLICAS:
         raise ConfigError(f"replicas must be in [1, {MAX_REPLICAS}], got {n}")
+    if cluster is not None:
+        check_router(cluster.router)  # before any replica loads its model
     model = describe_model(config.model)  # the tokenizer, without weights
-    device = resolve_device(config.model.device)
-    on_gpu = device.type == "cuda"
+    on_gpu = resolve_device(config.model.device).type == "cuda"
     share = None if on_gpu else cpu_share(usable_cpus(), n)
     configs = replica_configs(config, n, share)
     log.info(
         "starting %d replicas of %s (%s)", n, config.model.model,
         "one GPU each" if on_gpu else f"{share} CPU threads each",
     )  # fmt: skip
+    routed = cluster is not None
     replicas: Replicas
     if in_process:
         replicas = LocalReplicas(configs, routed)
@@ -53,6 +58,10 @@ def start_replicas(
         gpus = 1.0 if on_gpu and world == 1 else 0.0
         replicas = RayReplicas(configs, routed, config.parallel.ray_address, gpus, share or 1)
     try:
+        if cluster is not None:
+            fixed = replicas.call(0, "fixed")
+            router = make_router(cluster, fixed.cost, config.cache.block_size)
+            chooser = RouterChooser(router, lambda i: replicas.call(i, "resync"))
         return ReplicaSetFace(replicas, chooser or LeastLive(n), model.tokenizer)
     except BaseException:
         replicas.close()

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fsd.config import EngineConfig
+from fsd.cost import CostModel
 from fsd.engine.core import Engine
 from fsd.engine.events import EngineEvent
 from fsd.engine.face import EngineFace
@@ -78,6 +79,7 @@ class Fixed:
     info: EngineInfo
     limits: RequestLimits
     config: EngineConfig
+    cost: CostModel
 
 
 class ReplicaWorker:
@@ -207,7 +209,7 @@ class ReplicaWorker:
     def _verb(self, name: str) -> Callable[..., Any]:
         face = self.face
         verbs: dict[str, Callable[..., Any]] = {
-            "fixed": lambda: Fixed(face.info, face.limits, face.config),
+            "fixed": lambda: Fixed(face.info, face.limits, face.config, face.cost),
             "abort": face.abort,
             "retune": lambda changes: face.retune(**changes),
             "snapshot": face.snapshot,

@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from fsd.errors import ConfigError
+from fsd.errors import ConfigError, read_parsed
 
 
 @dataclass(frozen=True)
@@ -194,12 +194,7 @@ class CostModel:
     @classmethod
     def load(cls, path: str | Path) -> CostModel:
         p = Path(path)
-        try:
-            data = json.loads(p.read_text())
-        except FileNotFoundError:
-            raise ConfigError(f"profile file {str(p)!r} does not exist") from None
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"profile file {str(p)!r} is not valid JSON: {exc}") from None
+        data = read_parsed(p, "profile file", "JSON", json.loads, json.JSONDecodeError)
         if not isinstance(data, dict):
             raise ConfigError(f"profile file {str(p)!r} must hold a JSON object")
         return cls.from_dict(data, source=str(p))

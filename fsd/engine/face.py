@@ -18,6 +18,7 @@ import time
 from typing import Any
 
 from fsd.config import EngineConfig
+from fsd.cost import CostModel
 from fsd.engine.core import Engine
 from fsd.engine.events import EngineEvent
 from fsd.engine.migration import MovedJob, bring_in, take_out
@@ -45,6 +46,8 @@ RECENT_ITERATIONS = 64  # iterations a snapshot carries
 class EngineFace:
     """One engine as the daemon sees it (module doc); wraps an `Engine` in process."""
 
+    replica_count = 1  # engine replicas behind this face (fsd.cluster's face has several)
+
     def __init__(self, engine: Engine, events: bool | None = None) -> None:
         """`events`: keep the engine's events for `drain_events` (the daemon does);
         None leaves the engine's setting as it is."""
@@ -60,6 +63,9 @@ class EngineFace:
             kv_tokens=blocks.device.num_blocks * blocks.block_size,
             slo=default_slo(engine.cost),
         )
+        self.cost: CostModel = engine.cost  # service is charged in it (a router prices with it)
+        # the model's tokenizer (in process only: the HTTP frontend's chat prompts)
+        self.tokenizer: Tokenizer = engine.tokenizer
 
     # ---- settings and bounds ---------------------------------------------------
 
@@ -69,19 +75,9 @@ class EngineFace:
         return self._engine.config
 
     @property
-    def replica_count(self) -> int:
-        """Engine replicas behind this face: one (fsd.cluster's face has several)."""
-        return 1
-
-    @property
     def limits(self) -> RequestLimits:
         """What bounds one request here now (fsd.sched.admission)."""
         return self._engine.limits
-
-    @property
-    def tokenizer(self) -> Tokenizer:
-        """The model's tokenizer (in process only: the HTTP frontend's chat prompts)."""
-        return self._engine.tokenizer
 
     # ---- the jobs ----------------------------------------------------------------
 

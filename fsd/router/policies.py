@@ -161,23 +161,21 @@ class FsdRouter(RouterPolicy):
         if n > 1 and imbalanced(loads, cfg.imbalance_s, cfg.imbalance_ratio):
             i = argmin(loads)
             why = f"imbalanced ({max(loads):.2f} s queued): least work ({loads[i]:.2f} s)"
-            return self._remember(request, i), why, ests[i]
+            return self._remember(request, views, i), why, ests[i]
         i = min(range(n), key=lambda k: (ests[k].ttft + LOAD_WEIGHT * loads[k], loads[k]))
         why = f"{describe(ests[i])}; queue {loads[i]:.2f} s"
-        prev = self._sessions.get(request.session) if request.session is not None else None
-        if (
-            prev is not None
-            and prev != i
-            and prev < n
-            and ests[prev].ttft <= ests[i].ttft + cfg.affinity_s
-        ):
+        # a session's replica, if it is among the views offered (one down is not)
+        prev_id = self._sessions.get(request.session) if request.session is not None else None
+        prev = next((k for k, v in enumerate(views) if v.replica == prev_id), None)
+        if prev is not None and prev != i and ests[prev].ttft <= ests[i].ttft + cfg.affinity_s:
             i, why = prev, f"session stays: {describe(ests[prev])}"
-        return self._remember(request, i), why, ests[i]
+        return self._remember(request, views, i), why, ests[i]
 
-    def _remember(self, request: RouteRequest, i: int) -> int:
+    def _remember(self, request: RouteRequest, views: Sequence[ReplicaView], i: int) -> int:
+        """`i`, with its replica remembered as the request's session's."""
         if request.session is not None and self.config.affinity_s > 0:
             sessions = self._sessions
-            sessions[request.session] = i
+            sessions[request.session] = views[i].replica
             sessions.move_to_end(request.session)
             if len(sessions) > MAX_SESSIONS:
                 sessions.popitem(last=False)

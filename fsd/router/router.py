@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 from fsd.kv.events import chain_names
@@ -86,10 +86,11 @@ class Router:
         self.resyncs += stale and not was
         return stale
 
-    def choose(self, request: RouteRequest) -> Decision:
-        """The replica for `request`; it counts there until a state acknowledges it."""
+    def choose(self, request: RouteRequest, avoid: Collection[int] = ()) -> Decision:
+        """The replica for `request`, never one in `avoid` (down or draining) while
+        another is left; it counts there until a state acknowledges it."""
         t0 = time.perf_counter()
-        views = self.views
+        views = [v for v in self.views if v.replica not in avoid] or self.views
         i, reason, est = self.policy.pick(views, request)
         view = views[i]
         view.route(pending_of(view, request, est, self.policy.reads_prefixes))
@@ -97,7 +98,7 @@ class Router:
         self._count += 1
         self._total_s += seconds
         self._times.append(seconds)
-        decision = Decision(request.request_id, i, reason, seconds)
+        decision = Decision(request.request_id, view.replica, reason, seconds)
         self._recent.append(decision)
         return decision
 
