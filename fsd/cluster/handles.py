@@ -33,7 +33,7 @@ _CALLS_AT_ONCE = 4  # an actor's concurrent calls: a poll, a call, an admission
 class Replicas:
     """N replicas behind one interface; each is addressed by its index (module doc)."""
 
-    def __init__(self, configs: Sequence[EngineConfig], routed: bool) -> None:
+    def __init__(self, configs: Sequence[EngineConfig], routed: float | None) -> None:
         self.configs = list(configs)
         self.routed = routed
         self.down: dict[int, str] = {}  # replicas found dead, and why
@@ -161,7 +161,7 @@ class Replicas:
 class LocalReplicas(Replicas):
     """Replicas in this process, each on its own thread (tests; one machine, no Ray)."""
 
-    def __init__(self, configs: Sequence[EngineConfig], routed: bool) -> None:
+    def __init__(self, configs: Sequence[EngineConfig], routed: float | None) -> None:
         self._news = threading.Condition()  # any replica's news wakes a waiting poll
         super().__init__(configs, routed)
 
@@ -202,7 +202,7 @@ class RayReplicas(Replicas):
     def __init__(
         self,
         configs: Sequence[EngineConfig],
-        routed: bool,
+        routed: float | None,
         address: str | None,
         gpus: float,
         cpus: int,

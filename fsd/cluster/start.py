@@ -49,7 +49,7 @@ def start_replicas(
         "starting %d replicas of %s (%s)", n, config.model.model,
         "one GPU each" if on_gpu else f"{share} CPU threads each",
     )  # fmt: skip
-    routed = cluster is not None
+    routed = None if cluster is None else cluster.push_interval  # seconds between pushes
     replicas: Replicas
     if in_process:
         replicas = LocalReplicas(configs, routed)

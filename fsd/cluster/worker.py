@@ -83,21 +83,23 @@ class Fixed:
 
 
 class ReplicaWorker:
-    """One engine and its loop thread (module doc). `routed`: after each step it
-    builds its state for the router (fsd.router.state: queued work, KV room, prefix
-    cache events), acknowledging the admissions it has taken;
+    """One engine and its loop thread (module doc). `routed` (seconds between pushes,
+    0: every step; None: no router): after a step it builds its state for the router
+    (fsd.router.state: queued work, KV room, prefix cache events), acknowledging the
+    admissions it has taken;
     `news` is notified when a report has something (replicas in one process share it)."""
 
     def __init__(
         self,
         config: EngineConfig,
         index: int,
-        routed: bool = False,
+        routed: float | None = None,
         news: threading.Condition | None = None,
     ) -> None:
         self.index = index
         self.face = EngineFace(Engine(config), events=True)
         self._routed = routed
+        self._pushed = 0.0  # when it last built a state (monotonic)
         self._watcher: Any = None  # its router state's builder (made on the first step)
         self._taken = 0  # admissions applied (the router counts them as acknowledged)
         self._commands: queue.SimpleQueue[tuple[str, tuple, Future | None]] = queue.SimpleQueue()
@@ -238,9 +240,10 @@ class ReplicaWorker:
     def _step(self) -> None:
         stepped = self.face.step()
         failures = [f"{what}: {type(exc).__name__}: {exc}" for what, exc in stepped.failures]
-        state = None
-        if self._routed:
+        state, now = None, time.monotonic()
+        if self._routed is not None and now - self._pushed >= self._routed:
             self._watcher, state = self.face.routing_state(self._watcher, self.index, self._taken)
+            self._pushed = now
         self._add(
             deltas=stepped.deltas,
             iterations=stepped.iterations,

@@ -249,3 +249,23 @@ def test_an_idle_replica_takes_waiting_jobs_from_a_busy_one():
         assert [got[j][0] for j in ids] == run_single(PROMPTS)
     finally:
         face.close()
+
+
+def test_the_fsd_router_sends_a_cached_prefix_back_to_the_replica_that_holds_it():
+    from fsd.config import ClusterConfig
+
+    cluster = ClusterConfig(replicas=2, router="fsd")
+    face = start_replicas(EngineConfig.from_kwargs(**CONFIG), 2, cluster=cluster, in_process=True)
+    try:
+        shared = [7] * 96  # six full blocks of 16 tokens
+        first = face.admit(JobRequest(shared + [9], PARAMS)).job_id
+        home = face.replica_of(first)
+        run(face, [first])
+        for _ in range(3):  # the replicas push their states (with the cached blocks)
+            face.step()
+        again = [face.admit(JobRequest(shared + [10 + i], PARAMS)).job_id for i in range(3)]
+        assert [face.replica_of(j) for j in again] == [home] * 3
+        assert "cached 6 dev" in face.decisions[-3][3]
+        run(face, again)
+    finally:
+        face.close()
