@@ -4,22 +4,23 @@
 A job moves with what it needs to go on (fsd.engine.migration): one that has not run
 yet moves as its request, one preempted to host memory with its KV; one that is
 running stays (a drain moves it once it is preempted, or lets it finish). The
-rebalancer moves the jobs that have not started first: they carry no KV, and they
-are the short jobs a busy replica keeps waiting while another has nothing to do.
+rebalancer's rule (which jobs, from where to where) is fsd.router.rebalance's, the
+simulator's too.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Container
 
 from fsd.cluster.handles import Replicas
 from fsd.cluster.placement import Placement
 from fsd.engine.migration import CannotMove
 from fsd.errors import FsdError, SettingError
+from fsd.router.rebalance import REBALANCE_EVERY, plan_rebalance
 
 log = logging.getLogger("fsd.cluster")
-REBALANCE_EVERY = 0.25  # seconds between two looks of the rebalancer
 
 
 class Moves:
@@ -72,17 +73,19 @@ class Moves:
             return 0
         self._next_look = now + REBALANCE_EVERY
         moved = sum(self._move_off(i)[0] for i in sorted(self.draining) if self.jobs_at.count(i))
-        targets = self.targets()
-        idle = [i for i in targets if self.jobs_at.count(i) == 0]
-        if not idle or len(targets) < 2:
+        by_replica: dict[int, list[str]] = {}
+        for job_id, i in self.jobs_at.owner.items():
+            by_replica.setdefault(i, []).append(job_id)
+        started = _Started(self.jobs_at.pending)
+        plan = plan_rebalance(by_replica, started, self.targets())
+        if plan is None:
             return moved
-        busiest = max(targets, key=self.jobs_at.count)
-        surplus = (self.jobs_at.count(busiest) - 1) // 2  # half its waiting jobs
-        for job_id in self._movable_first(busiest):
-            if surplus <= 0:
+        left = plan.count
+        for job_id in plan.candidates:
+            if left <= 0:
                 break
-            ok = self._try(job_id, idle[0])
-            moved, surplus = moved + ok, surplus - ok
+            ok = self._try(job_id, plan.target)
+            moved, left = moved + ok, left - ok
         return moved
 
     # ---- helpers -----------------------------------------------------------------------
@@ -113,3 +116,13 @@ class Moves:
         except (CannotMove, FsdError):  # running now, or gone: it stays for now
             return 0
         return 1
+
+
+class _Started:
+    """The jobs that have started: those not waiting with their request (`pending`)."""
+
+    def __init__(self, pending: Container[str]) -> None:
+        self.pending = pending
+
+    def __contains__(self, job_id: object) -> bool:
+        return job_id not in self.pending

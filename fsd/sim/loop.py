@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from fsd.cost import CostModel
 from fsd.errors import FsdError
+from fsd.jobs import KVLocation
 from fsd.kv.block_manager import BlockManager
 from fsd.kv.swap import SwapOp
 from fsd.sched.admission import NO_CONTEXT_LIMIT
@@ -149,6 +150,29 @@ class EventLoop:
             end = self.links[op.direction].submit(now, self.cost.swap_time(op.num_blocks * bs))
             heapq.heappush(self.copies, (end, self.seq, op))
             self.seq += 1
+
+    def waiting(self) -> list[str]:
+        """The arrived jobs that have not started (no token, no KV, not in flight): the
+        ones a rebalancer may move (fsd.sim.replicas)."""
+        busy = self.pipe.busy
+        return [
+            j.job_id for j in self.sched.jobs()
+            if not j.output_token_ids and j.kv is KVLocation.NONE and not j.num_computed_tokens
+            and j.job_id not in busy
+        ]  # fmt: skip
+
+    def take(self, job_id: str) -> SimJob:
+        """Remove a job that has not started (`waiting`), to run on another loop."""
+        job = self.sched.get(job_id)
+        assert job is not None and job_id in self.waiting(), job_id
+        self.sched.remove(job)
+        self.live -= 1
+        return job  # type: ignore[return-value]
+
+    def give(self, job: SimJob, now: float) -> None:
+        """A job taken from another loop joins this one's scheduler at `now`."""
+        self.sched.add(job, now)
+        self.live += 1
 
     def add(self, job: SimJob) -> None:
         """One more job, arriving no earlier than the last (a router's, fsd.sim.replicas)."""

@@ -22,8 +22,10 @@ replica queue over the mean one), prefix hits by tier over all replicas,
 `split_share` (of the requests whose leading prefix an earlier request had, those
 whose longest such prefix had only gone to other replicas: Mooncake's first block is
 everyone's, so the longest, not the first, says whether a conversation was split),
-the router's time per decision, its resyncs, and `migrations` (0: no request moves
-between replicas yet; the counter is for that work). KV samples (`kv_sample_s`) are
+the router's time per decision, its resyncs, and `migrations`: the jobs the
+daemon's rebalancer (fsd.router.rebalance) moved from the busiest replica to an idle
+one, looked at on arrivals at most every REBALANCE_EVERY simulated seconds (only jobs that have not started
+move here: no KV copy is modelled). KV samples (`kv_sample_s`) are
 a lone simulator's: none are taken here.
 """
 
@@ -41,6 +43,7 @@ from fsd.cost import CostModel
 from fsd.kv.block_manager import BlockManager
 from fsd.kv.events import chain_names
 from fsd.protocol_telemetry import PrefixInfo
+from fsd.router.rebalance import REBALANCE_EVERY, plan_rebalance
 from fsd.router.registry import check_router, make_router
 from fsd.router.router import Router, RouteRequest
 from fsd.router.state import StateBuilder
@@ -53,6 +56,16 @@ from fsd.workload.mooncake import MOONCAKE_BLOCK_TOKENS
 from fsd.workload.spec import Workload
 
 PROGRESS_EVERY = 1024  # arrivals between two progress reports
+
+
+class _NotWaiting:
+    """Started, as the rebalancing rule reads it: any job not among the movable ones."""
+
+    def __init__(self, movable: dict[int, set[str]]) -> None:
+        self.movable = set().union(*movable.values())
+
+    def __contains__(self, job_id: object) -> bool:
+        return job_id not in self.movable
 
 
 @dataclass
@@ -134,12 +147,16 @@ class ReplicaSimulator(Simulator):
             for i, r in enumerate(workload)
         ]
         spread = _Spread()
+        self.migrations, next_look = 0, -float("inf")
         for k, job in enumerate(jobs):
             t = job.arrival_time
             for rep in reps:
                 if rep.now is not None:
                     rep.now = rep.loop.run(start=rep.now, until=t, hold=True)
                 self._push(rep, router, t)
+            if t >= next_look:  # the daemon's rebalancer, on the replicas' clock
+                self._rebalance(reps, t)
+                next_look = t + REBALANCE_EVERY
             spread.sample(reps)
             rep = reps[router.choose(request_of(job, bs)).replica]
             rep.loop.add(job)
@@ -164,6 +181,20 @@ class ReplicaSimulator(Simulator):
         builder = StateBuilder(i, blocks)
         loop = EventLoop(self.cost, sched, [], self.pipeline_stages, None, self._stalled)
         return _Replica(loop, builder)
+
+    def _rebalance(self, reps: list[_Replica], t: float) -> None:
+        """Waiting jobs of the busiest replica to an idle one (fsd.router.rebalance, the
+        daemon's rule); only jobs that have not started move here (they carry no KV)."""
+        jobs = {i: [j.job_id for j in r.loop.sched.jobs()] for i, r in enumerate(reps)}
+        movable = {i: set(r.loop.waiting()) for i, r in enumerate(reps)}
+        plan = plan_rebalance(jobs, _NotWaiting(movable), list(range(len(reps))))
+        if plan is None:
+            return
+        src, dst = reps[plan.source], reps[plan.target]
+        for job_id in [j for j in plan.candidates if j in movable[plan.source]][: plan.count]:
+            dst.loop.give(src.loop.take(job_id), t)
+            self.migrations += 1
+        dst.now = t if dst.now is None else min(dst.now, t)
 
     def _push(self, rep: _Replica, router: Router, t: float) -> None:
         """The replica's state to the router, if it decided since its last push (and
@@ -195,7 +226,7 @@ class ReplicaSimulator(Simulator):
             queue_max_mean=float(np.mean(spread.ratios)) if spread.ratios else 1.0,
             same_prefix_requests=spread.same,
             split_share=spread.split / spread.same if spread.same else 0.0,
-            migrations=0,
+            migrations=self.migrations,
             resyncs=router.resyncs,
             router_decision_us=timing["mean_s"] * 1e6,
             router_decision_p99_us=timing["p99_s"] * 1e6,

@@ -104,3 +104,19 @@ def test_run_many_runs_replicas_and_reports_the_spread():
         assert row["busy_cv"] >= 0 and row["queue_max_mean"] >= 1.0
         assert row["router_decision_us"] > 0 and row["migrations"] == 0
     assert specs[0].cluster.replicas == 3 and specs[1].cluster.router == "least-loaded"
+
+
+def test_the_rebalancer_moves_waiting_jobs_to_an_idle_replica_and_every_job_finishes():
+    """A burst routed round-robin onto replicas of very different luck: one gets every
+    long job (even positions) and is still busy when the other has nothing left; the
+    daemon's rule moves waiting jobs over (fsd.router.rebalance), none is lost."""
+    n = 40
+    times = [0.0] * n
+    prompts = [1800 if i % 2 == 0 else 40 for i in range(n)]
+    outputs = [400 if i % 2 == 0 else 4 for i in range(n)]
+    burst = Workload.from_arrays(times + [30.0], prompts + [40], outputs + [4], "burst", {})
+    sched = SchedConfig(policy="fcfs", max_batch_size=2)
+    cluster = ClusterConfig(replicas=2, router="round-robin")
+    res = ReplicaSimulator(OPT, sched, CacheConfig(), cluster=cluster).run(burst)
+    assert res.metrics["migrations"] > 0
+    assert len(res.jobs) == n + 1 and all(j.finish_time is not None for j in res.jobs)
