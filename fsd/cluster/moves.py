@@ -86,6 +86,11 @@ class Moves:
                 break
             ok = self._try(job_id, plan.target)
             moved, left = moved + ok, left - ok
+        if left < plan.count:
+            log.info(
+                "rebalanced: %d waiting jobs from replica %d to idle replica %d",
+                plan.count - left, plan.source, plan.target,
+            )  # fmt: skip
         return moved
 
     # ---- helpers -----------------------------------------------------------------------
