@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
@@ -30,8 +31,9 @@ log = logging.getLogger("fsd.cluster")
 _CALLS_AT_ONCE = 4  # an actor's concurrent calls: a poll, a call, an admission
 
 
-class Replicas:
-    """N replicas behind one interface; each is addressed by its index (module doc)."""
+class Replicas(ABC):
+    """N replicas behind one interface; each is addressed by its index (module doc).
+    A kind of replica (in process, Ray) provides the abstract methods."""
 
     def __init__(self, configs: Sequence[EngineConfig], routed: float | None) -> None:
         self.configs = list(configs)
@@ -85,9 +87,9 @@ class Replicas:
             reports.append(item if isinstance(item, Report) else Report(i, down=self.down.get(i)))
         return reports
 
+    @abstractmethod
     def kill(self, index: int) -> None:
         """End a replica now, as a crash would (tests, and a replica to be replaced)."""
-        raise NotImplementedError
 
     def revived(self) -> list[int]:
         """The replicas whose fresh copy has come up since the last look."""
@@ -112,17 +114,22 @@ class Replicas:
 
     # ---- what each kind provides -------------------------------------------------------
 
+    @abstractmethod
     def _spawn(self, index: int) -> Any:
-        raise NotImplementedError
+        """A fresh worker for replica `index` (its model loads there)."""
 
+    @abstractmethod
     def _admit(self, index: int, *args: Any) -> None:
-        raise NotImplementedError
+        """Queue a checked request on replica `index` (`ReplicaWorker.admit`'s args)."""
 
+    @abstractmethod
     def _call(self, index: int, name: str, *args: Any) -> Any:
-        raise NotImplementedError
+        """A verb on replica `index`, its answer (`ReplicaWorker.call`)."""
 
+    @abstractmethod
     def _poll(self, indices: list[int], timeout: float) -> dict[int, Report | BaseException]:
-        raise NotImplementedError
+        """Those replicas' reports (or why one could not answer), waiting up to
+        `timeout` for news from any."""
 
     def _is_death(self, exc: BaseException) -> bool:
         return isinstance(exc, ReplicaDown)
@@ -154,7 +161,7 @@ class Replicas:
         self._ready(worker)
         return worker
 
-    def _ready(self, worker: Any) -> None:
+    def _ready(self, worker: Any) -> None:  # noqa: B027 - a hook: in process, built ready
         """Wait until a fresh worker serves (its model loaded)."""
 
 

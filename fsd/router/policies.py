@@ -20,6 +20,7 @@ last push counted, and returns its choice with a short reason for the console.
 from __future__ import annotations
 
 import random
+from abc import ABC, abstractmethod
 from collections import OrderedDict
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
@@ -64,7 +65,7 @@ def queue_score(view: ReplicaView) -> int:
     return 4 * view.waiting + view.running
 
 
-class RouterPolicy:
+class RouterPolicy(ABC):
     """A way to pick a replica for a request (module doc)."""
 
     name = "policy"
@@ -75,8 +76,9 @@ class RouterPolicy:
         self.cost = cost
         self.rng = random.Random(seed)
 
+    @abstractmethod
     def pick(self, views: Sequence[ReplicaView], request: RouteRequest) -> Pick:
-        raise NotImplementedError
+        """(the position in `views` of the replica, why, its estimate if computed)"""
 
 
 class RoundRobin(RouterPolicy):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import operator
+from abc import abstractmethod
 from collections.abc import Callable, Container, Iterable, Iterator, Sequence
 from typing import Any
 
@@ -28,8 +29,9 @@ class LevelENST(JobQueue):
     quanta: list[float]
     _t_exec: list[float] | None = None
 
+    @abstractmethod
     def _due(self, job: Job) -> float:
-        raise NotImplementedError
+        """When `job` is next promoted (the subclass's starvation rule; inf: never)."""
 
     def level_backlog(self, job: Job, batch_size: int) -> float:
         """Seconds the jobs queued at `job`'s own level ahead of it take before it runs,

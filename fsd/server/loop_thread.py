@@ -7,13 +7,14 @@ import asyncio
 import contextlib
 import logging
 import threading
+from abc import ABC, abstractmethod
 
 from fsd.errors import ConfigError
 
 log = logging.getLogger("fsd.server")
 
 
-class LoopThread:
+class LoopThread(ABC):
     """Runs `serve()` (a subclass's) on its own loop and thread. `serve` calls `ready()`
     once it serves, or stores why it cannot in `self._error` and returns; `stopped()`
     is the event it waits on until `signal_stop()`."""
@@ -25,8 +26,9 @@ class LoopThread:
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
 
+    @abstractmethod
     async def serve(self) -> None:
-        raise NotImplementedError
+        """Serve until `stopped()`; call `ready()` once serving (the subclass's)."""
 
     def start_thread(self, what: str, timeout: float) -> BaseException | None:
         """Start the thread and wait until it serves: None, or why it could not

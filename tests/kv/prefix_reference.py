@@ -14,7 +14,7 @@ from collections.abc import Callable, Hashable
 from fsd.jobs import KVLocation
 from fsd.kv.block_manager import BlockManager, HasBlocks
 from fsd.kv.pool import BlockPool
-from fsd.kv.prefix import ROOT, HasPrefix, _nowhere
+from fsd.kv.prefix import ROOT, HasPrefix, _nowhere, counters
 from fsd.kv.swap import SwapOp
 from fsd.protocol_telemetry import PrefixInfo
 
@@ -213,12 +213,7 @@ class ReferencePrefixCache:
         """(Nothing remembered between lookups.)"""
 
     def stats(self) -> PrefixInfo:
-        return PrefixInfo(
-            enabled=self.enabled, queries=self.queries, hits=self.hits,
-            host_hits=self.host_hits, device_blocks=len(self.on_device),
-            host_blocks=len(self.on_host), device_evictions=self.device.evictions,
-            host_evictions=self.host.evictions,
-        )  # fmt: skip
+        return counters(self)
 
 
 class ReferenceBlockManager(BlockManager):
