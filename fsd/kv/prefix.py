@@ -373,8 +373,7 @@ class PrefixCache:
 
 
 def counters(cache: Any) -> PrefixInfo:
-    """A prefix cache's counters as published (any cache with PrefixCache's fields:
-    the tests' reference one too)."""
+    """A prefix cache's counters as published (any cache with PrefixCache's fields)."""
     return PrefixInfo(
         enabled=cache.enabled, queries=cache.queries, hits=cache.hits,
         host_hits=cache.host_hits, device_blocks=len(cache.on_device),
