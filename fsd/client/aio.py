@@ -45,6 +45,8 @@ from fsd.errors import ConfigError, FsdError
 from fsd.jobs import SamplingParams
 from fsd.protocol_preview import DEFAULT_HORIZON, DEFAULT_SEEDS
 
+ABORT_LINGER_MS = 2000  # how long a closed client's abort frames may take to leave
+
 
 class AsyncJobHandle(JobView):
     """One job of an `AsyncClient`: `async for` its chunks or `await result()`.
@@ -270,7 +272,9 @@ class AsyncClient(ClientBase[zmq.asyncio.Context]):
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
         if self._sock is not None:
-            self._sock.close(linger=200 if aborts else 0)
+            # the aborts must leave even on a loaded machine (the daemon would reap the
+            # jobs only after its client_timeout)
+            self._sock.close(linger=ABORT_LINGER_MS if aborts else 0)
 
     async def __aenter__(self) -> AsyncClient:
         return self
