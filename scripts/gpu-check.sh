@@ -124,7 +124,7 @@ parallel_limit=30 # one GPU: bench/parallel.py only says why it skips
 # name, limit (s), command: one step per line, run in this order.
 steps=(
     "setup|75|bash scripts/gpu-check.sh --setup-only --venv $venv$([ "$peers" = 1 ] || echo ' --no-peers')"
-    "gpu-tests|120|$py -m pytest $pytest_args --junitxml=$dir/gpu-tests.xml $gpu_tests"
+    "gpu-tests|180|$py -m pytest $pytest_args --junitxml=$dir/gpu-tests.xml $gpu_tests"
     "parity|75|$py -m pytest $pytest_args --junitxml=$dir/parity.xml tests/gpu/test_gpu_parity.py"
     "kernels|120|$py bench/kernels.py --quick --json $dir/kernels.json"
     "swap|45|$py bench/swap.py --json $dir/swap.json"

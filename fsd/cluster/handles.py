@@ -1,10 +1,11 @@
 """Where the replicas run: in this process (`LocalReplicas`) or as Ray actors
 (`RayReplicas`), behind one interface, `Replicas`.
 
-On Ray each replica is one actor holding a `ReplicaWorker`: on GPUs the actor takes
-the GPU of a tp = pp = 1 replica (a larger replica's engine starts its own tp x pp
-workers from inside the actor); on CPU it takes its share of the cores and runs that
-many torch threads. The actor serves several calls at once (a poll must not wait
+On Ray each replica is one actor holding a `ReplicaWorker`, placed in a placement
+group of its own (`groups`): on GPUs the actor takes the GPU of a tp = pp = 1
+replica, and a larger replica's engine starts its tp x pp workers from inside the
+actor, one per reserved GPU bundle; on CPU it takes its share of the cores and runs
+that many torch threads. The actor serves several calls at once (a poll must not wait
 behind a call), which is safe: the worker's own thread alone touches the engine.
 
 A replica that dies (its actor or process gone, its thread stopped) is marked down
@@ -23,8 +24,10 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
+from fsd.cluster.groups import ReplicaGroups, ReplicaShape
 from fsd.cluster.worker import Fixed, ReplicaDown, ReplicaWorker, Report
 from fsd.config import EngineConfig
+from fsd.errors import FsdError
 from fsd.jobs import SamplingParams
 
 log = logging.getLogger("fsd.cluster")
@@ -204,35 +207,53 @@ class LocalReplicas(Replicas):
 
 
 class RayReplicas(Replicas):
-    """Replicas as Ray actors (module doc); `cpus` each on CPU, one GPU each on GPUs."""
+    """Replicas as Ray actors (module doc), each in a placement group of its own
+    (`fsd.cluster.groups`): its actor and its tp x pp workers reserved together."""
 
     def __init__(
         self,
         configs: Sequence[EngineConfig],
         routed: float | None,
         address: str | None,
-        gpus: float,
-        cpus: int,
+        shape: ReplicaShape,
     ) -> None:
         from fsd.engine.ray_cluster import ensure_ray
 
         self.ray, self._started = ensure_ray(address)
-        self._actor = self.ray.remote(ReplicaWorker).options(
-            num_cpus=cpus, num_gpus=gpus, max_concurrency=_CALLS_AT_ONCE
-        )
+        try:
+            self.groups = ReplicaGroups(self.ray, shape, len(configs))
+        except BaseException:
+            if self._started:
+                self.ray.shutdown()
+            raise
+        self._actor = self.ray.remote(ReplicaWorker)
         self._sent = [0] * len(configs)  # admissions sent to each: its calls come after
         super().__init__(configs, routed)
+        self._first_start()
         log.info(
-            "%d replicas as Ray actors (%d CPUs%s each)", len(configs), cpus,
-            f", {gpus:g} GPU" if gpus else "",
+            "%d replicas as Ray actors, each reserving %s", len(configs), shape.bundles()
         )  # fmt: skip
 
     def _spawn(self, index: int) -> Any:
         self._sent[index] = 0
-        return self._actor.remote(self.configs[index], index, self.routed)
+        options = self.groups.options(index)
+        return self._actor.options(max_concurrency=_CALLS_AT_ONCE, **options).remote(
+            self.configs[index], index, self.routed
+        )
 
     def _ready(self, worker: Any) -> None:
         self.ray.get(worker.call.remote("fixed"))
+
+    def _first_start(self) -> None:
+        """Every replica up, or the first one's failure as one error (a replica that
+        cannot start at all is not restarted in a loop)."""
+        try:
+            for worker in self.workers:
+                self._ready(worker)
+        except self.ray.exceptions.RayActorError as exc:
+            self.close()
+            lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+            raise FsdError(f"a replica failed to start: {lines[-1] if lines else exc}") from None
 
     def _admit(self, index: int, *args: Any) -> None:
         self.workers[index].admit.remote(*args)
@@ -266,11 +287,15 @@ class RayReplicas(Replicas):
             log.warning("a replica did not close in time")
         for w in self.workers:
             self.ray.kill(w)
+        self.groups.close()
         if self._started:
             self.ray.shutdown()
 
 
 def replica_configs(config: EngineConfig, n: int, threads: int | None) -> list[EngineConfig]:
-    """Each replica's config: the daemon's, with its share of the CPU threads."""
-    model = dataclasses.replace(config.model, threads=threads or config.model.threads)
+    """Each replica's config: the daemon's, with its share of the CPU threads (split
+    among its tp x pp workers when it has several)."""
+    world = config.parallel.tp * config.parallel.pp
+    share = max(1, threads // world) if threads else config.model.threads
+    model = dataclasses.replace(config.model, threads=share)
     return [dataclasses.replace(config, model=model) for _ in range(n)]

@@ -6,6 +6,7 @@ import logging
 from typing import Any
 
 from fsd.cluster.face import Chooser, LeastLive, ReplicaSetFace
+from fsd.cluster.groups import ReplicaShape
 from fsd.cluster.handles import LocalReplicas, RayReplicas, Replicas, replica_configs
 from fsd.cluster.routing import RouterChooser
 from fsd.config import ClusterConfig, EngineConfig
@@ -42,6 +43,10 @@ def start_replicas(
     if cluster is not None:
         check_router(cluster.router)  # before any replica loads its model
     model = describe_model(config.model)  # the tokenizer, without weights
+    if config.parallel.tp * config.parallel.pp > 1:  # refused here, not in N actors
+        from fsd.engine.ray_executor import validate_parallel
+
+        validate_parallel(model.arch, config.parallel.tp, config.parallel.pp)
     on_gpu = resolve_device(config.model.device).type == "cuda"
     share = None if on_gpu else cpu_share(usable_cpus(), n)
     configs = replica_configs(config, n, share)
@@ -55,8 +60,8 @@ def start_replicas(
         replicas = LocalReplicas(configs, routed)
     else:
         world = config.parallel.tp * config.parallel.pp
-        gpus = 1.0 if on_gpu and world == 1 else 0.0
-        replicas = RayReplicas(configs, routed, config.parallel.ray_address, gpus, share or 1)
+        shape = ReplicaShape(world, on_gpu, float(share or 1))
+        replicas = RayReplicas(configs, routed, config.parallel.ray_address, shape)
     try:
         if cluster is not None:
             fixed = replicas.call(0, "fixed")

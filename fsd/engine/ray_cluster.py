@@ -129,3 +129,25 @@ def ensure_ray(address: str | None = None, num_cpus: int | None = None) -> tuple
     except ConnectionError as exc:
         raise ConfigError(f"cannot join the Ray cluster at {address!r}: {exc}") from None
     return ray, True
+
+
+def worker_placement(world: int) -> list[dict[str, Any]] | None:
+    """Each of `world` engine workers' Ray options when this process is a replica
+    placed in a group of 1 + world bundles (fsd.cluster.groups): worker k takes
+    bundle k + 1 with that bundle's resources. None outside such a group."""
+    from ray.util import get_current_placement_group
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    group = get_current_placement_group()
+    if group is None or len(group.bundle_specs) != world + 1:
+        return None
+    return [
+        {
+            "num_cpus": spec.get("CPU", 0.0),
+            "num_gpus": spec.get("GPU", 0.0),
+            "scheduling_strategy": PlacementGroupSchedulingStrategy(
+                group, placement_group_bundle_index=k + 1
+            ),
+        }
+        for k, spec in enumerate(group.bundle_specs[1:])
+    ]

@@ -36,7 +36,7 @@ from fsd.config import CacheConfig, EngineConfig
 from fsd.cost.stages import split_layers
 from fsd.engine.executor import Executor, ModelSummary, StepResult, WorkerFailure
 from fsd.engine.plan import StepPlan, unorder
-from fsd.engine.ray_cluster import ensure_ray, worker_env
+from fsd.engine.ray_cluster import ensure_ray, worker_env, worker_placement
 from fsd.engine.stage import stage_spans
 from fsd.engine.worker import Worker, WorkerSpec
 from fsd.errors import ConfigError, FsdError
@@ -185,14 +185,17 @@ class RayExecutor(Executor):
         cfg = self.config
         threads = cfg.model.threads or max(1, (cpus - 1) // (self.tp * self.pp))
         cache = shard_budgets(cfg.cache, self.tp * self.pp)
+        # a replica's own placement group (fsd.cluster.groups) holds a bundle per worker
+        placed = worker_placement(self.tp * self.pp)
         self.workers = [
             [
-                remote_worker.options(name=self.actor_name(span.index, r), **opts).remote(
-                    WorkerSpec(cfg.model, cache, self.tp, r, span, self.worker_device, threads)
-                )
+                remote_worker.options(
+                    name=self.actor_name(span.index, r),
+                    **{**opts, **(placed[s * self.tp + r] if placed else {})},
+                ).remote(WorkerSpec(cfg.model, cache, self.tp, r, span, self.worker_device, threads))
                 for r in range(self.tp)
             ]
-            for span in self.spans
+            for s, span in enumerate(self.spans)
         ]
         if self.tp > 1:
             masters = self._get([stage[0].rendezvous.remote() for stage in self.workers])

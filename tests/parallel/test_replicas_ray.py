@@ -73,3 +73,38 @@ def test_ray_replicas_move_jobs_between_actors(ray_cluster):
         assert [got[j][0] for j in ids] == run_single(PROMPTS)
     finally:
         face.close()
+
+
+def test_tp2_replicas_each_reserve_their_workers_in_a_group_of_their_own(ray_cluster):
+    from ray.util import placement_group_table
+
+    from fsd.cluster.groups import ReplicaShape, check_fits
+    from fsd.errors import ConfigError
+    from tests.cluster.test_replica_set import run_single
+
+    config = EngineConfig.from_kwargs(**CONFIG, tp=2)
+    # 3 replicas of 2 CPU each cannot fit 4: refused at once, nothing placed
+    with pytest.raises(ConfigError, match=r"3 replicas of tp x pp = 2 need 6 CPU in all"):
+        start_replicas(config, 3)
+    with pytest.raises(ConfigError, match=r"need 2 GPU in all .* the Ray cluster has 1"):
+        check_fits(ReplicaShape(world=1, on_gpu=True, cpus=1.0), 2, {"CPU": 16, "GPU": 1})
+    face = start_replicas(config, 2)
+    try:
+        groups = face.replicas.groups.groups
+        assert len(groups) == 2
+        for group in groups:
+            table = placement_group_table(group)
+            assert table["state"] == "CREATED" and table["strategy"] == "STRICT_PACK"
+            assert [b["CPU"] for b in table["bundles"].values()] == [1.0, 0.5, 0.5]
+        # every reserved CPU is taken by the replicas' actors and their tp workers
+        assert ray_cluster.available_resources().get("CPU", 0.0) == 0.0
+        ids = [face.admit(JobRequest(p, PARAMS)).job_id for p in PROMPTS]
+        assert {face.replica_of(i) for i in ids} == {0, 1}
+        got = run(face, ids, limit=240.0)
+        assert [got[j][0] for j in ids] == run_single(PROMPTS)
+    finally:
+        face.close()
+    deadline = time.monotonic() + 30  # the groups are removed, their CPUs free again
+    while ray_cluster.available_resources().get("CPU", 0.0) < 4.0:
+        assert time.monotonic() < deadline, ray_cluster.available_resources()
+        time.sleep(0.2)
