@@ -15,7 +15,7 @@ import zmq
 from fsd import protocol as P
 from fsd.client import Client, CurveKeys, DaemonUnavailable
 from fsd.credentials import find_operator_token
-from fsd.daemon_control import stop_process
+from fsd.daemon_control import DRAIN_TIMEOUT, stop_process
 
 
 def pool_config(gpu_blocks: int, max_batch_size: int, telemetry_hz: float, **server: object) -> str:
@@ -104,7 +104,9 @@ class Daemon:
         finally:
             sub.close()
 
-    def stop(self, timeout: float = 30.0) -> int:
+    def stop(self, timeout: float = DRAIN_TIMEOUT + 60.0) -> int:
+        """SIGTERM, then SIGKILL after `timeout`: more than the daemon's own drain limit,
+        so a daemon still finishing jobs on a loaded machine exits by itself (0)."""
         return stop_process(self.proc, timeout)
 
 
