@@ -17,11 +17,11 @@ from fsd.engine.history import MAX_ARRIVALS, MAX_FINISHED, MAX_STEPS, Ring, Work
 from fsd.jobs import FinishReason, Job
 
 # Traced bytes the offline API may gain per request between the second cycle and the
-# fourth: CPython's free lists and torch's and numpy's small caches settle slowly, and
-# the engine's last 128 iterations fill up. Measured on a 2-core CPU: about 24 B/req
-# with the fix; 126 B/req before it (the MLFQ starvation heap held ~200 ended jobs,
-# the twin's history grew a deque entry per arrival and per finish).
-GROWTH_PER_REQUEST = 50
+# fourth: CPython's free lists and torch's and numpy's small caches settle slowly.
+# Measured on a 2-core CPU: about 5 B/req with the fix; 126 B/req and more before it
+# (the MLFQ starvation heap held ~200 ended jobs, the twin's history grew a deque
+# entry per arrival and per finish).
+GROWTH_PER_REQUEST = 25
 
 
 def test_an_undrained_event_log_keeps_only_the_latest_events() -> None:
@@ -106,7 +106,8 @@ def test_the_offline_api_holds_no_memory_per_finished_request() -> None:
     tracemalloc.start()  # before the engine: everything it keeps is counted
     try:
         llm = LLM("tiny", num_gpu_blocks=64, num_host_blocks=64, seed=0)
-        llm.generate(prompts[:20], params)
+        for prompt in prompts[:70]:  # 140 iterations: the last-128 window is full
+            llm.generate([prompt], params)
         traced = []
         for _ in range(cycles):
             assert len(llm.generate(prompts, params)) == n
