@@ -24,7 +24,12 @@ def mean(values: Sequence[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
 
-@dataclass(frozen=True)
+# finished jobs the SLO window holds at most (about 140 bytes each): at 1,000 jobs/s
+# a 60 s window would hold 60,000; past the cap the statistics are over the latest ones
+MAX_FINISHES = 20_000
+
+
+@dataclass(frozen=True, slots=True)
 class Finish:
     """One finished job's numbers."""
 
@@ -37,26 +42,40 @@ class Finish:
 
 
 class SLOWindow:
-    """Finished jobs of the last `window` seconds and their latency statistics."""
+    """Finished jobs of the last `window` seconds and their latency statistics.
 
-    def __init__(self, window: float, slo_per_token_latency: float) -> None:
+    Bounded: older jobs leave on every `add` (not only when statistics are read) and
+    at most `cap` are held; when more finished within the window, the statistics are
+    over the latest `cap` and the rates over the time those span.
+    """
+
+    def __init__(
+        self, window: float, slo_per_token_latency: float, cap: int = MAX_FINISHES
+    ) -> None:
         self.window = window
         self.slo = slo_per_token_latency
-        self._items: deque[Finish] = deque()
+        self._items: deque[Finish] = deque(maxlen=cap)
+
+    def __len__(self) -> int:
+        return len(self._items)
 
     def add(self, item: Finish) -> None:
         self._items.append(item)
+        self._prune(item.time)
 
-    def _prune(self, now: float) -> list[Finish]:
-        while self._items and self._items[0].time < now - self.window:
-            self._items.popleft()
-        return list(self._items)
+    def _prune(self, now: float) -> None:
+        items, oldest = self._items, now - self.window
+        while items and items[0].time < oldest:
+            items.popleft()
 
     def stats(self, now: float) -> dict[str, float | int | None]:
-        items = self._prune(now)
+        self._prune(now)
+        items = list(self._items)
         ptl = [i.per_token_latency for i in items]
         ttft = [i.ttft for i in items]
         span = self.window if items else 1.0
+        if len(items) == self._items.maxlen:  # capped: the rates are over what is held
+            span = min(span, max(now - items[0].time, 1e-9))
         return {
             "window": self.window,
             "finished": len(items),

@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import time
+from collections import deque
 from collections.abc import Sequence, Set
 from typing import Any, Protocol
 
@@ -28,7 +29,7 @@ from fsd.cluster.moves import Moves
 from fsd.cluster.placement import Pending, Placement
 from fsd.cluster.worker import ReplicaDown, Report
 from fsd.config import EngineConfig
-from fsd.engine.events import EngineEvent
+from fsd.engine.events import MAX_EVENTS, EngineEvent
 from fsd.engine.output import RequestOutput, StepDelta
 from fsd.engine.prompts import check_stop_ids, prompt_ids
 from fsd.engine.views import Admitted, EngineSnapshot, JobRequest, Stepped
@@ -82,7 +83,9 @@ class ReplicaSetFace:
         self._held: list[Report] = []  # reports read early (a move): handled first next step
         self._busy = [False] * len(replicas)
         self._lost: set[int] = set()  # replicas whose death was handled (until revived)
-        self._events: list[EngineEvent] = []
+        # the replicas' events until drained (the daemon does; the offline API never):
+        # the latest MAX_EVENTS at most
+        self._events: deque[EngineEvent] = deque(maxlen=MAX_EVENTS)
         self.decisions: list[tuple[float, str, int, str]] = []  # (time, job, replica, why)
 
     # ---- the jobs ------------------------------------------------------------------------
@@ -132,7 +135,8 @@ class ReplicaSetFace:
         return list(snaps.values())
 
     def drain_events(self) -> list[EngineEvent]:
-        events, self._events = self._events, []
+        events = list(self._events)
+        self._events.clear()
         return events
 
     # ---- the verbs -------------------------------------------------------------------

@@ -1,7 +1,8 @@
 """What happened to jobs, as it happened: the raw material of telemetry events.
 
 Recording is off by default (the offline API has no reader); the daemon turns it
-on and drains the log after every iteration, so it stays short.
+on and drains the log after every iteration, so it stays short. A log nobody drains
+keeps the latest MAX_EVENTS events (`dropped` counts the older ones it let go).
 
 Levels: the scheduler counts them from 0 (`Job.level`), operators from Q1. An event's
 `level` detail is recorded 1-based (1 = Q1, the top level), as every level a user or a
@@ -10,12 +11,15 @@ client sees is (protocol v2): callers pass the job's own `level`, `add` converts
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
 from fsd.jobs import Job
 from fsd.kv.swap import SwapOp
 from fsd.sched.scheduler import SchedulerOutput
+
+MAX_EVENTS = 65_536  # events an undrained log holds at most (a few hundred bytes each)
 
 
 def wire_level(level: int) -> int:
@@ -35,21 +39,29 @@ class EngineEvent:
 
 
 class EventLog:
-    """An append-only buffer the daemon drains."""
+    """An append-only buffer the daemon drains, of the latest `cap` events at most."""
 
-    def __init__(self, enabled: bool = False) -> None:
+    def __init__(self, enabled: bool = False, cap: int = MAX_EVENTS) -> None:
         self.enabled = enabled
-        self._items: list[EngineEvent] = []
+        self.dropped = 0  # events let go, undrained, to keep the latest `cap`
+        self._items: deque[EngineEvent] = deque(maxlen=cap)
+
+    def __len__(self) -> int:
+        return len(self._items)
 
     def add(self, now: float, kind: str, job: Job | None = None, **detail: Any) -> None:
         """Record an event; a `level` detail is the scheduler's 0-based level."""
         if self.enabled:
             if "level" in detail:  # one place turns it into Q-numbering for every caller
                 detail["level"] = wire_level(detail["level"])
-            self._items.append(EngineEvent(now, kind, job.job_id if job else None, detail))
+            items = self._items
+            if len(items) == items.maxlen:
+                self.dropped += 1
+            items.append(EngineEvent(now, kind, job.job_id if job else None, detail))
 
     def drain(self) -> list[EngineEvent]:
-        items, self._items = self._items, []
+        items = list(self._items)
+        self._items.clear()
         return items
 
     def schedule(self, out: SchedulerOutput, now: float) -> None:

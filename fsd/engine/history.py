@@ -16,12 +16,17 @@ torch: the twin's process imports this module and nothing else of the engine):
   overhead by least squares. The overhead is the loop's fixed cost per iteration
   (scheduling, sampling, streaming, telemetry), which a pure ratio would charge
   to large batches and deny small ones.
+
+Memory: each record is a `Ring`, a fixed block allocated at start that the latest
+rows overwrite, so the history takes the same memory after its first job as after
+millions (about 130 KB in all).
 """
 
 from __future__ import annotations
 
-from collections import deque
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -57,20 +62,51 @@ class Clock:
         return self.scale * predicted + self.overhead
 
 
+class Ring:
+    """The latest `cap` rows of numbers, in an array allocated once (oldest overwritten).
+
+    A row is appended as a tuple and read back as one, each value through `columns`
+    (its Python type); `array()` gives the rows held, oldest first."""
+
+    def __init__(self, cap: int, columns: Sequence[Callable[[Any], Any]]) -> None:
+        self.cap = cap
+        self._columns = tuple(columns)
+        self._data = np.zeros((cap, len(self._columns)))
+        self._count = 0  # rows appended in all
+
+    def append(self, row: Sequence[float]) -> None:
+        self._data[self._count % self.cap] = row
+        self._count += 1
+
+    def __len__(self) -> int:
+        return min(self._count, self.cap)
+
+    def array(self) -> np.ndarray:
+        """The rows held, oldest first (a copy)."""
+        if self._count <= self.cap:
+            return self._data[: self._count].copy()
+        return np.roll(self._data, -(self._count % self.cap), axis=0)
+
+    def __iter__(self) -> Iterator[tuple]:
+        columns = self._columns
+        for row in self.array().tolist():
+            yield tuple(kind(v) for kind, v in zip(columns, row, strict=True))
+
+
 class WorkHistory:
-    """Bounded records of recent arrivals, finished jobs and iterations."""
+    """Bounded records of recent arrivals, finished jobs and iterations (module doc)."""
 
     def __init__(self, now: float) -> None:
         self.started = now
-        self.arrivals: deque[float] = deque(maxlen=MAX_ARRIVALS)
-        self.finished: deque[tuple[int, int, bool]] = deque(maxlen=MAX_FINISHED)
-        self.steps: deque[tuple[float, float]] = deque(maxlen=MAX_STEPS)  # predicted, wall
+        self.arrivals = Ring(MAX_ARRIVALS, (float,))  # (time,)
+        self.finished = Ring(MAX_FINISHED, (int, int, bool))  # (prompt, output, natural)
+        self.steps = Ring(MAX_STEPS, (float, float))  # (predicted, wall)
         self._chain: tuple[float, float] | None = None  # last busy step: start, predicted
 
     # ---- recording (cheap: the engine thread calls these) -----------------------
 
     def arrived(self, t: float) -> None:
-        self.arrivals.append(t)
+        self.arrivals.append((t,))
 
     def ended(self, job: Job) -> None:
         """A job left the engine: its lengths count if it finished (not aborted or
@@ -98,7 +134,8 @@ class WorkHistory:
 
     def arrival_fit(self, now: float, window: float = ARRIVAL_WINDOW) -> ArrivalFit:
         span = min(window, max(now - self.started, 0.0))
-        times = np.array([t for t in self.arrivals if now - span <= t <= now])
+        times = self.arrivals.array()[:, 0]
+        times = times[(times >= now - span) & (times <= now)]
         if times.size >= 2 and span < window:  # a young daemon: from its first arrival
             span, n = now - float(times.min()), times.size - 1
         else:
@@ -113,7 +150,7 @@ class WorkHistory:
     def clock(self) -> Clock:
         if len(self.steps) < MIN_CLOCK_SAMPLES:
             return Clock(samples=len(self.steps))
-        pred, wall = np.array(self.steps).T
+        pred, wall = self.steps.array().T
         ratio = wall / pred
         keep = ratio <= OUTLIER * np.median(ratio)
         pred, wall = pred[keep], wall[keep]

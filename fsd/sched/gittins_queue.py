@@ -90,7 +90,9 @@ class GittinsQueue(LevelQueue):
         self._rank: dict[str, float] = {}
         self._boosted: set[str] = set()  # guarded jobs at Q1
         self._pinned: set[str] = set()  # guarded after they started: Q1 until they end
-        self._turns: list[tuple[float, int, Job]] = []  # (FCFS turn, seq, job) min-heap
+        # (FCFS turn, seq, job) min-heap, lazy: a job that ended before its turn stays
+        # until pruned (LevelQueue._pruned: at most 2x the queue plus a slack)
+        self._turns: list[tuple[float, int, Job]] = []
         self._tseq = itertools.count()
         self._version = self.service.version
         self._step0, self._per_ctx = cost.decode_line()
@@ -134,6 +136,7 @@ class GittinsQueue(LevelQueue):
 
     def remove(self, job: Job) -> None:
         self._unlink(job)
+        self._turns = self._pruned(self._turns, self._turn_due)
         jid = job.job_id
         self.backlog -= self._left.pop(jid, 0.0)
         self._rank.pop(jid, None)
@@ -145,6 +148,11 @@ class GittinsQueue(LevelQueue):
         self._pinned.discard(jid)
         if job.finish_reason in (FinishReason.STOP, FinishReason.LENGTH):
             self.service.observe(job.num_prompt_tokens, job.num_output_tokens)
+
+    def _turn_due(self, entry: tuple[float, int, Job]) -> bool:
+        """A guard entry still to act on: its job is queued and not yet boosted."""
+        job = entry[2]
+        return job in self and job.job_id not in self._boosted
 
     def dropped(self, jobs: Iterable[Job]) -> None:
         """Their KV was dropped: their prefill is back, their rank is stale."""

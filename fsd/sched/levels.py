@@ -13,10 +13,11 @@ batch, `set_running`).
 from __future__ import annotations
 
 import bisect
+import heapq
 import itertools
 import math
 import operator
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 from fsd.cost import CostModel
 from fsd.jobs import Job, KVLocation
@@ -24,6 +25,9 @@ from fsd.sched.enst import LevelENST
 from fsd.sched.queues import LevelView
 
 _by_queue_seq = operator.attrgetter("queue_seq")
+# a lazy heap (`_pruned`) holds at most twice the queued jobs plus this many entries
+HEAP_SLACK = 64
+HeapEntry = tuple[float, int, Job]  # (when, seq, job): a timer of a policy's lazy heap
 
 
 def entry_level(quanta: Sequence[float], iteration_time: float) -> int:
@@ -66,6 +70,20 @@ class LevelQueue(LevelENST):
 
     def _watch(self, job: Job) -> None:
         """A placement's hook: the policy's starvation clock (none here)."""
+
+    def _pruned(
+        self, heap: list[HeapEntry], current: Callable[[HeapEntry], bool]
+    ) -> list[HeapEntry]:
+        """A lazy heap (its stale entries are skipped when popped) without the stale
+        entries once they could outnumber the queued jobs, or the queue is empty: so it
+        holds at most 2x the queue plus HEAP_SLACK entries, and none once every job left
+        (a job that ended before its timer came due would be held until it did)."""
+        n = len(self)
+        if not heap or (n and len(heap) <= 2 * n + HEAP_SLACK):
+            return heap
+        kept = [e for e in heap if current(e)]
+        heapq.heapify(kept)
+        return kept
 
     def _due(self, job: Job) -> float:
         """When the job is promoted unless it runs first (never here)."""

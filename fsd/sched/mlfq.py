@@ -92,7 +92,9 @@ class MLFQQueue(LevelQueue):
             starve_limit if waiting_limit is None or not skip_join else waiting_limit
         )
         self.preempt_threshold = preempt_threshold if skip_join else 0
-        self._starve: list[tuple[float, int, Job]] = []  # (promotion due, seq, job), lazy
+        # (promotion due, seq, job), lazy: stale entries are skipped when popped, and
+        # pruned once they could outnumber the queued jobs (LevelQueue._pruned)
+        self._starve: list[tuple[float, int, Job]] = []
 
     # ---- membership ------------------------------------------------------------
 
@@ -109,6 +111,7 @@ class MLFQQueue(LevelQueue):
 
     def remove(self, job: Job) -> None:
         self._unlink(job)
+        self._starve = self._pruned(self._starve, self._current)
         if job.finish_reason in (FinishReason.STOP, FinishReason.LENGTH):
             self.lengths.observe(job.num_output_tokens)
 
@@ -117,6 +120,12 @@ class MLFQQueue(LevelQueue):
         entry per placement: `tick` re-pushes an outdated one (a heap op per alpha)."""
         if job.level > 0:
             heapq.heappush(self._starve, (self._due(job), job.queue_seq, job))
+            self._starve = self._pruned(self._starve, self._current)
+
+    def _current(self, entry: tuple[float, int, Job]) -> bool:
+        """A starvation entry still in force: its job is queued, not placed since."""
+        _, seq, job = entry
+        return seq == job.queue_seq and job in self
 
     def _due(self, job: Job) -> float:
         """When the job is promoted unless it runs first.

@@ -54,16 +54,27 @@ _ANSWER_LINGER = 1.0  # seconds closing waits for queued answers to leave the RO
 
 
 class OnceLog:
-    """Logs each distinct failure once with its traceback, then only counts it."""
+    """Logs each distinct failure once with its traceback, then only counts it.
+
+    Bounded: it counts `limit` distinct failures at most (a message may name a job, so
+    there is no end to them); past that, a new one is logged without its traceback
+    and counted in `others`."""
 
     def __init__(self, limit: int = 200) -> None:
         self.seen: dict[str, int] = {}
         self.limit = limit
+        self.others = 0  # failures not counted by message (past `limit` of them)
 
     def exception(self, what: str, exc: BaseException) -> None:
         key = f"{what}: {type(exc).__name__}: {str(exc)[:200]}"
-        count = self.seen.get(key, 0)
-        if count == 0 and len(self.seen) < self.limit:
+        count = self.seen.get(key)
+        if count is None and len(self.seen) >= self.limit:
+            self.others += 1
+            if self.others in (1, 10, 100, 1000, 10000):
+                log.error("%s (and %d other failures not counted by message)", key, self.others)
+            return
+        count = count or 0
+        if count == 0:
             log.error("%s", key, exc_info=exc)
         elif count in (10, 100, 1000, 10000):
             log.error("%s (%d times so far)", key, count)
