@@ -177,14 +177,15 @@ class Load:
 
 
 def wait_idle(daemon: Daemon, timeout: float = 300.0) -> None:
-    """Until the daemon holds no job; then a moment for its loop to let go of them."""
+    """Until the daemon holds no job; then 2 s for its loop to let go of them and give
+    freed heap back (it trims after 1 s idle: `fsd.server.heap_trim`)."""
     deadline = time.time() + timeout
     with daemon.client(timeout=30.0) as c:
         while c.status().jobs:
             if time.time() > deadline:
                 raise RuntimeError(f"the daemon still has jobs after {timeout:g} s")
             time.sleep(0.2)
-    time.sleep(1.0)
+    time.sleep(2.0)
 
 
 def soak(spec: SoakSpec, folder: Path, progress: bool = True) -> list[Sample]:
@@ -223,9 +224,10 @@ def soak(spec: SoakSpec, folder: Path, progress: bool = True) -> list[Sample]:
     return samples
 
 
-def slope_kb(samples: list[Sample]) -> float:
-    """Least-squares slope of RSS over requests, cycles after the first: KB/request."""
-    pts = [(s.requests, s.rss_mb * 1024) for s in samples[1:]]
+def slope_kb(samples: list[Sample], skip: int = 1) -> float:
+    """Least-squares slope of RSS over requests after the first `skip` cycles (they warm
+    the allocator, the prefix cache's names and compiled paths): KB/request."""
+    pts = [(s.requests, s.rss_mb * 1024) for s in samples[skip:]]
     if len(pts) < 2:
         return 0.0
     mx = sum(x for x, _ in pts) / len(pts)
@@ -234,16 +236,18 @@ def slope_kb(samples: list[Sample]) -> float:
     return sum((x - mx) * (y - my) for x, y in pts) / var
 
 
-def summary(samples: list[Sample]) -> dict:
-    """The figures the README reports: slope, the change after cycle 1, drift."""
-    later = samples[1:] or samples
+def summary(samples: list[Sample], skip: int = 1) -> dict:
+    """The figures the README reports: the slope after `skip` cycles, and the change
+    in RSS, descriptors and threads after them."""
+    later = samples[skip:] or samples
     return {
-        "slope_kb_per_request": round(slope_kb(samples), 4),
+        "slope_kb_per_request": round(slope_kb(samples, skip), 4),
+        "slope_after_cycles": skip,
         "rss_first_mb": samples[0].rss_mb,
         "rss_last_mb": samples[-1].rss_mb,
-        "rss_after_cycle_1_delta_mb": round(samples[-1].rss_mb - later[0].rss_mb, 1),
-        "fds_after_cycle_1": sorted({s.fds for s in later}),
-        "threads_after_cycle_1": sorted({s.threads for s in later}),
+        "rss_delta_after_warmup_mb": round(samples[-1].rss_mb - later[0].rss_mb, 1),
+        "fds_after_warmup": sorted({s.fds for s in later}),
+        "threads_after_warmup": sorted({s.threads for s in later}),
         "errors": sum(s.errors for s in samples),
     }
 

@@ -66,6 +66,8 @@ class Swapper:
         self._failed: list[tuple[SwapOp, str]] = []
         self._stream = torch.cuda.Stream(device_pool.data.device) if self.cuda else None
         self._thread = None if self.cuda else ThreadPoolExecutor(1, thread_name_prefix="fsd-swap")
+        if self._thread is not None:  # its one thread now: a daemon's thread count is flat
+            self._thread.submit(int).result()
         self.bytes_out = 0  # totals, for telemetry
         self.bytes_in = 0
 

@@ -40,6 +40,7 @@ from fsd.server.clients import ClientBook, ClientState
 from fsd.server.control import ControlHandler
 from fsd.server.frontend import FRAME_SLACK, Frontend
 from fsd.server.gate import Gate, unpredictable_ids
+from fsd.server.heap_trim import IdleTrim
 from fsd.server.injector import ScenarioInjector
 from fsd.server.preview import PreviewRunner
 from fsd.server.roles import Authorizer
@@ -150,6 +151,7 @@ class EngineService:
         self.publisher = Publisher(self.ctx, cfg.telemetry_endpoint, configure)
         self.telemetry = TelemetryPump(self.face, self.slo, cfg, self.publisher)
         self.stats = StatsLog(self.face, cfg.stats_interval)  # the log's stats line
+        self.trim = IdleTrim()  # freed heap back to the system when idle
         self.telemetry.taps.append(self.stats.saw_events)
         # after binding: a daemon that cannot bind must not replace a running one's token
         self.auth = Authorizer(cfg, self.security.operator_keys)
@@ -228,6 +230,7 @@ class EngineService:
                 t0 = time.perf_counter()
                 self._guarded("telemetry", self.telemetry.tick)
                 self._guarded("stats", self.stats.tick)
+                self._guarded("trim", self.trim.tick, self.face.busy())
                 self.telemetry_seconds += time.perf_counter() - t0
                 self._guarded("drain", self._answer_drain_waiters)
         finally:
