@@ -10,6 +10,7 @@ re-exports them, and the pidfile helpers, under their old names.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
@@ -21,6 +22,7 @@ from types import FrameType
 from typing import Any
 
 from fsd.config import ClusterConfig, EngineConfig, ServerConfig, parse_http_address
+from fsd.credentials import token_path
 from fsd.daemon_control import DRAIN_TIMEOUT, START_TIMEOUT, start_background, stop
 from fsd.pidfile import DaemonError, PidLock, probe_pidfile, read_pidfile, state_files
 
@@ -163,9 +165,14 @@ def serve_foreground(
         "endpoint": server_cfg.endpoint,
         "telemetry_endpoint": server_cfg.telemetry_endpoint,
         "log": str(logfile),
+        "state_dir": str(pidfile.parent.resolve()),  # `fsd stop` checks the pid serves it
     }
     try:
         lock.write(info)
+        # a killed daemon's token goes now, not once this one has loaded (clients
+        # ignore it anyway: fsd.credentials); the service writes a new one
+        with contextlib.suppress(OSError):  # a folder there: refused when writing ours
+            token_path(server_cfg.state_dir, server_cfg.endpoint).unlink(missing_ok=True)
         # until the service drains on a signal, one ends the start (the lock is released)
         signal.signal(signal.SIGTERM, _exit_on_signal)
         signal.signal(signal.SIGINT, _exit_on_signal)

@@ -9,7 +9,8 @@ mistaken for ours.
 If the child exits first, its error (from the lines it wrote during this start) is
 shown. `fsd stop` asks the daemon to drain on its socket, then signals the pid its
 held pidfile names, once the kernel confirms that this process holds the lock
-(`fsd.pidfile.check_lock_holder`). Both refuse a state folder another user may
+(`fsd.pidfile.check_lock_holder`) and its command line shows an fsd daemon of this
+state folder (`fsd.pidfile.check_daemon_process`). Both refuse a state folder another user may
 steer (`fsd.statedir`). `stop_process` ends a daemon that the caller started itself
 (a benchmark's, a test's) by its process handle.
 """
@@ -30,6 +31,7 @@ from typing import Any
 from fsd.config import ServerConfig
 from fsd.pidfile import (
     DaemonError,
+    check_daemon_process,
     check_lock_holder,
     lock_holders,
     open_state,
@@ -177,8 +179,9 @@ def stop(
 def _signal(pidfile: Path, sig: int) -> None:
     """Send `sig` to the daemon that holds `pidfile` (nothing if none holds it).
 
-    DaemonError, and no signal, unless the pid the file names holds its lock and
-    runs as this user (`check_lock_holder`).
+    DaemonError, and no signal, unless the pid the file names holds its lock, runs
+    as this user (`check_lock_holder`) and is an fsd daemon of this state folder
+    (`check_daemon_process`).
     """
     for _ in range(2):  # a second look if the lock changed hands between the two reads
         holders = lock_holders(pidfile)  # first: a daemon exiting meanwhile is not held then
@@ -190,6 +193,7 @@ def _signal(pidfile: Path, sig: int) -> None:
             break
     with contextlib.suppress(ProcessLookupError):  # it exited meanwhile
         check_lock_holder(pidfile, pid, holders)
+        check_daemon_process(pidfile, pid, info)
         os.kill(pid, sig)
 
 

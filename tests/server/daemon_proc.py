@@ -111,12 +111,20 @@ class Daemon:
 
 
 def start_daemon(
-    tmp: Path, config: str = "", *flags: str, wait: float = 120.0, curve: CurveKeys | None = None
+    tmp: Path,
+    config: str = "",
+    *flags: str,
+    wait: float = 120.0,
+    curve: CurveKeys | None = None,
+    endpoints: tuple[str, str] | None = None,
 ) -> Daemon:
     """Start `fsd start --foreground` with an fsd.toml holding `config`; wait until it answers
-    (to a client holding `curve` keys, when the daemon requires them)."""
-    port, tport = free_port(), free_port()
-    endpoint, telemetry = f"tcp://127.0.0.1:{port}", f"tcp://127.0.0.1:{tport}"
+    (to a client holding `curve` keys, when the daemon requires them). `endpoints`:
+    (endpoint, telemetry endpoint) to serve on, else free loopback ports."""
+    endpoint, telemetry = endpoints or (
+        f"tcp://127.0.0.1:{free_port()}",
+        f"tcp://127.0.0.1:{free_port()}",
+    )
     state = tmp / "state"
     toml = tmp / "fsd.toml"
     toml.write_text(config)
