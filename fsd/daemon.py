@@ -16,7 +16,6 @@ import logging
 import os
 import signal
 import socket
-import sys
 import time
 from types import FrameType
 from typing import Any
@@ -24,6 +23,7 @@ from typing import Any
 from fsd.config import ClusterConfig, EngineConfig, ServerConfig, parse_http_address
 from fsd.credentials import token_path
 from fsd.daemon_control import DRAIN_TIMEOUT, START_TIMEOUT, start_background, stop
+from fsd.logfile import LOG_FORMAT, log_handler
 from fsd.pidfile import DaemonError, PidLock, probe_pidfile, read_pidfile, state_files
 
 __all__ = [
@@ -210,9 +210,13 @@ def serve_foreground(
         lock.release()
 
 
-def setup_logging(level: str) -> None:
+def setup_logging(level: str, server_cfg: ServerConfig | None = None) -> None:
+    """Log at `level` to stderr; to the rotated state log file when stderr is that file
+    (a daemon `fsd start` started in the background: fsd.logfile)."""
+    logfile = state_files(server_cfg)[1] if server_cfg is not None else None
+    max_bytes = server_cfg.log_max_bytes if server_cfg is not None else 0
     logging.basicConfig(
         level=getattr(logging, level.upper(), logging.INFO),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
+        format=LOG_FORMAT,
+        handlers=[log_handler(logfile, max_bytes)],
     )

@@ -59,7 +59,8 @@ def start_background(argv: list[str], server_cfg: ServerConfig, wait: float = ST
     if held:
         who = f"a daemon (pid {info['pid']})" if info.get("pid") else "a daemon"
         raise DaemonError(f"{who} already serves {server_cfg.endpoint} (pidfile {pidfile})")
-    log_fd = open_state(logfile, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC)
+    log_fd = open_state(logfile, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    os.fchmod(log_fd, 0o600)  # private, even if an older fsd made it 0644 (fsd.logfile)
     offset = os.fstat(log_fd).st_size  # this start's lines follow
     with open(log_fd, "ab") as out:
         proc = subprocess.Popen(

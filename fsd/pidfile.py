@@ -116,7 +116,7 @@ def remove_stale(pidfile: Path) -> bool:
         os.close(fd)
 
 
-def open_state(path: Path, flags: int) -> int:
+def open_state(path: Path, flags: int, mode: int = 0o644) -> int:
     """Open a file of the state folder (made 0700 if missing); DaemonError if we may not.
 
     ConfigError for a folder another user may steer, or a link or another user's
@@ -124,7 +124,7 @@ def open_state(path: Path, flags: int) -> int:
     """
     try:
         ensure_state_dir(path.parent)
-        return open_state_file(path, flags, 0o644)
+        return open_state_file(path, flags, mode)
     except OSError as exc:
         raise DaemonError(
             f"cannot open {path}: {exc.strerror} (set state_dir to a folder this user may write)"
