@@ -148,6 +148,17 @@ def _serve_on(face: Any, cfg: ServerConfig) -> Any:
         raise DaemonError(bind_error(both, exc)) from None
 
 
+def _raise_fd_limit() -> None:
+    """Lift the soft open-files limit to the hard one, and say so once."""
+    from fsd.server.listen import raise_fd_limit
+
+    before, now = raise_fd_limit()
+    if now > before:
+        log.info("raised the open-files limit from %d to %d (its hard limit)", before, now)
+    else:
+        log.info("open-files limit %d (the hard limit: not raised)", now)
+
+
 def _exit_on_signal(signum: int, frame: FrameType | None) -> None:
     raise SystemExit(128 + signum)
 
@@ -177,6 +188,7 @@ def serve_foreground(
         signal.signal(signal.SIGTERM, _exit_on_signal)
         signal.signal(signal.SIGINT, _exit_on_signal)
         check_addresses(server_cfg)
+        _raise_fd_limit()
         m = engine_cfg.model
         # what `fsd start` shows while it waits, and the operator's record of the start
         log.info(

@@ -27,6 +27,7 @@ from fsd.engine.output import RequestOutput
 from fsd.errors import ConfigError
 from fsd.server.chat_template import ChatTemplate
 from fsd.server.http_api import Backend, build_app
+from fsd.server.listen import tcp_listeners
 from fsd.server.log_limits import http_server_logger
 from fsd.server.loop_thread import LoopThread
 from fsd.server.prom import MetricsCollector
@@ -159,8 +160,10 @@ class HttpFrontend(LoopThread):
             auto_decompress=False,
         )
         await runner.setup()
-        try:
-            await web.TCPSite(runner, self.host, self.port).start()
+        try:  # guarded listening sockets (fsd.server.listen: out of descriptors, no spin)
+            what = f"the HTTP server ({self.host}:{self.port})"
+            for sock in tcp_listeners(self.host or None, self.port, what):
+                await web.SockSite(runner, sock).start()
         except OSError as exc:
             await runner.cleanup()
             await client.close()
