@@ -152,14 +152,11 @@ class PidLock:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
+                info = _parse(os.pread(fd, 1 << 16, 0))  # through the fd: never a link
                 os.close(fd)
                 if time.monotonic() < deadline:  # maybe a reader's instant: try again
                     time.sleep(0.02)
                     continue
-                try:
-                    info = _parse(pidfile.read_bytes())
-                except OSError:
-                    info = {}
                 who = f"a daemon (pid {info['pid']})" if info.get("pid") else "a daemon"
                 raise DaemonError(f"{who} already serves {endpoint} (pidfile {pidfile})") from None
             # a stopping daemon unlinks its file while it holds the lock: if we locked

@@ -13,5 +13,5 @@ running out of file descriptors, and `log_limits` bounds the log lines a client
 can cause.
 
 May import: fsd.engine, fsd.sched, fsd.kv, fsd.protocol, fsd.workload, fsd.metrics,
-fsd.config, fsd.credentials, fsd.errors. Never the console.
+fsd.config, fsd.credentials, fsd.statedir, fsd.errors. Never the console.
 """

@@ -20,9 +20,11 @@ from pathlib import Path
 import pytest
 
 from fsd.client import Client, RequestError
-from fsd.credentials import find_operator_token, token_path
+from fsd.config import ServerConfig
+from fsd.credentials import find_operator_token, token_path, write_secret
 from fsd.daemon_control import _signal
 from fsd.pidfile import DaemonError, fsd_args, option_value, probe_pidfile
+from fsd.server.roles import Authorizer
 from tests.server.daemon_proc import start_daemon
 from tests.server.test_daemon_life import fsd, kill_quietly
 
@@ -181,3 +183,24 @@ def test_a_sigkilled_daemons_token_is_neither_offered_nor_accepted(tmp_path):
             assert op.status().role == "operator"
     finally:
         assert second.stop() == 0
+
+
+def test_the_token_file_is_removed_at_exit_only_if_it_is_still_the_daemons(tmp_path):
+    folder = private(tmp_path / "state")
+    auth = Authorizer(ServerConfig(state_dir=str(folder)))
+    tok = auth.token_file
+    assert tok.read_text().strip() == auth.token
+    # a link there now, to a file holding the very token: never read through, left alone
+    target = tmp_path / "elsewhere"
+    target.write_text(auth.token + "\n")
+    tok.unlink()
+    tok.symlink_to(target)
+    auth.close()
+    assert tok.is_symlink() and target.read_text().strip() == auth.token
+    tok.unlink()
+    write_secret(tok, "ANOTHER-DAEMONS-TOKEN\n")  # replaced by another daemon: kept
+    auth.close()
+    assert tok.read_text() == "ANOTHER-DAEMONS-TOKEN\n"
+    write_secret(tok, auth.token + "\n")  # its own: removed
+    auth.close()
+    assert not tok.exists()
