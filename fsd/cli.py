@@ -180,7 +180,7 @@ def start(
     with friendly():
         engine_cfg, server_cfg, cluster_cfg = build_configs(config, **options)
         if foreground:
-            daemon.setup_logging(log_level)
+            daemon.setup_logging(log_level, server_cfg)
             daemon.serve_foreground(engine_cfg, server_cfg, cluster_cfg)
             return
         if wait <= 0:

@@ -265,6 +265,7 @@ class ServerConfig:
     client_timeout: float = 10.0  # seconds without a message before a client's jobs are aborted
     slo_window: float = 60.0  # seconds of finished jobs in the SLO statistics
     stats_interval: float = doc(10.0, "Seconds between the log's stats lines (0 = none).")
+    log_max_bytes: int = doc(16 << 20, "Log file size past which it rotates (3 old kept).")
     max_frame_bytes: int = 8 * 1024 * 1024
     curve_secret_key: str | None = None  # the daemon's key file (fsd keys generate)
     curve_authorized_dir: str | None = None  # clients' public key files allowed in
@@ -276,8 +277,7 @@ class ServerConfig:
     max_burst: int = 1000  # jobs one inline Inject burst may add
     max_client_jobs: int = 10_000  # live jobs one connection may own (submitted + injected)
     max_jobs: int = 100_000  # live jobs in the daemon, all clients together
-    # open client connections; more are refused (and capped by the open-files limit)
-    max_connections: int = 4096
+    max_connections: int = 4096  # open client connections; more are refused (fd-capped)
     http: str | None = doc(
         None, "OpenAI-compatible API and /metrics on HOST:PORT, e.g. 127.0.0.1:8000."
     )
@@ -317,6 +317,7 @@ class ServerConfig:
             raise ConfigError(
                 f"stats_interval must be >= 0 seconds (0 turns it off), got {self.stats_interval}"
             )
+        int_range("log_max_bytes", self.log_max_bytes, 4096, 1 << 40)
         if not 1024 <= self.max_frame_bytes <= 64 * 1024 * 1024:
             raise ConfigError(
                 f"max_frame_bytes must be in [1024, 67108864], got {self.max_frame_bytes}"

@@ -7,11 +7,18 @@ It is refused when read if group or others may read it, as ssh refuses a private
 that others can read. The operator token of a daemon lives in its state
 folder, named after its endpoint like the pidfile: `fsctl` and `fsd stop` find it
 there, so the user who started the daemon is its operator and nobody else is.
+
+A token file outlives a daemon killed with SIGKILL. A client trusts it only while a
+daemon holds the pidfile's lock beside it (`fsd.pidfile`): else it would hand a dead
+daemon's secret to whatever listens on the endpoint now. A starting daemon removes
+the old file as soon as it holds the lock, and writes its own new token once its
+sockets are up; a token is never accepted by another daemon than the one that drew it.
 """
 
 from __future__ import annotations
 
 import errno
+import fcntl
 import hmac
 import os
 import re
@@ -34,6 +41,21 @@ def state_stem(endpoint: str) -> str:
 def token_path(state_dir: str | Path, endpoint: str) -> Path:
     """Where the daemon serving `endpoint` keeps its operator token."""
     return Path(state_dir).expanduser() / f"{state_stem(endpoint)}.token"
+
+
+def daemon_holds_lock(token: Path) -> bool:
+    """Whether a live daemon holds the pidfile lock beside `token` (same name, .pid)."""
+    try:
+        fd = open_state_file(token.with_suffix(".pid"), os.O_RDONLY)
+    except (OSError, ConfigError):  # no pidfile, or one never to be trusted
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # closing drops the shared lock if we took it
+    return False
 
 
 def write_secret(path: str | Path, data: str | bytes) -> Path:
@@ -122,7 +144,8 @@ def find_operator_token(
     (default the daemon's default state folder). A missing file means no token (the
     client has the plain client role); a file others can read is an error, and so is
     a state folder others may steer, or a link or another user's file at the token's
-    path (`fsd.statedir`: read through one, the token could be any file of ours).
+    path (`fsd.statedir`: read through one, the token could be any file of ours). A
+    token file no live daemon stands behind (its pidfile lock is free) is ignored.
     """
     if os.environ.get(TOKEN_ENV):
         return os.environ[TOKEN_ENV].strip()
@@ -134,7 +157,8 @@ def find_operator_token(
         state_dir = ServerConfig().state_dir
     path = token_path(state_dir, endpoint)
     check_state_dir(path.parent)
-    return _read_state_token(path)
+    token = _read_state_token(path)
+    return token if token is not None and daemon_holds_lock(path) else None
 
 
 def _read_state_token(path: Path) -> str | None:

@@ -10,18 +10,20 @@ re-exports them, and the pidfile helpers, under their old names.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
 import signal
 import socket
-import sys
 import time
 from types import FrameType
 from typing import Any
 
 from fsd.config import ClusterConfig, EngineConfig, ServerConfig, parse_http_address
+from fsd.credentials import token_path
 from fsd.daemon_control import DRAIN_TIMEOUT, START_TIMEOUT, start_background, stop
+from fsd.logfile import LOG_FORMAT, log_handler
 from fsd.pidfile import DaemonError, PidLock, probe_pidfile, read_pidfile, state_files
 
 __all__ = [
@@ -146,6 +148,17 @@ def _serve_on(face: Any, cfg: ServerConfig) -> Any:
         raise DaemonError(bind_error(both, exc)) from None
 
 
+def _raise_fd_limit() -> None:
+    """Lift the soft open-files limit to the hard one, and say so once."""
+    from fsd.server.listen import raise_fd_limit
+
+    before, now = raise_fd_limit()
+    if now > before:
+        log.info("raised the open-files limit from %d to %d (its hard limit)", before, now)
+    else:
+        log.info("open-files limit %d (the hard limit: not raised)", now)
+
+
 def _exit_on_signal(signum: int, frame: FrameType | None) -> None:
     raise SystemExit(128 + signum)
 
@@ -163,13 +176,19 @@ def serve_foreground(
         "endpoint": server_cfg.endpoint,
         "telemetry_endpoint": server_cfg.telemetry_endpoint,
         "log": str(logfile),
+        "state_dir": str(pidfile.parent.resolve()),  # `fsd stop` checks the pid serves it
     }
     try:
         lock.write(info)
+        # a killed daemon's token goes now, not once this one has loaded (clients
+        # ignore it anyway: fsd.credentials); the service writes a new one
+        with contextlib.suppress(OSError):  # a folder there: refused when writing ours
+            token_path(server_cfg.state_dir, server_cfg.endpoint).unlink(missing_ok=True)
         # until the service drains on a signal, one ends the start (the lock is released)
         signal.signal(signal.SIGTERM, _exit_on_signal)
         signal.signal(signal.SIGINT, _exit_on_signal)
         check_addresses(server_cfg)
+        _raise_fd_limit()
         m = engine_cfg.model
         # what `fsd start` shows while it waits, and the operator's record of the start
         log.info(
@@ -203,9 +222,13 @@ def serve_foreground(
         lock.release()
 
 
-def setup_logging(level: str) -> None:
+def setup_logging(level: str, server_cfg: ServerConfig | None = None) -> None:
+    """Log at `level` to stderr; to the rotated state log file when stderr is that file
+    (a daemon `fsd start` started in the background: fsd.logfile)."""
+    logfile = state_files(server_cfg)[1] if server_cfg is not None else None
+    max_bytes = server_cfg.log_max_bytes if server_cfg is not None else 0
     logging.basicConfig(
         level=getattr(logging, level.upper(), logging.INFO),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
+        format=LOG_FORMAT,
+        handlers=[log_handler(logfile, max_bytes)],
     )

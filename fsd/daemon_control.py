@@ -9,7 +9,8 @@ mistaken for ours.
 If the child exits first, its error (from the lines it wrote during this start) is
 shown. `fsd stop` asks the daemon to drain on its socket, then signals the pid its
 held pidfile names, once the kernel confirms that this process holds the lock
-(`fsd.pidfile.check_lock_holder`). Both refuse a state folder another user may
+(`fsd.pidfile.check_lock_holder`) and its command line shows an fsd daemon of this
+state folder (`fsd.pidfile.check_daemon_process`). Both refuse a state folder another user may
 steer (`fsd.statedir`). `stop_process` ends a daemon that the caller started itself
 (a benchmark's, a test's) by its process handle.
 """
@@ -30,6 +31,7 @@ from typing import Any
 from fsd.config import ServerConfig
 from fsd.pidfile import (
     DaemonError,
+    check_daemon_process,
     check_lock_holder,
     lock_holders,
     open_state,
@@ -57,7 +59,8 @@ def start_background(argv: list[str], server_cfg: ServerConfig, wait: float = ST
     if held:
         who = f"a daemon (pid {info['pid']})" if info.get("pid") else "a daemon"
         raise DaemonError(f"{who} already serves {server_cfg.endpoint} (pidfile {pidfile})")
-    log_fd = open_state(logfile, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC)
+    log_fd = open_state(logfile, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    os.fchmod(log_fd, 0o600)  # private, even if an older fsd made it 0644 (fsd.logfile)
     offset = os.fstat(log_fd).st_size  # this start's lines follow
     with open(log_fd, "ab") as out:
         proc = subprocess.Popen(
@@ -177,8 +180,9 @@ def stop(
 def _signal(pidfile: Path, sig: int) -> None:
     """Send `sig` to the daemon that holds `pidfile` (nothing if none holds it).
 
-    DaemonError, and no signal, unless the pid the file names holds its lock and
-    runs as this user (`check_lock_holder`).
+    DaemonError, and no signal, unless the pid the file names holds its lock, runs
+    as this user (`check_lock_holder`) and is an fsd daemon of this state folder
+    (`check_daemon_process`).
     """
     for _ in range(2):  # a second look if the lock changed hands between the two reads
         holders = lock_holders(pidfile)  # first: a daemon exiting meanwhile is not held then
@@ -190,6 +194,7 @@ def _signal(pidfile: Path, sig: int) -> None:
             break
     with contextlib.suppress(ProcessLookupError):  # it exited meanwhile
         check_lock_holder(pidfile, pid, holders)
+        check_daemon_process(pidfile, pid, info)
         os.kill(pid, sig)
 
 

@@ -21,7 +21,9 @@ from fsd.errors import ConfigError
 # Bounds of the sampling fields. Every field is checked once, here, so that nothing
 # a client sends can reach the sampler as NaN, inf or a value torch refuses.
 MAX_INT32 = 2**31 - 1
-MAX_SEED = 2**64 - 1  # torch.Generator.manual_seed takes any unsigned 64-bit seed
+# torch.Generator.manual_seed takes any unsigned 64-bit seed, and msgpack (the wire)
+# carries it: the one seed range of every entry point (SDK, fsctl, ZeroMQ, HTTP)
+MAX_SEED = 2**64 - 1
 # Below this temperature sampling is greedy (vLLM's _SAMPLING_EPS): dividing logits by
 # 1e-46 would turn them into inf and the probabilities into NaN.
 GREEDY_BELOW = 1e-5

@@ -12,7 +12,13 @@ The pidfile and the log file live in the state folder and are held to
 neither file is ever opened through a symbolic link or when another user owns it.
 Before `fsd stop` signals the pid a pidfile names, `check_lock_holder` asks the
 kernel (/proc/locks) whether that very process holds the file's lock and checks
-that it runs as this user: a pidfile is only words, the lock is the proof.
+that it runs as this user: a pidfile is only words, the lock is the proof. Then
+`check_daemon_process` reads the process's command line (/proc/PID/cmdline): it must
+be an fsd `start --foreground` whose state folder is this pidfile's, as its
+`--state-dir` names it (resolved in the process's own working folder) and as the
+daemon recorded it in the pidfile (`state_dir`, resolved at start). A lock holder
+that is anything else (a process that inherited the lock, a reused pid /proc/locks
+still names, a daemon of another state folder) gets no signal.
 """
 
 from __future__ import annotations
@@ -110,7 +116,7 @@ def remove_stale(pidfile: Path) -> bool:
         os.close(fd)
 
 
-def open_state(path: Path, flags: int) -> int:
+def open_state(path: Path, flags: int, mode: int = 0o644) -> int:
     """Open a file of the state folder (made 0700 if missing); DaemonError if we may not.
 
     ConfigError for a folder another user may steer, or a link or another user's
@@ -118,7 +124,7 @@ def open_state(path: Path, flags: int) -> int:
     """
     try:
         ensure_state_dir(path.parent)
-        return open_state_file(path, flags, 0o644)
+        return open_state_file(path, flags, mode)
     except OSError as exc:
         raise DaemonError(
             f"cannot open {path}: {exc.strerror} (set state_dir to a folder this user may write)"
@@ -146,14 +152,11 @@ class PidLock:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
+                info = _parse(os.pread(fd, 1 << 16, 0))  # through the fd: never a link
                 os.close(fd)
                 if time.monotonic() < deadline:  # maybe a reader's instant: try again
                     time.sleep(0.02)
                     continue
-                try:
-                    info = _parse(pidfile.read_bytes())
-                except OSError:
-                    info = {}
                 who = f"a daemon (pid {info['pid']})" if info.get("pid") else "a daemon"
                 raise DaemonError(f"{who} already serves {endpoint} (pidfile {pidfile})") from None
             # a stopping daemon unlinks its file while it holds the lock: if we locked
@@ -239,3 +242,72 @@ def check_lock_holder(pidfile: Path, pid: int, holders: set[int] | None) -> None
             f"pid {pid} (holding {pidfile}) runs as uid {owner}, not as you (uid {me}): "
             "signalled nothing"
         )
+
+
+def check_daemon_process(pidfile: Path, pid: int, info: dict[str, Any]) -> None:
+    """Refuse (DaemonError) to signal `pid` unless it is an fsd daemon of this state folder.
+
+    `info` is what the pidfile says. ProcessLookupError if `pid` is gone.
+    """
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+        cwd = os.readlink(f"/proc/{pid}/cwd")
+    except FileNotFoundError:
+        raise ProcessLookupError(pid) from None
+    except OSError as exc:
+        raise DaemonError(
+            f"cannot read the command line of pid {pid} (holding {pidfile}): {exc.strerror}: "
+            "signalled nothing"
+        ) from None
+    argv = [a.decode(errors="replace") for a in raw.split(b"\0")[:-1]]
+    args = fsd_args(argv)
+    shown = " ".join(argv)[:200]
+    if args is None or args[:1] != ["start"] or "--foreground" not in args:
+        raise DaemonError(
+            f"pid {pid} holds the lock of {pidfile} but is not an fsd daemon "
+            f"(its command line: {shown!r}): signalled nothing"
+        )
+    folder = pidfile.parent.resolve()
+    named = option_value(args, "--state-dir")
+    claims = [Path(cwd, Path(named).expanduser()) if named is not None else None]
+    claims.append(Path(info["state_dir"]) if isinstance(info.get("state_dir"), str) else None)
+    if claims == [None, None]:
+        raise DaemonError(
+            f"pid {pid} is an fsd daemon but neither its command line nor {pidfile} says "
+            "which state folder it serves: signalled nothing"
+        )
+    for claim in filter(None, claims):
+        if claim.resolve() != folder:
+            raise DaemonError(
+                f"pid {pid} holds the lock of {pidfile} but is the fsd daemon of state_dir "
+                f"{str(claim)!r}, not {str(folder)!r}: signalled nothing"
+            )
+
+
+def fsd_args(argv: list[str]) -> list[str] | None:
+    """The arguments after the program if `argv` runs fsd (`fsd ...`, `python [-X dev]
+    -m fsd.cli ...`, `python /venv/bin/fsd ...`), else None."""
+    if argv and os.path.basename(argv[0]) == "fsd":
+        return argv[1:]
+    if not argv or not os.path.basename(argv[0]).startswith("python"):
+        return None
+    i = 1
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "-m":
+            return argv[i + 2 :] if argv[i + 1 : i + 2] == ["fsd.cli"] else None
+        if arg == "-c" or not arg.startswith("-"):  # the code or the script python runs
+            return argv[i + 1 :] if os.path.basename(arg) == "fsd" else None
+        i += 2 if arg in ("-X", "-W") else 1  # the interpreter's options with a value
+    return None
+
+
+def option_value(args: list[str], name: str) -> str | None:
+    """The last value of option `name` in `args` (`--name V` or `--name=V`), as click reads it."""
+    value = None
+    for i, arg in enumerate(args):
+        if arg == name and i + 1 < len(args):
+            value = args[i + 1]
+        elif arg.startswith(name + "="):
+            value = arg[len(name) + 1 :]
+    return value

@@ -17,7 +17,9 @@ A folder that breaks it is refused with one line naming the folder, its mode, it
 owner and the fix (`chmod 700 DIR`, or set state_dir elsewhere); fsd never changes
 the mode of a folder it did not create. Each file fsd opens there (`open_state_file`)
 is opened with O_NOFOLLOW and refused unless it is a regular file owned by this user,
-so even a file root left there is never followed, truncated or read. Secrets are
+so even a file root left there is never followed, truncated or read; a file fsd
+creates there is created with O_CREAT|O_EXCL (only a file that already exists is
+opened without O_EXCL, and then checked). Secrets are
 written through a temporary file created O_EXCL under a random name
 (`fsd.credentials.write_secret`). The folder's parents are not checked.
 """
@@ -91,7 +93,7 @@ def open_state_file(path: Path, flags: int, mode: int = 0o600) -> int:
     """
     flags |= os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK  # a planted FIFO cannot block us
     try:
-        fd = os.open(path, flags, mode)
+        fd = _open_new_or_old(path, flags, mode)
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             raise ConfigError(
@@ -105,6 +107,23 @@ def open_state_file(path: Path, flags: int, mode: int = 0o600) -> int:
         raise
     os.set_blocking(fd, True)
     return fd
+
+
+def _open_new_or_old(path: Path, flags: int, mode: int) -> int:
+    """os.open, creating with O_EXCL when O_CREAT is asked: a new file is made here and
+    now, an old one is opened as it is (O_NOFOLLOW: a link at `path` is ELOOP)."""
+    if not flags & os.O_CREAT:
+        return os.open(path, flags, mode)
+    for _ in range(3):  # it may vanish between the two opens (a stale pidfile removed)
+        try:
+            return os.open(path, flags | os.O_EXCL, mode)
+        except FileExistsError:
+            pass
+        try:
+            return os.open(path, flags & ~os.O_CREAT, mode)
+        except FileNotFoundError:
+            continue
+    return os.open(path, flags & ~os.O_CREAT, mode)
 
 
 def _check_own_file(path: Path, st: os.stat_result) -> None:

@@ -33,8 +33,8 @@ RECORDING_VERSION = 1
 
 
 class RecordingError(FsdError, ValueError):
-    """A telemetry recording that cannot be read (names the file and line); raised on
-    the reading side only, never on the wire."""
+    """A telemetry recording that cannot be read (names the file and line) or written
+    (a full disk: names the file and the system's reason); never on the wire."""
 
     code: ClassVar[str] = "bad-recording"
 
@@ -61,7 +61,11 @@ class RecordingWriter(Closes):
     def __init__(self, path: str | Path, endpoint: str | None = None) -> None:
         self.path = Path(path).expanduser()
         self.count = 0
-        self._file: IO[bytes] = self.path.open("ab")
+        self._failed = False
+        try:
+            self._file: IO[bytes] = self.path.open("ab")
+        except OSError as exc:
+            raise self._error(exc) from None
         header: dict[str, Any] = {
             "format": RECORDING_FORMAT,
             "version": RECORDING_VERSION,
@@ -76,11 +80,25 @@ class RecordingWriter(Closes):
         self.count += 1
 
     def _write_line(self, obj: dict[str, Any]) -> None:
-        self._file.write(msgspec.json.encode(obj) + b"\n")
-        self._file.flush()  # a killed recorder loses at most the line being written
+        try:
+            self._file.write(msgspec.json.encode(obj) + b"\n")
+            self._file.flush()  # a killed recorder loses at most the line being written
+        except OSError as exc:  # a full disk (ENOSPC), a quota, an I/O error
+            self._failed = True
+            raise self._error(exc) from None
+
+    def _error(self, exc: OSError) -> RecordingError:
+        done = f" after {self.count} frames" if self.count else ""
+        why = exc.strerror or str(exc)
+        return RecordingError(f"cannot write the recording {str(self.path)!r}{done}: {why}")
 
     def close(self) -> None:
-        self._file.close()
+        """Close the file; a write that failed was reported already (not again here)."""
+        try:
+            self._file.close()  # the file is closed even when its last flush fails
+        except OSError as exc:
+            if not self._failed:
+                raise self._error(exc) from None
 
 
 def read_records(path: str | Path) -> Iterator[Frame]:

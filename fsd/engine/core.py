@@ -72,7 +72,7 @@ class Engine(EngineFailures):
         self._flight: InFlight[MicroBatch] = InFlight()
         # chosen once: one batch at a time, or a pipeline of micro-batches
         self._step_fn = self._step_pipelined if ex.max_in_flight > 1 else self._step_one
-        self.degraded: str | None = None  # why the engine is not fully healthy
+        self._degraded: str | None = None  # the last worker failure (`degraded`)
         self._refusing = False  # the workers could not be restarted: new jobs are refused
         self.worker_failures = 0
         try:
@@ -216,17 +216,15 @@ class Engine(EngineFailures):
             self.events.swap(op, now, "end")
 
     def step(self) -> list[StepDelta]:
-        """Run one iteration; return what each job in the collected batch produced.
+        """Run one iteration (`_step_one` or `_step_pipelined`, chosen at start); return
+        what each job in the collected batch produced.
 
-        Runs the step function chosen at start: `_step_one` or `_step_pipelined`.
-
-        Never raises (DESIGN: a serving engine loop never dies from one job). A job
-        whose sampling or model step fails on its own ends with reason "error" and
-        the rest of its batch goes on; an unexpected exception while submitting or
-        collecting a micro-batch fails that micro-batch's jobs; one with no batch to
-        blame (the scheduler's) fails every live job, so that it cannot repeat on
-        every step. Each is logged once, with its traceback (fsd.engine.failures).
-        """
+        Never raises (DESIGN: the loop never dies from one job). A job whose sampling
+        or model step fails on its own ends with reason "error" and the rest of its
+        batch goes on; an unexpected exception while submitting or collecting a
+        micro-batch fails that micro-batch's jobs; one with no batch to blame (the
+        scheduler's) fails every live job, lest it repeat on every step. Each is
+        logged once, with its traceback (fsd.engine.failures)."""
         try:
             return self._step_fn()
         except Exception as exc:  # noqa: BLE001 - last resort: the loop must go on
@@ -279,6 +277,8 @@ class Engine(EngineFailures):
 
     def _submit_next(self) -> list[StepDelta] | None:
         """Schedule and submit the next micro-batch; the deltas of jobs failed doing so."""
+        if (lost := self._check_workers()) is not None:  # (fsd.engine.failures)
+            return lost
         start = time.time()
         try:
             out = self.scheduler.schedule(start, busy=self._flight.busy)

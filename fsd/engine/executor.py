@@ -88,6 +88,7 @@ class Executor(abc.ABC):
     # (StepResult.swaps_done); False when they end through swapper.poll(). The engine
     # reads it to account the copies of a micro-batch whose result was lost.
     copies_end_with_result: bool = True
+    healthy: bool = True  # the workers now running have completed a micro-batch
 
     def plan(
         self,
@@ -123,6 +124,11 @@ class Executor(abc.ABC):
     def restart(self) -> None:
         """Replace failed workers (weights reloaded, KV empty); raise when impossible."""
         raise WorkerFailure("this executor cannot restart its workers")
+
+    def check(self) -> None:
+        """Before a micro-batch, none in flight: WorkerFailure if a worker died unseen
+        (while idle). The in-process worker cannot die alone: nothing to check."""
+        return None
 
     def close(self) -> None:
         """Release workers and copy threads."""

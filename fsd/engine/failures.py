@@ -50,7 +50,7 @@ class EngineFailures(ABC):
     _jobs: dict[str, Job]
     _text: dict[str, JobDetokenizer]
     _flight: InFlight[Any]  # micro-batches in the pipeline (`.out` is their schedule)
-    degraded: str | None  # why the engine is not fully healthy; None when it is
+    _degraded: str | None  # the last worker failure, as `degraded` says it
     _refusing: bool  # the workers could not be restarted: new jobs are refused
     worker_failures: int
 
@@ -61,6 +61,14 @@ class EngineFailures(ABC):
     @abstractmethod
     def _copies_done(self, ops: list[SwapOp]) -> None:
         """Account asynchronous copies as ended (the engine's)."""
+
+    @property
+    def degraded(self) -> str | None:
+        """Why the engine is not fully healthy; None when it is: once workers restarted
+        after a failure have served a micro-batch (while new jobs are refused, never)."""
+        if self._refusing or not self.executor.healthy:
+            return self._degraded
+        return None
 
     # ---- one job -----------------------------------------------------------------
 
@@ -161,20 +169,32 @@ class EngineFailures(ABC):
             self.executor.restart()
         except Exception as restart_exc:  # noqa: BLE001 - reported, never raised into the loop
             self._refusing = True
-            self.degraded = (
+            self._degraded = (
                 f"{reason} ({len(doomed)} jobs failed); restarting the workers failed: "
                 f"{restart_exc}; new requests are refused"
             )
-            log.error("%s", self.degraded)
+            log.error("%s", self._degraded)
             return deltas + [self._fail(job, reason, now) for job in self.scheduler.jobs()]
         n = self.worker_failures
-        self.degraded = (
+        self._degraded = (
             f"{reason} at {time.strftime('%H:%M:%S', time.localtime(now))} "
             f"({len(doomed)} jobs failed); workers restarted "
             f"({n} time{'s' if n > 1 else ''}), serving"
         )
-        log.warning("%s", self.degraded)
+        log.warning("%s", self._degraded)
         return deltas
+
+    def _check_workers(self) -> list[StepDelta] | None:
+        """Before a micro-batch: workers that died while idle are found and restarted
+        now, before a job runs on them (the deltas of jobs whose KV died with them;
+        None if all is well)."""
+        if self._flight:
+            return None
+        try:
+            self.executor.check()
+        except WorkerFailure as exc:
+            return self._workers_failed(exc)
+        return None
 
     # ---- every job -----------------------------------------------------------------
 

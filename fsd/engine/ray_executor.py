@@ -16,7 +16,9 @@ travel with the next plan.
 
 A worker that dies fails its micro-batch: `result` raises WorkerFailure, naming it.
 `restart` kills every worker (a TP group cannot re-admit one rank) and starts a
-fresh set: weights reloaded, KV empty.
+fresh set: weights reloaded, KV empty. One that died idle is found by `check` (a
+ping before the first micro-batch after IDLE_CHECK s without one): the request that
+ends the idle time runs on fresh workers, not fails with them. `healthy`: they served.
 """
 
 from __future__ import annotations
@@ -49,6 +51,8 @@ log = logging.getLogger("fsd.engine")
 
 _POLL = 0.05  # seconds between checks of a micro-batch's workers (a failure shows this fast)
 STARTUP_TIMEOUT = 300.0  # seconds for workers to be placed, load weights and allocate KV
+IDLE_CHECK = 1.0  # seconds without a micro-batch after which `check` pings the workers
+_PING_TIMEOUT = 30.0  # seconds idle workers get to answer a ping
 
 
 def validate_parallel(arch: ModelArch, tp: int, pp: int) -> None:
@@ -143,6 +147,8 @@ class RayExecutor(Executor):
         self._forget: list[str] = []  # sent with the next plan
         self._seq = 0
         self._bytes_per_block = 0
+        self._heard = time.monotonic()  # when every worker last answered
+        self.healthy = False  # a micro-batch has completed on the workers now running
         try:
             self._start_workers()
             caps = self._call_all("capacity")
@@ -306,6 +312,7 @@ class RayExecutor(Executor):
         except Exception as exc:
             raise WorkerFailure(f"the last stage failed: {_describe(exc)}") from None
         del self._flight[ticket]
+        self._heard, self.healthy = time.monotonic(), True
         self.swapper.bytes_out += f.copy_bytes["out"]
         self.swapper.bytes_in += f.copy_bytes["in"]
         self.swapper.bytes_in_flight -= f.copy_bytes["out"] + f.copy_bytes["in"]
@@ -330,6 +337,26 @@ class RayExecutor(Executor):
     def forget(self, job_id: str) -> None:
         self._forget.append(job_id)
 
+    def check(self) -> None:
+        if self._flight or time.monotonic() - self._heard < IDLE_CHECK:
+            return
+        refs = {
+            w.ping.remote(): f"stage {s} tp rank {r}"
+            for s, stage in enumerate(self.workers)
+            for r, w in enumerate(stage)
+        }
+        ready, late = self.ray.wait(list(refs), num_returns=len(refs), timeout=_PING_TIMEOUT)
+        for ref in ready:
+            try:
+                self.ray.get(ref)
+            except Exception as exc:
+                why = f"worker {refs[ref]} died while idle: {_describe(exc)}"
+                raise WorkerFailure(why) from None
+        if late:
+            who = ", ".join(refs[r] for r in late)
+            raise WorkerFailure(f"idle workers ({who}) did not answer within {_PING_TIMEOUT:.0f} s")
+        self._heard = time.monotonic()
+
     # ---- failure and shutdown -----------------------------------------------------
 
     def restart(self) -> None:
@@ -339,9 +366,11 @@ class RayExecutor(Executor):
         self.swapper.bytes_in_flight = 0
         self._kill_workers()
         self.restarts += 1
+        self.healthy = False
         try:
             self._start_workers()
             self._allocate()
+            self._heard = time.monotonic()
         except BaseException:
             self._kill_workers()
             raise

@@ -17,6 +17,7 @@ import zmq
 from fsd import protocol as P
 from fsd.config import ServerConfig
 from fsd.errors import FsdError
+from fsd.server.audit import connection_tag
 from fsd.server.clients import ClientBook, ClientState
 from fsd.server.roles import Authorizer, Caller
 
@@ -154,7 +155,7 @@ class Frontend:
         try:
             self.router.send_multipart([route, P.encode(msg)], zmq.NOBLOCK)
         except zmq.ZMQError as exc:  # a vanished peer or a full queue loses only its message
-            log.debug("dropped a reply to %r: %s", route, exc)
+            log.debug("dropped a reply to connection %s: %s", connection_tag(route), exc)
 
     def send_error(self, ident: bytes, exc: BaseException, req_id: str | None = None) -> None:
         """An `Error` to session `ident` for a refusal (stable code) or a failure

@@ -12,7 +12,8 @@ connection and nothing else; who a caller is comes from its session or CURVE key
 
 It also holds the connection cap: past `max_connections` a new connection gets
 an `Error` "too-many-connections" (under NULL; under CURVE it is closed) and is
-closed, and the file-descriptor limit is raised to what the kernel allows at start.
+closed, and the file-descriptor limit is raised to what the kernel allows at start;
+out of descriptors even so, its listener refuses without spinning (`fsd.server.listen`).
 Each connection is two asyncio streams on the gate's own thread; backpressure is
 the streams' own (a slow reader stops its writer), so nothing is buffered past
 one read per direction here. Closed connections are reported through
@@ -26,7 +27,6 @@ import contextlib
 import ctypes
 import logging
 import os
-import resource
 import shutil
 import tempfile
 from collections.abc import Callable
@@ -36,6 +36,7 @@ from urllib.parse import urlsplit
 from fsd import protocol as P
 from fsd.errors import ConfigError
 from fsd.server import zmtp
+from fsd.server.listen import raise_fd_limit, tcp_listeners, unix_listener
 from fsd.server.loop_thread import LoopThread
 
 log = logging.getLogger("fsd.server")
@@ -57,16 +58,6 @@ def unpredictable_ids() -> None:
         ctypes.CDLL(None).srand(ctypes.c_uint(int.from_bytes(os.urandom(4), "little")))
 
 
-def raise_fd_limit() -> int:
-    """Raise the soft open-files limit to the hard one; the soft limit now."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if hard == resource.RLIM_INFINITY or soft < hard:
-        target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
-        with contextlib.suppress(ValueError, OSError):
-            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
-    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-
-
 def connection_cap(configured: int, soft_limit: int) -> int:
     """How many connections the gate takes: the setting, or what the fds allow."""
     return max(1, min(configured, (soft_limit - _FD_RESERVE) // _FDS_PER_CONNECTION))
@@ -86,7 +77,7 @@ class Gate(LoopThread):
         super().__init__("fsd-gate")
         self.endpoint = endpoint
         self.curve = curve
-        self.max_connections = connection_cap(max_connections, raise_fd_limit())
+        self.max_connections = connection_cap(max_connections, raise_fd_limit()[1])
         self.on_close = on_close
         self._dir = Path(tempfile.mkdtemp(prefix="fsd-gate-"))  # 0700, ours
         self.upstream_path = str(self._dir / "router")
@@ -94,7 +85,7 @@ class Gate(LoopThread):
         self.live = 0
         self.refused = 0
         self._count = 0
-        self._server: asyncio.AbstractServer | None = None
+        self._servers: list[asyncio.AbstractServer] = []
 
     def start(self) -> None:
         """Listen on the public endpoint; ConfigError (naming it) if it cannot be bound."""
@@ -115,12 +106,13 @@ class Gate(LoopThread):
     # ---- the thread ----------------------------------------------------------------
 
     async def serve(self) -> None:
-        self._server = await _listen(self.endpoint, self._serve)
+        self._servers = await _listen(self.endpoint, self._serve)
         self.ready()
         try:
             await self.stopped()
         finally:
-            self._server.close()
+            for server in self._servers:
+                server.close()
             # the ROUTER closed first (EngineService.close): each relay ends once it has
             # passed on what the ROUTER flushed, e.g. the answer to Shutdown
             tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
@@ -249,18 +241,21 @@ async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> N
             await writer.drain()
 
 
-async def _listen(endpoint: str, serve: Callable) -> asyncio.AbstractServer:
-    """A server on tcp://HOST:PORT or ipc://PATH."""
+async def _listen(endpoint: str, serve: Callable) -> list[asyncio.AbstractServer]:
+    """Servers on tcp://HOST:PORT (one per address) or ipc://PATH, on guarded
+    listening sockets (`fsd.server.listen`: out of descriptors, no spin, one line)."""
+    what = f"the gate ({endpoint})"
     if endpoint.startswith("ipc://"):
         path = endpoint[len("ipc://") :]
         with contextlib.suppress(FileNotFoundError):
             if Path(path).is_socket():
                 os.unlink(path)  # a dead daemon's socket (the pidfile lock says none runs)
-        return await asyncio.start_unix_server(serve, path=path)
+        return [await asyncio.start_unix_server(serve, sock=unix_listener(path, what))]
     parts = urlsplit(endpoint)
     if parts.scheme != "tcp" or parts.port is None:
         raise ConfigError(f"the endpoint must be tcp://HOST:PORT or ipc://PATH, got {endpoint!r}")
     host = parts.hostname
     if host in (None, "*", ""):
         host = None  # every interface (only with CURVE: fsd.server.security)
-    return await asyncio.start_server(serve, host=host, port=parts.port, reuse_address=True)
+    socks = tcp_listeners(host, parts.port, what)
+    return [await asyncio.start_server(serve, sock=s) for s in socks]

@@ -27,6 +27,8 @@ from fsd.engine.output import RequestOutput
 from fsd.errors import ConfigError
 from fsd.server.chat_template import ChatTemplate
 from fsd.server.http_api import Backend, build_app
+from fsd.server.listen import tcp_listeners
+from fsd.server.log_limits import http_server_logger
 from fsd.server.loop_thread import LoopThread
 from fsd.server.prom import MetricsCollector
 from fsd.server.telemetry import Publisher
@@ -148,16 +150,20 @@ class HttpFrontend(LoopThread):
         # them (http_api answers 415 to a Content-Encoding). aiohttp's decoders bring
         # nothing an OpenAI client uses, and a risk: a truncated deflate body arriving
         # after its headers left the handler waiting for ever (aiohttp 3.14).
+        # logger: a malformed request is one short throttled line (log_limits)
         runner = web.AppRunner(
             app,
+            logger=http_server_logger(),
             access_log=None,
             shutdown_timeout=1.0,
             handler_cancellation=True,
             auto_decompress=False,
         )
         await runner.setup()
-        try:
-            await web.TCPSite(runner, self.host, self.port).start()
+        try:  # guarded listening sockets (fsd.server.listen: out of descriptors, no spin)
+            what = f"the HTTP server ({self.host}:{self.port})"
+            for sock in tcp_listeners(self.host or None, self.port, what):
+                await web.SockSite(runner, sock).start()
         except OSError as exc:
             await runner.cleanup()
             await client.close()

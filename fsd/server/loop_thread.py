@@ -10,6 +10,7 @@ import threading
 from abc import ABC, abstractmethod
 
 from fsd.errors import ConfigError
+from fsd.server.listen import quiet_accept_errors
 
 log = logging.getLogger("fsd.server")
 
@@ -64,5 +65,6 @@ class LoopThread(ABC):
 
     async def _begin(self) -> None:
         self._loop = asyncio.get_running_loop()
+        self._loop.set_exception_handler(quiet_accept_errors)  # (listen: logged throttled)
         self._stop = asyncio.Event()
         await self.serve()

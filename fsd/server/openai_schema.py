@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fsd.errors import ConfigError
-from fsd.jobs import MAX_TEMPERATURE, SamplingParams
+from fsd.jobs import MAX_SEED, MAX_TEMPERATURE, SamplingParams
 from fsd.server.openai_errors import APIError, bad_request, clip, show
 
 INT64_MAX = 2**63 - 1  # the bound of the integer parameters (vLLM's torch.long range)
@@ -210,7 +210,7 @@ def _sampling(
         if body.get(name) is not None:
             kw[name] = _number(body[name], name, lo, hi)
     if body.get("seed") is not None:
-        kw["seed"] = _int(body["seed"], "seed", -(2**63))
+        kw["seed"] = _int(body["seed"], "seed", 0, MAX_SEED)  # the SDK's and the wire's range
     stop = body.get("stop")
     if stop is not None:
         if isinstance(stop, str):

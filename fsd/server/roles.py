@@ -13,6 +13,7 @@ need the operator role.
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from fsd import protocol as P
 from fsd.config import ServerConfig
 from fsd.credentials import new_token, same_token, token_path, write_secret
 from fsd.errors import ConfigError, ForbiddenError
+from fsd.statedir import open_state_file
 
 log = logging.getLogger("fsd.server")
 
@@ -85,12 +87,19 @@ class Authorizer:
             raise ForbiddenError(needs_operator(what))
 
     def close(self) -> None:
-        """Remove the token file, unless another daemon has replaced it since."""
+        """Remove the token file, unless another daemon has replaced it since (read
+        as every state file is: never through a link, only a file of ours)."""
         try:
-            if self.token_file.read_text().strip() == self.token:
+            fd = open_state_file(self.token_file, os.O_RDONLY)
+        except (OSError, ConfigError):
+            return
+        try:
+            if os.pread(fd, 4096, 0).decode(errors="replace").strip() == self.token:
                 self.token_file.unlink()
         except OSError:
             pass
+        finally:
+            os.close(fd)
 
 
 def needs_operator(what: str) -> str:

@@ -214,6 +214,16 @@ def test_record_then_read_back(daemon, tmp_path):
     assert all(isinstance(m, P.Snapshot | P.Event) for m in messages)
 
 
+def test_record_on_a_full_disk_is_one_error_line(daemon):
+    # /dev/full answers every write with ENOSPC, as a full disk does
+    result = fsctl(daemon, "record", "/dev/full", "--duration", "5")
+    assert result.exit_code == 2, result.output
+    assert result.stderr == (
+        "error: cannot write the recording '/dev/full': No space left on device\n"
+    ), result.stderr
+    assert "Traceback" not in result.output
+
+
 def test_drain_and_shutdown(daemon):
     # the last test of this module: the daemon exits
     drained = fsctl(daemon, "drain", "--drain-timeout", "10")

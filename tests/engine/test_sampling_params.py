@@ -117,6 +117,33 @@ def test_one_temperature_range_on_every_path(value, ok):
                 make()
 
 
+@pytest.mark.parametrize(
+    ("seed", "ok"), [(0, True), (2**63, True), (2**64 - 1, True), (-1, False), (2**64, False)]
+)
+def test_one_seed_range_on_every_path(seed, ok):
+    """The SDK, the ZeroMQ wire (msgpack: unsigned up to 2**64-1) and the HTTP API take
+    the same seeds: [0, 2**64-1] (HTTP took [-2**63, 2**63-1] before)."""
+
+    def wire() -> SamplingParams:
+        sub = P.Submit(req_id="r", prompt_token_ids=[1], sampling=P.Sampling(seed=seed))
+        decoded = P.decode_request(P.encode(sub))
+        assert isinstance(decoded, P.Submit)
+        return decoded.sampling.params()
+
+    paths = [
+        lambda: SamplingParams(seed=seed),
+        lambda: parse_completion({"prompt": "x", "seed": seed}, "tiny").params,
+    ]
+    if seed < 2**64:  # msgpack cannot even encode 2**64: the client refuses it first
+        paths.append(wire)
+    for make in paths:
+        if ok:
+            assert make().seed == seed
+        else:
+            with pytest.raises((ConfigError, APIError), match=r"seed must be .*\[0, 1844\d+\]"):
+                make()
+
+
 def test_numbers_are_normalised_to_python_types():
     p = SamplingParams(temperature=1, top_p=1, stop="a", stop_token_ids=[3])
     assert type(p.temperature) is float and type(p.top_p) is float

@@ -7,6 +7,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -111,12 +112,22 @@ class Daemon:
 
 
 def start_daemon(
-    tmp: Path, config: str = "", *flags: str, wait: float = 120.0, curve: CurveKeys | None = None
+    tmp: Path,
+    config: str = "",
+    *flags: str,
+    wait: float = 120.0,
+    curve: CurveKeys | None = None,
+    endpoints: tuple[str, str] | None = None,
+    preexec: Callable[[], None] | None = None,
 ) -> Daemon:
     """Start `fsd start --foreground` with an fsd.toml holding `config`; wait until it answers
-    (to a client holding `curve` keys, when the daemon requires them)."""
-    port, tport = free_port(), free_port()
-    endpoint, telemetry = f"tcp://127.0.0.1:{port}", f"tcp://127.0.0.1:{tport}"
+    (to a client holding `curve` keys, when the daemon requires them). `endpoints`:
+    (endpoint, telemetry endpoint) to serve on, else free loopback ports; `preexec`:
+    run in the child before it starts (a resource limit)."""
+    endpoint, telemetry = endpoints or (
+        f"tcp://127.0.0.1:{free_port()}",
+        f"tcp://127.0.0.1:{free_port()}",
+    )
     state = tmp / "state"
     toml = tmp / "fsd.toml"
     toml.write_text(config)
@@ -139,7 +150,9 @@ def start_daemon(
     ]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     with open(log, "wb") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
+        proc = subprocess.Popen(
+            cmd, stdout=out, stderr=subprocess.STDOUT, env=env, preexec_fn=preexec
+        )
     d = Daemon(proc, endpoint, telemetry, state, log, curve)
     deadline = time.time() + wait
     try:

@@ -7,6 +7,7 @@ import re
 import time
 from pathlib import Path
 
+from fsd.server.audit import connection_tag, session_number
 from tests.server.daemon_proc import SMALL_POOL, Daemon, daemon_fixture
 
 INTERVAL = 0.3  # seconds between stats lines: short, so that the test waits little
@@ -74,7 +75,20 @@ def test_retune_and_abort_get_audit_lines_naming_the_role(daemon):
         client.abort(job_id)
     retune = wait_for(daemon, "audit: retune")
     assert "quanta=0.01,0.02" in retune and "starve_limit=5.0" in retune
-    assert re.search(r"by operator \(connection [0-9a-f]+\)$", retune)
+    operator = re.search(r"by operator \(session (\d+)\)$", retune)
+    assert operator, retune
     abort = wait_for(daemon, f"audit: abort job {job_id}")
-    assert re.search(r"by client \(connection [0-9a-f]+\)$", abort)
+    client = re.search(r"by client \(session (\d+)\)$", abort)
+    assert client and client.group(1) != operator.group(1), abort
     assert "fsd.audit" in abort  # its own logger: an operator can pick them out
+
+
+def test_no_log_line_names_a_routing_id(daemon):
+    # the gate's routing ids are b"c" + a 64-bit counter: in hex "63" then 16 digits
+    text = Path(daemon.log).read_text()
+    assert not re.search(r"63[0-9a-f]{16}", text)
+    rid = b"c" + (7).to_bytes(8, "big")
+    tag = connection_tag(rid)
+    assert re.fullmatch(r"[0-9a-f]{8}", tag) and tag == connection_tag(rid)
+    assert tag != connection_tag(b"c" + (8).to_bytes(8, "big")) and rid.hex() not in tag
+    assert session_number(b"s12") == "12" and session_number(rid) == tag

@@ -1,0 +1,102 @@
+"""Out of file descriptors, the daemon refuses new connections quietly and recovers.
+
+P21 item 5: under a soft limit of 1024, 1100 idle HTTP connections made asyncio's
+accept loop log 137,363 tracebacks (61 MB in 20 s) and spin a core. Here the daemon
+runs with soft = hard = LIMIT (so it cannot raise it), idle connections fill its
+table, and the log, its CPU time and a client after the connections close are read.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import select
+import socket
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from tests.server.daemon_proc import free_port, start_daemon
+
+LIMIT = 128
+CPU_BOUND = 1.0  # seconds of CPU in WINDOW: a spinning accept loop would take ~all of it
+WINDOW = 3.0
+
+
+def limit_fds() -> None:
+    resource.setrlimit(resource.RLIMIT_NOFILE, (LIMIT, LIMIT))
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of `pid` (all its threads) from /proc/PID/stat."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def closed_by_peer(s: socket.socket, wait: float) -> bool:
+    """Whether the daemon closed `s` within `wait` seconds (it sent nothing else)."""
+    ready, _, _ = select.select([s], [], [], wait)
+    if not ready:
+        return False
+    try:
+        return s.recv(1) == b""
+    except ConnectionError:
+        return True
+
+
+def served(http: str, timeout: float = 30.0) -> int:
+    """The status of GET /v1/models, retried while the daemon recovers."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with urllib.request.urlopen(f"{http}/v1/models", timeout=5) as resp:
+                return resp.status
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="Linux /proc")
+def test_out_of_descriptors_no_spin_one_line_and_recovery(tmp_path):
+    port = free_port()
+    http = f"http://127.0.0.1:{port}"
+    d = start_daemon(tmp_path, "[server]\ntelemetry_hz = 0.0\n", "--http", f"127.0.0.1:{port}",
+                     preexec=limit_fds)  # fmt: skip
+    conns: list[socket.socket] = []
+    try:
+        assert "open-files limit 128 (the hard limit: not raised)" in d.log.read_text()
+        assert served(http) == 200
+        refused = 0
+        for _ in range(LIMIT + 40):  # more than its table holds
+            s = socket.create_connection(("127.0.0.1", port), timeout=5)
+            conns.append(s)
+            if closed_by_peer(s, 0.05):
+                refused += 1
+        refused += sum(closed_by_peer(s, 1.0) for s in conns[-20:])
+        assert refused > 0  # the daemon closed what it had no descriptor for
+        before = cpu_seconds(d.proc.pid)
+        for _ in range(10):  # and it keeps refusing, without spinning, while full
+            extra = socket.create_connection(("127.0.0.1", port), timeout=5)
+            assert closed_by_peer(extra, 5.0)
+            extra.close()
+            time.sleep(WINDOW / 10)
+        spent = cpu_seconds(d.proc.pid) - before
+        assert spent < CPU_BOUND, f"{spent:.2f} s of CPU in {WINDOW} s"
+        for s in conns:
+            s.close()
+        conns = []
+        assert served(http) == 200  # descriptors free again: served
+        with d.client(timeout=30) as c:
+            assert c.complete([1, 2, 3], max_tokens=2, ignore_eos=True).finish_reason == "length"
+        text = d.log.read_text()
+        lines = [ln for ln in text.splitlines() if "out of file descriptors" in ln]
+        assert 1 <= len(lines) <= 2, lines  # one per 10 s at most, counting the refused
+        assert "connections refused so far" in lines[0] and "WARNING" in lines[0]
+        assert "Traceback" not in text and "out of system resource" not in text
+    finally:
+        for s in conns:
+            s.close()
+        assert d.stop() == 0
