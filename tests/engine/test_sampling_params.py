@@ -109,11 +109,16 @@ def test_one_temperature_range_on_every_path(value, ok):
         lambda: P.Sampling(temperature=value).params(),
         lambda: parse_completion({"prompt": "x", "temperature": value}, "tiny").params,
     )
+    each_path_takes(paths, ok, "temperature", value, r"temperature must be .*\[0, 2\]")
+
+
+def each_path_takes(paths, ok: bool, name: str, value, refusal: str) -> None:
+    """Each way of making sampling params takes `value` for `name`, or refuses it."""
     for make in paths:
         if ok:
-            assert make().temperature == value
+            assert getattr(make(), name) == value
         else:
-            with pytest.raises((ConfigError, APIError), match=r"temperature must be .*\[0, 2\]"):
+            with pytest.raises((ConfigError, APIError), match=refusal):
                 make()
 
 
@@ -136,12 +141,7 @@ def test_one_seed_range_on_every_path(seed, ok):
     ]
     if seed < 2**64:  # msgpack cannot even encode 2**64: the client refuses it first
         paths.append(wire)
-    for make in paths:
-        if ok:
-            assert make().seed == seed
-        else:
-            with pytest.raises((ConfigError, APIError), match=r"seed must be .*\[0, 1844\d+\]"):
-                make()
+    each_path_takes(paths, ok, "seed", seed, r"seed must be .*\[0, 1844\d+\]")
 
 
 def test_numbers_are_normalised_to_python_types():

@@ -16,7 +16,6 @@ import signal
 import stat
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -247,16 +246,6 @@ def test_fsd_start_and_stop_refuse_a_world_writable_state_dir(tmp_path):
 
 
 # ---- (d) `fsd stop` and the pid a pidfile names ------------------------------------
-
-
-@pytest.fixture
-def children() -> Iterator[list[subprocess.Popen]]:
-    """Processes a test starts; killed at the end."""
-    procs: list[subprocess.Popen] = []
-    yield procs
-    for p in procs:
-        kill_quietly(p.pid)
-        p.wait()
 
 
 LOCKER = (

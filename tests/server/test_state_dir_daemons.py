@@ -14,7 +14,6 @@ import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -26,7 +25,7 @@ from fsd.daemon_control import _signal
 from fsd.pidfile import DaemonError, fsd_args, option_value, probe_pidfile
 from fsd.server.roles import Authorizer
 from tests.server.daemon_proc import start_daemon
-from tests.server.test_daemon_life import fsd, kill_quietly
+from tests.server.test_daemon_life import fsd
 
 needs_proc = pytest.mark.skipif(not os.path.exists("/proc/locks"), reason="Linux /proc")
 
@@ -38,15 +37,6 @@ FAKE_FSD = (
     "print('locked', flush=True)\n"
     "time.sleep(120)\n"
 )
-
-
-@pytest.fixture
-def children() -> Iterator[list[subprocess.Popen]]:
-    procs: list[subprocess.Popen] = []
-    yield procs
-    for p in procs:
-        kill_quietly(p.pid)
-        p.wait()
 
 
 def private(path: Path) -> Path:
