@@ -10,10 +10,12 @@ and not, OpenAI HTTP streamed and not, jobs aborted mid-stream, SDK clients and 
 connections that leave mid-stream, retunes, prompts that share a prefix (cache hits)
 and prompts that do not. Each cycle opens fresh connections and closes them all; the
 daemon is then left to become idle, and its RSS, open file descriptors and threads are
-read from /proc. Memory a daemon keeps per request shows as a slope of RSS over
-requests after the first cycle (which warms allocator pools, caches and compiled
-paths); the result is that slope in KB per request, the change in descriptors and
-threads after the first cycle, and a table per cycle. Writes JSON (default
+read from /proc, and Python's allocated blocks and GC-tracked objects from its
+/metrics. Memory a daemon keeps per request shows as a slope over requests after the
+first cycle (which warms allocator pools, caches and compiled paths): RSS in KB per
+request, and blocks and objects per request (exact counts: one string kept per
+request is a slope of 1); then the change in descriptors and threads after the first
+cycle, and a table per cycle. Writes JSON (default
 bench/results/soak-cpu.json) with the machine.
 """
 
@@ -26,6 +28,7 @@ import random
 import sys
 import tempfile
 import time
+import urllib.request
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -65,6 +68,10 @@ class SoakSpec:
     gpu_blocks: int = 48  # 768 tokens of device KV: jobs are preempted and swapped
     max_batch_size: int = 16
     seed: int = 0
+    # the SLO statistics keep every finish of this many seconds: a window that fills
+    # for its first minute (the CI run's cycles are shorter than the default 60 s)
+    slo_window: float = 60.0
+    trace: bool = False  # PYTHONTRACEMALLOC=1: the daemon's exact Python bytes (slower)
 
 
 @dataclass
@@ -77,6 +84,9 @@ class Sample:
     fds: int
     threads: int
     seconds: float
+    blocks: int = 0  # Python's allocated blocks (the daemon's /metrics)
+    objects: int = 0  # objects tracked by its garbage collector
+    traced: int = 0  # bytes Python holds (with `trace`)
     kinds: dict[str, int] = field(default_factory=dict)
     errors: int = 0
 
@@ -88,6 +98,19 @@ def usage(pid: int) -> tuple[float, int, int]:
     rss_kb = int(fields["VmRSS"].split()[0])
     fds = len(list(Path(f"/proc/{pid}/fd").iterdir()))
     return rss_kb / 1024, fds, int(fields["Threads"])
+
+
+def python_figures(http_port: int) -> dict[str, int]:
+    """The daemon's own Python figures from its /metrics: allocated blocks, GC-tracked
+    objects and (when it traces) traced bytes, by their names less `fsd_python_`."""
+    body = urllib.request.urlopen(f"http://127.0.0.1:{http_port}/metrics", timeout=30).read()
+    got = {}
+    for line in body.decode().splitlines():
+        name, _, value = line.partition(" ")
+        name = name.split("{", 1)[0]  # its labels (model_name)
+        if name.startswith("fsd_python_"):
+            got[name.removeprefix("fsd_python_")] = int(float(value))
+    return got
 
 
 def prompt_of(rng: random.Random) -> list[int]:
@@ -190,9 +213,10 @@ def wait_idle(daemon: Daemon, timeout: float = 300.0) -> None:
 
 def soak(spec: SoakSpec, folder: Path, progress: bool = True) -> list[Sample]:
     """Run the cycles against a fresh daemon; one sample per cycle (module doc)."""
-    config = pool_config(spec.gpu_blocks, spec.max_batch_size, 10)
+    config = pool_config(spec.gpu_blocks, spec.max_batch_size, 10, slo_window=spec.slo_window)
     port = free_port()
-    daemon = start_daemon(folder, config, "--http", f"127.0.0.1:{port}")
+    env = {"PYTHONTRACEMALLOC": "1"} if spec.trace else None
+    daemon = start_daemon(folder, config, "--http", f"127.0.0.1:{port}", env=env)
     daemon.http_port = port  # type: ignore[attr-defined]
     rng = random.Random(spec.seed)
     samples: list[Sample] = []
@@ -207,16 +231,19 @@ def soak(spec: SoakSpec, folder: Path, progress: bool = True) -> list[Sample]:
             wait_idle(daemon)
             done += count
             cycle += 1
-            rss, fds, threads = usage(daemon.proc.pid)
+            rss, fds, threads = usage(daemon.proc.pid)  # before /metrics opens a connection
+            py = python_figures(port)
+            blocks, objects = py["allocated_blocks"], py["gc_objects"]
             sample = Sample(
-                cycle, done, round(rss, 1), fds, threads,
-                round(time.perf_counter() - start, 1), load.kinds, load.errors,
+                cycle, done, round(rss, 1), fds, threads, round(time.perf_counter() - start, 1),
+                blocks, objects, py.get("traced_bytes", 0), load.kinds, load.errors,
             )  # fmt: skip
             samples.append(sample)
             if progress:
                 print(
-                    f"cycle {cycle}: {done} requests, RSS {rss:.1f} MB, {fds} fds, "
-                    f"{threads} threads, {sample.seconds:.0f} s, {load.errors} errors",
+                    f"cycle {cycle}: {done} requests, RSS {rss:.1f} MB, {blocks} blocks, "
+                    f"{objects} objects, {fds} fds, {threads} threads, "
+                    f"{sample.seconds:.0f} s, {load.errors} errors",
                     flush=True,
                 )
     finally:
@@ -224,10 +251,11 @@ def soak(spec: SoakSpec, folder: Path, progress: bool = True) -> list[Sample]:
     return samples
 
 
-def slope_kb(samples: list[Sample], skip: int = 1) -> float:
-    """Least-squares slope of RSS over requests after the first `skip` cycles (they warm
-    the allocator, the prefix cache's names and compiled paths): KB/request."""
-    pts = [(s.requests, s.rss_mb * 1024) for s in samples[skip:]]
+def slope(samples: list[Sample], skip: int = 1, of: str = "rss_mb", scale: float = 1024) -> float:
+    """Least-squares slope of a figure over requests after the first `skip` cycles (they
+    warm the allocator, the prefix cache's names and compiled paths), per request
+    (RSS: KB/request)."""
+    pts = [(s.requests, getattr(s, of) * scale) for s in samples[skip:]]
     if len(pts) < 2:
         return 0.0
     mx = sum(x for x, _ in pts) / len(pts)
@@ -241,7 +269,10 @@ def summary(samples: list[Sample], skip: int = 1) -> dict:
     in RSS, descriptors and threads after them."""
     later = samples[skip:] or samples
     return {
-        "slope_kb_per_request": round(slope_kb(samples, skip), 4),
+        "slope_kb_per_request": round(slope(samples, skip), 4),
+        "blocks_per_request": round(slope(samples, skip, "blocks", 1), 4),
+        "objects_per_request": round(slope(samples, skip, "objects", 1), 4),
+        "traced_bytes_per_request": round(slope(samples, skip, "traced", 1), 2),
         "slope_after_cycles": skip,
         "rss_first_mb": samples[0].rss_mb,
         "rss_last_mb": samples[-1].rss_mb,
@@ -258,10 +289,11 @@ def main() -> None:
     ap.add_argument("--cycle", type=int, default=SoakSpec.cycle)
     ap.add_argument("--concurrency", type=int, default=SoakSpec.concurrency)
     ap.add_argument("--quick", action="store_true", help="40,000 requests in cycles of 5,000")
+    ap.add_argument("--trace", action="store_true", help="the daemon runs PYTHONTRACEMALLOC=1")
     ap.add_argument("--json", default="bench/results/soak-cpu.json")
     args = ap.parse_args()
     requests, cycle = (40_000, 5_000) if args.quick else (args.requests, args.cycle)
-    spec = SoakSpec(requests=requests, cycle=cycle, concurrency=args.concurrency)
+    spec = SoakSpec(requests=requests, cycle=cycle, concurrency=args.concurrency, trace=args.trace)
     with tempfile.TemporaryDirectory(prefix="fsd-soak-") as tmp:
         samples = soak(spec, Path(tmp))
     rows = [{**asdict(s), "kb": (s.rss_mb - samples[0].rss_mb) * 1024} for s in samples]
@@ -269,8 +301,8 @@ def main() -> None:
     console.print(
         table_of(
             "daemon after each cycle, idle",
-            "cycle | requests | RSS MB | vs cycle 1 KB | fds | threads | s | errors",
-            "{cycle} | {requests} | {rss_mb:.1f} | {kb:+.0f} | {fds} | {threads} | {seconds} | {errors}",
+            "cycle | requests | RSS MB | vs cycle 1 KB | py blocks | py objects | fds | threads | s | errors",
+            "{cycle} | {requests} | {rss_mb:.1f} | {kb:+.0f} | {blocks} | {objects} | {fds} | {threads} | {seconds} | {errors}",
             rows,
         )
     )  # fmt: skip

@@ -1,4 +1,10 @@
-"""Giving freed heap back to the system once the daemon goes idle.
+"""Collecting garbage and giving freed heap back to the system once the daemon goes idle.
+
+Request handling leaves reference cycles that only Python's full collection frees; left to its
+own thresholds that runs rarely, and mid-step, so a daemon after a burst holds
+hundreds of KB of such garbage per thousand requests (measured for P20: traced
+memory climbing about 500 B/request for minutes, then falling back at the next full
+collection). Here a full collection runs when the loop has gone idle instead.
 
 glibc's malloc keeps the memory of freed objects in its arenas for reuse; after a
 burst of requests a long-lived daemon's RSS then stays at the burst's peak although
@@ -13,6 +19,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import gc
 import logging
 import time
 from collections.abc import Callable
@@ -34,7 +41,8 @@ def _glibc_trim() -> Callable[[int], int] | None:
 
 
 class IdleTrim:
-    """The loop's duty: `tick(busy)` every pass; trims once per idle spell after work."""
+    """The loop's duty: `tick(busy)` every pass; once per idle spell after work, a full
+    garbage collection, then the heap trimmed."""
 
     def __init__(
         self,
@@ -64,6 +72,11 @@ class IdleTrim:
             self._worked = False
             self._last = now
             self.trims += 1
+            t0 = time.perf_counter()
+            found = gc.collect()
             if self._trim is not None:
                 self._trim(0)
-                log.debug("idle: freed heap returned to the system")
+            log.debug(
+                "idle: %d objects collected, freed heap returned (%.1f ms)",
+                found, (time.perf_counter() - t0) * 1e3,
+            )  # fmt: skip

@@ -37,6 +37,7 @@ from fsd import protocol as P
 from fsd.engine.output import RequestOutput
 from fsd.server.prom_defs import EVENT_COUNTERS, RequestMetrics
 from fsd.server.prom_gauges import SnapshotGauges
+from fsd.server.prom_process import ProcessGauges
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST  # the format generate_latest writes
 
@@ -60,6 +61,7 @@ class MetricsCollector:
         self.requests = RequestMetrics(self.registry, model_name, max_model_len)
         self.gauges = SnapshotGauges(model_name)
         self.registry.register(self.gauges)
+        self.registry.register(ProcessGauges(model_name))
 
     @property
     def unpaired(self) -> int:

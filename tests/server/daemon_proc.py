@@ -119,6 +119,7 @@ def start_daemon(
     curve: CurveKeys | None = None,
     endpoints: tuple[str, str] | None = None,
     preexec: Callable[[], None] | None = None,
+    env: dict[str, str] | None = None,
 ) -> Daemon:
     """Start `fsd start --foreground` with an fsd.toml holding `config`; wait until it answers
     (to a client holding `curve` keys, when the daemon requires them). `endpoints`:
@@ -148,7 +149,7 @@ def start_daemon(
         str(state),
         *flags,
     ]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
     with open(log, "wb") as out:
         proc = subprocess.Popen(
             cmd, stdout=out, stderr=subprocess.STDOUT, env=env, preexec_fn=preexec

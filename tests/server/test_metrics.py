@@ -273,3 +273,18 @@ def test_a_daemon_of_several_replicas_labels_each_ones_gauges():
     one = MetricsCollector("tiny")  # one replica: no replica gauges
     one.telemetry(P.TOPIC_SNAPSHOT, snapshot(None))
     assert not any(name.startswith("fsd_replica") for name, _ in samples(one.render().decode()))
+
+
+def test_the_process_gauges_count_what_the_daemon_holds():
+    import gc
+    import threading
+
+    got = samples(MetricsCollector("tiny").render().decode())
+    assert got[("process_threads", ())] >= threading.active_count()
+    assert got[("process_open_fds", ())] > 0 and got[("process_resident_memory_bytes", ())] > 1e6
+    assert got[("fsd_python_gc_objects", ())] > 0.5 * len(gc.get_objects())
+    assert got[("fsd_python_allocated_blocks", ())] > 0
+    keep = [str(i) * 40 for i in range(20_000)]  # Python blocks this process now holds
+    after = samples(MetricsCollector("tiny").render().decode())
+    assert after[("fsd_python_allocated_blocks", ())] - got[("fsd_python_allocated_blocks", ())] >= 19_000
+    del keep
