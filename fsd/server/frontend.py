@@ -60,17 +60,22 @@ class Frontend:
         self.dispatch = dispatch
         self.failures = failures
         self.curve = curve
+        # when the daemon last had read every frame waiting for it: a client's silence
+        # counts only up to here (a frame sent since may still wait in the socket)
+        self.caught_up = time.time()
 
     def receive(self, timeout_ms: int) -> None:
         """Wait up to `timeout_ms` for messages, then answer up to a turn's worth of them."""
         router = self.router
         if not router.poll(timeout_ms):
+            self.caught_up = time.time()
             return
         curve = self.curve  # frames carry the sender's key (User-Id)
         for _ in range(_MAX_MESSAGES_PER_TURN):
             try:
                 frames = router.recv_multipart(zmq.NOBLOCK, copy=not curve)
             except zmq.Again:
+                self.caught_up = time.time()
                 return
             self.handle(frames)
 

@@ -231,17 +231,24 @@ async def _serve(
 
 
 def _abandon(be: Backend, handle: AsyncJobHandle) -> None:
-    """Abort `handle`'s job if it has not ended, in a task of its own.
+    """Abort `handle`'s job unless it finished, in a task of its own.
 
-    Its own task: the handler may be cancelled (its client disconnected), and a
-    cancelled coroutine should not wait for the daemon's answer.
+    Unless it *finished*: a handle that ended in an error (its link failed, a bug)
+    says nothing of the job, which may run on in the engine; it is aborted by its id,
+    which the link's session owns. Its own task: the handler may be cancelled (its
+    client disconnected), and a cancelled coroutine should not wait for the daemon.
     """
-    if handle.done:
+    state = handle._state
+    if state.result is not None:  # its Finished arrived: the job is over
         return
+    client, job_id = be.client, state.job_id
 
     async def abort() -> None:
         with contextlib.suppress(FsdError):  # already ended, or the daemon is stopping
-            await handle.abort()
+            if job_id is not None:
+                await client.abort(job_id)
+            elif not handle.done:  # not accepted yet: abort it once it is
+                await handle.abort()
 
     task = asyncio.get_running_loop().create_task(abort())
     be.aborts.add(task)  # a strong reference until it is done

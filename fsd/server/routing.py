@@ -77,13 +77,20 @@ class JobRouter:
         if owner is not None:
             self.send(owner.caller.ident, finished_message(out, owner.req_id))
 
-    def reap_silent_clients(self, timeout: float) -> list[bytes]:
+    def reap_silent_clients(self, timeout: float, heard_until: float | None = None) -> list[bytes]:
         """Abort the jobs of sessions silent for `timeout` seconds (no heartbeat);
         forget the silent ones no connection holds (an open connection keeps its empty
-        session). The sessions reaped, whose other work the caller stops."""
+        session). The sessions reaped, whose other work the caller stops.
+
+        `heard_until`: when the daemon last read every waiting frame (default now).
+        Silence counts only up to then: a daemon that stalled (a flood of huge frames)
+        must not take its own deafness for its clients' silence, and abort them all
+        (the HTTP frontend's link among them, with every HTTP stream).
+        """
         now = time.time()
+        until = now if heard_until is None else min(now, heard_until)
         reaped = []
-        for ident, client in self.book.silent_since(now - timeout):
+        for ident, client in self.book.silent_since(until - timeout):
             if client.jobs:
                 log.info(
                     "session %s went silent: aborting its %d jobs",

@@ -256,7 +256,8 @@ class EngineService:
 
     def _reap(self) -> None:
         """Silent sessions lose their jobs and their scenarios (fsd.server.routing)."""
-        for ident in self.routing.reap_silent_clients(self.cfg.client_timeout):
+        heard = self.frontend.caught_up  # silence counts while the daemon listened
+        for ident in self.routing.reap_silent_clients(self.cfg.client_timeout, heard):
             self.control.scenarios.cancel(ident)
 
     def _detach_closed(self) -> None:
