@@ -117,3 +117,8 @@ class JobView:
     @property
     def done(self) -> bool:
         return self._state.done
+
+    @property
+    def finished(self) -> bool:
+        """The job's end arrived (not an error of the client's: the job is over)."""
+        return self._state.result is not None

@@ -238,10 +238,9 @@ def _abandon(be: Backend, handle: AsyncJobHandle) -> None:
     which the link's session owns. Its own task: the handler may be cancelled (its
     client disconnected), and a cancelled coroutine should not wait for the daemon.
     """
-    state = handle._state
-    if state.result is not None:  # its Finished arrived: the job is over
+    if handle.finished:  # its Finished arrived: the job is over
         return
-    client, job_id = be.client, state.job_id
+    client, job_id = be.client, handle.job_id
 
     async def abort() -> None:
         with contextlib.suppress(FsdError):  # already ended, or the daemon is stopping

@@ -3,10 +3,18 @@
 It reaches the engine through an `inproc://` endpoint that the daemon's ROUTER also
 binds: no TCP hop, no gate and no CURVE handshake (inproc never leaves the process),
 while the requests still go through the same admission and validation as every
-other client's. That link has no timeout: it never resets, so the jobs it submitted
-are never orphaned; a request the engine does not take within `client_timeout`
-is answered 503 and its job aborted. Telemetry reaches /metrics through a tap on the publisher and finished
-jobs through `job_finished`, both queue puts; the HTTP thread does the rest.
+other client's. Telemetry reaches /metrics through a tap on the publisher and
+finished jobs through `job_finished`, both queue puts; the HTTP thread does the rest.
+
+HTTP users do not share one fate, though they share one link (one session):
+- the link has no timeout, so no slow call ever resets it: each request has its own
+  deadline instead (a request the engine does not take within `client_timeout` is
+  answered 503 and its job aborted), and a request's error is its own;
+- the daemon counts a session's silence only while it listened (`Frontend.caught_up`):
+  a daemon stalled by a flood of huge frames no longer reaps the link, which aborted
+  every HTTP stream at once;
+- a job whose HTTP client left is aborted by its id whenever it did not finish, also
+  when its handle ended in an error (`http_api._abandon`).
 """
 
 from __future__ import annotations

@@ -382,7 +382,8 @@ class FailingJob:
     """A job handle whose job the engine ended with reason "error"."""
 
     prompt_tokens = 1
-    done = True
+    job_id = "job-1"
+    done = finished = True
 
     async def accepted(self) -> str:
         return "job-1"
