@@ -31,13 +31,8 @@ from fsd.server.routing import JobRouter
 from tests.server.daemon_proc import daemon_fixture
 from tests.server.test_http_api import offline_backend
 
-CONFIG = """
-[cache]
-num_gpu_blocks = 40
-[server]
-client_timeout = 5.0
-max_frame_bytes = 65536
-"""
+# a frame cap of 64 KiB: a 200 KB body is refused (413) while streams run beside it
+CONFIG = "[cache]\nnum_gpu_blocks = 40\n[server]\nclient_timeout = 5.0\nmax_frame_bytes = 65536\n"
 
 daemon = daemon_fixture(CONFIG, "http-isolation", http=True)
 
