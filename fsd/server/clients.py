@@ -12,7 +12,9 @@ each frame): a frame from another key on the same routing id gets a new session.
 Bounds: one session per open connection (the gate caps connections) plus the
 detached ones, each forgotten `client_timeout` after it last spoke; a detached
 session keeps its jobs' `Finished` and late answers for its next connection, at
-most one per job it owned plus `_OUTBOX_EXTRA`.
+most one per job it owned plus `_OUTBOX_EXTRA`; the last `_GONE_KEPT` closed
+connections are remembered, so a frame read after its connection closed still
+speaks for its session.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import hashlib
 import hmac
 import itertools
 import secrets
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from fsd import protocol as P
@@ -29,6 +32,7 @@ from fsd.errors import FsdError, OverloadedError
 from fsd.server.roles import Caller
 
 _OUTBOX_EXTRA = 64  # answers kept for a detached session beyond one per job
+_GONE_KEPT = 4096  # closed connections remembered for their late frames
 
 
 class SessionError(FsdError):
@@ -116,6 +120,10 @@ class ClientBook:
         self.owners: dict[str, Owner] = {}
         self._streamed: dict[str, int] = {}  # job_id -> output tokens routed so far
         self._keys = itertools.count(1)
+        # closed connections' routing ids -> their sessions: a frame a client sent just
+        # before closing (its jobs' aborts) may be read after the gate said it closed.
+        # Routing ids are the gate's, never reused, so this is still that connection.
+        self._gone: OrderedDict[bytes, bytes] = OrderedDict()
 
     # ---- sessions and connections -----------------------------------------------------
 
@@ -126,6 +134,11 @@ class ClientBook:
         if client is not None and client.user_id != user_id:
             self.detach(route)
             client = None
+        if client is None and route in self._gone:  # sent before its connection closed
+            late = self.clients.get(self._gone[route])
+            if late is not None and late.user_id == user_id:
+                late.last_seen = now
+                return late
         if client is None:
             key = b"s%d" % next(self._keys)
             client = self.clients[key] = ClientState(key, now, user_id, route)
@@ -179,6 +192,10 @@ class ClientBook:
         """Connection `route` is closed or taken over: its session keeps its jobs until
         resumed or forgotten, and hears nothing meanwhile."""
         key = self.routes.pop(route, None)
+        if key is not None:
+            self._gone[route] = key
+            while len(self._gone) > _GONE_KEPT:
+                self._gone.popitem(last=False)
         client = self.clients.get(key) if key is not None else None
         if client is not None and client.route == route:
             client.route = None
