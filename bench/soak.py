@@ -56,6 +56,7 @@ KINDS = {
 }
 PREFIXES = 8  # shared prompt prefixes (48 tokens each): half the prompts hit one
 RETUNE_EVERY = 500  # requests between two retunes (q1 alternates)
+REQUEST_LIMIT = 300.0  # seconds before a request counts as lost
 
 
 @dataclass(frozen=True)
@@ -156,10 +157,11 @@ class Load:
         prompt = prompt_of(self.rng)
         tokens = self.rng.randrange(1, 9) if "leave" not in kind and kind != "sdk-abort" else 64
         try:
-            if kind.startswith("sdk"):
-                await self._sdk(kind, prompt, tokens)
-            else:
-                await self._http(kind, prompt, tokens)
+            async with asyncio.timeout(REQUEST_LIMIT):  # an answer lost is an error, not a hang
+                if kind.startswith("sdk"):
+                    await self._sdk(kind, prompt, tokens)
+                else:
+                    await self._http(kind, prompt, tokens)
             self.kinds[kind] += 1
         except (TimeoutError, FsdError, aiohttp.ClientError):
             self.errors += 1
