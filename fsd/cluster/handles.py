@@ -153,7 +153,7 @@ class Replicas(ABC):
     def _died(self, index: int, exc: BaseException) -> None:
         if index in self.down:
             return
-        lines = [line.strip() for line in str(exc).splitlines() if line.strip()] or [""]
+        lines = _lines(exc) or [""]
         tail = f" ({lines[-1]})" if len(lines) > 1 else ""  # Ray's own last line says why
         self.down[index] = f"{type(exc).__name__}: {lines[0]}{tail}"[:300]
         log.error("replica %d is down (%s); starting a fresh one", index, self.down[index])
@@ -252,7 +252,7 @@ class RayReplicas(Replicas):
                 self._ready(worker)
         except self.ray.exceptions.RayActorError as exc:
             self.close()
-            lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+            lines = _lines(exc)
             raise FsdError(f"a replica failed to start: {lines[-1] if lines else exc}") from None
 
     def _admit(self, index: int, *args: Any) -> None:
@@ -290,6 +290,11 @@ class RayReplicas(Replicas):
         self.groups.close()
         if self._started:
             self.ray.shutdown()
+
+
+def _lines(exc: BaseException) -> list[str]:
+    """An error's non-blank lines (Ray's last one says why an actor died)."""
+    return [line.strip() for line in str(exc).splitlines() if line.strip()]
 
 
 def replica_configs(config: EngineConfig, n: int, threads: int | None) -> list[EngineConfig]:
