@@ -275,7 +275,7 @@ class ServerConfig:
         "~/.local/state/fsd", "Where the pidfile, log file and operator token go."
     )
     max_burst: int = 1000  # jobs one inline Inject burst may add
-    max_client_jobs: int = 10_000  # live jobs one connection may own (submitted + injected)
+    max_client_jobs: int = 10_000  # live jobs of one client: a CURVE key, else a session
     max_jobs: int = 100_000  # live jobs in the daemon, all clients together
     max_connections: int = 4096  # open client connections; more are refused (fd-capped)
     http: str | None = doc(

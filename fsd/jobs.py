@@ -181,6 +181,7 @@ class Job:
     max_output: int = 0  # max_tokens clipped to the model's context
     tags: tuple[str, ...] = ()
     oracle_output_len: int | None = None  # known only to the simulator (srpt)
+    owner: str | None = None  # whose job it is: owners take turns in a level (fair_share)
 
     output_token_ids: list[int] = field(default_factory=list)
     status: JobStatus = JobStatus.WAITING
@@ -207,6 +208,7 @@ class Job:
     level: int = 0
     attained: float = 0.0  # profiled service at the current level (seconds)
     queue_seq: int = 0  # FIFO position within its level / queue
+    fair_round: int = 0  # its owner's turn within its level (fsd.sched.fair_share)
     last_run: float = 0.0  # when it last ran (or arrived)
     starve_since: float = 0.0  # when its starvation clock started
     enst: float | None = None  # estimated next scheduled time, seconds from now

@@ -151,7 +151,7 @@ class ReplicaSetFace:
         if job_id in self.jobs_at.owner:
             raise FsdError(f"request id {job_id!r} is already in use")
         arrival = time.time() if r.arrival is None else r.arrival
-        self._place(job_id, Pending(ids, r.params, arrival, tuple(r.tags), r.affinity))
+        self._place(job_id, Pending(ids, r.params, arrival, tuple(r.tags), r.affinity, r.owner))
         return Admitted(job_id, len(ids))
 
     def abort(self, job_id: str) -> RequestOutput:
@@ -267,7 +267,13 @@ class ReplicaSetFace:
             if index in self.moves.targets():
                 try:
                     self.replicas.admit(
-                        index, pending.ids, pending.params, job_id, pending.arrival, pending.tags
+                        index,
+                        pending.ids,
+                        pending.params,
+                        job_id,
+                        pending.arrival,
+                        pending.tags,
+                        pending.owner,
                     )
                     break
                 except ReplicaDown:

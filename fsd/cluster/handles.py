@@ -60,9 +60,10 @@ class Replicas(ABC):
 
     def admit(
         self, index: int, ids: Sequence[int], params: SamplingParams, job_id: str,
-        arrival: float, tags: Sequence[str],
+        arrival: float, tags: Sequence[str], owner: str | None = None,
     ) -> None:  # fmt: skip
-        self._guard(index, self._admit, index, list(ids), params, job_id, arrival, list(tags))
+        args = (list(ids), params, job_id, arrival, list(tags), owner)
+        self._guard(index, self._admit, index, *args)
 
     def call(self, index: int, name: str, *args: Any) -> Any:
         """A verb on one replica (ReplicaDown if it is down or dies now)."""

@@ -21,6 +21,7 @@ class Pending:
     arrival: float
     tags: tuple[str, ...]
     affinity: str | None
+    owner: str | None = None
 
 
 class Placement:

@@ -125,11 +125,13 @@ class ReplicaWorker:
         job_id: str,
         arrival: float,
         tags: Sequence[str] = (),
+        owner: str | None = None,
     ) -> None:
         """Queue a checked request (refusals come back in a report)."""
         self._check_open()
         with self._arrived:
-            self._commands.put(("admit", (list(ids), params, job_id, arrival, tuple(tags)), None))
+            args = (list(ids), params, job_id, arrival, tuple(tags), owner)
+            self._commands.put(("admit", args, None))
             self._received += 1
             self._arrived.notify_all()
 
@@ -229,11 +231,18 @@ class ReplicaWorker:
         return verbs[name]
 
     def _admit(
-        self, ids: list[int], params: SamplingParams, job_id: str, arrival: float, tags: tuple
+        self,
+        ids: list[int],
+        params: SamplingParams,
+        job_id: str,
+        arrival: float,
+        tags: tuple,
+        owner: str | None = None,
     ) -> None:
         self._taken += 1
         try:
-            self.face.admit(JobRequest(ids, params, job_id, arrival, tags))
+            request = JobRequest(ids, params, job_id, arrival, tags, owner=owner)
+            self.face.admit(request)
         except FsdError as exc:
             self._add(refused=[Refusal(job_id, exc.code, str(exc))])
 

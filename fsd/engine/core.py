@@ -6,9 +6,9 @@ account the iteration. Everything about *which* jobs run lives in the scheduler;
 *where* the model runs is the executor's business (fsd.engine.executor): in process,
 or tensor x pipeline parallel on Ray. The step function is chosen once, as vLLM's
 EngineCore does: with one micro-batch in flight at most (pp = 1) a step schedules,
-runs and collects one batch; with pipeline parallelism up to `pp` micro-batches are
-in flight, and a step submits the next one (its jobs chosen from those not already
-in flight) and collects the oldest. Failures: fsd.engine.failures; `history` feeds fsd.twin.
+runs and collects one batch; with pipeline parallelism up to `pp` micro-batches are in
+flight, and a step submits the next one (of jobs not in flight) and collects the oldest.
+Failures: fsd.engine.failures; `history` feeds fsd.twin.
 """
 
 from __future__ import annotations
@@ -65,16 +65,14 @@ class Engine(EngineFailures):
         self.device = self.loaded.device
         self.max_model_len = self.loaded.max_model_len
         if hasattr(ex, "pool"):  # in process: the KV tensors themselves (tests look inside)
-            self.pool = ex.pool
-            self.host_pool = ex.host_pool
+            self.pool, self.host_pool = ex.pool, ex.host_pool
         self.swapper = ex.swapper
         self.blocks = BlockManager(ex.num_device_blocks, config.cache.block_size, ex.num_host_blocks)
         self._flight: InFlight[MicroBatch] = InFlight()
         # chosen once: one batch at a time, or a pipeline of micro-batches
         self._step_fn = self._step_pipelined if ex.max_in_flight > 1 else self._step_one
         self._degraded: str | None = None  # the last worker failure (`degraded`)
-        self._refusing = False  # the workers could not be restarted: new jobs are refused
-        self.worker_failures = 0
+        self._refusing, self.worker_failures = False, 0  # refusing: workers not restarted
         try:
             self.cost = cost or self._cost_model()
         except BaseException:
@@ -114,6 +112,7 @@ class Engine(EngineFailures):
         arrival_time: float | None = None,
         tags: Sequence[str] = (),
         clip: bool = True,
+        owner: str | None = None,  # whose job (the turns of fsd.sched.fair_share)
     ) -> Job:
         """Validate and queue one request; raise a clear FsdError on bad input (`clip`
         False: a max_tokens past the context is refused, not cut to it)."""
@@ -134,6 +133,7 @@ class Engine(EngineFailures):
             arrival_time=time.time() if arrival_time is None else arrival_time,
             max_output=max_output,
             tags=tuple(tags),
+            owner=owner,
         )
         if request_id is not None:
             job.job_id = request_id

@@ -154,7 +154,13 @@ class EngineFace:
         """Validate and queue one request (`Engine.add_request`); FsdError if refused."""
         r = request
         job = self._engine.add_request(
-            r.prompt, r.params, request_id=r.job_id, arrival_time=r.arrival, tags=r.tags, clip=r.clip
+            r.prompt,
+            r.params,
+            request_id=r.job_id,
+            arrival_time=r.arrival,
+            tags=r.tags,
+            clip=r.clip,
+            owner=r.owner,
         )
         return Admitted(job.job_id, job.num_prompt_tokens)
 

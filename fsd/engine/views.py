@@ -104,6 +104,7 @@ class JobRequest:
     tags: Sequence[str] = ()
     clip: bool = True
     affinity: str | None = None
+    owner: str | None = None  # whose job: owners take turns in a level (fsd.sched.fair_share)
 
 
 @dataclass(frozen=True)

@@ -8,15 +8,14 @@ from __future__ import annotations
 
 import heapq
 import itertools
-import operator
 from abc import abstractmethod
 from collections.abc import Callable, Container, Iterable, Iterator, Sequence
 from typing import Any
 
 from fsd.jobs import Job
+from fsd.sched.fair_share import fair_key
 from fsd.sched.queues import JobQueue
 
-_by_queue_seq = operator.attrgetter("queue_seq")
 Fn = Callable[[Job], float]  # ENST of a job
 Ranked = Iterator[tuple[float, Job]]  # (ENST, job), largest first
 
@@ -37,7 +36,8 @@ class LevelENST(JobQueue):
         """Seconds the jobs queued at `job`'s own level ahead of it take before it runs,
         each up to the level's quantum (ENST counts only the levels above)."""
         level = min(max(job.level, 0), len(self._levels) - 1)
-        ahead = sum(1 for j in self._levels[level].values() if j.queue_seq < job.queue_seq)
+        mine = fair_key(job)  # a level's order (FIFO, or owners' turns)
+        ahead = sum(1 for j in self._levels[level].values() if fair_key(j) < mine)
         return ahead * self.quanta[level] / max(batch_size, 1)
 
     def largest_enst_first(self, jobs: Iterable[Job], chosen: Container[str], enst: Fn) -> Ranked:
@@ -79,7 +79,7 @@ class LevelENST(JobQueue):
             # nothing left in the heap exceeds that bound: yield those at once, as far as
             # the planner reads, and queue only the jobs promoted sooner.
             bound = -neg
-            for job in sorted(at[item], key=_by_queue_seq):
+            for job in sorted(at[item], key=fair_key):
                 e = enst(job)
                 if e >= bound:
                     yield e, job

@@ -22,9 +22,11 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from fsd.cost import CostModel
 from fsd.jobs import Job, KVLocation
 from fsd.sched.enst import LevelENST
+from fsd.sched.fair_share import OwnerRounds, fair_key, level_order, needs_compacting
 from fsd.sched.queues import LevelView
 
 _by_queue_seq = operator.attrgetter("queue_seq")
+_job_id = operator.attrgetter("job_id")
 # a lazy heap (`_pruned`) holds at most twice the queued jobs plus this many entries
 HEAP_SLACK = 64
 HeapEntry = tuple[float, int, Job]  # (when, seq, job): a timer of a policy's lazy heap
@@ -40,12 +42,18 @@ def entry_level(quanta: Sequence[float], iteration_time: float) -> int:
 
 
 class LevelQueue(LevelENST):
-    """Levels Q1..Qn with quanta q1 < q2 < ..., FIFO inside a level."""
+    """Levels Q1..Qn with quanta q1 < q2 < ..., FIFO inside a level; with `fair`, owners
+    take turns inside a level (fsd.sched.fair_share), which is FIFO for one owner."""
+
+    fair = False
 
     def __init__(self, cost: CostModel, quanta: Sequence[float]) -> None:
         super().__init__(cost)
         self.quanta = list(quanta)
         self._levels: list[dict[str, Job]] = [{} for _ in self.quanta]
+        self._rounds = OwnerRounds(len(self.quanta))
+        # per level, the jobs placed out of fair_key order (appended to its dict anyway)
+        self._late: dict[int, dict[str, Job]] = {}
         self._lifted: dict[str, int] = {}  # a job of the last batch -> the level it ranks at
         self._lifted_at: dict[int, list[Job]] = {}
 
@@ -56,17 +64,43 @@ class LevelQueue(LevelENST):
         return entry_level(self.quanta, iteration_time)
 
     def _unlink(self, job: Job) -> None:
-        if 0 <= job.level < len(self._levels):
-            self._levels[job.level].pop(job.job_id, None)
+        level = job.level
+        if not 0 <= level < len(self._levels):
+            return
+        if self._levels[level].pop(job.job_id, None) is not None and self.fair:
+            self._rounds.leave(level, job)
+            late = self._late.get(level)
+            if late is not None:
+                late.pop(job.job_id, None)
 
     def _place(self, job: Job, level: int) -> None:
-        """Put the job at the tail of `level` with a fresh quantum."""
+        """Put the job at the tail of `level` (its owner's turn there, with `fair`)
+        with a fresh quantum."""
         self._unlink(job)
         job.level = level
         job.attained = 0.0
         job.queue_seq = next(self._seq)
-        self._levels[level][job.job_id] = job
+        jobs = self._levels[level]
+        if self.fair:
+            in_order = self._rounds.place(level, job, jobs)
+            late = self._late.get(level)
+            if late or not in_order:  # behind a late job is no proof of order
+                late = self._late.setdefault(level, {})
+                late[job.job_id] = job
+        jobs[job.job_id] = job
+        if self.fair and late and needs_compacting(jobs, late):
+            self._levels[level] = {j.job_id: j for j in level_order(jobs, late)}
+            del self._late[level]
         self._watch(job)
+
+    def _level_jobs(self, level: int) -> Iterable[Job]:
+        """One level's jobs in order (owners' turns, with `fair`)."""
+        return level_order(self._levels[level], self._late.get(level))
+
+    def _ran(self, job: Job) -> None:
+        """`job` ran at its level: the level's turns move on (fair only)."""
+        if self.fair:
+            self._rounds.ran(job.level, job)
 
     def _watch(self, job: Job) -> None:
         """A placement's hook: the policy's starvation clock (none here)."""
@@ -94,6 +128,8 @@ class LevelQueue(LevelENST):
 
     def ordered(self) -> Iterator[Job]:
         if not self._lifted:
+            if self._late:
+                return itertools.chain.from_iterable(map(self._level_jobs, range(len(self._levels))))
             return itertools.chain.from_iterable(lvl.values() for lvl in self._levels)
         return self._ordered_lifted()
 
@@ -112,17 +148,17 @@ class LevelQueue(LevelENST):
             group = lifted_at.get(level)
             if group:
                 parts.append([job for job in group if job.job_id in queued])
+            own = self._level_jobs(level) if level in self._late else jobs.values()
             if level in holding:
-                parts.append(
-                    map(jobs.__getitem__, itertools.filterfalse(lifted.__contains__, jobs))
-                )
+                ids = itertools.filterfalse(lifted.__contains__, map(_job_id, own))
+                parts.append(map(jobs.__getitem__, ids))
             else:
-                parts.append(jobs.values())
+                parts.append(own)
         return itertools.chain.from_iterable(parts)
 
     def key(self, job: Job) -> tuple:
         at = self._lifted.get(job.job_id)
-        return (job.level, 1, job.queue_seq) if at is None else (at, 0, job.queue_seq)
+        return (job.level, 1, *fair_key(job)) if at is None else (at, 0, job.queue_seq)
 
     def set_running(self, jobs: Iterable[Job]) -> None:
         """Preemption threshold: rank the last batch's jobs `preempt_threshold` levels up.
@@ -167,8 +203,8 @@ class LevelQueue(LevelENST):
 
     def levels(self) -> list[LevelView]:
         return [
-            LevelView(i, q, tuple(lvl))
-            for i, (q, lvl) in enumerate(zip(self.quanta, self._levels, strict=True))
+            LevelView(i, q, tuple(map(_job_id, self._level_jobs(i))))
+            for i, q in enumerate(self.quanta)
         ]
 
     def limits(self) -> tuple[list[float], float | None, float | None]:

@@ -61,7 +61,10 @@ class MLFQQueue(LevelQueue):
     A job that has not produced a token starves after `waiting_limit` (default: the
     same as `starve_limit`); `preempt_threshold` lifts the jobs given to
     `set_running` that many levels when ranking. Both are skip-join only.
+    Owners take turns inside a level (`fair`, fsd.sched.fair_share): FIFO for one owner.
     """
+
+    fair = True
 
     def __init__(
         self,
@@ -165,10 +168,12 @@ class MLFQQueue(LevelQueue):
             last = len(self.quanta) - 1
             for job in jobs:
                 job.level = min(job.level, last)
-            # FIFO inside a level is queue_seq order, which `key` ranks by: the jobs
-            # folded into the last level go among its own by when they were placed
-            for job in sorted(jobs, key=lambda j: (j.level, j.queue_seq)):
+            # a level's order is `key`'s (FIFO, or owners' turns): the jobs folded
+            # into the last level go among its own by their turns and placement
+            for job in sorted(jobs, key=lambda j: (j.level, j.fair_round, j.queue_seq)):
                 self._levels[job.level][job.job_id] = job
+            self._rounds.resize(self._levels)
+            self._late = {}
         # the promotion times follow the new alphas
         self._starve = [(self._due(j), j.queue_seq, j) for j in jobs if j.level > 0]
         heapq.heapify(self._starve)
@@ -214,6 +219,7 @@ class MLFQQueue(LevelQueue):
             level = job.level
             if not 0 <= level <= last or levels[level].get(job.job_id) is not job:
                 continue  # left the queue meanwhile
+            self._ran(job)
             if free_prefill and job.last_prefill:
                 continue
             job.attained = attained = job.attained + service

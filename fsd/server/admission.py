@@ -65,12 +65,19 @@ class Admission:
         """Admit `asks` for `owner` (streamed to it, or only finished); FsdError if
         refused. `clip` False: a max_tokens past the context is refused, not cut."""
         self.check_open()
-        self.book.check_room(owner.ident, len(asks), self.face.live())
+        self.book.check_room(owner, len(asks), self.face.live())
         admitted = []
         for ask in asks:
             job = self.face.admit(
                 JobRequest(
-                    ask.prompt, ask.params, ask.job_id, ask.arrival, ask.tags, clip, ask.affinity
+                    ask.prompt,
+                    ask.params,
+                    ask.job_id,
+                    ask.arrival,
+                    ask.tags,
+                    clip,
+                    ask.affinity,
+                    owner.identity,
                 )
             )
             self.book.own(job.job_id, owner, ask.req_id or job.job_id, stream)

@@ -118,6 +118,7 @@ class ClientBook:
         self.routes: dict[bytes, bytes] = {}  # routing id -> session key
         self._by_secret: dict[bytes, bytes] = {}  # digest of a secret -> session key
         self.owners: dict[str, Owner] = {}
+        self._live_by: dict[str, int] = {}  # live jobs by owner identity (Caller.identity)
         self._streamed: dict[str, int] = {}  # job_id -> output tokens routed so far
         self._keys = itertools.count(1)
         # closed connections' routing ids -> their sessions: a frame a client sent just
@@ -215,6 +216,8 @@ class ClientBook:
     def own(self, job_id: str, caller: Caller, req_id: str, stream: bool = True) -> None:
         """`job_id` is `caller`'s session's: streamed to it (or only finished), reaped with it."""
         self.owners[job_id] = Owner(caller, req_id, stream)
+        who = caller.identity
+        self._live_by[who] = self._live_by.get(who, 0) + 1
         client = self.clients.get(caller.ident)
         if client is not None:
             client.add(job_id, req_id)
@@ -234,18 +237,26 @@ class ClientBook:
         owner = self.owners.pop(job_id, None)
         self._streamed.pop(job_id, None)
         if owner is not None:
+            who = owner.caller.identity
+            left = self._live_by.get(who, 0) - 1
+            if left > 0:
+                self._live_by[who] = left
+            else:
+                self._live_by.pop(who, None)
             client = self.clients.get(owner.caller.ident)
             if client is not None:
                 client.remove(job_id)
         return owner
 
-    def check_room(self, ident: bytes, count: int, live: int) -> None:
-        """Refuse `count` more jobs past the session's or the daemon's (`live` now) cap."""
-        client = self.clients.get(ident)
-        mine = len(client.jobs) if client is not None else 0
+    def check_room(self, caller: Caller, count: int, live: int) -> None:
+        """Refuse `count` more jobs past the caller's identity's cap (its CURVE key's
+        jobs over all its connections and sessions, else its session's) or the
+        daemon's (`live` now)."""
+        mine = self._live_by.get(caller.identity, 0)
         if mine + count > self.cfg.max_client_jobs:
+            who = "CURVE key" if caller.user_id is not None else "session"
             raise OverloadedError(
-                f"this client (session) has {mine} live jobs; max_client_jobs is "
+                f"this client ({who}) has {mine} live jobs; max_client_jobs is "
                 f"{self.cfg.max_client_jobs}"
             )
         if live + count > self.cfg.max_jobs:

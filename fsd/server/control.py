@@ -163,7 +163,7 @@ class ControlHandler:
                 f"burst input_len {b.input_len} does not fit the model's "
                 f"{context}-token context"
             )
-        self.book.check_room(caller.ident, b.count, self.face.live())  # before the prompts too
+        self.book.check_room(caller, b.count, self.face.live())  # before the prompts too
         vocab = self.face.info.vocab_size
         asks = [
             synthetic_ask(self._rng, vocab, b.input_len, b.output_len, msg.tag)

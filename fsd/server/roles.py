@@ -37,6 +37,12 @@ class Caller:
     role: str = CLIENT
     user_id: str | None = None
 
+    @property
+    def identity(self) -> str:
+        """Who the caller is for job caps and turns (fsd.sched.fair_share): its CURVE key,
+        else its session (all its connections). A session key never leaves the daemon."""
+        return self.user_id if self.user_id is not None else self.ident.decode("latin-1")
+
     def owns(self, owner: Caller | None) -> bool:
         """Whether a job made by `owner` is this caller's (same connection or same key)."""
         if owner is None:

@@ -54,6 +54,25 @@ output_len = 4
 """
 
 
+def curve_daemon(
+    tmp: Path, keys: dict[str, Path], who: str, config: str = "", operators: bool = False
+) -> Daemon:
+    """A daemon that requires CURVE (`keys` from fsd.server.security.generate_keys,
+    `operators`: with its operators' folder), `config` added to its [server] section;
+    it is waited for with `who`'s keys ("client-1", "operator-1")."""
+    lines = [
+        f'curve_secret_key = "{keys["server_secret"]}"',
+        f'curve_authorized_dir = "{keys["authorized"]}"',
+    ]
+    if operators:
+        lines.append(f'curve_operators_dir = "{keys["operators"]}"')
+    text = "[server]\n" + "\n".join(lines) + "\n" + config
+    creds = CurveKeys(
+        server_public=str(keys["server_public"]), client_secret=str(keys[f"{who}_secret"])
+    )
+    return start_daemon(tmp, text, curve=creds)
+
+
 def raw(d: Daemon) -> zmq.Socket:
     """A bare DEALER connected to the daemon: frames exactly as a test writes them."""
     s = zmq.Context.instance().socket(zmq.DEALER)

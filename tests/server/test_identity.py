@@ -15,10 +15,10 @@ import zmq
 import zmq.auth
 
 from fsd import protocol as P
-from fsd.client import Client, CurveKeys
+from fsd.client import Client
 from fsd.client.telemetry import decode_frame
 from fsd.server.security import generate_keys
-from tests.server.daemon_proc import daemon_fixture, pool_config, start_daemon
+from tests.server.daemon_proc import curve_daemon, daemon_fixture, pool_config, start_daemon
 
 CONFIG = pool_config(64, 8, 5, client_timeout=30)
 
@@ -175,15 +175,7 @@ def curve_dealer(endpoint: str, rid: bytes, keys: dict, who: str) -> zmq.Socket:
 
 def test_under_curve_a_client_key_on_an_operators_old_id_is_a_client(tmp_path):
     keys = generate_keys(tmp_path / "keys", clients=1, operators=1)
-    config = (
-        f'[server]\ncurve_secret_key = "{keys["server_secret"]}"\n'
-        f'curve_authorized_dir = "{keys["authorized"]}"\n'
-        f'curve_operators_dir = "{keys["operators"]}"\n'
-    )
-    creds = CurveKeys(
-        server_public=str(keys["server_public"]), client_secret=str(keys["operator-1_secret"])
-    )
-    d = start_daemon(tmp_path, config, curve=creds)
+    d = curve_daemon(tmp_path, keys, "operator-1", operators=True)
     rid = b"operator-connection"
     try:
         op = curve_dealer(d.endpoint, rid, keys, "operator-1")

@@ -1,0 +1,120 @@
+"""Owners take turns inside a level (fsd.sched.fair_share): one client's backlog does
+not push another's jobs to the back, and one owner's queue is exactly the FIFO it was."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from fsd.jobs import Job, SamplingParams
+from fsd.sched.mlfq import MLFQQueue
+from tests.sched.harness import drive, make_jobs, scheduler
+from tests.sched.test_mlfq import QUANTA, cost, run_once
+
+
+def owned(name: str, owner: str | None, prompt: int = 4) -> Job:
+    job = Job(prompt_token_ids=[1] * prompt, params=SamplingParams(max_tokens=100), job_id=name)
+    job.owner = owner
+    return job
+
+
+def level_order(q: MLFQQueue, level: int) -> list[str]:
+    return [j.job_id for j in q.ordered() if j.level == level]
+
+
+def test_a_newcomer_goes_behind_the_running_turn_not_behind_the_backlog():
+    q = MLFQQueue(cost(), QUANTA, starve_limit=1e9)
+    flood = [owned(f"a{i}", "alice") for i in range(1000)]
+    for job in flood:
+        q.add(job, 0.0)
+    run_once(q, flood[0], 1.0)  # alice's first job has had its turn at this level
+    bob = owned("b0", "bob")
+    q.add(bob, 2.0)
+    order = level_order(q, bob.level)
+    assert order.index("b0") <= 2, order[:5]
+    assert len(q) == 1001
+    # the order is the key's order, and stays it after more arrivals
+    later = owned("a-late", "alice")
+    q.add(later, 3.0)
+    jobs = list(q.ordered())
+    assert jobs == sorted(jobs, key=q.key)
+    assert [j.job_id for j in jobs][-1] == "a-late"
+
+
+def test_owners_alternate_job_by_job():
+    q = MLFQQueue(cost(), QUANTA, starve_limit=1e9)
+    for i in range(4):
+        q.add(owned(f"a{i}", "alice"), 0.0)
+    for i in range(4):
+        q.add(owned(f"b{i}", "bob"), 1.0)
+    q.add(owned("c0", None), 2.0)
+    assert level_order(q, 1) == ["a0", "b0", "c0", "a1", "b1", "a2", "b2", "a3", "b3"]
+
+
+def test_ranks_and_views_follow_the_turns():
+    q = MLFQQueue(cost(), QUANTA, starve_limit=1e9)
+    for i in range(3):
+        q.add(owned(f"a{i}", "alice"), 0.0)
+    bob = owned("b0", "bob")
+    q.add(bob, 1.0)
+    assert q.rank(bob) == 1 and q.ranks()["b0"] == 1
+    (view,) = [v for v in q.levels() if v.job_ids]
+    assert list(view.job_ids) == ["a0", "b0", "a1", "a2"]
+    assert q.level_backlog(bob, batch_size=1) == pytest.approx(QUANTA[1])
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_one_owner_keeps_the_fifo_it_had(seed):
+    """The same random adds, runs and removals on a fair queue and on one that is
+    not: with one owner both order every job the same way at every step."""
+    rng = random.Random(seed)
+    fair = MLFQQueue(cost(decode=0.7), QUANTA, starve_limit=5.0, demote_rule="always")
+    plain = MLFQQueue(cost(decode=0.7), QUANTA, starve_limit=5.0, demote_rule="always")
+    plain.fair = False
+    twins: dict[str, tuple[Job, Job]] = {}
+    now = 0.0
+    for step in range(400):
+        now += 0.5
+        op = rng.random()
+        if op < 0.4 or not twins:
+            prompt = rng.choice([4, 120, 300, 900])
+            pair = (owned(f"j{step}", "solo", prompt), owned(f"j{step}", "solo", prompt))
+            twins[pair[0].job_id] = pair
+            fair.add(pair[0], now)
+            plain.add(pair[1], now)
+        elif op < 0.85:
+            name = rng.choice(sorted(twins))
+            for q, job in zip((fair, plain), twins[name], strict=True):
+                run_once(q, job, now)
+        else:
+            name = rng.choice(sorted(twins))
+            for q, job in zip((fair, plain), twins.pop(name), strict=True):
+                q.remove(job)
+        fair.tick(now)
+        plain.tick(now)
+        assert [j.job_id for j in fair.ordered()] == [j.job_id for j in plain.ordered()]
+
+
+def _bob_finishes(owners: bool) -> int:
+    """The iteration bob's 2-token job finishes while alice holds 400 jobs."""
+    sched = scheduler("fsd", device=256, host=1024, max_batch_size=8)
+    alice = make_jobs([(8, 40)] * 400, prefix="a")
+    bob = make_jobs([(8, 2)], prefix="b")
+    for job in alice:
+        job.owner = "alice" if owners else None
+    bob[0].owner = "bob" if owners else None
+    seen: list[int] = []
+
+    def watch(it: int, now: float) -> None:
+        if not seen and bob[0].finish_reason is not None:
+            seen.append(it)
+
+    drive(sched, alice + bob, {"b0": 30}, before=watch)
+    return seen[0]
+
+
+def test_another_clients_short_job_is_not_held_behind_a_backlog():
+    fair, fifo = _bob_finishes(owners=True), _bob_finishes(owners=False)
+    assert fair - 30 < 20, fair
+    assert fifo - 30 > 10 * (fair - 30), (fair, fifo)
