@@ -29,12 +29,15 @@ import zmq.asyncio
 from aiohttp import web
 
 from fsd.client import AsyncClient
-from fsd.config import ServerConfig, loopback_host, parse_http_address
+from fsd.config import ServerConfig
+from fsd.config_checks import loopback_host, parse_http_address
 from fsd.engine.face import EngineFace
 from fsd.engine.output import RequestOutput
 from fsd.errors import ConfigError
 from fsd.server.chat_template import ChatTemplate
 from fsd.server.http_api import Backend, build_app
+from fsd.server.http_limits import BodyBudget, runner_options
+from fsd.server.http_links import LinkPool
 from fsd.server.listen import tcp_listeners
 from fsd.server.log_limits import http_server_logger
 from fsd.server.loop_thread import LoopThread
@@ -133,11 +136,11 @@ class HttpFrontend(LoopThread):
         cfg, info = self.cfg, self.face.info
         # a shadow shares the daemon's context, which inproc endpoints need
         ctx = zmq.asyncio.Context.shadow(self._ctx.underlying)
-        # the link never times out, so it never resets and never leaves its jobs behind;
+        # a link never times out, so it never resets and never leaves its jobs behind;
         # a request that waits too long is answered 503 by the route (http_api)
-        client = AsyncClient(self._inproc, timeout=math.inf, context=ctx)
+        links = LinkPool(lambda: AsyncClient(self._inproc, timeout=math.inf, context=ctx))
         backend = Backend(
-            client=client,
+            links=links,
             model=self.metrics.model_name,
             created=int(time.time()),
             max_model_len=info.max_model_len,
@@ -145,6 +148,9 @@ class HttpFrontend(LoopThread):
             tokenizer=self.face.tokenizer,
             template=ChatTemplate.for_model(info.source),
             metrics=self.metrics,
+            bodies=BodyBudget(
+                cfg.http_max_inflight_bytes, cfg.http_body_timeout, cfg.max_frame_bytes
+            ),
             api_key=cfg.http_api_key,
             metrics_open=cfg.metrics_open,
             vocab_size=info.vocab_size,
@@ -166,6 +172,7 @@ class HttpFrontend(LoopThread):
             shutdown_timeout=1.0,
             handler_cancellation=True,
             auto_decompress=False,
+            **runner_options(cfg),  # the head deadline (http_limits)
         )
         await runner.setup()
         try:  # guarded listening sockets (fsd.server.listen: out of descriptors, no spin)
@@ -174,7 +181,7 @@ class HttpFrontend(LoopThread):
                 await web.SockSite(runner, sock).start()
         except OSError as exc:
             await runner.cleanup()
-            await client.close()
+            await links.close()
             self._error = exc
             self.ready()
             return
@@ -184,7 +191,7 @@ class HttpFrontend(LoopThread):
             await self.stopped()
         finally:
             pump.cancel()
-            await client.close()  # first: open requests fail fast, and the socket is gone
+            await links.close()  # first: open requests fail fast, and the sockets are gone
             await runner.cleanup()  # before the daemon terminates the shared context
 
     async def _pump(self) -> None:
