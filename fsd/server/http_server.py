@@ -6,15 +6,24 @@ while the requests still go through the same admission and validation as every
 other client's. Telemetry reaches /metrics through a tap on the publisher and
 finished jobs through `job_finished`, both queue puts; the HTTP thread does the rest.
 
-HTTP users do not share one fate, though they share one link (one session):
-- the link has no timeout, so no slow call ever resets it: each request has its own
+HTTP users do not share one fate:
+- requests spread over a pool of engine links (`http_links`, 4 sessions); a link
+  that fails at the connection level is retired and replaced, and only the
+  requests on it fail (503, in-band for a started stream);
+- a link has no timeout, so no slow call ever resets it: each request has its own
   deadline instead (a request the engine does not take within `client_timeout` is
   answered 503 and its job aborted), and a request's error is its own;
 - the daemon counts a session's silence only while it listened (`Frontend.caught_up`):
-  a daemon stalled by a flood of huge frames no longer reaps the link, which aborted
+  a daemon stalled by a flood of huge frames no longer reaps the links, which aborted
   every HTTP stream at once;
 - a job whose HTTP client left is aborted by its id whenever it did not finish, also
-  when its handle ended in an error (`http_api._abandon`).
+  when its handle ended in an error (`LinkPool.abandon`).
+
+Slow peers hold neither connections nor memory (`http_limits`): a connection gets
+`http_header_timeout` for each request head (aiohttp's keep-alive timer, also the
+idle keep-alive limit), a body `http_body_timeout` (then 408, the connection closed,
+its partial body freed), and the bodies being read hold `http_max_inflight_bytes`
+at most across connections (then 503 with Retry-After).
 """
 
 from __future__ import annotations
