@@ -257,13 +257,9 @@ def _usage(handle: AsyncJobHandle, done: Completion) -> dict[str, Any]:
 
 
 async def _stream(
-    request: web.Request,
-    be: Backend,
-    link: Link,
-    req: oa.GenerationRequest,
-    handle: AsyncJobHandle,
-    chat: bool,
-) -> web.StreamResponse:
+    request: web.Request, be: Backend, link: Link,
+    req: oa.GenerationRequest, handle: AsyncJobHandle, chat: bool,
+) -> web.StreamResponse:  # fmt: skip
     """Server-sent events: one chunk per iteration's text, a final one, then [DONE]."""
     rid, created = reply.new_id("chatcmpl" if chat else "cmpl"), reply.now()
     obj = "chat.completion.chunk" if chat else "text_completion"
