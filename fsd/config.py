@@ -23,6 +23,7 @@ from fsd.config_checks import (
     MAX_RESERVE_JOBS,
     MAX_SECONDS,
     at_most,
+    check_http,
     check_prefill_chunk,
     check_quanta,
     check_types,
@@ -30,8 +31,6 @@ from fsd.config_checks import (
     doc,
     finite,
     int_range,
-    loopback_host,
-    parse_http_address,
     real_range,
     setting_pairs,
 )
@@ -287,16 +286,13 @@ class ServerConfig:
     # /metrics asks for http_api_key too (when one is set) unless this is true
     metrics_open: bool = False
     served_model_name: str | None = None  # the model's name in the API; None = as --model
+    http_header_timeout: float = doc(10.0, "Seconds for a request head (and keep-alive idle).")
+    http_body_timeout: float = doc(30.0, "Seconds for a request body, from its head (then 408).")
+    http_max_inflight_bytes: int = doc(128 << 20, "Bytes of request bodies read at once (503).")
 
     def __post_init__(self) -> None:
         check_types(self)
-        if self.http is not None:
-            host, _ = parse_http_address(self.http)
-            if not self.http_allow_remote and not loopback_host(host):
-                raise ConfigError(
-                    f"refusing to serve HTTP on {self.http} beyond loopback: it is unencrypted; "
-                    "set http_allow_remote = true (ideally with http_api_key, behind TLS)"
-                )
+        check_http(self)  # the address, deadlines and body budget (fsd.config_checks)
         for name in ("endpoint", "telemetry_endpoint"):
             value = getattr(self, name)
             if "://" not in value:

@@ -51,6 +51,23 @@ def loopback_host(host: str) -> bool:
         return False  # a host name may resolve to anything: treated as remote
 
 
+def check_http(cfg: Any) -> None:
+    """A ServerConfig's HTTP settings: the address (loopback unless http_allow_remote),
+    the connection deadlines and the request-body budget (fsd.server.http_limits)."""
+    if cfg.http is not None:
+        host, _ = parse_http_address(cfg.http)
+        if not cfg.http_allow_remote and not loopback_host(host):
+            raise ConfigError(
+                f"refusing to serve HTTP on {cfg.http} beyond loopback: it is unencrypted; "
+                "set http_allow_remote = true (ideally with http_api_key, behind TLS)"
+            )
+    real_range("http_header_timeout", cfg.http_header_timeout, 0.1, MAX_SECONDS)
+    real_range("http_body_timeout", cfg.http_body_timeout, 0.1, MAX_SECONDS)
+    # at least one body of max_frame_bytes (a large one may use three quarters)
+    int_range("http_max_inflight_bytes", cfg.http_max_inflight_bytes,
+              4 * cfg.max_frame_bytes // 3 + 1, 1 << 40, " bytes")  # fmt: skip
+
+
 _KINDS: dict[str, tuple[str, Any]] = {
     "int": ("an integer", lambda v: isinstance(v, int) and not isinstance(v, bool)),
     "float": ("a number", lambda v: isinstance(v, int | float) and not isinstance(v, bool)),

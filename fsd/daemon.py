@@ -20,7 +20,8 @@ import time
 from types import FrameType
 from typing import Any
 
-from fsd.config import ClusterConfig, EngineConfig, ServerConfig, parse_http_address
+from fsd.config import ClusterConfig, EngineConfig, ServerConfig
+from fsd.config_checks import parse_http_address
 from fsd.credentials import token_path
 from fsd.daemon_control import DRAIN_TIMEOUT, START_TIMEOUT, start_background, stop
 from fsd.logfile import LOG_FORMAT, log_handler

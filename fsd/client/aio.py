@@ -305,7 +305,15 @@ class AsyncClient(ClientBase[zmq.asyncio.Context]):
             while True:
                 frame = await sock.recv()
                 self._core.on_frame(frame, time.monotonic())
-        except (asyncio.CancelledError, zmq.ZMQError):
+        except (asyncio.CancelledError, zmq.ZMQError) as exc:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                return  # closing or reconnecting: not a failure
+            # the socket was closed under this reader (its recv cancelled) or failed:
+            # nothing more can arrive, so its requests fail now instead of hanging
+            if sock is self._sock and not self._closed:
+                why = "was closed" if isinstance(exc, asyncio.CancelledError) else f"failed: {exc}"
+                self._core.fail_all(FsdError(f"the fsd {self._name}'s socket {why}"))
             return
         except Exception as exc:  # a bug must not leave callers waiting forever
             log.exception("the fsd AsyncClient reader failed")

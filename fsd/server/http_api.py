@@ -10,6 +10,9 @@ stream has started (status 200 sent), an error arrives as a last SSE event
 A client that disconnects gets its job aborted, streaming or not: the server runs
 with aiohttp's handler cancellation, so the handler of a request whose connection
 closed is cancelled wherever it waits, and `_serve` aborts the job it leaves behind.
+Each request runs on one of a few engine links (`http_links`); a link that fails
+fails only the requests on it (503), and is replaced. Bodies are read under a
+deadline and a byte budget shared by all connections (`http_limits`).
 
 Nothing a body holds answers 500: it is decoded strictly (`openai_decode.decode_body`)
 and checked field by field, and whatever fsd cannot take is a 4xx. A 500 means fsd
@@ -19,28 +22,23 @@ failed (a job the engine ended with an error, or a bug), never the client.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hmac
 import json
 import logging
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
 
-from fsd.client import (
-    AsyncClient,
-    AsyncJobHandle,
-    Completion,
-    DaemonUnavailable,
-    RequestError,
-)
-from fsd.errors import ConfigError, FsdError
+from fsd.client import AsyncJobHandle, Completion, DaemonUnavailable, RequestError
+from fsd.errors import ConfigError
 from fsd.jobs import SamplingParams
 from fsd.server import openai_response as reply
 from fsd.server import openai_schema as oa
 from fsd.server.chat_template import ChatTemplate, normalize_messages
+from fsd.server.http_limits import BodyBudget, BodyError, read_body
+from fsd.server.http_links import LINK_ERRORS, Link, LinkPool, link_failed
 from fsd.server.openai_decode import decode_body
 from fsd.server.openai_errors import APIError, bad_request, from_fsd_error, job_failed
 from fsd.server.prom import CONTENT_TYPE, MetricsCollector
@@ -53,9 +51,9 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 @dataclass
 class Backend:
-    """What the routes need: the engine's client, the model's facts, the metrics."""
+    """What the routes need: the engine's links, the model's facts, the metrics."""
 
-    client: AsyncClient
+    links: LinkPool
     model: str  # the served name
     created: int
     max_model_len: int
@@ -63,14 +61,13 @@ class Backend:
     tokenizer: Tokenizer
     template: ChatTemplate
     metrics: MetricsCollector
+    bodies: BodyBudget  # the request bodies being read: deadline and byte budget
     api_key: str | None = None
     metrics_open: bool = False  # /metrics without the API key even when one is set
     vocab_size: int | None = None  # token ids in prompts and stop_token_ids stay below it
     # seconds a request waits for the engine to take it (then 503; its job is aborted):
     # the link itself never times out, so it never gives up the jobs it owns
     accept_timeout: float = 10.0
-    # aborts of jobs whose HTTP client left, running on after their handler was cancelled
-    aborts: set[asyncio.Task[None]] = field(default_factory=set)
 
 
 BACKEND = web.AppKey("backend", Backend)
@@ -98,7 +95,10 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     try:
         return await handler(request)
     except APIError as exc:
-        return _error_response(exc)
+        resp = _error_response(exc)
+        if isinstance(exc, BodyError):  # Retry-After; or a 408 that closes the connection
+            await exc.answer(request, resp)
+        return resp
     except web.HTTPException as exc:  # unknown route, wrong method, body too large
         if exc.status < 400:
             raise
@@ -134,21 +134,9 @@ def _error_response(exc: APIError) -> web.Response:
 
 
 async def _json(request: web.Request) -> Any:
-    encoding = request.headers.get("Content-Encoding", "identity").strip().lower()
-    if encoding not in ("", "identity"):  # the server does not decompress (http_server)
-        raise APIError(
-            415,
-            f"fsd takes request bodies uncompressed, not with Content-Encoding: {encoding[:40]}",
-            "invalid_request_error",
-        )
     # the bytes, not request.json(): a body's charset parameter (an unknown one raised
     # LookupError) does not decide how JSON is read
-    try:
-        raw = await request.read()
-    except web.RequestPayloadError as exc:  # a body aiohttp could not take apart
-        message = " ".join(str(exc).split())  # aiohttp's text spans lines
-        raise bad_request(f"the request body cannot be read: {message}") from None
-    return decode_body(raw)
+    return decode_body(await read_body(request, request.app[BACKEND].bodies))
 
 
 # ---- generation --------------------------------------------------------------------
@@ -158,8 +146,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
     be = request.app[BACKEND]
     req = oa.parse_completion(await _json(request), be.model, be.vocab_size)
     assert req.prompt is not None
-    handle = _generate(be, req.prompt, req.params, req.user)
-    return await _serve(request, be, req, handle, chat=False)
+    return await _serve(request, be, req, req.prompt, req.params, chat=False)
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
@@ -177,16 +164,15 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     params = req.params
     if req.fill_max_tokens:
         params = oa.fill_max_tokens(params, be.capacity - len(ids))
-    handle = _generate(be, ids, params, req.user)
-    return await _serve(request, be, req, handle, chat=True)
+    return await _serve(request, be, req, ids, params, chat=True)
 
 
 def _generate(
-    be: Backend, prompt: str | Sequence[int], params: SamplingParams, user: str | None
+    link: Link, prompt: str | Sequence[int], params: SamplingParams, user: str | None
 ) -> AsyncJobHandle:
     """The job's handle (not sent yet); what the wire cannot carry is a 400, not a 500."""
     try:
-        return be.client.generate(prompt, params=params, affinity=user)
+        return link.client.generate(prompt, params=params, affinity=user)
     except ConfigError as exc:
         raise bad_request(str(exc)) from None
     except (OverflowError, UnicodeError) as exc:  # the schema's checks should leave none
@@ -194,64 +180,66 @@ def _generate(
 
 
 async def _serve(
-    request: web.Request, be: Backend, req: oa.GenerationRequest, handle: AsyncJobHandle, chat: bool
+    request: web.Request,
+    be: Backend,
+    req: oa.GenerationRequest,
+    prompt: str | Sequence[int],
+    params: SamplingParams,
+    chat: bool,
 ) -> web.StreamResponse:
-    """Submit and answer; refusals before any output are plain HTTP errors.
+    """Submit on the least busy link and answer.
 
     However the handler ends (its client gone and the handler cancelled, a stream cut
     short, a bug), a job it leaves unfinished is aborted: the engine does not go on
     generating for a client that has left.
     """
+    link = be.links.pick()
+    try:
+        handle = _generate(link, prompt, params, req.user)
+        try:
+            return await _answer(request, be, link, req, handle, chat)
+        finally:
+            be.links.abandon(link, handle)
+    finally:
+        be.links.release(link)
+
+
+async def _answer(
+    request: web.Request,
+    be: Backend,
+    link: Link,
+    req: oa.GenerationRequest,
+    handle: AsyncJobHandle,
+    chat: bool,
+) -> web.StreamResponse:
+    """Refusals before any output are plain HTTP errors; then the stream or the whole."""
     try:
         try:
-            try:
-                await asyncio.wait_for(handle.accepted(), be.accept_timeout)
-            except TimeoutError:
-                raise APIError(
-                    503,
-                    f"the engine did not take the request within {be.accept_timeout:g} s; "
-                    "it is overloaded, retry later",
-                    "service_unavailable",
-                    None,
-                    "engine_overloaded",
-                ) from None
-            if not req.stream:
-                return _whole(be, await handle.result(), handle, chat)
-        except RequestError as exc:
-            raise from_fsd_error(exc.code, exc.message) from None
-        except DaemonUnavailable as exc:
+            await asyncio.wait_for(handle.accepted(), be.accept_timeout)
+        except TimeoutError:
             raise APIError(
-                503, str(exc), "service_unavailable", None, "engine_unavailable"
+                503,
+                f"the engine did not take the request within {be.accept_timeout:g} s; "
+                "it is overloaded, retry later",
+                "service_unavailable",
+                None,
+                "engine_overloaded",
             ) from None
-        except FsdError as exc:  # the engine client closed: the daemon is stopping
-            raise APIError(503, str(exc), "service_unavailable", None, None) from None
-        return await _stream(request, be, req, handle, chat)
-    finally:
-        _abandon(be, handle)
+        if not req.stream:
+            return _whole(be, await handle.result(), handle, chat)
+    except LINK_ERRORS as exc:
+        raise _engine_error(be, link, exc) from None
+    return await _stream(request, be, link, req, handle, chat)
 
 
-def _abandon(be: Backend, handle: AsyncJobHandle) -> None:
-    """Abort `handle`'s job unless it finished, in a task of its own.
-
-    Unless it *finished*: a handle that ended in an error (its link failed, a bug)
-    says nothing of the job, which may run on in the engine; it is aborted by its id,
-    which the link's session owns. Its own task: the handler may be cancelled (its
-    client disconnected), and a cancelled coroutine should not wait for the daemon.
-    """
-    if handle.finished:  # its Finished arrived: the job is over
-        return
-    client, job_id = be.client, handle.job_id
-
-    async def abort() -> None:
-        with contextlib.suppress(FsdError):  # already ended, or the daemon is stopping
-            if job_id is not None:
-                await client.abort(job_id)
-            elif not handle.done:  # not accepted yet: abort it once it is
-                await handle.abort()
-
-    task = asyncio.get_running_loop().create_task(abort())
-    be.aborts.add(task)  # a strong reference until it is done
-    task.add_done_callback(be.aborts.discard)
+def _engine_error(be: Backend, link: Link, exc: BaseException) -> APIError:
+    """The HTTP form of a link's error: the daemon's refusal, or the link failed
+    (503; the link is replaced, and only the requests on it fail)."""
+    if isinstance(exc, RequestError) and not link_failed(exc):
+        return from_fsd_error(exc.code, exc.message)
+    be.links.retire(link, exc)
+    code = "engine_unavailable" if isinstance(exc, DaemonUnavailable) else "engine_link_failed"
+    return APIError(503, f"{exc} (the engine link failed; retry)", "service_unavailable", None, code)
 
 
 def _whole(be: Backend, done: Completion, handle: AsyncJobHandle, chat: bool) -> web.Response:
@@ -269,8 +257,9 @@ def _usage(handle: AsyncJobHandle, done: Completion) -> dict[str, Any]:
 
 
 async def _stream(
-    request: web.Request, be: Backend, req: oa.GenerationRequest, handle: AsyncJobHandle, chat: bool
-) -> web.StreamResponse:
+    request: web.Request, be: Backend, link: Link,
+    req: oa.GenerationRequest, handle: AsyncJobHandle, chat: bool,
+) -> web.StreamResponse:  # fmt: skip
     """Server-sent events: one chunk per iteration's text, a final one, then [DONE]."""
     rid, created = reply.new_id("chatcmpl" if chat else "cmpl"), reply.now()
     obj = "chat.completion.chunk" if chat else "text_completion"
@@ -302,13 +291,8 @@ async def _stream(
                 if req.include_usage:
                     use = _usage(handle, done)
                     await _event(resp, reply.usage_chunk(rid, created, be.model, obj, use))
-        except FsdError as exc:  # the job failed mid-stream: tell the client in-band
-            err = (
-                from_fsd_error(exc.code, exc.message)
-                if isinstance(exc, RequestError)
-                else APIError(503, str(exc), "service_unavailable", None, None)
-            )
-            await _event(resp, err.body())
+        except LINK_ERRORS as exc:  # the job failed mid-stream: tell the client in-band
+            await _event(resp, _engine_error(be, link, exc).body())
         await resp.write(b"data: [DONE]\n\n")
         await resp.write_eof()
     except ConnectionError:  # the HTTP client went away (`_serve` aborts the job)
@@ -354,13 +338,17 @@ async def get_model(request: web.Request) -> web.Response:
 async def health(request: web.Request) -> web.Response:
     """200 while the engine answers and takes jobs; 503 when draining or unreachable."""
     be = request.app[BACKEND]
+    link = be.links.pick()
     try:
-        st = await asyncio.wait_for(be.client.status(), be.accept_timeout)
+        st = await asyncio.wait_for(link.client.status(), be.accept_timeout)
     except TimeoutError:
         detail = f"the engine did not answer within {be.accept_timeout:g} s"
         return web.json_response({"status": "unavailable", "detail": detail}, status=503)
-    except FsdError as exc:
-        return web.json_response({"status": "unavailable", "detail": str(exc)}, status=503)
+    except LINK_ERRORS as exc:
+        detail = _engine_error(be, link, exc).message
+        return web.json_response({"status": "unavailable", "detail": detail}, status=503)
+    finally:
+        be.links.release(link)
     if st.draining:
         return web.json_response({"status": "draining"}, status=503)
     return web.json_response(

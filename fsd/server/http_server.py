@@ -6,15 +6,24 @@ while the requests still go through the same admission and validation as every
 other client's. Telemetry reaches /metrics through a tap on the publisher and
 finished jobs through `job_finished`, both queue puts; the HTTP thread does the rest.
 
-HTTP users do not share one fate, though they share one link (one session):
-- the link has no timeout, so no slow call ever resets it: each request has its own
+HTTP users do not share one fate:
+- requests spread over a pool of engine links (`http_links`, 4 sessions); a link
+  that fails at the connection level is retired and replaced, and only the
+  requests on it fail (503, in-band for a started stream);
+- a link has no timeout, so no slow call ever resets it: each request has its own
   deadline instead (a request the engine does not take within `client_timeout` is
   answered 503 and its job aborted), and a request's error is its own;
 - the daemon counts a session's silence only while it listened (`Frontend.caught_up`):
-  a daemon stalled by a flood of huge frames no longer reaps the link, which aborted
+  a daemon stalled by a flood of huge frames no longer reaps the links, which aborted
   every HTTP stream at once;
 - a job whose HTTP client left is aborted by its id whenever it did not finish, also
-  when its handle ended in an error (`http_api._abandon`).
+  when its handle ended in an error (`LinkPool.abandon`).
+
+Slow peers hold neither connections nor memory (`http_limits`): a connection gets
+`http_header_timeout` for each request head (aiohttp's keep-alive timer, also the
+idle keep-alive limit), a body `http_body_timeout` (then 408, the connection closed,
+its partial body freed), and the bodies being read hold `http_max_inflight_bytes`
+at most across connections (then 503 with Retry-After).
 """
 
 from __future__ import annotations
@@ -29,12 +38,15 @@ import zmq.asyncio
 from aiohttp import web
 
 from fsd.client import AsyncClient
-from fsd.config import ServerConfig, loopback_host, parse_http_address
+from fsd.config import ServerConfig
+from fsd.config_checks import loopback_host, parse_http_address
 from fsd.engine.face import EngineFace
 from fsd.engine.output import RequestOutput
 from fsd.errors import ConfigError
 from fsd.server.chat_template import ChatTemplate
 from fsd.server.http_api import Backend, build_app
+from fsd.server.http_limits import BodyBudget, runner_options
+from fsd.server.http_links import LinkPool
 from fsd.server.listen import tcp_listeners
 from fsd.server.log_limits import http_server_logger
 from fsd.server.loop_thread import LoopThread
@@ -133,11 +145,11 @@ class HttpFrontend(LoopThread):
         cfg, info = self.cfg, self.face.info
         # a shadow shares the daemon's context, which inproc endpoints need
         ctx = zmq.asyncio.Context.shadow(self._ctx.underlying)
-        # the link never times out, so it never resets and never leaves its jobs behind;
+        # a link never times out, so it never resets and never leaves its jobs behind;
         # a request that waits too long is answered 503 by the route (http_api)
-        client = AsyncClient(self._inproc, timeout=math.inf, context=ctx)
+        links = LinkPool(lambda: AsyncClient(self._inproc, timeout=math.inf, context=ctx))
         backend = Backend(
-            client=client,
+            links=links,
             model=self.metrics.model_name,
             created=int(time.time()),
             max_model_len=info.max_model_len,
@@ -145,6 +157,9 @@ class HttpFrontend(LoopThread):
             tokenizer=self.face.tokenizer,
             template=ChatTemplate.for_model(info.source),
             metrics=self.metrics,
+            bodies=BodyBudget(
+                cfg.http_max_inflight_bytes, cfg.http_body_timeout, cfg.max_frame_bytes
+            ),
             api_key=cfg.http_api_key,
             metrics_open=cfg.metrics_open,
             vocab_size=info.vocab_size,
@@ -166,6 +181,7 @@ class HttpFrontend(LoopThread):
             shutdown_timeout=1.0,
             handler_cancellation=True,
             auto_decompress=False,
+            **runner_options(cfg),  # the head deadline (http_limits)
         )
         await runner.setup()
         try:  # guarded listening sockets (fsd.server.listen: out of descriptors, no spin)
@@ -174,7 +190,7 @@ class HttpFrontend(LoopThread):
                 await web.SockSite(runner, sock).start()
         except OSError as exc:
             await runner.cleanup()
-            await client.close()
+            await links.close()
             self._error = exc
             self.ready()
             return
@@ -184,7 +200,7 @@ class HttpFrontend(LoopThread):
             await self.stopped()
         finally:
             pump.cancel()
-            await client.close()  # first: open requests fail fast, and the socket is gone
+            await links.close()  # first: open requests fail fast, and the sockets are gone
             await runner.cleanup()  # before the daemon terminates the shared context
 
     async def _pump(self) -> None:

@@ -139,11 +139,13 @@ def start_daemon(
     endpoints: tuple[str, str] | None = None,
     preexec: Callable[[], None] | None = None,
     env: dict[str, str] | None = None,
+    module: str = "fsd.cli",
 ) -> Daemon:
     """Start `fsd start --foreground` with an fsd.toml holding `config`; wait until it answers
     (to a client holding `curve` keys, when the daemon requires them). `endpoints`:
     (endpoint, telemetry endpoint) to serve on, else free loopback ports; `preexec`:
-    run in the child before it starts (a resource limit)."""
+    run in the child before it starts (a resource limit); `module`: what `python -m`
+    runs (a test's wrapper of fsd.cli that adds a hook)."""
     endpoint, telemetry = endpoints or (
         f"tcp://127.0.0.1:{free_port()}",
         f"tcp://127.0.0.1:{free_port()}",
@@ -155,7 +157,7 @@ def start_daemon(
     cmd = [
         sys.executable,
         "-m",
-        "fsd.cli",
+        module,
         "start",
         "--foreground",
         "--config",

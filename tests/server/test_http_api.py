@@ -22,6 +22,8 @@ from fsd.config_file import build_configs
 from fsd.errors import ConfigError
 from fsd.server.chat_template import PLAIN_TEMPLATE, ChatTemplate
 from fsd.server.http_api import Backend, build_app
+from fsd.server.http_limits import BodyBudget
+from fsd.server.http_links import LinkPool
 from fsd.server.http_server import exposure_warning
 from fsd.server.openai_errors import from_fsd_error
 from fsd.server.prom import MetricsCollector
@@ -344,7 +346,7 @@ def test_fsd_error_codes_map_to_http_statuses():
 def offline_backend(**kw: Any) -> Backend:
     """A Backend for the routes that never reach the engine."""
     return Backend(
-        client=None,  # type: ignore[arg-type]
+        links=LinkPool(lambda: None),  # type: ignore[arg-type,return-value]
         model="tiny",
         created=0,
         max_model_len=64,
@@ -352,6 +354,7 @@ def offline_backend(**kw: Any) -> Backend:
         tokenizer=ByteTokenizer(),
         template=ChatTemplate(PLAIN_TEMPLATE),
         metrics=MetricsCollector("tiny"),
+        bodies=kw.pop("bodies", BodyBudget(128 << 20, 30.0, 1 << 20)),
         **kw,
     )
 
@@ -408,7 +411,7 @@ class FailingClient:
 
 def test_a_job_the_engine_failed_is_a_500_or_an_in_band_error():
     backend = offline_backend()
-    backend.client = FailingClient()  # type: ignore[assignment]
+    backend.links = LinkPool(FailingClient, size=1)  # type: ignore[arg-type]
     body = {"model": "tiny", "prompt": "x", "max_tokens": 2}
 
     async def run() -> None:

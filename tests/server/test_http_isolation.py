@@ -26,6 +26,7 @@ from fsd.errors import UnknownJobError
 from fsd.metrics import SLOWindow
 from fsd.server.clients import ClientBook
 from fsd.server.http_api import build_app
+from fsd.server.http_links import LinkPool
 from fsd.server.roles import Caller
 from fsd.server.routing import JobRouter
 from tests.server.daemon_proc import daemon_fixture
@@ -104,7 +105,7 @@ class _Link:
 def test_a_job_whose_handle_ended_in_an_error_is_aborted(stream):
     backend = offline_backend()
     link = _Link()
-    backend.client = link  # type: ignore[assignment]
+    backend.links = LinkPool(lambda: link, size=1)  # type: ignore[arg-type,return-value]
     body = {"model": "tiny", "prompt": "x", "max_tokens": 2, "stream": stream}
 
     async def run() -> None:
