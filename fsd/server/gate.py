@@ -36,6 +36,7 @@ from urllib.parse import urlsplit
 from fsd import protocol as P
 from fsd.errors import ConfigError
 from fsd.server import zmtp
+from fsd.server.audit import connection_tag
 from fsd.server.listen import raise_fd_limit, tcp_listeners, unix_listener
 from fsd.server.loop_thread import LoopThread
 from fsd.server.relay import READ, Backlogs, Limits, Relay
@@ -155,7 +156,7 @@ class Gate(LoopThread):
             why = relay.dropped
             if why is not None:
                 self.dropped += 1
-                log.warning("dropped %s connection %s: %s", self.name, rid.hex(), why)
+                log.warning("dropped %s connection %s: %s", self.name, connection_tag(rid), why)
             if flushed:  # the upstream side ended: hand over its last bytes
                 writer.close()
                 with contextlib.suppress(OSError, TimeoutError):

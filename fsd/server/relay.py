@@ -30,13 +30,16 @@ from dataclasses import dataclass
 
 from fsd.server import frames as F
 from fsd.server import zmtp
+from fsd.server.audit import connection_tag
 from fsd.server.ledger import InboundLedger
+from fsd.server.log_limits import Throttle
 
 log = logging.getLogger("fsd.server")
 
 READ = 64 * 1024
 HANDSHAKE_TIMEOUT = 10.0  # seconds a connection may take to finish its handshake
 _ROOM_POLL = 0.005  # seconds between looks at the budget while a CURVE frame waits
+_REFUSALS = Throttle()  # the log's lines about refused frames
 
 
 @dataclass(frozen=True)
@@ -237,6 +240,15 @@ class Relay:
                 await asyncio.sleep(_ROOM_POLL)  # not reading: TCP backpressure
         elif size is not None and (size > limits.max_frame or not ledger.take(self.rid, size)):
             self.refused += 1
+            count = ledger.refusal(size)
+            if _REFUSALS.take() is not None:  # one line per interval, whatever the flood
+                log.warning(
+                    "refused a frame of %d bytes from connection %s (%s; %d refused so far)",
+                    size,
+                    connection_tag(self.rid),
+                    "over max_frame_bytes" if size > limits.max_frame else "inbound budget full",
+                    count,
+                )
             self._standin = _Refused(head, bytearray(head.peek), min(size, F.PREFIX))
             self._standin.left = head.size - len(head.peek)
             await self._refused_body(b"")
