@@ -233,7 +233,7 @@ def test_under_curve_a_flood_waits_for_room_and_normal_traffic_works(tmp_path: P
         print(f"CURVE: idle RSS {idle / MIB:.0f} MiB, peak {peak / MIB:.0f} MiB; "
               f"{len(replies)} replies; honest status in {answered:.2f} s")
         assert len(replies) == 60  # each waited for room; none was lost
-        assert all(isinstance(r, P.Error) and r.req_id == "big" for r in replies)
+        assert all(isinstance(r, P.Error) and r.code != "overloaded" for r in replies)
         assert peak - idle < 200 * MIB, (idle, peak)
         assert answered < 10.0
         flood.close()
