@@ -1,4 +1,4 @@
-"""The gate: the daemon's public request endpoint, in front of its ROUTER socket.
+"""The gate: a daemon's public endpoint, in front of its ROUTER (or telemetry PUB) socket.
 
 Design: libzmq lets a peer choose its routing id, and a ROUTER that meets a chosen
 id equal to one it generated aborts the process (`fsd.server.zmtp`). So libzmq never
@@ -14,10 +14,17 @@ It also holds the connection cap: past `max_connections` a new connection gets
 an `Error` "too-many-connections" (under NULL; under CURVE it is closed) and is
 closed, and the file-descriptor limit is raised to what the kernel allows at start;
 out of descriptors even so, its listener refuses without spinning (`fsd.server.listen`).
-Each connection is two asyncio streams on the gate's own thread; backpressure is
-the streams' own (a slow reader stops its writer), so nothing is buffered past
-one read per direction here. Closed connections are reported through
-`on_close(routing_id)`, called on the gate's thread.
+Each connection is relayed by a `fsd.server.relay.Relay` on the gate's own thread,
+within byte budgets: client frames are counted in the inbound ledger and refused
+(NULL: a stand-in answered "overloaded") or held back (CURVE: TCP backpressure) when
+it is full; the upstream socket is read as fast as it writes into a per-connection
+outbox, and a connection whose unsent bytes pass its budget (or the largest, when
+all connections' pass `max_backlog`) is dropped. Under NULL the ROUTER's route for
+a connection is the gate's routing id; under CURVE the handshake passes encrypted,
+so the gate does not know which route is whose (only bytes are counted, which holds
+alike). Closed connections are reported through `on_close(routing_id, why)` on the
+gate's thread, `why` saying why the gate dropped it (None: it closed). The same gate
+fronts the telemetry PUB (`fsd.server.gates`), admitting SUB and XSUB peers.
 """
 
 from __future__ import annotations
