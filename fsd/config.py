@@ -277,6 +277,10 @@ class ServerConfig:
     max_client_jobs: int = 10_000  # live jobs of one client: a CURVE key, else a session
     max_jobs: int = 100_000  # live jobs in the daemon, all clients together
     max_connections: int = 4096  # open client connections; more are refused (fd-capped)
+    max_inbound_bytes: int = 256 << 20  # client frames read, not yet handled; past it refused
+    max_client_backlog_bytes: int = 64 << 20  # a connection's unsent replies; past it, dropped
+    max_backlog_bytes: int = 1 << 30  # all connections': past it the largest backlog is dropped
+    max_subscriber_backlog_bytes: int = 8 << 20  # a telemetry subscriber's unsent messages
     http: str | None = doc(
         None, "OpenAI-compatible API and /metrics on HOST:PORT, e.g. 127.0.0.1:8000."
     )
@@ -298,30 +302,25 @@ class ServerConfig:
             if "://" not in value:
                 raise ConfigError(f"{name} must look like tcp://HOST:PORT, got {value!r}")
         if self.telemetry_hz < 0:
-            raise ConfigError(
-                f"telemetry_hz must be >= 0 (0 turns it off), got {self.telemetry_hz}"
-            )
+            raise ConfigError(f"telemetry_hz must be >= 0 (0 turns it off), got {self.telemetry_hz}")
         if not 0.0 < self.telemetry_job_budget <= 1.0:
-            raise ConfigError(
-                f"telemetry_job_budget must be in (0, 1], got {self.telemetry_job_budget}"
-            )
+            raise ConfigError(f"telemetry_job_budget must be in (0, 1], got {self.telemetry_job_budget}")
         if self.client_timeout <= 0:
             raise ConfigError(f"client_timeout must be > 0 seconds, got {self.client_timeout}")
         if self.slo_window <= 0:
             raise ConfigError(f"slo_window must be > 0 seconds, got {self.slo_window}")
         if not self.stats_interval >= 0:  # also refuses NaN
-            raise ConfigError(
-                f"stats_interval must be >= 0 seconds (0 turns it off), got {self.stats_interval}"
-            )
+            raise ConfigError(f"stats_interval must be >= 0 s (0 turns it off), got {self.stats_interval}")
         int_range("log_max_bytes", self.log_max_bytes, 4096, 1 << 40)
-        if not 1024 <= self.max_frame_bytes <= 64 * 1024 * 1024:
-            raise ConfigError(
-                f"max_frame_bytes must be in [1024, 67108864], got {self.max_frame_bytes}"
-            )
+        int_range("max_frame_bytes", self.max_frame_bytes, 1024, 64 * 1024 * 1024)
         for name in ("max_burst", "max_client_jobs", "max_jobs", "max_connections"):
-            value = getattr(self, name)
-            if not 1 <= value <= 10_000_000:
-                raise ConfigError(f"{name} must be in [1, 10000000], got {value}")
+            int_range(name, getattr(self, name), 1, 10_000_000)
+        byte_floors = {  # inbound: room for two of the largest frames, so one always passes
+            "max_inbound_bytes": 2 * self.max_frame_bytes, "max_client_backlog_bytes": 1 << 20,
+            "max_backlog_bytes": 1 << 20, "max_subscriber_backlog_bytes": 64 << 10,
+        }  # fmt: skip
+        for name, low in byte_floors.items():
+            int_range(name, getattr(self, name), low, 1 << 40)
 
 
 @dataclass(frozen=True)

@@ -3,6 +3,14 @@
 Nothing a client sends may raise out of here: a frame that does not decode, a
 request that is refused and a request whose handler fails are each answered with an
 `Error` (and a failure is logged), and the service's loop goes on.
+
+Bytes: each message's bytes go back to the inbound ledger as it is read
+(`fsd.server.ledger`; the gate counted them on the way in), and an empty socket
+settles the ledger's drift. A frame the gate refused arrives as its stand-in
+(`fsd.server.frames`) and is answered `Error` "overloaded" (or "too-large") with the
+request's `req_id` when its first bytes hold one. A turn stops reading once its
+replies reach `_TURN_REPLY_BYTES`, so the gate can move them (and drop a client that
+does not read them, `fsd.server.relay`) before more are made.
 """
 
 from __future__ import annotations
@@ -19,6 +27,8 @@ from fsd.config import ServerConfig
 from fsd.errors import FsdError
 from fsd.server.audit import connection_tag
 from fsd.server.clients import ClientBook, ClientState
+from fsd.server.frames import parse_standin, prefix_req_id
+from fsd.server.ledger import InboundLedger
 from fsd.server.roles import Authorizer, Caller
 
 log = logging.getLogger("fsd.server")
@@ -28,6 +38,7 @@ _MAX_MESSAGES_PER_TURN = 1000  # then run an iteration, so a flood cannot starve
 # guard); frames between max_frame_bytes and this still get an `Error` "too-large"
 FRAME_SLACK = 1024 * 1024
 _MAX_ERROR_CHARS = 2000  # an Error never echoes more of a client's input than this
+_TURN_REPLY_BYTES = 32 * 1024 * 1024  # replies one turn makes before the gate moves them
 
 
 class Failures(Protocol):
@@ -52,8 +63,11 @@ class Frontend:
         dispatch: Callable[[Caller, P.Request], None],
         failures: Failures,
         curve: bool,
+        ledger: InboundLedger | None = None,
     ) -> None:
         self.router = router
+        self.ledger = ledger  # the gate's inbound budget (None: no gate, inproc)
+        self.turn_bytes = 0  # bytes of replies sent this turn
         self.cfg = cfg
         self.book = book
         self.auth = auth
@@ -68,16 +82,29 @@ class Frontend:
         """Wait up to `timeout_ms` for messages, then answer up to a turn's worth of them."""
         router = self.router
         if not router.poll(timeout_ms):
-            self.caught_up = time.time()
+            self._caught_up()
             return
         curve = self.curve  # frames carry the sender's key (User-Id)
+        self.turn_bytes = 0
         for _ in range(_MAX_MESSAGES_PER_TURN):
             try:
                 frames = router.recv_multipart(zmq.NOBLOCK, copy=not curve)
             except zmq.Again:
-                self.caught_up = time.time()
+                self._caught_up()
                 return
+            if self.ledger is not None:
+                route = bytes(frames[0])
+                for part in frames[1:]:
+                    self.ledger.give_back(route, len(part))
             self.handle(frames)
+            if self.turn_bytes >= _TURN_REPLY_BYTES:
+                return
+
+    def _caught_up(self) -> None:
+        """Every waiting frame is read: silence counts from now, and drift settles."""
+        self.caught_up = time.time()
+        if self.ledger is not None:
+            self.ledger.settle_if_idle()
 
     def handle(self, frames: list) -> None:  # bytes, or zmq.Frame with CURVE
         """Answer one client message; nothing it holds may raise out of here."""
@@ -98,6 +125,10 @@ class Frontend:
             )
             return
         payload = frames[1] if isinstance(frames[1], bytes) else frames[1].bytes
+        refused = parse_standin(payload)
+        if refused is not None:
+            self._refused(route, *refused)
+            return
         if len(payload) > self.cfg.max_frame_bytes:
             self._to_route(
                 route,
@@ -125,6 +156,20 @@ class Frontend:
             if not isinstance(exc, FsdError):  # a TypeError is answered "invalid", but logged
                 self.failures.exception(f"request {type(msg).__name__} failed", exc)
             self.send_error(client.key, exc, getattr(msg, "req_id", None))
+
+    def _refused(self, route: bytes, size: int, prefix: bytes) -> None:
+        """The gate refused a frame of `size` bytes (its stand-in): the inbound budget
+        was full, or the frame exceeds max_frame_bytes."""
+        if size > self.cfg.max_frame_bytes:
+            code = "too-large"
+            text = f"frame of {size} bytes exceeds max_frame_bytes {self.cfg.max_frame_bytes}"
+        else:
+            code = "overloaded"
+            text = (
+                f"the daemon holds max_inbound_bytes ({self.cfg.max_inbound_bytes}) of "
+                f"unread requests; this frame of {size} bytes was refused: send it again later"
+            )
+        self._to_route(route, P.Error(code=code, message=text, req_id=prefix_req_id(prefix)))
 
     def _hello(self, client: ClientState, msg: P.Hello) -> None:
         """Welcome: the session's secret; a resumed session's held answers follow it."""
@@ -158,7 +203,9 @@ class Frontend:
         if route is None:
             return
         try:
-            self.router.send_multipart([route, P.encode(msg)], zmq.NOBLOCK)
+            payload = P.encode(msg)
+            self.turn_bytes += len(payload)
+            self.router.send_multipart([route, payload], zmq.NOBLOCK)
         except zmq.ZMQError as exc:  # a vanished peer or a full queue loses only its message
             log.debug("dropped a reply to connection %s: %s", connection_tag(route), exc)
 

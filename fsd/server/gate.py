@@ -1,4 +1,4 @@
-"""The gate: the daemon's public request endpoint, in front of its ROUTER socket.
+"""The gate: a daemon's public endpoint, in front of its ROUTER (or telemetry PUB) socket.
 
 Design: libzmq lets a peer choose its routing id, and a ROUTER that meets a chosen
 id equal to one it generated aborts the process (`fsd.server.zmtp`). So libzmq never
@@ -14,10 +14,17 @@ It also holds the connection cap: past `max_connections` a new connection gets
 an `Error` "too-many-connections" (under NULL; under CURVE it is closed) and is
 closed, and the file-descriptor limit is raised to what the kernel allows at start;
 out of descriptors even so, its listener refuses without spinning (`fsd.server.listen`).
-Each connection is two asyncio streams on the gate's own thread; backpressure is
-the streams' own (a slow reader stops its writer), so nothing is buffered past
-one read per direction here. Closed connections are reported through
-`on_close(routing_id)`, called on the gate's thread.
+Each connection is relayed by a `fsd.server.relay.Relay` on the gate's own thread,
+within byte budgets: client frames are counted in the inbound ledger and refused
+(NULL: a stand-in answered "overloaded") or held back (CURVE: TCP backpressure) when
+it is full; the upstream socket is read as fast as it writes into a per-connection
+outbox, and a connection whose unsent bytes pass its budget (or the largest, when
+all connections' pass `max_backlog`) is dropped. Under NULL the ROUTER's route for
+a connection is the gate's routing id; under CURVE the handshake passes encrypted,
+so the gate does not know which route is whose (only bytes are counted, which holds
+alike). Closed connections are reported through `on_close(routing_id, why)` on the
+gate's thread, `why` saying why the gate dropped it (None: it closed). The same gate
+fronts the telemetry PUB (`fsd.server.gates`), admitting SUB and XSUB peers.
 """
 
 from __future__ import annotations
@@ -36,15 +43,15 @@ from urllib.parse import urlsplit
 from fsd import protocol as P
 from fsd.errors import ConfigError
 from fsd.server import zmtp
+from fsd.server.audit import connection_tag
 from fsd.server.listen import raise_fd_limit, tcp_listeners, unix_listener
 from fsd.server.loop_thread import LoopThread
+from fsd.server.relay import READ, Backlogs, Limits, Relay
 
 log = logging.getLogger("fsd.server")
 
-_READ = 64 * 1024
 _FDS_PER_CONNECTION = 3  # the client's socket, the relay's ipc socket, libzmq's side of it
 _FD_RESERVE = 256  # descriptors kept for the model, logs, HTTP and telemetry
-_HANDSHAKE_TIMEOUT = 10.0  # seconds a connection may take to finish its handshake
 _START_TIMEOUT = 10.0
 _REFUSE_WAIT = 2.0  # seconds a refused connection may take to read its Error
 _CLOSE_FLUSH = 2.0  # seconds closing waits for the ROUTER's last answers to reach peers
@@ -64,26 +71,33 @@ def connection_cap(configured: int, soft_limit: int) -> int:
 
 
 class Gate(LoopThread):
-    """Relays the public endpoint to the ROUTER's private `ipc://` path (module doc)."""
+    """Relays the public endpoint to the upstream socket's private `ipc://` path
+    (module doc); `limits`: its connections' peers and budgets (`fsd.server.relay`)."""
 
     def __init__(
         self,
         endpoint: str,
         *,
-        curve: bool,
+        limits: Limits,
         max_connections: int,
-        on_close: Callable[[bytes], None] = lambda rid: None,
+        max_backlog: int = 1 << 30,
+        on_close: Callable[[bytes, str | None], None] = lambda rid, why: None,
+        name: str = "requests",
     ) -> None:
-        super().__init__("fsd-gate")
+        super().__init__(f"fsd-gate-{name}")
         self.endpoint = endpoint
-        self.curve = curve
+        self.limits = limits
+        self.curve = limits.curve
+        self.name = name
         self.max_connections = connection_cap(max_connections, raise_fd_limit()[1])
         self.on_close = on_close
         self._dir = Path(tempfile.mkdtemp(prefix="fsd-gate-"))  # 0700, ours
-        self.upstream_path = str(self._dir / "router")
+        self.upstream_path = str(self._dir / "up")
         self.upstream = f"ipc://{self.upstream_path}"
         self.live = 0
         self.refused = 0
+        self.dropped = 0  # connections dropped for their backlog
+        self.backlogs = Backlogs(max_backlog)
         self._count = 0
         self._servers: list[asyncio.AbstractServer] = []
 
@@ -103,6 +117,10 @@ class Gate(LoopThread):
             self._thread.join(5.0)
         shutil.rmtree(self._dir, ignore_errors=True)
 
+    def figures(self) -> dict[str, float]:
+        """Its counters, for /metrics (read from another thread: plain ints)."""
+        return {"dropped": float(self.dropped), "backlog": float(self.backlogs.total)}
+
     # ---- the thread ----------------------------------------------------------------
 
     async def serve(self) -> None:
@@ -113,8 +131,8 @@ class Gate(LoopThread):
         finally:
             for server in self._servers:
                 server.close()
-            # the ROUTER closed first (EngineService.close): each relay ends once it has
-            # passed on what the ROUTER flushed, e.g. the answer to Shutdown
+            # the upstream socket closed first (EngineService.close): each relay ends once
+            # it has passed on what that socket flushed, e.g. the answer to Shutdown
             tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
             if tasks:
                 await asyncio.wait(tasks, timeout=_CLOSE_FLUSH)
@@ -137,49 +155,27 @@ class Gate(LoopThread):
         self.live += 1
         rid = self._next_id()
         up_writer: asyncio.StreamWriter | None = None
+        why: str | None = None
         try:
             up_reader, up_writer = await asyncio.open_unix_connection(self.upstream_path)
-            inbound = asyncio.create_task(self._inbound(reader, up_writer, rid))
-            outbound = asyncio.create_task(_pipe(up_reader, writer))
-            done, pending = await asyncio.wait(
-                {inbound, outbound}, return_when=asyncio.FIRST_COMPLETED
-            )
-            for task in pending:
-                task.cancel()
-            await asyncio.gather(*pending, return_exceptions=True)
-            if outbound in done:  # the ROUTER's side ended: hand over its last bytes
+            relay = Relay(rid, (reader, writer), (up_reader, up_writer), self.limits, self.backlogs)
+            flushed = await relay.run()
+            why = relay.dropped
+            if why is not None:
+                self.dropped += 1
+                log.warning("dropped %s connection %s: %s", self.name, connection_tag(rid), why)
+            if flushed:  # the upstream side ended: hand over its last bytes
                 writer.close()
                 with contextlib.suppress(OSError, TimeoutError):
                     await asyncio.wait_for(writer.wait_closed(), _CLOSE_FLUSH)
         except OSError as exc:
-            log.warning("the gate could not reach the ROUTER: %s", exc)
+            log.warning("the gate could not reach the %s socket: %s", self.name, exc)
         finally:
             self.live -= 1
             for w in (writer, up_writer):
                 if w is not None:
                     w.close()
-            self.on_close(rid)
-
-    async def _inbound(
-        self, reader: asyncio.StreamReader, up: asyncio.StreamWriter, rid: bytes
-    ) -> None:
-        """Client to ROUTER: through the handshake checks, then as it comes."""
-        shake = zmtp.Handshake(rid, self.curve)
-        try:
-            while not shake.done:
-                data = await asyncio.wait_for(reader.read(_READ), _HANDSHAKE_TIMEOUT)
-                if not data:
-                    return
-                out = shake.feed(data)
-                if out:
-                    up.write(out)
-                    await up.drain()
-        except zmtp.HandshakeRefused as exc:
-            log.debug("refused a connection: %s", exc)
-            return
-        except (TimeoutError, OSError):
-            return
-        await _pipe(reader, up)
+            self.on_close(rid, why)
 
     async def _refuse(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """Past the cap: an Error frame (NULL) after the handshake, then close."""
@@ -192,7 +188,7 @@ class Gate(LoopThread):
                 self.refused,
             )
         try:
-            if not self.curve:
+            if not self.curve and self.limits.peers == zmtp.REQUEST_PEERS:
                 error = P.Error(
                     code="too-many-connections",
                     message=f"the daemon holds {self.live} connections; max_connections is "
@@ -219,26 +215,15 @@ async def _read_handshake(reader: asyncio.StreamReader) -> None:
     """Consume a NULL peer's greeting and READY."""
     shake = zmtp.Handshake(b"x", curve=False)
     while not shake.done:
-        data = await reader.read(_READ)
+        data = await reader.read(READ)
         if not data:
             return
         shake.feed(data)
 
 
 async def _discard(reader: asyncio.StreamReader) -> None:
-    while await reader.read(_READ):
+    while await reader.read(READ):
         pass
-
-
-async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    """Copy until end of stream; the writer's drain is the backpressure."""
-    with contextlib.suppress(OSError, ConnectionError):
-        while True:
-            data = await reader.read(_READ)
-            if not data:
-                return
-            writer.write(data)
-            await writer.drain()
 
 
 async def _listen(endpoint: str, serve: Callable) -> list[asyncio.AbstractServer]:

@@ -1,5 +1,7 @@
 """Log lines a client can cause, bounded: one line per interval, and never its bytes.
 
+`OnceLog` logs each distinct failure once with its traceback (the service's).
+
 A peer that sends malformed HTTP requests, or opens connections until the daemon runs
 out of file descriptors, could otherwise write a line (or a traceback) per attempt:
 61 MB of log in 20 s was seen. `Throttle` lets one line through per `interval`
@@ -16,6 +18,8 @@ import time
 from collections.abc import Callable
 
 from aiohttp.http_exceptions import HttpProcessingError
+
+log = logging.getLogger("fsd.server")
 
 LOG_INTERVAL = 10.0  # seconds between two lines of one kind, at most
 _REASON_CHARS = 80
@@ -81,3 +85,31 @@ def http_server_logger(name: str = "fsd.http.server") -> logging.Logger:
     if not any(isinstance(f, BadRequestLog) for f in logger.filters):
         logger.addFilter(BadRequestLog())
     return logger
+
+
+class OnceLog:
+    """Logs each distinct failure once with its traceback, then only counts it.
+
+    Bounded: it counts `limit` distinct failures at most (a message may name a job, so
+    there is no end to them); past that, a new one is logged without its traceback
+    and counted in `others`."""
+
+    def __init__(self, limit: int = 200) -> None:
+        self.seen: dict[str, int] = {}
+        self.limit = limit
+        self.others = 0  # failures not counted by message (past `limit` of them)
+
+    def exception(self, what: str, exc: BaseException) -> None:
+        key = f"{what}: {type(exc).__name__}: {str(exc)[:200]}"
+        count = self.seen.get(key)
+        if count is None and len(self.seen) >= self.limit:
+            self.others += 1
+            if self.others in (1, 10, 100, 1000, 10000):
+                log.error("%s (and %d other failures not counted by message)", key, self.others)
+            return
+        count = count or 0
+        if count == 0:
+            log.error("%s", key, exc_info=exc)
+        elif count in (10, 100, 1000, 10000):
+            log.error("%s (%d times so far)", key, count)
+        self.seen[key] = count + 1

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import queue
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, generate_latest
@@ -37,7 +38,7 @@ from fsd import protocol as P
 from fsd.engine.output import RequestOutput
 from fsd.server.prom_defs import EVENT_COUNTERS, RequestMetrics
 from fsd.server.prom_gauges import SnapshotGauges
-from fsd.server.prom_process import ProcessGauges
+from fsd.server.prom_process import BudgetCounters, ProcessGauges
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST  # the format generate_latest writes
 
@@ -62,6 +63,10 @@ class MetricsCollector:
         self.gauges = SnapshotGauges(model_name)
         self.registry.register(self.gauges)
         self.registry.register(ProcessGauges(model_name))
+
+    def add_collector(self, read: Callable[[], dict[str, float]]) -> None:
+        """Serve the gates' budget counters `read` gives (`prom_process.BudgetCounters`)."""
+        self.registry.register(BudgetCounters(self.model_name, read))
 
     @property
     def unpaired(self) -> int:

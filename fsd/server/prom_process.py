@@ -1,5 +1,6 @@
 """Prometheus gauges of the daemon process itself, read at scrape time: what a
-long-running daemon holds (memory, descriptors, threads, Python's allocations).
+long-running daemon holds (memory, descriptors, threads, Python's allocations), and
+what its gates refused, dropped and hold for clients (`BudgetCounters`).
 
 `process_*` follow the names of prometheus_client's own process collector (which a
 private registry does not get); `fsd_python_*` count Python's small allocations and
@@ -14,10 +15,10 @@ import gc
 import os
 import sys
 import tracemalloc
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
@@ -66,3 +67,36 @@ class ProcessGauges(Collector):
             gauge = GaugeMetricFamily(name, _HELP[name], labels=["model_name"])
             gauge.add_metric([self.model_name], value)
             yield gauge
+
+
+_BUDGET_HELP = {
+    "fsd_inbound_held_bytes": "Bytes of client frames the gate passed on and the daemon has not read.",
+    "fsd_inbound_refused_frames": "Client frames the gate refused: over max_inbound_bytes or max_frame_bytes.",
+    "fsd_inbound_refused_bytes": "Bytes of the client frames the gate refused.",
+    "fsd_inbound_settled_bytes": "Inbound bytes written off as discarded by libzmq (ledger drift).",
+    "fsd_gate_dropped_connections": "Connections dropped for their unsent backlog, by endpoint.",
+    "fsd_gate_backlog_bytes": "Bytes waiting to be sent to clients, by endpoint.",
+}
+_BUDGET_COUNTERS = {"fsd_inbound_refused_frames", "fsd_inbound_refused_bytes",
+                    "fsd_inbound_settled_bytes", "fsd_gate_dropped_connections"}  # fmt: skip
+
+
+class BudgetCounters(Collector):
+    """What the gates refused, dropped and hold (`fsd.server.gates.budget_figures`),
+    read at each scrape; a name `NAME:ENDPOINT` is NAME labelled with its endpoint."""
+
+    def __init__(self, model_name: str, read: Callable[[], dict[str, float]]) -> None:
+        self.model_name = model_name
+        self.read = read
+
+    def collect(self) -> Iterator[Metric]:
+        families: dict[str, Metric] = {}
+        for key, value in self.read().items():
+            name, _, endpoint = key.partition(":")
+            labels = ["model_name", "endpoint"] if endpoint else ["model_name"]
+            family = families.get(name)
+            if family is None:
+                kind = CounterMetricFamily if name in _BUDGET_COUNTERS else GaugeMetricFamily
+                family = families[name] = kind(name, _BUDGET_HELP[name], labels=labels)
+            family.add_metric([self.model_name, endpoint] if endpoint else [self.model_name], value)
+        yield from families.values()

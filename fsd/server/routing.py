@@ -13,7 +13,7 @@ from fsd.engine.face import EngineFace
 from fsd.engine.output import RequestOutput, StepDelta
 from fsd.errors import UnknownJobError
 from fsd.metrics import Finish, SLOWindow
-from fsd.server.clients import ClientBook
+from fsd.server.clients import ClientBook, ClientState
 
 log = logging.getLogger("fsd.server")
 
@@ -97,15 +97,19 @@ class JobRouter:
                     ident.decode(),
                     len(client.jobs),
                 )
-            for job_id in list(client.jobs):
-                with contextlib.suppress(UnknownJobError):  # if alive after all, it hears
-                    self.finished(self.face.abort(job_id))
+            self.abort_all(client)
             reaped.append(ident)
             if client.route is None:
                 self.book.forget(ident)
             else:
                 client.last_seen = now  # reaped: not looked at again for a timeout
         return reaped
+
+    def abort_all(self, client: ClientState) -> None:
+        """Abort every live job of a session (each answered if it can still be)."""
+        for job_id in list(client.jobs):
+            with contextlib.suppress(UnknownJobError):  # if alive after all, it hears
+                self.finished(self.face.abort(job_id))
 
 
 def finished_message(out: RequestOutput, req_id: str) -> P.Finished:

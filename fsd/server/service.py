@@ -40,8 +40,11 @@ from fsd.server.clients import ClientBook, ClientState
 from fsd.server.control import ControlHandler
 from fsd.server.frontend import FRAME_SLACK, Frontend
 from fsd.server.gate import Gate, unpredictable_ids
+from fsd.server.gates import budget_figures, request_gate, telemetry_gate, tune_pub, tune_router
 from fsd.server.heap_trim import IdleTrim
 from fsd.server.injector import ScenarioInjector
+from fsd.server.ledger import InboundLedger
+from fsd.server.log_limits import OnceLog  # (tests import it from here)
 from fsd.server.preview import PreviewRunner
 from fsd.server.roles import Authorizer
 from fsd.server.routing import JobRouter
@@ -52,34 +55,6 @@ from fsd.version import __version__
 
 log = logging.getLogger("fsd.server")
 _ANSWER_LINGER = 1.0  # seconds closing waits for queued answers to leave the ROUTER
-
-
-class OnceLog:
-    """Logs each distinct failure once with its traceback, then only counts it.
-
-    Bounded: it counts `limit` distinct failures at most (a message may name a job, so
-    there is no end to them); past that, a new one is logged without its traceback
-    and counted in `others`."""
-
-    def __init__(self, limit: int = 200) -> None:
-        self.seen: dict[str, int] = {}
-        self.limit = limit
-        self.others = 0  # failures not counted by message (past `limit` of them)
-
-    def exception(self, what: str, exc: BaseException) -> None:
-        key = f"{what}: {type(exc).__name__}: {str(exc)[:200]}"
-        count = self.seen.get(key)
-        if count is None and len(self.seen) >= self.limit:
-            self.others += 1
-            if self.others in (1, 10, 100, 1000, 10000):
-                log.error("%s (and %d other failures not counted by message)", key, self.others)
-            return
-        count = count or 0
-        if count == 0:
-            log.error("%s", key, exc_info=exc)
-        elif count in (10, 100, 1000, 10000):
-            log.error("%s (%d times so far)", key, count)
-        self.seen[key] = count + 1
 
 
 class EngineService:
@@ -111,8 +86,11 @@ class EngineService:
         self.http = None  # the OpenAI-compatible API and /metrics (fsd.server.http_server)
         self.ctx = zmq.Context()
         self.security: Security | None = None
-        self.gate: Gate | None = None
-        self._closed: deque[bytes] = deque()  # routing ids of closed connections (gate thread)
+        self.gate: Gate | None = None  # requests (fsd.server.gates)
+        self.telemetry_gate: Gate | None = None
+        self.ledger: InboundLedger | None = None  # bytes of requests in flight
+        # closed connections (gate thread): routing id, why the gate dropped it (or None)
+        self._closed: deque[tuple[bytes, str | None]] = deque()
         self._binding = cfg.endpoint
         try:
             self._open(cfg)
@@ -130,8 +108,7 @@ class EngineService:
         unpredictable_ids()  # before the ROUTER exists: its made-up ids start from rand()
         self.router = self.ctx.socket(zmq.ROUTER)
         self.router.setsockopt(zmq.LINGER, 0)
-        self.router.setsockopt(zmq.SNDHWM, 100_000)
-        self.router.setsockopt(zmq.RCVHWM, 100_000)
+        tune_router(self.router)
         self.router.setsockopt(zmq.MAXMSGSIZE, cfg.max_frame_bytes + FRAME_SLACK)
         configure = self.security.configure()
         if configure is not None:
@@ -139,16 +116,23 @@ class EngineService:
         if cfg.endpoint.startswith("inproc://"):  # in-process peers only: nothing to guard
             self.router.bind(cfg.endpoint)
         else:  # peers reach the ROUTER through the gate alone (fsd.server.gate)
-            self.gate = Gate(
-                cfg.endpoint,
-                curve=self.security.enabled,
-                max_connections=cfg.max_connections,
-                on_close=self._closed.append,
+            self.ledger = InboundLedger(cfg.max_inbound_bytes)
+            self.gate = request_gate(
+                cfg,
+                self.security.enabled,
+                self.ledger,
+                lambda rid, why: self._closed.append((rid, why)),
+                FRAME_SLACK,
             )
             self.router.bind(self.gate.upstream)
             self.gate.start()
-        self._binding = cfg.telemetry_endpoint
-        self.publisher = Publisher(self.ctx, cfg.telemetry_endpoint, configure)
+        self._binding = telemetry = cfg.telemetry_endpoint
+        if not telemetry.startswith("inproc://"):  # subscribers through a gate too
+            self.telemetry_gate = telemetry_gate(cfg, self.security.enabled)
+            telemetry = self.telemetry_gate.upstream
+        self.publisher = Publisher(self.ctx, telemetry, configure, tune_pub)
+        if self.telemetry_gate is not None:
+            self.telemetry_gate.start()
         self.telemetry = TelemetryPump(self.face, self.slo, cfg, self.publisher)
         self.stats = StatsLog(self.face, cfg.stats_interval)  # the log's stats line
         self.trim = IdleTrim()  # freed heap back to the system when idle
@@ -164,6 +148,7 @@ class EngineService:
             self.control.dispatch,
             self.failures,
             self.security.enabled,
+            self.ledger,
         )
         if cfg.http is not None:
             from fsd.server.http_server import HttpFrontend
@@ -171,6 +156,9 @@ class EngineService:
             self._binding = f"http://{cfg.http}"
             self.http = HttpFrontend(cfg, self.face, self.ctx, self.router, self.publisher)
             self.routing.taps.append(self.http.job_finished)  # /metrics histograms
+            self.http.metrics.add_collector(
+                lambda: budget_figures(self.ledger, self.gate, self.telemetry_gate)
+            )
             self.http.start()
 
     def _control(self, cfg: ServerConfig) -> ControlHandler:
@@ -194,8 +182,9 @@ class EngineService:
         with contextlib.suppress(Exception):
             if self.http is not None:
                 self.http.stop()
-        if self.gate is not None:
-            self.gate.close()
+        for gate in (self.gate, self.telemetry_gate):
+            if gate is not None:
+                gate.close()
         if getattr(self, "auth", None) is not None:
             self.auth.close()
         if getattr(self, "publisher", None) is not None:
@@ -261,9 +250,21 @@ class EngineService:
             self.control.scenarios.cancel(ident)
 
     def _detach_closed(self) -> None:
-        """Sessions of connections the gate saw close hear nothing until resumed."""
+        """Sessions of connections the gate saw close hear nothing until resumed; those
+        of connections it dropped (replies piling up unread) lose their jobs at once."""
         while self._closed:
-            self.book.detach(self._closed.popleft())
+            route, dropped = self._closed.popleft()
+            client = self.book.session_of(route) if dropped is not None else None
+            if client is not None:
+                log.warning(
+                    "session %s: its connection was dropped (%s); aborting its %d jobs",
+                    client.key.decode(),
+                    dropped,
+                    len(client.jobs),
+                )
+                self.routing.abort_all(client)
+                self.control.scenarios.cancel(client.key)
+            self.book.detach(route)
 
     def _receive(self, block: bool) -> None:
         timeout = 0
@@ -390,5 +391,6 @@ class EngineService:
         self.security.close()
         self.face.close()
         self.ctx.term()
-        if self.gate is not None:
-            self.gate.close()
+        for gate in (self.gate, self.telemetry_gate):
+            if gate is not None:
+                gate.close()

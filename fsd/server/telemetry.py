@@ -198,13 +198,19 @@ class TelemetryPump:
 class Publisher:
     """Owns the PUB socket on its own thread; `publish` never blocks the engine."""
 
-    def __init__(self, ctx: zmq.Context, endpoint: str, configure: Any = None) -> None:
+    def __init__(
+        self, ctx: zmq.Context, endpoint: str, configure: Any = None, tune: Any = None
+    ) -> None:
+        """Bind `endpoint` (the telemetry gate's private path, `fsd.server.gates`);
+        `configure` sets CURVE up, `tune` the socket's queues."""
         # an item is one message, or one iteration's events with their converter
         self._queue: queue.Queue[tuple[bytes, Any, Callable[[Any], msgspec.Struct] | None] | None]
         self._queue = queue.Queue(maxsize=1024)
         self.sock = ctx.socket(zmq.PUB)
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.setsockopt(zmq.SNDHWM, 10_000)
+        if tune is not None:
+            tune(self.sock)
         if configure is not None:
             configure(self.sock)
         self.sock.bind(endpoint)

@@ -25,7 +25,8 @@ SIGNATURE_SIZE = 10
 GREETING_SIZE = 64
 MAX_READY = 64 * 1024  # bytes of READY body accepted (libzmq's own is < 300)
 _FLAG_MORE, _FLAG_LONG, _FLAG_COMMAND = 0x01, 0x02, 0x04
-_PEER_TYPES = {b"DEALER", b"REQ"}  # sockets that may talk to the daemon's ROUTER
+REQUEST_PEERS = frozenset({b"DEALER", b"REQ"})  # sockets that may talk to the daemon's ROUTER
+TELEMETRY_PEERS = frozenset({b"SUB", b"XSUB"})  # ... and to its telemetry PUB
 
 
 class HandshakeRefused(Exception):
@@ -83,34 +84,44 @@ class Handshake:
 
     `feed` returns the bytes that may go on to libzmq now (possibly none yet) and
     raises HandshakeRefused when the connection must be closed. After the handshake
-    part it returns what it is given unchanged.
+    part it returns what it is given unchanged. `feed_split` returns the handshake's
+    bytes and the frames after it apart (the gate counts those, `fsd.server.frames`).
+    `peers`: the socket types that may connect.
     """
 
-    def __init__(self, routing_id: bytes, curve: bool) -> None:
+    def __init__(
+        self, routing_id: bytes, curve: bool, peers: frozenset[bytes] = REQUEST_PEERS
+    ) -> None:
         if not routing_id or routing_id[0] == 0 or len(routing_id) > 255:
             raise ValueError("a gate-issued routing id is 1-255 bytes, not starting with 0x00")
         self.routing_id = routing_id
         self.mechanism = b"CURVE" if curve else b"NULL"
         self._buf = b""
         self._sent = 0  # greeting bytes passed on so far
+        self.peers = peers
         self.done = False
 
     def feed(self, data: bytes) -> bytes:
+        shake, rest = self.feed_split(data)
+        return shake + rest
+
+    def feed_split(self, data: bytes) -> tuple[bytes, bytes]:
+        """(handshake bytes that may go on now, the bytes after the handshake)."""
         if self.done:
-            return data
+            return b"", data
         self._buf += data
         out = self._greeting()
         if self._sent < GREETING_SIZE:
-            return out
+            return out, b""
         if self.mechanism == b"CURVE":  # READY is encrypted: nothing more to check
             self.done = True
             rest, self._buf = self._buf, b""
-            return out + rest
+            return out, rest
         first = self._first_frame()
         if first is None:
-            return out
+            return out, b""
         self.done = True
-        return out + first
+        return out + first[0], first[1]
 
     def _greeting(self) -> bytes:
         """The greeting bytes that passed their checks and were not passed on yet."""
@@ -143,7 +154,7 @@ class Handshake:
         out, self._buf = buf[start:GREETING_SIZE], buf[GREETING_SIZE:]
         return out
 
-    def _first_frame(self) -> bytes | None:
+    def _first_frame(self) -> tuple[bytes, bytes] | None:
         """The READY frame with the gate's routing id, then whatever followed it."""
         buf = self._buf
         if len(buf) < 2:
@@ -164,8 +175,9 @@ class Handshake:
             return None
         props = parse_ready(buf[start : start + size])
         kinds = [v for n, v in props if n == b"Socket-Type"]
-        if len(kinds) != 1 or kinds[0] not in _PEER_TYPES:
-            raise HandshakeRefused(f"socket type {kinds!r}; the daemon serves DEALER and REQ")
+        if len(kinds) != 1 or kinds[0] not in self.peers:
+            served = " and ".join(sorted(k.decode() for k in self.peers))
+            raise HandshakeRefused(f"socket type {kinds!r}; this endpoint serves {served}")
         kept = [(n, v) for n, v in props if n != b"Identity"]
         rest, self._buf = buf[start + size :], b""
-        return ready([*kept, (b"Identity", self.routing_id)]) + rest
+        return ready([*kept, (b"Identity", self.routing_id)]), rest

@@ -1,0 +1,95 @@
+"""The daemon's public endpoints behind gates, and the budgets they keep.
+
+Requests: the ROUTER binds a private `ipc://` path behind a `Gate` that admits DEALER
+and REQ peers, counts inbound bytes in the `InboundLedger` and bounds each connection's
+unsent replies (`max_client_backlog_bytes`, all of them `max_backlog_bytes`).
+Telemetry: the PUB binds another private path behind a gate that admits SUB and XSUB
+peers and bounds each subscriber's unsent messages (`max_subscriber_backlog_bytes`):
+a subscriber that does not read is dropped, and the PUB never queues for it. An
+`inproc://` endpoint has no gate (in-process peers only). Under CURVE the handshake
+passes through the gates unchanged, so the sockets' own CURVE setup still applies.
+
+Counters: `budget_figures` gives /metrics what the gates refused and dropped
+(`fsd.server.prom_process.BudgetCounters`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import zmq
+
+from fsd.config import ServerConfig
+from fsd.server import zmtp
+from fsd.server.gate import Gate
+from fsd.server.ledger import InboundLedger
+from fsd.server.relay import Limits
+
+# the ROUTER's queues in messages, per connection: bytes are bounded by the gate, so
+# these only cap the count of small messages (a client pipelining 10,000 submits
+# waits on TCP, not on the daemon); replies are read by the gate as they come, so
+# the send queue only has to hold one turn's answers to one client
+ROUTER_RCVHWM = 1000
+ROUTER_SNDHWM = 20_000
+PUB_SNDHWM = 1000  # the telemetry gate reads each subscriber's queue as it fills
+PUB_MAXMSGSIZE = 64 * 1024  # subscriptions are topic names: bigger frames drop the peer
+
+
+def tune_router(router: zmq.Socket) -> None:
+    router.setsockopt(zmq.SNDHWM, ROUTER_SNDHWM)
+    router.setsockopt(zmq.RCVHWM, ROUTER_RCVHWM)
+
+
+def request_gate(
+    cfg: ServerConfig,
+    curve: bool,
+    ledger: InboundLedger,
+    on_close: Callable[[bytes, str | None], None],
+    slack: int,
+) -> Gate:
+    """The requests' gate (not started); `slack`: what libzmq accepts past max_frame_bytes."""
+    limits = Limits(
+        curve,
+        zmtp.REQUEST_PEERS,
+        cfg.max_client_backlog_bytes,
+        ledger,
+        max_frame=cfg.max_frame_bytes,
+        max_curve_frame=cfg.max_frame_bytes + slack,
+    )
+    return Gate(
+        cfg.endpoint,
+        limits=limits,
+        max_connections=cfg.max_connections,
+        max_backlog=cfg.max_backlog_bytes,
+        on_close=on_close,
+    )
+
+
+def telemetry_gate(cfg: ServerConfig, curve: bool) -> Gate:
+    """The telemetry PUB's gate (not started)."""
+    limits = Limits(curve, zmtp.TELEMETRY_PEERS, cfg.max_subscriber_backlog_bytes)
+    return Gate(
+        cfg.telemetry_endpoint,
+        limits=limits,
+        max_connections=cfg.max_connections,
+        max_backlog=cfg.max_backlog_bytes,
+        name="telemetry",
+    )
+
+
+def tune_pub(pub: zmq.Socket) -> None:
+    pub.setsockopt(zmq.SNDHWM, PUB_SNDHWM)
+    pub.setsockopt(zmq.MAXMSGSIZE, PUB_MAXMSGSIZE)
+
+
+def budget_figures(
+    ledger: InboundLedger | None, requests: Gate | None, telemetry: Gate | None
+) -> dict[str, float]:
+    """The budgets' counters and levels now, by metric name."""
+    out = ledger.figures() if ledger is not None else {}
+    for name, gate in (("requests", requests), ("telemetry", telemetry)):
+        if gate is not None:
+            figures = gate.figures()
+            out[f"fsd_gate_dropped_connections:{name}"] = figures["dropped"]
+            out[f"fsd_gate_backlog_bytes:{name}"] = figures["backlog"]
+    return out
