@@ -129,6 +129,9 @@ class Submit(_Req, tag="submit"):
     # requests of one affinity key (a user, a conversation) stay on one replica while
     # its load allows (fsd.cluster); at most MAX_AFFINITY_CHARS
     affinity: str | None = None
+    # whose job it is, for the job caps and the turns clients take (operators only: a
+    # relay such as the HTTP API names the user it serves); at most MAX_AFFINITY_CHARS
+    owner: str | None = None
 
 
 MAX_AFFINITY_CHARS = 256

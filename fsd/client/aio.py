@@ -133,12 +133,15 @@ class AsyncClient(ClientBase[zmq.asyncio.Context]):
         tags: Sequence[str] = (),
         affinity: str | None = None,
         params: SamplingParams | None = None,
+        owner: str | None = None,
         **sampling: Any,
     ) -> AsyncJobHandle:
         """A job to stream with `async for`; sent on first use (validated now).
-        `affinity`: this request's key (default: the client's)."""
+        `affinity`: this request's key (default: the client's); `owner`: whose job it
+        is, for caps and turns (an operator relaying others' requests)."""
         req_id = self._core.next_req_id()
-        msg = build_submit(req_id, prompt, params, sampling, tags, affinity or self.affinity)
+        key = affinity or self.affinity
+        msg = build_submit(req_id, prompt, params, sampling, tags, key, owner)
         return AsyncJobHandle(self, req_id, self._core.encode(msg))
 
     async def submit(

@@ -160,6 +160,7 @@ def build_submit(
     sampling: dict[str, Any],
     tags: Sequence[str],
     affinity: str | None = None,
+    owner: str | None = None,
 ) -> P.Submit:
     """A `Submit`, its sampling validated locally through `SamplingParams`."""
     if params is not None and sampling:
@@ -174,13 +175,23 @@ def build_submit(
     wire = P.Sampling.of(params)
     if isinstance(prompt, str):
         return P.Submit(
-            req_id=req_id, prompt=prompt, sampling=wire, tags=list(tags), affinity=affinity
+            req_id=req_id,
+            prompt=prompt,
+            sampling=wire,
+            tags=list(tags),
+            affinity=affinity,
+            owner=owner,
         )
     ids = list(prompt)
     if not ids or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
         raise ConfigError("prompt must be a string or a non-empty list of token ids")
     return P.Submit(
-        req_id=req_id, prompt_token_ids=ids, sampling=wire, tags=list(tags), affinity=affinity
+        req_id=req_id,
+        prompt_token_ids=ids,
+        sampling=wire,
+        tags=list(tags),
+        affinity=affinity,
+        owner=owner,
     )
 
 

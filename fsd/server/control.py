@@ -110,7 +110,7 @@ class ControlHandler:
         prompt = msg.prompt if msg.prompt is not None else msg.prompt_token_ids
         ask = Ask(prompt, msg.sampling.params(), msg.tags, req_id=msg.req_id, affinity=msg.affinity)  # type: ignore[arg-type]
         # a client's max_tokens past the context is refused, naming the limit (HTTP too)
-        [job] = self.admission.admit(caller, [ask], clip=False)
+        [job] = self.admission.admit(caller.relayed(msg.owner), [ask], clip=False)
         self.send(
             caller.ident,
             P.Accepted(

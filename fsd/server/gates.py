@@ -30,7 +30,7 @@ from fsd.server.relay import Limits
 # waits on TCP, not on the daemon); replies are read by the gate as they come, so
 # the send queue only has to hold one turn's answers to one client
 ROUTER_RCVHWM = 1000
-ROUTER_SNDHWM = 20_000
+ROUTER_SNDHWM = 100_000  # as before the gate: a full queue drops replies silently
 PUB_SNDHWM = 1000  # the telemetry gate reads each subscriber's queue as it fills
 PUB_MAXMSGSIZE = 64 * 1024  # subscriptions are topic names: bigger frames drop the peer
 

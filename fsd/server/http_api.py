@@ -168,11 +168,13 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 
 
 def _generate(
-    link: Link, prompt: str | Sequence[int], params: SamplingParams, user: str | None
+    link: Link, prompt: str | Sequence[int], params: SamplingParams, user: str | None, peer: str
 ) -> AsyncJobHandle:
-    """The job's handle (not sent yet); what the wire cannot carry is a 400, not a 500."""
+    """The job's handle (not sent yet); what the wire cannot carry is a 400, not a 500.
+    Its owner is its peer's address: HTTP users take turns by address (the `user`
+    field, which anyone may set, keeps a user's jobs on one replica only)."""
     try:
-        return link.client.generate(prompt, params=params, affinity=user)
+        return link.client.generate(prompt, params=params, affinity=user, owner=f"http:{peer}")
     except ConfigError as exc:
         raise bad_request(str(exc)) from None
     except (OverflowError, UnicodeError) as exc:  # the schema's checks should leave none
@@ -195,7 +197,7 @@ async def _serve(
     """
     link = be.links.pick()
     try:
-        handle = _generate(link, prompt, params, req.user)
+        handle = _generate(link, prompt, params, req.user, request.remote or "?")
         try:
             return await _answer(request, be, link, req, handle, chat)
         finally:

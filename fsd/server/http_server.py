@@ -86,7 +86,8 @@ class HttpFrontend(LoopThread):
     """The OpenAI-compatible API and /metrics of one daemon; `start()` to serve.
 
     It submits over `router` (the daemon's ROUTER, which binds an inproc endpoint for
-    it in `ctx`) and reads telemetry from `publisher`'s taps.
+    it in `ctx`) and reads telemetry from `publisher`'s taps. Its links hold the
+    operator `token`: they name each job's owner, the HTTP peer (`Submit.owner`).
     """
 
     def __init__(
@@ -96,6 +97,7 @@ class HttpFrontend(LoopThread):
         ctx: zmq.Context,
         router: zmq.Socket,
         publisher: Publisher,
+        token: str | None = None,
     ) -> None:
         assert cfg.http is not None
         super().__init__("fsd-http")
@@ -105,6 +107,7 @@ class HttpFrontend(LoopThread):
         self._ctx = ctx
         self._router = router
         self._publisher = publisher
+        self._token = token
         self._telemetry = cfg.telemetry_hz > 0
         self._inproc = f"inproc://fsd-http-{id(self):x}"
         self.metrics = MetricsCollector(
@@ -147,7 +150,9 @@ class HttpFrontend(LoopThread):
         ctx = zmq.asyncio.Context.shadow(self._ctx.underlying)
         # a link never times out, so it never resets and never leaves its jobs behind;
         # a request that waits too long is answered 503 by the route (http_api)
-        links = LinkPool(lambda: AsyncClient(self._inproc, timeout=math.inf, context=ctx))
+        links = LinkPool(
+            lambda: AsyncClient(self._inproc, timeout=math.inf, context=ctx, token=self._token)
+        )
         backend = Backend(
             links=links,
             model=self.metrics.model_name,

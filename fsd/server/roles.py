@@ -12,6 +12,7 @@ need the operator role.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from dataclasses import dataclass
@@ -36,12 +37,28 @@ class Caller:
     ident: bytes
     role: str = CLIENT
     user_id: str | None = None
+    on_behalf: str | None = None  # whom an operator relays a job for (`relayed`)
 
     @property
     def identity(self) -> str:
-        """Who the caller is for job caps and turns (fsd.sched.fair_share): its CURVE key,
-        else its session (all its connections). A session key never leaves the daemon."""
+        """Who the caller is for job caps and turns (fsd.sched.fair_share): whom an
+        operator relays for, else its CURVE key, else its session (all its connections).
+        A session key never leaves the daemon."""
+        if self.on_behalf is not None:
+            return f"relay:{self.on_behalf}"
         return self.user_id if self.user_id is not None else self.ident.decode("latin-1")
+
+    def relayed(self, owner: str | None) -> Caller:
+        """The caller a `Submit` naming `owner` is admitted as: an operator relaying
+        others' requests (the HTTP API names each peer's address) may name whose job it
+        is, for caps and turns; a client may not (ForbiddenError)."""
+        if owner is None:
+            return self
+        if self.role != OPERATOR:
+            raise ForbiddenError(needs_operator("naming a job's owner"))
+        if not 0 < len(owner) <= P.MAX_AFFINITY_CHARS:
+            raise ConfigError(f"owner must be 1 to {P.MAX_AFFINITY_CHARS} characters")
+        return dataclasses.replace(self, on_behalf=owner)
 
     def owns(self, owner: Caller | None) -> bool:
         """Whether a job made by `owner` is this caller's (same connection or same key)."""

@@ -154,7 +154,9 @@ class EngineService:
             from fsd.server.http_server import HttpFrontend
 
             self._binding = f"http://{cfg.http}"
-            self.http = HttpFrontend(cfg, self.face, self.ctx, self.router, self.publisher)
+            self.http = HttpFrontend(
+                cfg, self.face, self.ctx, self.router, self.publisher, self.auth.token
+            )
             self.routing.taps.append(self.http.job_finished)  # /metrics histograms
             self.http.metrics.add_collector(
                 lambda: budget_figures(self.ledger, self.gate, self.telemetry_gate)

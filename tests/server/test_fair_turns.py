@@ -4,13 +4,15 @@ turn, and a CURVE key's jobs are capped over all its connections."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 
+import aiohttp
 import pytest
 
 from fsd.client import RequestError
 from fsd.server.security import generate_keys
-from tests.server.daemon_proc import curve_daemon, pool_config, start_daemon
+from tests.server.daemon_proc import curve_daemon, free_port, pool_config, start_daemon
 
 FLOOD = 5000  # jobs of one client, queued ahead of the other's
 BURST = 1000
@@ -49,3 +51,42 @@ def test_a_curve_keys_jobs_are_capped_over_all_its_connections(tmp_path, childre
         with pytest.raises(RequestError) as info:
             b.submit([1, 2, 3], max_tokens=5).job_id  # noqa: B018
         assert info.value.code == "overloaded" and "CURVE key" in info.value.message
+
+
+def test_http_users_are_owners_by_address_and_clients_may_not_name_owners(tmp_path, children):
+    port = free_port()
+    cfg = pool_config(64, 2, 1, max_client_jobs=2)
+    d = start_daemon(tmp_path, cfg, "--http", f"127.0.0.1:{port}")
+    children.append(d.proc)
+    url = f"http://127.0.0.1:{port}/v1/completions"
+    body = {"model": "tiny", "prompt": [1, 2, 3], "max_tokens": 400, "ignore_eos": True}
+
+    async def from_address(
+        session: aiohttp.ClientSession, live: asyncio.Event, hold: asyncio.Event
+    ) -> int:
+        async with session.post(url, json={**body, "stream": True}) as r:
+            if r.status == 200:
+                await r.content.readline()  # the first chunk: the job is live
+            live.set()
+            await hold.wait()  # the stream stays open, so the job stays live
+            return r.status
+
+    async def run() -> list[int]:
+        far = aiohttp.TCPConnector(local_addr=("127.0.0.2", 0))
+        hold = asyncio.Event()
+        async with aiohttp.ClientSession(connector=far) as flood, aiohttp.ClientSession() as me:
+            statuses = []
+            tasks = []
+            # the cap counts an address's jobs over every link of the HTTP frontend
+            for session in (flood, flood, flood, me):
+                live = asyncio.Event()
+                tasks.append(asyncio.create_task(from_address(session, live, hold)))
+                await live.wait()
+            hold.set()
+            statuses = [await task for task in tasks]
+            return statuses
+
+    assert asyncio.run(run()) == [200, 200, 429, 200]
+    with d.client(operator=False) as plain, pytest.raises(RequestError) as info:
+        plain.complete([1, 2], max_tokens=1, owner="someone-else")
+    assert info.value.code == "forbidden"
