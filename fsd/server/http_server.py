@@ -144,7 +144,8 @@ class HttpFrontend(LoopThread):
 
     # ---- the thread ----------------------------------------------------------------
 
-    async def serve(self) -> None:
+    def _backend(self) -> Backend:
+        """What the routes use: the engine links, the model's facts, the limits."""
         cfg, info = self.cfg, self.face.info
         # a shadow shares the daemon's context, which inproc endpoints need
         ctx = zmq.asyncio.Context.shadow(self._ctx.underlying)
@@ -153,7 +154,7 @@ class HttpFrontend(LoopThread):
         links = LinkPool(
             lambda: AsyncClient(self._inproc, timeout=math.inf, context=ctx, token=self._token)
         )
-        backend = Backend(
+        return Backend(
             links=links,
             model=self.metrics.model_name,
             created=int(time.time()),
@@ -170,6 +171,11 @@ class HttpFrontend(LoopThread):
             vocab_size=info.vocab_size,
             accept_timeout=cfg.client_timeout,
         )
+
+    async def serve(self) -> None:
+        cfg = self.cfg
+        backend = self._backend()
+        links = backend.links
         app = build_app(backend, cfg.max_frame_bytes)
         # the engine has drained by the time this stops: open streams get a second, not 60.
         # handler_cancellation: a request whose client disconnects has its handler
