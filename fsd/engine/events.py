@@ -44,6 +44,7 @@ class EventLog:
     def __init__(self, enabled: bool = False, cap: int = MAX_EVENTS) -> None:
         self.enabled = enabled
         self.dropped = 0  # events let go, undrained, to keep the latest `cap`
+        self.count = 0  # events that happened, recorded or not: a change's mark
         self._items: deque[EngineEvent] = deque(maxlen=cap)
 
     def __len__(self) -> int:
@@ -51,6 +52,7 @@ class EventLog:
 
     def add(self, now: float, kind: str, job: Job | None = None, **detail: Any) -> None:
         """Record an event; a `level` detail is the scheduler's 0-based level."""
+        self.count += 1
         if self.enabled:
             if "level" in detail:  # one place turns it into Q-numbering for every caller
                 detail["level"] = wire_level(detail["level"])

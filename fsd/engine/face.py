@@ -66,6 +66,9 @@ class EngineFace:
         self.cost: CostModel = engine.cost  # service is charged in it (a router prices with it)
         # the model's tokenizer (in process only: the HTTP frontend's chat prompts)
         self.tokenizer: Tokenizer = engine.tokenizer
+        # the job rows and queue ranks of one engine state (`jobs`)
+        self._rows: tuple[tuple[int, int, int], list[JobInfo]] | None = None
+        self._rank_cache: tuple[tuple[int, int, int], dict[str, int]] | None = None
 
     # ---- settings and bounds ---------------------------------------------------
 
@@ -90,24 +93,44 @@ class EngineFace:
         return self._engine.has_unfinished()
 
     def jobs(self, now: float | None = None) -> list[JobInfo]:
-        """Every live job, with its rank (one walk of the queue order for all)."""
-        now = time.time() if now is None else now
-        sched = self._engine.scheduler
-        ranks = sched.ranks()
-        return [job_info(j, now, ranks.get(j.job_id)) for j in sched.jobs()]
+        """Every live job, with its rank (one walk of the queue order for all).
+
+        Built once per state of the engine (an iteration, or any event: an arrival, an
+        abort, a retune) and shared until the next: a client asking in a loop costs
+        a copy, not a walk and a row per job (10,000 jobs made each ListJobs 30 ms of
+        the engine thread). `waited` is as of the first asker since that state."""
+        mark = self._mark()
+        if self._rows is None or self._rows[0] != mark:
+            now = time.time() if now is None else now
+            ranks = self._ranks(mark)
+            jobs = self._engine.scheduler.jobs()
+            rows = [job_info(j, now, ranks.get(j.job_id)) for j in jobs]
+            self._rows = (mark, rows)
+        return list(self._rows[1])
+
+    def _mark(self) -> tuple[int, int, int]:
+        """The engine's state, as far as job rows tell: iterations, events, live jobs."""
+        eng = self._engine
+        return (eng.iterations, eng.events.count, len(eng.scheduler))
+
+    def _ranks(self, mark: tuple[int, int, int]) -> dict[str, int]:
+        """The queue's order (one walk), kept for the engine state `mark`."""
+        if self._rank_cache is None or self._rank_cache[0] != mark:
+            self._rank_cache = (mark, self._engine.scheduler.ranks())
+        return self._rank_cache[1]
 
     def has(self, job_id: str) -> bool:
         """Whether the engine has this live job (a lookup, no walk of the queue)."""
         return self._engine.scheduler.get(job_id) is not None
 
     def job(self, job_id: str, now: float | None = None) -> JobInfo | None:
-        """One live job with its rank (a walk of the queue order), None if none."""
+        """One live job with its rank (the queue's order of this state, `jobs`), None if none."""
         sched = self._engine.scheduler
         job = sched.get(job_id)
         if job is None:
             return None
         now = time.time() if now is None else now
-        return job_info(job, now, sched.ranks().get(job_id))
+        return job_info(job, now, self._ranks(self._mark()).get(job_id))
 
     def snapshot(self, now: float | None = None, with_jobs: bool = True) -> EngineSnapshot:
         """The observable state now (read between iterations, on the loop's thread)."""

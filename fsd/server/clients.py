@@ -201,6 +201,10 @@ class ClientBook:
         if client is not None and client.route == route:
             client.route = None
 
+    def closed(self, route: bytes) -> bool:
+        """Whether connection `route` has closed (its frames may still be read)."""
+        return route in self._gone and route not in self.routes
+
     def forget(self, key: bytes) -> None:
         """Drop a session whose jobs are gone (reaped or never had any)."""
         client = self.clients.pop(key, None)

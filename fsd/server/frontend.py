@@ -37,6 +37,8 @@ _MAX_MESSAGES_PER_TURN = 1000  # then run an iteration, so a flood cannot starve
 # ZeroMQ drops a bigger frame and the peer's connection without a word (a memory
 # guard); frames between max_frame_bytes and this still get an `Error` "too-large"
 FRAME_SLACK = 1024 * 1024
+# requests that only ask: not answered once their connection closed (aborts still count)
+_ANSWER_ONLY = (P.ListJobs, P.GetJob, P.Status, P.Ping, P.Preview)
 _MAX_ERROR_CHARS = 2000  # an Error never echoes more of a client's input than this
 _TURN_REPLY_BYTES = 32 * 1024 * 1024  # replies one turn makes before the gate moves them
 
@@ -144,6 +146,8 @@ class Frontend:
         except P.ProtocolError as exc:
             self._to_route(route, P.Error(code=exc.code, message=str(exc)))
             return
+        if isinstance(msg, _ANSWER_ONLY) and self.book.closed(route):
+            return  # nobody reads the answer: a dropped ListJobs flood cost 30 s of engine
         if isinstance(msg, P.Hello):
             self._hello(client, msg)
             return

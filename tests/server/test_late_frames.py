@@ -4,8 +4,10 @@ aborts reach them), and only for it."""
 
 from __future__ import annotations
 
+from fsd import protocol as P
 from fsd.config import ServerConfig
 from fsd.server.clients import _GONE_KEPT, ClientBook
+from fsd.server.frontend import Frontend
 
 
 def test_a_frame_read_after_its_connection_closed_speaks_for_its_session():
@@ -34,3 +36,33 @@ def test_closed_connections_are_remembered_within_a_bound():
         book.heard(route, float(i), None)
         book.detach(route)
     assert len(book._gone) == _GONE_KEPT
+
+
+def test_a_closed_connections_questions_are_not_answered():
+    """Its ListJobs left in the socket cost the engine a row per job each and nobody
+    reads the answers (issue P21: a dropped non-reader's 1,000 of them, 30 s)."""
+    class Router:
+        sent: list[list[bytes]] = []
+
+        def send_multipart(self, frames: list[bytes], flags: int = 0) -> None:
+            self.sent.append(frames)
+
+    book = ClientBook(ServerConfig())
+    asked: list[P.Request] = []
+    front = Frontend(
+        Router(), ServerConfig(), book, _Auth(), lambda c, m: asked.append(m), None, False
+    )
+    front.handle([b"route-1", P.encode(P.ListJobs())])
+    book.detach(b"route-1")
+    front.handle([b"route-1", P.encode(P.ListJobs())])
+    front.handle([b"route-1", P.encode(P.Abort(job_id="job-1"))])  # an abort still counts
+    assert [type(m) for m in asked] == [P.ListJobs, P.Abort]
+    assert not book.closed(b"route-2") and book.closed(b"route-1")
+
+
+class _Auth:
+    def role(self, msg: object, user_id: str | None) -> str:
+        return "client"
+
+    def check(self, msg: object, role: str) -> None:
+        return None
