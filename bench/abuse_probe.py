@@ -139,8 +139,10 @@ class Watcher:
             self.stop.wait(HONEST_EVERY)
 
     def figures(self) -> dict[str, Any]:
-        last = self.last_snap
-        stall = max(self.stall_s, time.time() - last) if last else None  # a loop stuck now
+        last, now = self.last_snap, time.time()
+        stall = max(self.stall_s, now - last) if last else None
+        if last and now - last > self.stall_s:  # a loop stuck now: the stall lasts to the end
+            self.stall_end = now
         return {
             "peak_mb": round(self.peak_mb, 1),
             "fds_peak": self.fds_peak,
