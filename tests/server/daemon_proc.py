@@ -140,12 +140,14 @@ def start_daemon(
     preexec: Callable[[], None] | None = None,
     env: dict[str, str] | None = None,
     module: str = "fsd.cli",
+    cwd: Path | None = None,
 ) -> Daemon:
     """Start `fsd start --foreground` with an fsd.toml holding `config`; wait until it answers
     (to a client holding `curve` keys, when the daemon requires them). `endpoints`:
     (endpoint, telemetry endpoint) to serve on, else free loopback ports; `preexec`:
     run in the child before it starts (a resource limit); `module`: what `python -m`
-    runs (a test's wrapper of fsd.cli that adds a hook)."""
+    runs (a test's wrapper of fsd.cli that adds a hook); `cwd`: its working folder (an
+    fsd tree of another commit, with PYTHONPATH in `env`: bench/abuse.py)."""
     endpoint, telemetry = endpoints or (
         f"tcp://127.0.0.1:{free_port()}",
         f"tcp://127.0.0.1:{free_port()}",
@@ -173,7 +175,7 @@ def start_daemon(
     env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
     with open(log, "wb") as out:
         proc = subprocess.Popen(
-            cmd, stdout=out, stderr=subprocess.STDOUT, env=env, preexec_fn=preexec
+            cmd, stdout=out, stderr=subprocess.STDOUT, env=env, preexec_fn=preexec, cwd=cwd
         )
     d = Daemon(proc, endpoint, telemetry, state, log, curve)
     deadline = time.time() + wait
