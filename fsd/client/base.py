@@ -173,26 +173,13 @@ def build_submit(
             )
         params = SamplingParams(**sampling)
     wire = P.Sampling.of(params)
+    common = {"req_id": req_id, "sampling": wire, "tags": list(tags)}
     if isinstance(prompt, str):
-        return P.Submit(
-            req_id=req_id,
-            prompt=prompt,
-            sampling=wire,
-            tags=list(tags),
-            affinity=affinity,
-            owner=owner,
-        )
+        return P.Submit(prompt=prompt, affinity=affinity, owner=owner, **common)
     ids = list(prompt)
     if not ids or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
         raise ConfigError("prompt must be a string or a non-empty list of token ids")
-    return P.Submit(
-        req_id=req_id,
-        prompt_token_ids=ids,
-        sampling=wire,
-        tags=list(tags),
-        affinity=affinity,
-        owner=owner,
-    )
+    return P.Submit(prompt_token_ids=ids, affinity=affinity, owner=owner, **common)
 
 
 def build_inject(
