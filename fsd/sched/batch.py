@@ -17,6 +17,17 @@ the running decodes would wait for all of them (bench/policies.py --chunks, burs
 A chunk gets device blocks up to its own end only; its boundary is a preemption
 point like any iteration's. With chunking off the walk is exactly the one before it.
 
+Short jobs ahead (fsd's swap gate only): the gate lets no job without KV start while
+started work fills the device, which kept a 2-token job that ranked first waiting
+29 s behind 16 started 900-token jobs (issue P21). A job without KV that comes
+before every started job in the walk and has at most what decodes within the
+policy's waiting limit still to make (`express_tokens`: the time after which the
+policy promotes a job that never started, 8 SLOs for fsd), and less than every
+started job has left to its cap, starts past the room: it ends about when the policy
+would have lifted it anyway, so it sends a started job to host memory once at most,
+while the long new jobs that thrashed before the gate, and the identical jobs that
+took turns through host memory (P16), stay behind.
+
 The walk runs for every queued job every iteration: its state is plain attributes
 and its per-job steps are short methods. Under overload most queued jobs are waiting
 prompts over the admission room; the loop passes over them itself, with no call and
@@ -50,11 +61,43 @@ def walk_order(sched: Scheduler, admit_room: float) -> Iterable[Job]:
     if admit_room < 1:
         on_device, on_host = sched.blocks.on_device, sched.blocks.on_host
         if 4 * (len(on_device) + len(on_host)) < len(sched):
-            return sorted(
+            started = sorted(
                 itertools.chain(on_device.values(), on_host.values()),  # type: ignore[arg-type]
                 key=sched.queue.key,
             )
+            return itertools.chain(_leads(sched), started)
     return sched.queue.ordered()
+
+
+def express_tokens(sched: Scheduler) -> int:
+    """Tokens a short job ahead may still have to make (module doc): what decodes
+    within the policy's waiting limit; 0 without the swap gate or a waiting limit."""
+    _, _, waiting = sched.queue.limits()
+    step, _ = sched.cost.decode_line()
+    if not sched.gated or not waiting or step <= 0:
+        return 0
+    return int(waiting / step)
+
+
+def _express_now(sched: Scheduler) -> int:
+    """`express_tokens`, and fewer than any started job has left to its cap."""
+    bound = express_tokens(sched)
+    if bound:
+        blocks = sched.blocks
+        for job in itertools.chain(blocks.on_device.values(), blocks.on_host.values()):
+            bound = min(bound, job.max_output - job.num_output_tokens - 1)  # type: ignore[attr-defined]
+    return bound
+
+
+def _leads(sched: Scheduler) -> list[Job]:
+    """The jobs without KV that come before every started job, of the first few of the
+    queue's order (a flood's level is not walked past them)."""
+    leads = []
+    for job in itertools.islice(sched.queue.ordered(), 4 * sched.config.max_batch_size):
+        if job.kv is not _NONE:
+            break
+        leads.append(job)
+    return leads
 
 
 class BatchWalk:
@@ -71,6 +114,8 @@ class BatchWalk:
         self.budget = self.budget_all = sched.config.max_batch_tokens
         self.admit_room = sched.admission_room()
         self.first_free = first_admission_free(self.blocks)  # nothing started yet
+        self.lead = True  # no started job walked yet: a short job may start (module doc)
+        self.express = _express_now(sched)
         # a job without KV of this many tokens or more cannot be admitted now
         self._skip_at = math.inf if self.first_free else _skip_threshold(
             self.admit_room, self.blocks.block_size
@@ -116,9 +161,10 @@ class BatchWalk:
         for job in walk:
             kv = job.kv
             if kv is _NONE:
-                if job.num_tokens >= skip_at:
+                if job.num_tokens >= skip_at and not self._short_lead(job):
                     continue
             elif kv is _HOST and wanted_full:
+                self.lead = False  # as `_consider` would have noted
                 continue
             if not self._consider(job):
                 break
@@ -130,9 +176,10 @@ class BatchWalk:
             self._join_decodes()
 
     def _admit(self, need: int) -> None:
-        """Claim `need` blocks of the admission room, and move the skip threshold."""
+        """Claim `need` blocks of the admission room, and move the skip threshold. The
+        job starts: the jobs after it are not ahead of every started one."""
         self.admit_room = room = self.admit_room - need
-        self.first_free = False
+        self.first_free = self.lead = False
         self._skip_at = _skip_threshold(room, self.blocks.block_size)
 
     def _join_decodes(self) -> None:
@@ -154,11 +201,18 @@ class BatchWalk:
             if job.kv is _HOST:
                 upcoming.append(job)
 
+    def _short_lead(self, job: Job) -> bool:
+        """A job without KV ahead of every started one, short enough to start past the
+        admission room (module doc)."""
+        return self.lead and job.max_output - job.num_output_tokens <= self.express
+
     def _consider(self, job: Job) -> bool:
         """Take `job` if it can run now; False when the walk should end."""
+        if job.kv is not _NONE:
+            self.lead = False  # a started job: the short jobs ahead of it are passed
         if job.kv is _NONE and self.prefix and not job.num_computed_tokens:
             need = -(-(job.num_tokens + 1) // self.blocks.block_size)
-            if need > self.admit_room and not self.first_free:
+            if need > self.admit_room and not self.first_free and not self._short_lead(job):
                 # it cannot be admitted: its cached blocks are not touched (attaching
                 # and giving them back would refresh their place in the LRU order and
                 # change what is evicted later, unlike the walk that skips it)
@@ -183,7 +237,7 @@ class BatchWalk:
             # the room is claimed in priority order even by a job that then cannot start
             # (device full, token budget spent): lower jobs must not take its share
             need = -(-(num_tokens + 1) // self.blocks.block_size)
-            if need > self.admit_room and not self.first_free:
+            if need > self.admit_room and not self.first_free and not self._short_lead(job):
                 return True
             self._admit(need)
         job_id = job.job_id
