@@ -169,7 +169,7 @@ class FinishReason(enum.Enum):
 _ids = itertools.count()
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Job:
     """One request inside the engine: tokens, KV blocks, timing and accounting."""
 

@@ -17,6 +17,7 @@ drawn per run from recent jobs), and what will arrive (fsd.engine.history's fits
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import pickle
 import time
@@ -34,6 +35,7 @@ _DROP = frozenset(
     ("prompt_token_ids", "output_token_ids", "params", "prompt", "token_times",
      "max_output", "oracle_output_len", "num_tokens")
 )  # fmt: skip
+_FIELDS = tuple(f.name for f in dataclasses.fields(Job))  # Job has slots, no __dict__
 
 
 @dataclass(frozen=True)
@@ -67,7 +69,8 @@ class TwinSnapshot:
 def _sim_job(state: dict[str, Any]) -> SimJob:
     """Rebuild a live job as a SimJob (the snapshot's pickler names this)."""
     job = SimJob(state["job_id"], state["arrival_time"], state["prompt_len"], state["total"])
-    job.__dict__.update(state["fields"])
+    for name, value in state["fields"].items():  # Job has slots: no __dict__ to update
+        setattr(job, name, value)
     job.num_tokens = state["prompt_len"] + state["generated"]
     job.output_count = state["generated"]
     job.last_token_time = state["last_token_time"]
@@ -86,7 +89,7 @@ class _TwinPickler(pickle.Pickler):
             "generated": obj.num_output_tokens,
             "total": obj.max_output,  # a forward run sets the drawn length
             "last_token_time": times[-1] if times else 0.0,
-            "fields": {k: v for k, v in obj.__dict__.items() if k not in _DROP},
+            "fields": {f: getattr(obj, f) for f in _FIELDS if f not in _DROP},
         }
         return _sim_job, (state,)
 
