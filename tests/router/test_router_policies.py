@@ -158,7 +158,11 @@ def test_the_router_times_and_keeps_its_decisions():
     recent = r.recent()
     assert len(recent) == 256 and recent[-1].request_id == "q299"
     timing = r.timing()
-    assert timing["decisions"] == 300 and 0 < timing["mean_s"] <= timing["p99_s"] + 1e-9
+    # the mean is of every decision, the P99 of the latest: no order between them (one
+    # slow decision on a loaded machine puts the mean past the P99)
+    times = sorted(r._times)
+    assert timing["decisions"] == 300 and timing["mean_s"] > 0
+    assert times[len(times) // 2] <= timing["p99_s"] <= times[-1]
     assert all(d.reason for d in recent)
 
 

@@ -405,7 +405,9 @@ class FailingJob:
 class FailingClient:
     """An engine client whose every job fails on the engine."""
 
-    def generate(self, prompt: Any, params: Any = None, affinity: Any = None) -> FailingJob:
+    def generate(
+        self, prompt: Any, params: Any = None, affinity: Any = None, owner: Any = None
+    ) -> FailingJob:
         return FailingJob()
 
 

@@ -93,7 +93,9 @@ class _Link:
     def __init__(self) -> None:
         self.aborted: list[str] = []
 
-    def generate(self, prompt: Any, params: Any = None, affinity: Any = None) -> _BrokenLinkJob:
+    def generate(
+        self, prompt: Any, params: Any = None, affinity: Any = None, owner: Any = None
+    ) -> _BrokenLinkJob:
         return _BrokenLinkJob()
 
     async def abort(self, job_id: str) -> dict[str, Any]:
