@@ -36,6 +36,8 @@ import logging
 import os
 import shutil
 import tempfile
+import time
+from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -55,6 +57,7 @@ _FD_RESERVE = 256  # descriptors kept for the model, logs, HTTP and telemetry
 _START_TIMEOUT = 10.0
 _REFUSE_WAIT = 2.0  # seconds a refused connection may take to read its Error
 _CLOSE_FLUSH = 2.0  # seconds closing waits for the ROUTER's last answers to reach peers
+_TICK = 0.05  # seconds between the loop's marks of having relayed what it had read
 
 
 def unpredictable_ids() -> None:
@@ -100,6 +103,17 @@ class Gate(LoopThread):
         self.backlogs = Backlogs(max_backlog)
         self._count = 0
         self._servers: list[asyncio.AbstractServer] = []
+        self._ticks = deque([time.time()] * 3, maxlen=3)
+
+    @property
+    def heard_until(self) -> float:
+        """Up to when every byte clients sent has surely been passed upstream (read from
+        any thread). A frame waits here while the gate's loop does not run (its thread
+        starved of the GIL or the CPU): the session reaper counts a client's silence only
+        up to here as well as up to `Frontend.caught_up`, or it would take the gate's
+        stall for its clients' silence. The oldest of the last three ticks: bytes the
+        kernel held then were read in that loop turn and written upstream in a later one."""
+        return self._ticks[0]
 
     def start(self) -> None:
         """Listen on the public endpoint; ConfigError (naming it) if it cannot be bound."""
@@ -125,10 +139,12 @@ class Gate(LoopThread):
 
     async def serve(self) -> None:
         self._servers = await _listen(self.endpoint, self._serve)
+        ticker = asyncio.create_task(self._tick())
         self.ready()
         try:
             await self.stopped()
         finally:
+            ticker.cancel()
             for server in self._servers:
                 server.close()
             # the upstream socket closed first (EngineService.close): each relay ends once
@@ -139,6 +155,11 @@ class Gate(LoopThread):
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _tick(self) -> None:
+        while True:
+            self._ticks.append(time.time())
+            await asyncio.sleep(_TICK)
 
     def _next_id(self) -> bytes:
         self._count += 1

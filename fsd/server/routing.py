@@ -93,8 +93,9 @@ class JobRouter:
         for ident, client in self.book.silent_since(until - timeout):
             if client.jobs:
                 log.info(
-                    "session %s went silent: aborting its %d jobs",
+                    "session %s went silent (nothing heard for %.1f s): aborting its %d jobs",
                     ident.decode(),
+                    until - client.last_seen,
                     len(client.jobs),
                 )
             self.abort_all(client)

@@ -248,6 +248,8 @@ class EngineService:
     def _reap(self) -> None:
         """Silent sessions lose their jobs and their scenarios (fsd.server.routing)."""
         heard = self.frontend.caught_up  # silence counts while the daemon listened
+        if self.gate is not None:  # and while the gate relayed
+            heard = min(heard, self.gate.heard_until)
         for ident in self.routing.reap_silent_clients(self.cfg.client_timeout, heard):
             self.control.scenarios.cancel(ident)
 
