@@ -279,7 +279,7 @@ class ServerConfig:
     max_connections: int = 4096  # open client connections; more are refused (fd-capped)
     max_inbound_bytes: int = 256 << 20  # client frames read, not yet handled; past it refused
     max_client_backlog_bytes: int = 64 << 20  # a connection's unsent replies; past it, dropped
-    max_backlog_bytes: int = 1 << 30  # all connections': past it the largest backlog is dropped
+    max_backlog_bytes: int = 1 << 30  # all connections' of an endpoint (requests, telemetry): past it the largest is dropped
     max_subscriber_backlog_bytes: int = 8 << 20  # a telemetry subscriber's unsent messages
     http: str | None = doc(
         None, "OpenAI-compatible API and /metrics on HOST:PORT, e.g. 127.0.0.1:8000."

@@ -23,7 +23,8 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
-FLAG_MORE, FLAG_LONG, FLAG_COMMAND = 0x01, 0x02, 0x04
+from fsd.server.zmtp import FLAG_COMMAND, FLAG_LONG
+
 PEEK = 8  # body bytes a Head carries: enough for a command's name
 CURVE_OVERHEAD = 33  # "\x07MESSAGE" + nonce (8) + tag (16) + flags (1)
 _CURVE_MESSAGE = b"\x07MESSAGE"
@@ -61,7 +62,7 @@ class FrameCutter:
         while pos < n:
             if self.left:
                 take = min(self.left, n - pos)
-                out.append(bytes(view[pos : pos + take]))
+                out.append(data if take == n else bytes(view[pos : pos + take]))
                 pos += take
                 self.left -= take
                 continue
@@ -104,14 +105,6 @@ def payload_size(head: Head, curve: bool) -> int | None:
             return None
         return max(0, head.size - CURVE_OVERHEAD)
     return None if head.command else head.size
-
-
-def encode_frame(body: bytes, flags: int = 0) -> bytes:
-    """One frame (short or long form) with `flags`' MORE and COMMAND bits."""
-    flags &= FLAG_MORE | FLAG_COMMAND
-    if len(body) < 256:
-        return bytes([flags, len(body)]) + body
-    return bytes([flags | FLAG_LONG]) + struct.pack(">Q", len(body)) + body
 
 
 def standin(size: int, prefix: bytes) -> bytes:

@@ -11,9 +11,14 @@ reads it (`give_back`). What is held is bounded by `limit`, all connections toge
   Frontend read (libzmq names the connection), so there any small frame may use it;
 * when nothing is held the next frame passes whatever its size, so a frame that fits
   the configuration always gets through eventually;
-* drift: libzmq may discard a frame the gate counted (a connection closed mid-message),
-  so when the Frontend finds its socket empty and the gate passed nothing on for
-  `idle` seconds, the total is settled to 0 (`settle_if_idle`).
+* a message in progress (taken, its last part not yet passed whole) is what libzmq
+  discards when its connection ends: the relay reports each message's end
+  (`completed`) and gives an unfinished one back when it closes (`abandon`), so a
+  connection that sends a header and leaves holds nothing;
+* drift (what libzmq discards that the gate cannot see end: a CURVE peer's own
+  heartbeats, a CURVE multipart message cut short) is settled when the Frontend finds
+  its socket empty, no message is in progress and the gate passed nothing on for
+  `idle` seconds: the total is then 0 (`settle_if_idle`).
 
 Each frame costs its bytes plus `FRAME_COST` (libzmq's message and pipe overhead), so
 empty frames are not free.
@@ -53,7 +58,7 @@ class InboundLedger:
         self.idle = idle
         self.clock = clock
         self.held = 0
-        self.peak = 0
+        self.open = 0  # of `held`: bytes of messages still in progress at the gate
         self.refused = 0  # frames refused (answered "overloaded" or "too-large")
         self.refused_bytes = 0
         self.settled = 0  # bytes written off by settle_if_idle
@@ -74,7 +79,7 @@ class InboundLedger:
                 if need > room:
                     return False
             self.held += need
-            self.peak = max(self.peak, self.held)
+            self.open += need
             if key is not None:
                 self._own[key] = self._own.get(key, 0) + need
             self._last_pass = self.clock()
@@ -84,17 +89,31 @@ class InboundLedger:
         """A counted frame's body is still on its way: not idle (no settling yet)."""
         self._last_pass = self.clock()
 
+    def completed(self, taken: int) -> None:
+        """A message whose frames cost `taken` passed whole: libzmq delivers it."""
+        with self._lock:
+            self.open = max(0, self.open - taken)
+
+    def abandon(self, key: bytes | None, taken: int) -> None:
+        """A connection ended inside a message whose frames cost `taken`: libzmq
+        discards it, so the Frontend never gives it back."""
+        with self._lock:
+            self.open = max(0, self.open - taken)
+            self._release(key, taken)
+
     def give_back(self, key: bytes | None, size: int) -> None:
         """The Frontend read a frame of `size` bytes from connection `key`."""
-        back = cost(size)
         with self._lock:
-            self.held = max(0, self.held - back)
-            own = self._own.get(key) if key is not None else None
-            if own is not None:
-                if own > back:
-                    self._own[key] = own - back  # type: ignore[index]
-                else:
-                    del self._own[key]  # type: ignore[arg-type]
+            self._release(key, cost(size))
+
+    def _release(self, key: bytes | None, back: int) -> None:
+        self.held = max(0, self.held - back)
+        own = self._own.get(key) if key is not None else None
+        if own is not None:
+            if own > back:
+                self._own[key] = own - back  # type: ignore[index]
+            else:
+                del self._own[key]  # type: ignore[arg-type]
 
     def settle_if_idle(self) -> int:
         """The Frontend's socket is empty: write off what is still held if the gate
@@ -102,8 +121,8 @@ class InboundLedger:
         with self._lock:
             if not self.held and not self._own:
                 return 0
-            if self.clock() - self._last_pass < self.idle:
-                return 0
+            if self.open or self.clock() - self._last_pass < self.idle:
+                return 0  # a message in progress is held for real (libzmq has its parts)
             written, self.held = self.held, 0
             self._own.clear()
             self.settled += written

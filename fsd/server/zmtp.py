@@ -24,7 +24,7 @@ import struct
 SIGNATURE_SIZE = 10
 GREETING_SIZE = 64
 MAX_READY = 64 * 1024  # bytes of READY body accepted (libzmq's own is < 300)
-_FLAG_MORE, _FLAG_LONG, _FLAG_COMMAND = 0x01, 0x02, 0x04
+FLAG_MORE, FLAG_LONG, FLAG_COMMAND = 0x01, 0x02, 0x04  # a frame's flags byte
 REQUEST_PEERS = frozenset({b"DEALER", b"REQ"})  # sockets that may talk to the daemon's ROUTER
 TELEMETRY_PEERS = frozenset({b"SUB", b"XSUB"})  # ... and to its telemetry PUB
 
@@ -42,10 +42,10 @@ def greeting(mechanism: bytes = b"NULL") -> bytes:
 
 def frame(body: bytes, *, command: bool = False, more: bool = False) -> bytes:
     """One ZMTP 3.x frame (short or long form)."""
-    flags = (_FLAG_COMMAND if command else 0) | (_FLAG_MORE if more else 0)
+    flags = (FLAG_COMMAND if command else 0) | (FLAG_MORE if more else 0)
     if len(body) < 256:
         return bytes([flags, len(body)]) + body
-    return bytes([flags | _FLAG_LONG]) + struct.pack(">Q", len(body)) + body
+    return bytes([flags | FLAG_LONG]) + struct.pack(">Q", len(body)) + body
 
 
 def ready(properties: list[tuple[bytes, bytes]]) -> bytes:
@@ -160,9 +160,9 @@ class Handshake:
         if len(buf) < 2:
             return None
         flags = buf[0]
-        if not flags & _FLAG_COMMAND or flags & _FLAG_MORE:
+        if not flags & FLAG_COMMAND or flags & FLAG_MORE:
             raise HandshakeRefused("the first frame is not a command")
-        if flags & _FLAG_LONG:
+        if flags & FLAG_LONG:
             if len(buf) < 9:
                 return None
             (size,) = struct.unpack_from(">Q", buf, 1)

@@ -7,6 +7,7 @@ import random
 
 from fsd import protocol as P
 from fsd.server import frames as F
+from fsd.server import zmtp
 from fsd.server.ledger import FRAME_COST, InboundLedger, cost
 
 
@@ -20,15 +21,15 @@ def _cut(stream: bytes, cuts: list[int]) -> list[F.Head | bytes]:
 
 def test_the_cutter_finds_each_frame_however_the_bytes_are_cut():
     bodies = [b"", b"a", b"x" * 7, b"y" * 8, b"z" * 255, b"w" * 256, b"v" * 70_000]
-    stream = b"".join(F.encode_frame(b, F.FLAG_MORE * (i % 2)) for i, b in enumerate(bodies))
-    stream += F.encode_frame(b"\x04PING", F.FLAG_COMMAND)
+    stream = b"".join(zmtp.frame(b, more=bool(i % 2)) for i, b in enumerate(bodies))
+    stream += zmtp.frame(b"\x04PING", command=True)
     rng = random.Random(3)
     for _ in range(50):
         cuts = sorted(rng.sample(range(1, len(stream)), 12))
         pieces = _cut(stream, cuts)
         heads = [p for p in pieces if isinstance(p, F.Head)]
         assert [h.size for h in heads] == [*map(len, bodies), 5]
-        assert [h.flags & F.FLAG_MORE for h in heads[:-1]] == [i % 2 for i in range(len(bodies))]
+        assert [h.flags & zmtp.FLAG_MORE for h in heads[:-1]] == [i % 2 for i in range(len(bodies))]
         assert heads[-1].command and F.payload_size(heads[-1], curve=False) is None
         # every byte comes out once, in order: headers, peeks and bodies
         assert b"".join(p.header + p.peek if isinstance(p, F.Head) else p for p in pieces) == stream
@@ -46,8 +47,8 @@ def test_the_cutter_never_holds_a_body():
 def test_curve_messages_cost_their_part_and_commands_nothing():
     message = F.Head(0, 33 + 100, b"", b"\x07MESSAGE")
     assert F.payload_size(message, curve=True) == 100
-    assert F.payload_size(F.Head(F.FLAG_COMMAND, 40, b"", b"\x07MESSAGE"), curve=True) == 7
-    assert F.payload_size(F.Head(F.FLAG_COMMAND, 200, b"", b"\x05HELLO\x01\x00"), True) is None
+    assert F.payload_size(F.Head(zmtp.FLAG_COMMAND, 40, b"", b"\x07MESSAGE"), curve=True) == 7
+    assert F.payload_size(F.Head(zmtp.FLAG_COMMAND, 200, b"", b"\x05HELLO\x01\x00"), True) is None
     assert F.payload_size(F.Head(0, 100, b"", b"\x07MESSAGE"), curve=False) == 100
 
 
@@ -106,6 +107,9 @@ def test_the_ledger_settles_drift_once_idle():
     now = [0.0]
     ledger = InboundLedger(1 << 20, idle=1.0, clock=lambda: now[0])
     assert ledger.take(b"c1", 500)  # a frame libzmq will discard: never given back
+    now[0] = 5.0
+    assert ledger.settle_if_idle() == 0  # its message is in progress: held for real
+    ledger.completed(cost(500))  # passed whole (libzmq discards it all the same)
     now[0] = 0.5
     assert ledger.settle_if_idle() == 0  # passed on just now: maybe still on its way
     now[0] = 1.6
@@ -116,3 +120,14 @@ def test_the_ledger_settles_drift_once_idle():
     assert ledger.held == 0 and not ledger._own and ledger.settled == 500 + FRAME_COST
     ledger.give_back(b"c1", 500)  # late: never below zero
     assert ledger.held == 0
+
+
+def test_a_message_abandoned_mid_way_is_given_back_and_a_delivered_one_is_not():
+    ledger = InboundLedger(1 << 20)
+    assert ledger.take(b"c1", 100) and ledger.take(b"c1", 200)
+    ledger.completed(cost(100))  # the first message passed whole
+    assert ledger.open == cost(200)
+    ledger.abandon(b"c1", cost(200))  # the connection left inside the second
+    assert ledger.held == cost(100) and ledger.open == 0
+    ledger.give_back(b"c1", 100)  # the daemon reads the first
+    assert ledger.held == 0 and not ledger._own
