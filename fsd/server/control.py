@@ -76,6 +76,7 @@ class ControlHandler:
         self.cfg = cfg
         self.finished = finished
         self._rng = np.random.default_rng(0)  # burst prompts
+        self._listed: P.JobList | None = None  # the last ListJobs answer (`on_listjobs`)
         self.scenarios = scenarios
         self.previews = previews
 
@@ -176,8 +177,13 @@ class ControlHandler:
         self.send(caller.ident, P.Ack(what="inject", detail={"job_ids": ids}, req_id=msg.req_id))
 
     def on_listjobs(self, caller: Caller, msg: P.ListJobs) -> None:
-        jobs = self.face.jobs(time.time())
-        self.send(caller.ident, P.JobList(jobs=jobs))
+        """One `JobList` per engine state (the face's rows are shared until it changes),
+        which the Frontend encodes once for every asker."""
+        rows = self.face.jobs(time.time())
+        listed = self._listed
+        if listed is None or listed.jobs is not rows:
+            listed = self._listed = P.JobList(jobs=rows)
+        self.send(caller.ident, listed)
 
     def on_getjob(self, caller: Caller, msg: P.GetJob) -> None:
         row = self.face.job(msg.job_id, time.time())

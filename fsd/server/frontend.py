@@ -39,6 +39,8 @@ _MAX_MESSAGES_PER_TURN = 1000  # then run an iteration, so a flood cannot starve
 FRAME_SLACK = 1024 * 1024
 # requests that only ask: not answered once their connection closed (aborts still count)
 _ANSWER_ONLY = (P.ListJobs, P.GetJob, P.Status, P.Ping, P.Preview)
+# replies built once per engine state and sent to every asker (`ControlHandler.on_listjobs`)
+_SHARED = (P.JobList,)
 _MAX_ERROR_CHARS = 2000  # an Error never echoes more of a client's input than this
 _TURN_REPLY_BYTES = 32 * 1024 * 1024  # replies one turn makes before the gate moves them
 
@@ -70,6 +72,8 @@ class Frontend:
         self.router = router
         self.ledger = ledger  # the gate's inbound budget (None: no gate, inproc)
         self.turn_bytes = 0  # bytes of replies sent this turn
+        # the last shared reply and its encoding (`_SHARED`: a ListJobs flood encodes once)
+        self._shared: tuple[P.Reply, bytes] | None = None
         self.cfg = cfg
         self.book = book
         self.auth = auth
@@ -207,7 +211,13 @@ class Frontend:
         if route is None:
             return
         try:
-            payload = P.encode(msg)
+            shared = self._shared
+            if shared is not None and shared[0] is msg:
+                payload = shared[1]
+            else:
+                payload = P.encode(msg)
+                if isinstance(msg, _SHARED):
+                    self._shared = (msg, payload)
             self.turn_bytes += len(payload)
             self.router.send_multipart([route, payload], zmq.NOBLOCK)
         except zmq.ZMQError as exc:  # a vanished peer or a full queue loses only its message

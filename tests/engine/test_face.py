@@ -61,3 +61,18 @@ def test_the_twin_history_and_the_info_are_plain(face):
     pickle.dumps(face.history(face.info.slo))
     new = face.retune(policy="fcfs")
     assert new.sched.policy == "fcfs" == face.snapshot(with_jobs=False).sched.policy
+
+
+def test_job_rows_are_one_list_per_engine_state(face):
+    params = SamplingParams(max_tokens=4, ignore_eos=True)
+    face.admit(JobRequest([5, 6, 7], params))
+    first = face.jobs()
+    assert face.jobs() is first and len(first) == 1  # asked again: the same rows
+    face.step()
+    moved = face.jobs()
+    assert moved is not first and moved[0].output_tokens >= 1  # a new state: new rows
+    face.admit(JobRequest([8, 9], params))
+    assert len(face.jobs()) == 2  # an arrival is a new state too
+    while face.busy():
+        face.step()
+    assert face.jobs() == []
