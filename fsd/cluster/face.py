@@ -110,11 +110,13 @@ class ReplicaSetFace:
         """The replica a live job runs on."""
         return self.jobs_at.owner.get(job_id)
 
-    def snapshot(self, now: float | None = None, with_jobs: bool = True) -> EngineSnapshot:
+    def snapshot(
+        self, now: float | None = None, with_jobs: bool = True, detail: bool = True
+    ) -> EngineSnapshot:
         """The replicas' snapshots as one, with each replica's own line (a replica that
         is down says why) and the router's recent decisions."""
         now = time.time() if now is None else now
-        parts = self.replicas.call_all("snapshot", now, with_jobs)
+        parts = self.replicas.call_all("snapshot", now, with_jobs, detail)
         if not parts:
             raise ReplicaError("every replica is down: " + "; ".join(self.replicas.down.values()))
         merged = merge_snapshots(list(parts.values()))
@@ -125,6 +127,15 @@ class ReplicaSetFace:
             replicas=replica_infos(parts, self.replicas.down, self.moves.draining),
             routes=[RouteInfo(time=t, job_id=j, replica=r, why=w) for t, j, r, w in self.decisions],
         )
+
+    def level_counts(self) -> dict[int, tuple[int, int]]:
+        """Per level with jobs, over the replicas: how many run and how many wait."""
+        total: dict[int, tuple[int, int]] = {}
+        for counts in self.replicas.call_all("level_counts").values():
+            for level, (r, w) in counts.items():
+                had = total.get(level, (0, 0))
+                total[level] = (had[0] + r, had[1] + w)
+        return total
 
     def history(self, slo: float) -> list[Any]:
         """Each replica's scheduler with its step history (fsd.twin): the preview runs

@@ -218,6 +218,7 @@ class ReplicaWorker:
             "retune": lambda changes: face.retune(**changes),
             "snapshot": face.snapshot,
             "jobs": face.jobs,
+            "level_counts": face.level_counts,
             "job": face.job,
             "has": face.has,
             "history": face.history,

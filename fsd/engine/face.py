@@ -133,14 +133,19 @@ class EngineFace:
         now = time.time() if now is None else now
         return job_info(job, now, self._ranks(self._mark()).get(job_id))
 
-    def snapshot(self, now: float | None = None, with_jobs: bool = True) -> EngineSnapshot:
-        """The observable state now (read between iterations, on the loop's thread)."""
+    def snapshot(
+        self, now: float | None = None, with_jobs: bool = True, detail: bool = True
+    ) -> EngineSnapshot:
+        """The observable state now (read between iterations, on the loop's thread).
+        `detail` False (a status reply, the stats line): no ENST, no job rows, no levels'
+        job lists, so it costs one pass over the jobs, not a walk of the queue."""
         now = time.time() if now is None else now
         eng = self._engine
         sched = eng.scheduler
-        sched.refresh_enst()
-        stats = sched.stats()  # after refresh_enst: the levels' order is the current one
-        rows = self.jobs(now) if with_jobs else None
+        if detail:
+            sched.refresh_enst()
+        stats = sched.stats(detail)  # after refresh_enst: the levels' order is the current one
+        rows = self.jobs(now) if with_jobs and detail else None
         if rows is not None:
             running = sum(1 for r in rows if r.state == JobStatus.RUNNING.value)
         else:
@@ -161,6 +166,10 @@ class EngineFace:
             degraded=eng.degraded,
             jobs=rows,
         )
+
+    def level_counts(self) -> dict[int, tuple[int, int]]:
+        """Per level with jobs (0-based): how many run and how many wait."""
+        return self._engine.scheduler.level_counts()
 
     def history(self, slo: float) -> TwinSnapshot:
         """The scheduler frozen with its step history, for the what-if twin (fsd.twin):

@@ -334,13 +334,27 @@ class Scheduler:
             self.cache.reserve_top_levels, self.config.max_batch_size
         )
 
-    def stats(self) -> SchedulerStats:
+    def stats(self, with_levels: bool = True) -> SchedulerStats:
+        """The policy's figures; `with_levels` False leaves the levels' job lists out
+        (a walk of every queued job)."""
         quanta, starve, waiting = self.queue.limits()
         live = self.live_cost
+        levels = self.queue.levels() if with_levels else []
         return SchedulerStats(
-            self.name, self.queue.levels(), quanta, starve, waiting, self.reserve,
+            self.name, levels, quanta, starve, waiting, self.reserve,
             live.scale, live.samples, self.queue.learned(),
         )  # fmt: skip
+
+    def level_counts(self) -> dict[int, tuple[int, int]]:
+        """Per level with jobs: (running, waiting), from one pass over the live jobs."""
+        counts: dict[int, list[int]] = {}
+        running = JobStatus.RUNNING
+        for job in self._jobs.values():
+            pair = counts.get(job.level)
+            if pair is None:
+                pair = counts[job.level] = [0, 0]
+            pair[job.status is not running] += 1
+        return {level: (r, w) for level, (r, w) in counts.items()}
 
     def ranks(self) -> dict[str, int]:
         """Every queued job's place in the queue's order (0 runs first), for telemetry."""

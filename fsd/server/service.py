@@ -359,7 +359,7 @@ class EngineService:
         return True
 
     def status(self, role: str = "client") -> P.StatusReply:
-        snap = self.face.snapshot(with_jobs=False)
+        snap = self.face.snapshot(with_jobs=False, detail=False)
         return P.StatusReply(
             pid=os.getpid(),
             version=__version__,

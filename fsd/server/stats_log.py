@@ -21,10 +21,9 @@ import time
 from collections import Counter
 from collections.abc import Callable
 
-from fsd.engine.events import EngineEvent
+from fsd.engine.events import EngineEvent, wire_level
 from fsd.engine.face import EngineFace
 from fsd.engine.views import EngineSnapshot, Stepped
-from fsd.jobs import JobStatus
 
 log = logging.getLogger("fsd.server")
 
@@ -45,7 +44,7 @@ class StatsLog:
 
     def _start(self, now: float, snap: EngineSnapshot | None = None) -> None:
         """Begin a new interval at `now` (from `snap`, the engine's state now)."""
-        snap = snap or self.face.snapshot(with_jobs=False)
+        snap = snap or self.face.snapshot(with_jobs=False, detail=False)
         prefix = snap.prefix
         self._since = now
         self._iterations = snap.iteration_count
@@ -75,13 +74,13 @@ class StatsLog:
         now = self._clock()
         if now - self._since < self.interval:
             return
-        snap = self.face.snapshot(with_jobs=True)
+        snap = self.face.snapshot(with_jobs=False, detail=False)
         ran = snap.iteration_count - self._iterations
         if ran or self._finished or snap.live:
-            log.info("%s", self.line(now - self._since, snap))
+            log.info("%s", self.line(now - self._since, snap, self.face.level_counts()))
         self._start(now, snap)
 
-    def line(self, span: float, snap: EngineSnapshot) -> str:
+    def line(self, span: float, snap: EngineSnapshot, levels: dict[int, tuple[int, int]]) -> str:
         """The stats of the `span` seconds since the interval began, up to `snap`."""
         rate = f"{(snap.iteration_count - self._iterations) / span:.1f} it/s, "
         rate += f"{self._generated / span:.0f} gen tok/s, {self._prompt / span:.0f} prompt tok/s"
@@ -89,22 +88,10 @@ class StatsLog:
         host = f"{100 * kv.host_used / kv.host_total:.0f}%" if kv.host_total else "-"
         return (
             f"stats {span:.1f} s: {rate}, {self._finished} finished; "
-            f"jobs {self._levels(snap)} (running/waiting); "
+            f"jobs {_levels(levels)} (running/waiting); "
             f"KV device {100 * kv.device_used / max(kv.device_total, 1):.0f}% host {host}; "
             f"{self._prefix_hits(snap)}; swaps {self._swaps['out']} out {self._swaps['in']} in"
         )
-
-    def _levels(self, snap: EngineSnapshot) -> str:
-        """'Q1 4/10 Q2 0/3': running and waiting jobs of each level that has any."""
-        running: Counter[int] = Counter()
-        waiting: Counter[int] = Counter()
-        for job in snap.jobs or ():
-            if job.state == JobStatus.RUNNING.value:
-                running[job.level] += 1
-            else:
-                waiting[job.level] += 1
-        levels = sorted(running.keys() | waiting.keys())
-        return " ".join(f"Q{q} {running[q]}/{waiting[q]}" for q in levels) or "none"
 
     def _prefix_hits(self, snap: EngineSnapshot) -> str:
         """'prefix hits 35% of 12000 tokens' over the interval (or why there is no rate)."""
@@ -115,3 +102,9 @@ class StatsLog:
         if not queries:
             return "prefix hits - (no prompt looked up)"
         return f"prefix hits {100 * hits / queries:.0f}% of {queries} tokens"
+
+
+def _levels(counts: dict[int, tuple[int, int]]) -> str:
+    """'Q1 4/10 Q2 0/3': running and waiting jobs of each level that has any (1-based)."""
+    ordered = sorted(counts.items())
+    return " ".join(f"Q{wire_level(q)} {r}/{w}" for q, (r, w) in ordered) or "none"

@@ -107,6 +107,11 @@ def test_the_snapshot_sums_the_pools_and_lists_every_replicas_jobs(pair):
         msgspec.msgpack.encode(wire_snapshot(snap, SLOWindow(60.0, 0.1), 1)), type=P.Snapshot
     )
     assert wire.replicas == snap.replicas and wire.routes[-1].why.startswith("least live")
+    light = pair.snapshot(detail=False)  # a status reply's: the sums, no walk of a queue
+    assert (light.live, light.running, light.sched.levels) == (4, snap.running, [])
+    counts = pair.level_counts()  # the stats line's, over both replicas
+    assert sum(r + w for r, w in counts.values()) == 4
+    assert sum(r for r, _ in counts.values()) == snap.running
     for i in ids:
         pair.abort(i)
 

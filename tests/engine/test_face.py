@@ -76,3 +76,21 @@ def test_job_rows_are_one_list_per_engine_state(face):
     while face.busy():
         face.step()
     assert face.jobs() == []
+
+
+def test_a_light_snapshot_and_the_level_counts_agree_with_the_rows(face):
+    params = SamplingParams(max_tokens=5, ignore_eos=True)
+    for k in range(3):
+        face.admit(JobRequest([5, 6, 7 + k], params))
+    face.step()
+    full, light = face.snapshot(), face.snapshot(with_jobs=True, detail=False)
+    assert light.jobs is None and light.sched.levels == []  # no walk of the queue
+    assert (light.live, light.running) == (full.live, full.running) == (3, 3)
+    counts: dict[int, list[int]] = {}
+    for row in full.jobs or []:
+        pair = counts.setdefault(row.level - 1, [0, 0])  # rows are 1-based
+        pair[row.state != "running"] += 1
+    assert face.level_counts() == {q: tuple(p) for q, p in counts.items()}
+    while face.busy():
+        face.step()
+    assert face.level_counts() == {}
