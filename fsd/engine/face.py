@@ -168,8 +168,16 @@ class EngineFace:
         )
 
     def level_counts(self) -> dict[int, tuple[int, int]]:
-        """Per level with jobs (0-based): how many run and how many wait."""
-        return self._engine.scheduler.level_counts()
+        """Per level with jobs (0-based): how many run and how many wait (one pass over
+        the jobs, no walk of the queue's order)."""
+        counts: dict[int, list[int]] = {}
+        running = JobStatus.RUNNING
+        for job in self._engine.scheduler.jobs():
+            pair = counts.get(job.level)
+            if pair is None:
+                pair = counts[job.level] = [0, 0]
+            pair[job.status is not running] += 1
+        return {level: (r, w) for level, (r, w) in counts.items()}
 
     def history(self, slo: float) -> TwinSnapshot:
         """The scheduler frozen with its step history, for the what-if twin (fsd.twin):

@@ -345,17 +345,6 @@ class Scheduler:
             live.scale, live.samples, self.queue.learned(),
         )  # fmt: skip
 
-    def level_counts(self) -> dict[int, tuple[int, int]]:
-        """Per level with jobs: (running, waiting), from one pass over the live jobs."""
-        counts: dict[int, list[int]] = {}
-        running = JobStatus.RUNNING
-        for job in self._jobs.values():
-            pair = counts.get(job.level)
-            if pair is None:
-                pair = counts[job.level] = [0, 0]
-            pair[job.status is not running] += 1
-        return {level: (r, w) for level, (r, w) in counts.items()}
-
     def ranks(self) -> dict[str, int]:
         """Every queued job's place in the queue's order (0 runs first), for telemetry."""
         return self.queue.ranks()
