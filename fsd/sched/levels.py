@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from fsd.cost import CostModel
 from fsd.jobs import Job, KVLocation
 from fsd.sched.enst import LevelENST
-from fsd.sched.fair_share import OwnerRounds, fair_key, level_order, needs_compacting
+from fsd.sched.fair_share import OwnerRounds, TurnOrder, fair_key
 from fsd.sched.queues import LevelView
 
 _by_queue_seq = operator.attrgetter("queue_seq")
@@ -52,8 +52,7 @@ class LevelQueue(LevelENST):
         self.quanta = list(quanta)
         self._levels: list[dict[str, Job]] = [{} for _ in self.quanta]
         self._rounds = OwnerRounds(len(self.quanta))
-        # per level, the jobs placed out of fair_key order (appended to its dict anyway)
-        self._late: dict[int, dict[str, Job]] = {}
+        self._turns = [TurnOrder() for _ in self.quanta]  # each level's order (fair only)
         self._lifted: dict[str, int] = {}  # a job of the last batch -> the level it ranks at
         self._lifted_at: dict[int, list[Job]] = {}
 
@@ -69,9 +68,7 @@ class LevelQueue(LevelENST):
             return
         if self._levels[level].pop(job.job_id, None) is not None and self.fair:
             self._rounds.leave(level, job)
-            late = self._late.get(level)
-            if late is not None:
-                late.pop(job.job_id, None)
+            self._turns[level].remove(job)
 
     def _place(self, job: Job, level: int) -> None:
         """Put the job at the tail of `level` (its owner's turn there, with `fair`)
@@ -80,22 +77,26 @@ class LevelQueue(LevelENST):
         job.level = level
         job.attained = 0.0
         job.queue_seq = next(self._seq)
-        jobs = self._levels[level]
         if self.fair:
-            in_order = self._rounds.place(level, job, jobs)
-            late = self._late.get(level)
-            if late or not in_order:  # behind a late job is no proof of order
-                late = self._late.setdefault(level, {})
-                late[job.job_id] = job
-        jobs[job.job_id] = job
-        if self.fair and late and needs_compacting(jobs, late):
-            self._levels[level] = {j.job_id: j for j in level_order(jobs, late)}
-            del self._late[level]
+            self._rounds.place(level, job)
+            self._turns[level].add(job)
+        self._levels[level][job.job_id] = job
         self._watch(job)
 
     def _level_jobs(self, level: int) -> Iterable[Job]:
-        """One level's jobs in order (owners' turns, with `fair`)."""
-        return level_order(self._levels[level], self._late.get(level))
+        """One level's jobs in order: FIFO, or owners' turns with `fair` (with one
+        owner at the level its placement order, the plain dict's)."""
+        if not self.fair or self._rounds.owners(level) <= 1:
+            return self._levels[level].values()
+        return self._turns[level].jobs()
+
+    def _regroup(self) -> None:
+        """Rebuild the turns from the levels' dicts (each in turn order)."""
+        self._rounds.resize(self._levels)
+        self._turns = [TurnOrder() for _ in self._levels]
+        for turns, jobs in zip(self._turns, self._levels, strict=True):
+            for job in jobs.values():
+                turns.add(job)
 
     def _ran(self, job: Job) -> None:
         """`job` ran at its level: the level's turns move on (fair only)."""
@@ -128,7 +129,7 @@ class LevelQueue(LevelENST):
 
     def ordered(self) -> Iterator[Job]:
         if not self._lifted:
-            if self._late:
+            if self.fair:
                 return itertools.chain.from_iterable(map(self._level_jobs, range(len(self._levels))))
             return itertools.chain.from_iterable(lvl.values() for lvl in self._levels)
         return self._ordered_lifted()
@@ -148,7 +149,7 @@ class LevelQueue(LevelENST):
             group = lifted_at.get(level)
             if group:
                 parts.append([job for job in group if job.job_id in queued])
-            own = self._level_jobs(level) if level in self._late else jobs.values()
+            own = self._level_jobs(level)
             if level in holding:
                 ids = itertools.filterfalse(lifted.__contains__, map(_job_id, own))
                 parts.append(map(jobs.__getitem__, ids))

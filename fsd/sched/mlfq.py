@@ -172,8 +172,7 @@ class MLFQQueue(LevelQueue):
             # into the last level go among its own by their turns and placement
             for job in sorted(jobs, key=lambda j: (j.level, j.fair_round, j.queue_seq)):
                 self._levels[job.level][job.job_id] = job
-            self._rounds.resize(self._levels)
-            self._late = {}
+            self._regroup()
         # the promotion times follow the new alphas
         self._starve = [(self._due(j), j.queue_seq, j) for j in jobs if j.level > 0]
         heapq.heapify(self._starve)

@@ -96,6 +96,37 @@ def test_one_owner_keeps_the_fifo_it_had(seed):
         assert [j.job_id for j in fair.ordered()] == [j.job_id for j in plain.ordered()]
 
 
+@pytest.mark.parametrize("seed", range(5))
+def test_many_owners_are_always_in_turn_order(seed):
+    """Random adds from owners at uneven paces, runs (demotions, promotions) and
+    removals, and a retune to fewer levels midway: every level reads in (round,
+    queue_seq) order at every step, and the views and ranks say the same."""
+    rng = random.Random(seed)
+    q = MLFQQueue(cost(decode=0.7), QUANTA, starve_limit=5.0, demote_rule="always")
+    jobs: dict[str, Job] = {}
+    now = 0.0
+    for step in range(600):
+        now += 0.5
+        op = rng.random()
+        if op < 0.45 or not jobs:
+            owner = rng.choice(["a", "a", "a", "b", "c", None])  # "a" floods
+            job = owned(f"j{step}", owner, rng.choice([4, 120, 300, 900]))
+            jobs[job.job_id] = job
+            q.add(job, now)
+        elif op < 0.85:
+            run_once(q, jobs[rng.choice(sorted(jobs))], now)
+        else:
+            q.remove(jobs.pop(rng.choice(sorted(jobs))))
+        if step == 300:  # fewer levels: jobs fold into the last one
+            fewer = MLFQQueue(cost(decode=0.7), QUANTA[:2], starve_limit=5.0, demote_rule="always")
+            assert q.adopt(fewer)
+        q.tick(now)
+        ordered = list(q.ordered())
+        assert sorted(j.job_id for j in ordered) == sorted(jobs)
+        assert ordered == sorted(ordered, key=q.key)
+        assert [i for v in q.levels() for i in v.job_ids] == [j.job_id for j in ordered]
+
+
 def _bob_finishes(owners: bool) -> int:
     """The iteration bob's 2-token job finishes while alice holds 400 jobs."""
     sched = scheduler("fsd", device=256, host=1024, max_batch_size=8)
