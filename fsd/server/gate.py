@@ -69,8 +69,11 @@ def unpredictable_ids() -> None:
 
 
 def connection_cap(configured: int, soft_limit: int) -> int:
-    """How many connections the gate takes: the setting, or what the fds allow."""
-    return max(1, min(configured, (soft_limit - _FD_RESERVE) // _FDS_PER_CONNECTION))
+    """How many connections the gate takes: the setting, or what the fds allow. Under a
+    small limit the reserve is half of it (128 descriptors left one connection, which
+    the HTTP frontend's link could hold, refusing every client)."""
+    reserve = min(_FD_RESERVE, soft_limit // 2)
+    return max(1, min(configured, (soft_limit - reserve) // _FDS_PER_CONNECTION))
 
 
 class Gate(LoopThread):

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from fsd.server.gate import connection_cap
 from tests.server.daemon_proc import free_port, start_daemon
 
 LIMIT = 128
@@ -100,3 +101,10 @@ def test_out_of_descriptors_no_spin_one_line_and_recovery(tmp_path):
         for s in conns:
             s.close()
         assert d.stop() == 0
+
+
+def test_a_small_descriptor_limit_still_leaves_room_for_the_links_and_clients():
+    assert connection_cap(1000, 128) == 21  # half kept back: 64 // 3 connections
+    assert connection_cap(1000, 1024) == 256  # 256 kept back, as before
+    assert connection_cap(10, 1 << 20) == 10  # the setting, when the fds allow more
+    assert connection_cap(1000, 2) == 1
