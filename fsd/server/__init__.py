@@ -9,7 +9,8 @@ and results to them); each helper is handed what it uses, not the service.
 scenarios into the engine; `http_api` is the OpenAI API (`openai_schema` parses
 requests, `openai_decode` reads bodies, `openai_errors`, `openai_response`);
 `listen` makes the gate's and the HTTP server's listening sockets, which survive
-running out of file descriptors, and `log_limits` bounds the log lines a client
+running out of file descriptors (`http_idle`: the HTTP connections they may close to
+make room), and `log_limits` bounds the log lines a client
 can cause.
 
 May import: fsd.engine, fsd.sched, fsd.kv, fsd.protocol, fsd.workload, fsd.metrics,

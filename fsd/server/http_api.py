@@ -37,6 +37,7 @@ from fsd.jobs import SamplingParams
 from fsd.server import openai_response as reply
 from fsd.server import openai_schema as oa
 from fsd.server.chat_template import ChatTemplate, normalize_messages
+from fsd.server.http_idle import IdleConnections
 from fsd.server.http_limits import BodyBudget, BodyError, read_body
 from fsd.server.http_links import LINK_ERRORS, Link, LinkPool, link_failed
 from fsd.server.openai_decode import decode_body
@@ -73,9 +74,13 @@ class Backend:
 BACKEND = web.AppKey("backend", Backend)
 
 
-def build_app(backend: Backend, max_body: int) -> web.Application:
-    """The aiohttp application serving `backend` (bodies over `max_body` bytes get 413)."""
-    app = web.Application(middlewares=[_errors, _auth], client_max_size=max_body)
+def build_app(
+    backend: Backend, max_body: int, idle: IdleConnections | None = None
+) -> web.Application:
+    """The aiohttp application serving `backend` (bodies over `max_body` bytes get 413);
+    `idle` learns which connections have a request in progress."""
+    first = [idle.middleware()] if idle is not None else []
+    app = web.Application(middlewares=[*first, _errors, _auth], client_max_size=max_body)
     app[BACKEND] = backend
     app.router.add_post("/v1/completions", completions)
     app.router.add_post("/v1/chat/completions", chat_completions)

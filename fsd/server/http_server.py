@@ -23,7 +23,8 @@ Slow peers hold neither connections nor memory (`http_limits`): a connection get
 `http_header_timeout` for each request head (aiohttp's keep-alive timer, also the
 idle keep-alive limit), a body `http_body_timeout` (then 408, the connection closed,
 its partial body freed), and the bodies being read hold `http_max_inflight_bytes`
-at most across connections (then 503 with Retry-After).
+at most across connections (then 503 with Retry-After). Out of file descriptors, the
+oldest idle connections are closed to take new ones (`http_idle`).
 """
 
 from __future__ import annotations
@@ -45,9 +46,10 @@ from fsd.engine.output import RequestOutput
 from fsd.errors import ConfigError
 from fsd.server.chat_template import ChatTemplate
 from fsd.server.http_api import Backend, build_app
+from fsd.server.http_idle import IdleConnections
 from fsd.server.http_limits import BodyBudget, runner_options
 from fsd.server.http_links import LinkPool
-from fsd.server.listen import tcp_listeners
+from fsd.server.listen import add_reclaimer, tcp_listeners
 from fsd.server.log_limits import http_server_logger
 from fsd.server.loop_thread import LoopThread
 from fsd.server.prom import MetricsCollector
@@ -176,7 +178,8 @@ class HttpFrontend(LoopThread):
         cfg = self.cfg
         backend = self._backend()
         links = backend.links
-        app = build_app(backend, cfg.max_frame_bytes)
+        idle = IdleConnections()  # closable to make room when descriptors run out
+        app = build_app(backend, cfg.max_frame_bytes, idle)
         # the engine has drained by the time this stops: open streams get a second, not 60.
         # handler_cancellation: a request whose client disconnects has its handler
         # cancelled, which aborts its job (http_api._serve), streaming or not.
@@ -195,11 +198,14 @@ class HttpFrontend(LoopThread):
             **runner_options(cfg),  # the head deadline (http_limits)
         )
         await runner.setup()
+        idle.server = runner.server
+        remove_reclaimer = add_reclaimer(asyncio.get_running_loop(), idle.reclaim)
         try:  # guarded listening sockets (fsd.server.listen: out of descriptors, no spin)
             what = f"the HTTP server ({self.host}:{self.port})"
             for sock in tcp_listeners(self.host or None, self.port, what):
                 await web.SockSite(runner, sock).start()
         except OSError as exc:
+            remove_reclaimer()
             await runner.cleanup()
             await links.close()
             self._error = exc
@@ -211,6 +217,7 @@ class HttpFrontend(LoopThread):
             await self.stopped()
         finally:
             pump.cancel()
+            remove_reclaimer()
             await links.close()  # first: open requests fail fast, and the sockets are gone
             await runner.cleanup()  # before the daemon terminates the shared context
 

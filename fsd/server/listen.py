@@ -13,8 +13,14 @@ and the HTTP server's listening sockets) answers for itself instead:
 * if even that fails (another thread took the freed descriptor), asyncio gets the
   error once per wakeup, pauses accepting for a second (its own retry), and its
   traceback is dropped (`quiet_accept_errors`);
-* the refusals are one WARNING line per 10 s at most, counting the refused
-  (`fsd.server.log_limits.Throttle`), and accepting resumes by itself once
+* before refusing, it asks every server that registered its idle connections
+  (`add_reclaimer`: the HTTP server's, `fsd.server.http_idle`) to close its oldest
+  idle ones: on its own loop the waiting connections are then taken on the next pass
+  (the closed descriptors are free by then), so an idle flood churns among itself
+  and a new client that speaks is served; another loop's are closed soon after, and
+  the refused client's retry finds the room;
+* the refusals are one WARNING line per 10 s at most, counting the refused and the
+  closed (`fsd.server.log_limits.Throttle`), and accepting resumes by itself once
   descriptors are free again (the next accept succeeds).
 
 `raise_fd_limit` lifts the soft open-files limit to the hard one at start.
@@ -29,6 +35,7 @@ import logging
 import os
 import resource
 import socket
+from collections.abc import Callable
 from typing import Any
 
 from fsd.server.log_limits import Throttle
@@ -39,6 +46,33 @@ OUT_OF_FDS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
 ACCEPT_ERROR = "socket.accept() out of system resource"  # asyncio's words
 _BACKLOG = 128
 _PAUSE = 0.5  # seconds after handing asyncio the error: its retry comes 1 s later
+_RECLAIM = 16  # idle connections closed per failed accept
+Reclaim = Callable[[int], int]  # close up to n idle connections: how many
+_reclaimers: dict[int, tuple[asyncio.AbstractEventLoop, Reclaim]] = {}
+
+
+def add_reclaimer(loop: asyncio.AbstractEventLoop, reclaim: Reclaim) -> Callable[[], None]:
+    """Let listeners out of descriptors call `reclaim` (on `loop`); returns its removal."""
+    key = id(reclaim)
+    _reclaimers[key] = (loop, reclaim)
+
+    def remove() -> None:
+        _reclaimers.pop(key, None)
+
+    return remove
+
+
+def reclaim_idle(n: int) -> int:
+    """Ask each registered server to close up to `n` idle connections: how many were
+    closed on the running loop (other loops close theirs on their own thread)."""
+    here, closed = asyncio.get_running_loop(), 0
+    for loop, reclaim in list(_reclaimers.values()):
+        if loop is here:
+            closed += reclaim(n)
+        else:
+            with contextlib.suppress(RuntimeError):  # that loop has closed
+                loop.call_soon_threadsafe(reclaim, n)
+    return closed
 
 
 def raise_fd_limit() -> tuple[int, int]:
@@ -58,6 +92,7 @@ class GuardedListener(socket.socket):
     throttle: Throttle
     spare: int | None = None
     refused: int = 0
+    reclaimed: int = 0  # idle connections closed on this loop to take new ones
     _handed: float = float("-inf")  # when asyncio last got the error (loop time)
 
     def guard(self, what: str) -> None:
@@ -78,6 +113,11 @@ class GuardedListener(socket.socket):
         return conn
 
     def _out_of_fds(self, exc: OSError) -> Any:
+        closed = reclaim_idle(_RECLAIM)
+        if closed:  # the waiting connections are taken on the next pass, in their room
+            self.reclaimed += closed
+            self._log(f"out of file descriptors: closing the oldest idle connections on {self.what}")
+            raise BlockingIOError(errno.EAGAIN, "room being made") from None
         shed = self._shed()
         if shed is not None:  # (0: none was waiting: the table is merely full)
             if shed:
@@ -121,8 +161,8 @@ class GuardedListener(socket.socket):
         if held is not None:
             limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
             log.warning(
-                "%s (open-files limit %d; %d connections refused so far)",
-                what, limit, self.refused,
+                "%s (open-files limit %d; %d connections refused, %d idle ones closed so far)",
+                what, limit, self.refused, self.reclaimed,
             )  # fmt: skip
 
     def close(self) -> None:

@@ -2,8 +2,9 @@
 
 P21 item 5: under a soft limit of 1024, 1100 idle HTTP connections made asyncio's
 accept loop log 137,363 tracebacks (61 MB in 20 s) and spin a core. Here the daemon
-runs with soft = hard = LIMIT (so it cannot raise it), idle connections fill its
-table, and the log, its CPU time and a client after the connections close are read.
+runs with soft = hard = LIMIT (so it cannot raise it); idle connections fill its table
+(the oldest are closed to take new ones), then connections with requests in progress
+(new ones are refused); the log, its CPU time and clients are read.
 """
 
 from __future__ import annotations
@@ -60,42 +61,73 @@ def served(http: str, timeout: float = 30.0) -> int:
             time.sleep(0.2)
 
 
+def get_models(s: socket.socket, wait: float = 10.0) -> bool:
+    """Whether GET /v1/models on the open connection `s` is answered 200."""
+    s.settimeout(wait)
+    try:
+        s.sendall(b"GET /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        return s.recv(12) == b"HTTP/1.1 200"
+    except OSError:
+        return False
+
+
+def busy(port: int) -> socket.socket:
+    """A connection with a request in progress: a head whose body never comes."""
+    s = socket.create_connection(("127.0.0.1", port), timeout=5)
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+              b"Content-Length: 100\r\n\r\n")  # fmt: skip
+    return s
+
+
+def out_of_fds_lines(d) -> list[str]:
+    return [ln for ln in d.log.read_text().splitlines() if "out of file descriptors" in ln]
+
+
 @pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="Linux /proc")
-def test_out_of_descriptors_no_spin_one_line_and_recovery(tmp_path):
+def test_out_of_descriptors_idle_ones_make_room_busy_ones_refuse_no_spin(tmp_path):
     port = free_port()
     http = f"http://127.0.0.1:{port}"
-    d = start_daemon(tmp_path, "[server]\ntelemetry_hz = 0.0\n", "--http", f"127.0.0.1:{port}",
-                     preexec=limit_fds)  # fmt: skip
+    d = start_daemon(tmp_path, "[server]\ntelemetry_hz = 0.0\nhttp_body_timeout = 120.0\n",
+                     "--http", f"127.0.0.1:{port}", preexec=limit_fds)  # fmt: skip
     conns: list[socket.socket] = []
     try:
         assert "open-files limit 128 (the hard limit: not raised)" in d.log.read_text()
         assert served(http) == 200
-        refused = 0
-        for _ in range(LIMIT + 40):  # more than its table holds
-            s = socket.create_connection(("127.0.0.1", port), timeout=5)
-            conns.append(s)
-            if closed_by_peer(s, 0.05):
-                refused += 1
-        refused += sum(closed_by_peer(s, 1.0) for s in conns[-20:])
-        assert refused > 0  # the daemon closed what it had no descriptor for
+        # idle connections, more than the table holds: the oldest are closed to take
+        # the new ones, and a new client that speaks is served while the table is full
+        conns = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(LIMIT + 40)]
+        assert get_models(socket.create_connection(("127.0.0.1", port), timeout=5))
+        assert sum(closed_by_peer(s, 0.2) for s in conns[:40]) >= 30  # the oldest made room
+        assert not any(closed_by_peer(s, 0.0) for s in conns[-10:])  # the newest kept
+        line = out_of_fds_lines(d)[0]
+        assert "closing the oldest idle connections" in line and "WARNING" in line
+        for s in conns:
+            s.close()
+        # connections with requests in progress are never closed for room: a new one
+        # is refused (closed at once), quietly and without spinning
+        conns = []
+        while not conns or not closed_by_peer(conns[-1], 0.3):
+            assert len(conns) < 2 * LIMIT, "the table never filled"
+            conns.append(busy(port))
         before = cpu_seconds(d.proc.pid)
-        for _ in range(10):  # and it keeps refusing, without spinning, while full
+        for _ in range(10):
             extra = socket.create_connection(("127.0.0.1", port), timeout=5)
             assert closed_by_peer(extra, 5.0)
             extra.close()
             time.sleep(WINDOW / 10)
         spent = cpu_seconds(d.proc.pid) - before
         assert spent < CPU_BOUND, f"{spent:.2f} s of CPU in {WINDOW} s"
+        assert not any(closed_by_peer(s, 0.0) for s in conns[:-1])  # busy ones kept
         for s in conns:
             s.close()
         conns = []
         assert served(http) == 200  # descriptors free again: served
         with d.client(timeout=30) as c:
             assert c.complete([1, 2, 3], max_tokens=2, ignore_eos=True).finish_reason == "length"
+        lines = out_of_fds_lines(d)
+        assert 1 <= len(lines) <= 3, lines  # one per 10 s at most, counting the refused
+        assert "connections refused" in lines[-1] and "idle ones closed so far" in lines[-1]
         text = d.log.read_text()
-        lines = [ln for ln in text.splitlines() if "out of file descriptors" in ln]
-        assert 1 <= len(lines) <= 2, lines  # one per 10 s at most, counting the refused
-        assert "connections refused so far" in lines[0] and "WARNING" in lines[0]
         assert "Traceback" not in text and "out of system resource" not in text
     finally:
         for s in conns:
