@@ -277,7 +277,7 @@ class ServerConfig:
     max_client_jobs: int = 10_000  # live jobs of one client: a CURVE key, else a session
     max_jobs: int = 100_000  # live jobs in the daemon, all clients together
     max_connections: int = 4096  # open client connections; more are refused (fd-capped)
-    max_inbound_bytes: int = 256 << 20  # client frames read, not yet handled; past it refused
+    max_inbound_bytes: int = 128 << 20  # client frames read, not yet handled; past it refused
     max_client_backlog_bytes: int = 64 << 20  # a connection's unsent replies; past it, dropped
     max_backlog_bytes: int = 1 << 30  # all connections' of an endpoint (requests, telemetry): past it the largest is dropped
     max_subscriber_backlog_bytes: int = 8 << 20  # a telemetry subscriber's unsent messages
