@@ -28,6 +28,16 @@ would have lifted it anyway, so it sends a started job to host memory once at mo
 while the long new jobs that thrashed before the gate, and the identical jobs that
 took turns through host memory (P16), stay behind.
 
+Owners without started work (fsd's swap gate only): owners take turns inside a level
+(fair_share), but another client's started jobs still filled the batch, and its
+backlog taught the length predictor that 3-token prompts run long, so a 2-token job
+of a client with nothing running waited 28 iterations behind a ten-owner flood (in
+the daemon with 98,000 jobs queued: 1-7 s to its first token). A short job (as
+above) whose owner has no started job is found at the head of its level and walked
+first, one per owner and half a batch at most, past the admission room. With one
+owner (the simulator, the offline API) this adds nothing: an owner without started
+jobs means nothing started, and the walk's own order holds.
+
 The walk runs for every queued job every iteration: its state is plain attributes
 and its per-job steps are short methods. Under overload most queued jobs are waiting
 prompts over the admission room; the loop passes over them itself, with no call and
@@ -39,7 +49,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Collection, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from typing import TYPE_CHECKING
 
 from fsd.jobs import Job, JobStatus, KVLocation
@@ -79,14 +89,16 @@ def express_tokens(sched: Scheduler) -> int:
     return int(waiting / step)
 
 
-def _express_now(sched: Scheduler) -> int:
-    """`express_tokens`, and fewer than any started job has left to its cap."""
-    bound = express_tokens(sched)
+def _express_now(sched: Scheduler) -> tuple[int, set[str | None]]:
+    """`express_tokens`, and fewer than any started job has left to its cap; and the
+    owners of the started jobs (when that bound is not 0)."""
+    bound, owners = express_tokens(sched), set()
     if bound:
         blocks = sched.blocks
         for job in itertools.chain(blocks.on_device.values(), blocks.on_host.values()):
             bound = min(bound, job.max_output - job.num_output_tokens - 1)  # type: ignore[attr-defined]
-    return bound
+            owners.add(job.owner)  # type: ignore[attr-defined]
+    return bound, owners
 
 
 def _leads(sched: Scheduler) -> list[Job]:
@@ -98,6 +110,11 @@ def _leads(sched: Scheduler) -> list[Job]:
             break
         leads.append(job)
     return leads
+
+
+def _first_for(job: Job, key: Callable[[Job], tuple]) -> Callable[[Job], tuple]:
+    """`key`, but `job` ranks above every job (what it may evict is any lower one)."""
+    return lambda j: (-math.inf,) if j is job else key(j)
 
 
 class BatchWalk:
@@ -115,7 +132,8 @@ class BatchWalk:
         self.admit_room = sched.admission_room()
         self.first_free = first_admission_free(self.blocks)  # nothing started yet
         self.lead = True  # no started job walked yet: a short job may start (module doc)
-        self.express = _express_now(sched)
+        self.express, self.started_owners = _express_now(sched)
+        self.lead_ids: set[str] = set()  # the owners' leads walked first (`_owner_leads`)
         # a job without KV of this many tokens or more cannot be admitted now
         self._skip_at = math.inf if self.first_free else _skip_threshold(
             self.admit_room, self.blocks.block_size
@@ -156,7 +174,7 @@ class BatchWalk:
         loop reads two attributes of each and keeps its state in locals, which only
         `_consider` changes.
         """
-        limit, walk = self.limit, iter(candidates)
+        limit, walk = self.limit, itertools.chain(self._owner_leads(), candidates)
         skip_at, wanted_full = self._skip_at, self.wanted_full
         for job in walk:
             kv = job.kv
@@ -201,10 +219,33 @@ class BatchWalk:
             if job.kv is _HOST:
                 upcoming.append(job)
 
+    def _owner_leads(self) -> list[Job]:
+        """Short jobs without KV whose owner has no started job, from the head of each
+        level, in priority order, one per owner and half a batch at most (started work
+        keeps the rest): walked first (module doc). None when nothing started (the
+        walk's own order then holds) or without the swap gate."""
+        owners, express = self.started_owners, self.express
+        if not owners or not express:
+            return []
+        heads = self.sched.queue.heads(4 * self.limit)
+        found = [
+            job for job in heads if job.kv is _NONE and job.owner not in owners
+            and job.max_output - job.num_output_tokens <= express
+        ]  # fmt: skip
+        leads: dict[str | None, Job] = {}  # an owner's first, half a batch at most
+        for job in sorted(found, key=self.sched.queue.key):
+            if len(leads) >= max(1, self.limit // 2):
+                break
+            leads.setdefault(job.owner, job)
+        self.lead_ids = {job.job_id for job in leads.values()}
+        return list(leads.values())
+
     def _short_lead(self, job: Job) -> bool:
-        """A job without KV ahead of every started one, short enough to start past the
-        admission room (module doc)."""
-        return self.lead and job.max_output - job.num_output_tokens <= self.express
+        """A job without KV ahead of every started one, or whose owner has none, short
+        enough to start past the admission room (module doc)."""
+        if not (self.lead or job.owner not in self.started_owners):
+            return False
+        return job.max_output - job.num_output_tokens <= self.express
 
     def _consider(self, job: Job) -> bool:
         """Take `job` if it can run now; False when the walk should end."""
@@ -240,6 +281,7 @@ class BatchWalk:
             if need > self.admit_room and not self.first_free and not self._short_lead(job):
                 return True
             self._admit(need)
+            self.started_owners.add(job.owner)  # its owner's turn past the room is used
         job_id = job.job_id
         if job_id in self.blocks.moving or job_id in self.evicted or job_id in self.batch_ids:
             return True
@@ -292,8 +334,11 @@ class BatchWalk:
         return True
 
     def _make_room(self, job: Job, need: int) -> bool:
+        key = self.sched.queue.key
+        if job.job_id in self.lead_ids:  # an owner's lead may send any started job out
+            key = _first_for(job, key)
         return self.sched.evictor.make_room(
-            job, need, self.kv_policy, self.sched.queue.key, self.batch_ids, self.evicted, self.out
+            job, need, self.kv_policy, key, self.batch_ids, self.evicted, self.out
         )
 
     def _share(self, start: int, step: int) -> float:

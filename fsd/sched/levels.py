@@ -134,6 +134,11 @@ class LevelQueue(LevelENST):
             return itertools.chain.from_iterable(lvl.values() for lvl in self._levels)
         return self._ordered_lifted()
 
+    def heads(self, n: int) -> Iterable[Job]:
+        return itertools.chain.from_iterable(
+            itertools.islice(self._level_jobs(i), n) for i in range(len(self._levels))
+        )
+
     def _ordered_lifted(self) -> Iterator[Job]:
         """Each level: the lifted jobs ranked at it, then its own jobs that are not lifted.
 

@@ -59,6 +59,11 @@ class JobQueue(ABC):
     @abstractmethod
     def __len__(self) -> int: ...
 
+    def heads(self, n: int) -> Iterable[Job]:
+        """The first `n` jobs of each level (or of the whole order), in no set order:
+        where each owner's next turn is found without walking a flood's backlog."""
+        return itertools.islice(self.ordered(), n)
+
     def set_running(self, jobs: Iterable[Job]) -> None:  # noqa: B027 (optional hook)
         """The jobs of the batch that just ran, before the next `ordered()` (MLFQ reads it)."""
 

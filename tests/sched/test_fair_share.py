@@ -3,11 +3,13 @@ not push another's jobs to the back, and one owner's queue is exactly the FIFO i
 
 from __future__ import annotations
 
+import contextlib
 import random
 
 import pytest
 
 from fsd.jobs import Job, SamplingParams
+from fsd.sched.batch import BatchWalk
 from fsd.sched.mlfq import MLFQQueue
 from tests.sched.harness import drive, make_jobs, scheduler
 from tests.sched.test_mlfq import QUANTA, cost, run_once
@@ -149,3 +151,46 @@ def test_another_clients_short_job_is_not_held_behind_a_backlog():
     fair, fifo = _bob_finishes(owners=True), _bob_finishes(owners=False)
     assert fair - 30 < 20, fair
     assert fifo - 30 > 10 * (fair - 30), (fair, fifo)
+
+
+def _flood_then(short: list[tuple[str, int]], arrive: int) -> dict[str, int]:
+    """Ten owners' 100 long jobs each fill device and batch under fsd's gate; `short`
+    ((owner, tokens) jobs) arrive at iteration `arrive`: the iteration each of them
+    first ran, counted from `arrive`."""
+    sched = scheduler("fsd", device=64, host=256, block_size=16, max_batch_size=8)
+    flood = []
+    for c in range(10):
+        for job in make_jobs([(3, 900)] * 100, prefix=f"f{c}-"):
+            job.owner = f"c{c}"
+            flood.append(job)
+    late = make_jobs([(3, n) for _, n in short], prefix="s")
+    for job, (owner, _) in zip(late, short, strict=True):
+        job.owner = owner
+    first: dict[str, int] = {}
+
+    def watch(it: int, now: float) -> None:
+        for job in late:
+            if job.num_output_tokens and job.job_id not in first:
+                first[job.job_id] = it - arrive
+        if len(first) == len(late):
+            raise StopIteration
+
+    with contextlib.suppress(StopIteration):
+        drive(sched, flood + late, {j.job_id: arrive for j in late}, before=watch)
+    return first
+
+
+@pytest.mark.parametrize("arrive", [50, 200])
+def test_a_client_with_nothing_running_gets_its_short_job_in_at_once(arrive, monkeypatch):
+    # the flood's started jobs hold the batch and the device; bob holds nothing
+    assert _flood_then([("bob", 2)], arrive)["s0"] <= 2
+    monkeypatch.setattr(BatchWalk, "_owner_leads", lambda self: [])
+    assert _flood_then([("bob", 2)], arrive)["s0"] > 5  # what the turns alone gave
+
+
+def test_owners_leads_are_one_each_and_never_long():
+    # carol's five short jobs: one at a time; dave's long one waits its turn as before
+    first = _flood_then([("carol", 2)] * 5 + [("dave", 400)], 50)
+    carol = [first[f"s{i}"] for i in range(5)]
+    assert len(set(carol)) == 5 and min(carol) <= 2, carol
+    assert first["s5"] > 5
