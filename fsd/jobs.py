@@ -94,6 +94,24 @@ class SamplingParams:
         return self.temperature < GREEDY_BELOW
 
 
+_SHARED_PARAMS: dict[tuple[SamplingParams, float], SamplingParams] = {}
+_SHARED_MAX = 256  # distinct settings kept; past it the table starts again
+
+
+def shared_params(params: SamplingParams) -> SamplingParams:
+    """The one object of parameters equal to `params` (frozen, so jobs may share it):
+    98,000 jobs sent with the same settings hold one, not 98,000 (~180 B each).
+    A temperature of -0.0 stays apart from 0.0 (equal, but shown otherwise)."""
+    key = (params, math.copysign(1.0, params.temperature))
+    kept = _SHARED_PARAMS.get(key)
+    if kept is not None:
+        return kept
+    if len(_SHARED_PARAMS) >= _SHARED_MAX:
+        _SHARED_PARAMS.clear()
+    _SHARED_PARAMS[key] = params
+    return params
+
+
 def _show(value: object, limit: int = 60) -> str:
     """A value for an error message: clipped, and safe for ints too long to print."""
     try:
@@ -187,7 +205,8 @@ class Job:
     status: JobStatus = JobStatus.WAITING
     kv: KVLocation = KVLocation.NONE
     block_table: list[int] = field(default_factory=list)  # device blocks
-    host_block_table: list[int] = field(default_factory=list)  # host blocks
+    # host blocks; a job without: the one empty tuple, not a list of its own (`token_times`)
+    host_block_table: list[int] = ()  # type: ignore[assignment]
     num_computed_tokens: int = 0  # tokens whose KV is in the cache
     num_cached_tokens: int = 0  # prompt tokens its first prefill found in the prefix cache
     prefix_hint: int = 0  # tokens the prefix cache held at arrival (skip-join reads it)
@@ -198,7 +217,8 @@ class Job:
 
     first_token_time: float | None = None
     finish_time: float | None = None
-    token_times: list[float] = field(default_factory=list)
+    # when each output token came; none yet: the one empty tuple (56 B a queued job less)
+    token_times: list[float] = ()  # type: ignore[assignment]
     preemptions: int = 0
     recomputes: int = 0
     swaps_out: int = 0
@@ -293,7 +313,10 @@ class Job:
 
     def _store_token(self, token: int, now: float) -> None:
         self.output_token_ids.append(token)
-        self.token_times.append(now)
+        if self.token_times:
+            self.token_times.append(now)
+        else:
+            self.token_times = [now]
 
     def stop_after(
         self, token: int, eos_ids: Collection[int], max_model_len: int

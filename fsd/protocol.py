@@ -40,7 +40,7 @@ from typing import Any
 
 import msgspec
 
-from fsd.jobs import SamplingParams
+from fsd.jobs import SamplingParams, shared_params
 from fsd.protocol_preview import (  # noqa: F401 - re-exported: the what-if messages
     Preview,
     PreviewAssumptions,
@@ -114,8 +114,9 @@ class Sampling(msgspec.Struct, kw_only=True, omit_defaults=True):
         return cls(**{k: list(v) if isinstance(v, tuple) else v for k, v in fields.items()})
 
     def params(self) -> SamplingParams:
-        """Validate into SamplingParams (raises ConfigError naming a bad field)."""
-        return SamplingParams(**msgspec.structs.asdict(self))
+        """Validate into SamplingParams (raises ConfigError naming a bad field); equal
+        settings give the same object (`fsd.jobs.shared_params`)."""
+        return shared_params(SamplingParams(**msgspec.structs.asdict(self)))
 
 
 class Submit(_Req, tag="submit"):

@@ -139,8 +139,7 @@ class Engine(EngineFailures):
             job.job_id = request_id
         self.scheduler.add(job, job.arrival_time)
         self._refuse_if_late(job)
-        self._jobs[job.job_id] = job
-        self._text[job.job_id] = JobDetokenizer(self.tokenizer, ids, params.stop)
+        self._jobs[job.job_id] = job  # its detokenizer comes with its first token (`_append`)
         self.history.arrived(job.arrival_time)
         self.events.add(job.arrival_time, "arrive", job, prompt_tokens=len(ids), level=job.level)
         return job
@@ -362,7 +361,10 @@ class Engine(EngineFailures):
     def _append(self, job: Job, token: int, now: float) -> StepDelta:
         """The job produced `token`: record it, stream its text, end it if it stops."""
         job.append_token(token, now)
-        text = self._text[job.job_id]
+        text = self._text.get(job.job_id)
+        if text is None:  # made for its first token: a queued job holds none (~300 B)
+            text = JobDetokenizer(self.tokenizer, job.prompt_token_ids, job.params.stop)
+            self._text[job.job_id] = text
         delta = text.add(token)
         if text.stop is not None:
             reason, stop = FinishReason.STOP, text.stop
@@ -383,18 +385,16 @@ class Engine(EngineFailures):
     def _release(self, job: Job) -> RequestOutput:
         self.history.ended(job)
         self._jobs.pop(job.job_id, None)
-        text = self._text.pop(job.job_id, None)  # None: released already, mid-failure
+        text = self._text.pop(job.job_id, None)  # None: no token yet, or released mid-failure
         self.executor.forget(job.job_id)
         return RequestOutput.of(job, text.text if text is not None else "")
 
     def output(self, job: Job) -> RequestOutput:
         """The result so far of a job (finished or not)."""
-        text = self._text.get(job.job_id)
-        return RequestOutput.of(job, text.text if text else "")
+        return RequestOutput.of(job, getattr(self._text.get(job.job_id), "text", ""))
 
     def close(self) -> None:
-        """Stop the workers and copy threads and give their memory back (the engine
-        cannot run afterwards)."""
+        """Stop the workers and copy threads, their memory freed (the engine cannot run after)."""
         self._flight.clear()
         self.pool = self.host_pool = None
         self.executor.close()

@@ -32,6 +32,11 @@ class EngineInfo:
     slo: float  # the default per-token latency SLO of its cost model (seconds)
 
 
+# the tags of every untagged job's row: one list, not one per row (a row is read,
+# never changed: `EngineFace.jobs`; 98,000 rows held 5.5 MB of empty lists)
+_NO_TAGS: list[str] = []
+
+
 def job_info(job: Job, now: float, rank: int | None = None) -> JobInfo:
     """One live job as clients see it (the wire's row: level and rank 1-based, 1 = Q1
     and 1 runs first); `rank` 0-based as `JobQueue.ranks` gives it (None: not known)."""
@@ -55,7 +60,7 @@ def job_info(job: Job, now: float, rank: int | None = None) -> JobInfo:
         recomputes=job.recomputes,
         promotions=job.promotions,
         demotions=job.demotions,
-        tags=list(job.tags),
+        tags=list(job.tags) if job.tags else _NO_TAGS,
         rank=None if rank is None else rank + 1,
         cached_tokens=job.num_cached_tokens,
     )

@@ -124,7 +124,7 @@ class BlockManager:
         self.device.give(reversed(job.block_table))
         self.host.give(reversed(job.host_block_table))
         job.block_table.clear()
-        job.host_block_table.clear()
+        job.host_block_table = ()  # (fsd.jobs: a job without host blocks holds no list)
         self._owners.pop(job.job_id, None)
         self._place(job, KVLocation.NONE)
         self.prefix.forget_job(job.job_id)
@@ -134,7 +134,7 @@ class BlockManager:
         host tier); the caller copies the KV into them. MemoryError if they do not fit."""
         if job.block_table or job.host_block_table:
             raise ValueError(f"{job.job_id} already holds KV blocks")
-        job.host_block_table.extend(_take(self.host, n))
+        job.host_block_table = list(_take(self.host, n))
         self._owners[job.job_id] = job
         self._place(job, KVLocation.HOST)
         return list(job.host_block_table)

@@ -114,9 +114,7 @@ class PrefixCache:
         bs = self.block_size
         n = job.num_tokens // bs
         dev_get, host_get = self.on_device.get, self.on_host.get
-        chain = self._chains.get(job.job_id)
-        if chain is None:
-            chain = self._chains[job.job_id] = []
+        chain = self._chains.get(job.job_id, [])  # kept once it names a block (below)
         # the names remembered, while a tier holds them (each on the device, else host)
         known = chain if len(chain) <= n else chain[:n]
         devs = list(map(dev_get, known))
@@ -150,6 +148,8 @@ class PrefixCache:
             blocks.append(block)
             parent = uid
             i += 1
+        if chain and job.job_id not in self._chains:  # not one empty list a queued job
+            self._chains[job.job_id] = chain
         return uids, blocks, on_dev
 
     def forget_job(self, job_id: str) -> None:

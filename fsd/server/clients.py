@@ -54,6 +54,15 @@ class ClientState:
     req_ids: set[str] = field(default_factory=set)  # the req_ids of `jobs`
     outbox: list[P.Reply] = field(default_factory=list)  # answers while detached
     chunks: dict[str, P.Chunk] = field(default_factory=dict)  # tokens while detached, per job
+    last_caller: Caller | None = field(default=None, repr=False, compare=False)  # (`caller`)
+
+    def caller(self, role: str, user_id: str | None) -> Caller:
+        """Who sends with `role` on this session: the same object while that holds
+        (each of its jobs' owners keeps it: one, not one a job)."""
+        last = self.last_caller
+        if last is None or last.role != role or last.user_id != user_id:
+            last = self.last_caller = Caller(self.key, role, user_id)
+        return last
 
     def add(self, job_id: str, req_id: str) -> None:
         self.jobs[job_id] = req_id
@@ -96,7 +105,7 @@ class ClientState:
         return held
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Owner:
     """Whose a job is and how it is answered: streamed tokens, or only its `Finished`."""
 

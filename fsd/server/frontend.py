@@ -155,7 +155,7 @@ class Frontend:
         if isinstance(msg, P.Hello):
             self._hello(client, msg)
             return
-        caller = Caller(client.key, self.auth.role(msg, user_id), user_id)
+        caller = client.caller(self.auth.role(msg, user_id), user_id)
         try:
             self.book.check(client, msg.session)
             self.auth.check(msg, caller.role)

@@ -15,7 +15,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-from dataclasses import dataclass
+import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from fsd import protocol as P
@@ -30,23 +31,27 @@ CLIENT = "client"
 OPERATOR = "operator"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Caller:
-    """Who sent a request: its connection, its role, and its CURVE key (None without)."""
+    """Who sent a request: its connection, its role, and its CURVE key (None without).
+
+    `identity`: who the caller is for job caps and turns (fsd.sched.fair_share): whom
+    an operator relays for, else its CURVE key, else its session (all its connections).
+    A session key never leaves the daemon. One string for all of a session's jobs
+    (each job's owner holds it: interned, not one copy a job)."""
 
     ident: bytes
     role: str = CLIENT
     user_id: str | None = None
     on_behalf: str | None = None  # whom an operator relays a job for (`relayed`)
+    identity: str = field(init=False, repr=False, compare=False)
 
-    @property
-    def identity(self) -> str:
-        """Who the caller is for job caps and turns (fsd.sched.fair_share): whom an
-        operator relays for, else its CURVE key, else its session (all its connections).
-        A session key never leaves the daemon."""
+    def __post_init__(self) -> None:
         if self.on_behalf is not None:
-            return f"relay:{self.on_behalf}"
-        return self.user_id if self.user_id is not None else self.ident.decode("latin-1")
+            who = f"relay:{self.on_behalf}"
+        else:
+            who = self.user_id if self.user_id is not None else self.ident.decode("latin-1")
+        object.__setattr__(self, "identity", sys.intern(who))
 
     def relayed(self, owner: str | None) -> Caller:
         """The caller a `Submit` naming `owner` is admitted as: an operator relaying
