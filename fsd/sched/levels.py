@@ -90,6 +90,12 @@ class LevelQueue(LevelENST):
             return self._levels[level].values()
         return self._turns[level].jobs()
 
+    def _level_ids(self, level: int) -> Iterable[str]:
+        """`_level_jobs`' ids, read from the dicts' keys."""
+        if not self.fair or self._rounds.owners(level) <= 1:
+            return self._levels[level]
+        return self._turns[level].ids()
+
     def _regroup(self) -> None:
         """Rebuild the turns from the levels' dicts (each in turn order)."""
         self._rounds.resize(self._levels)
@@ -209,7 +215,7 @@ class LevelQueue(LevelENST):
 
     def levels(self) -> list[LevelView]:
         return [
-            LevelView(i, q, tuple(map(_job_id, self._level_jobs(i))))
+            LevelView(i, q, tuple(self._level_ids(i)))  # (98,000 jobs: 10 times a second)
             for i, q in enumerate(self.quanta)
         ]
 
