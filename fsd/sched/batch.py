@@ -227,7 +227,10 @@ class BatchWalk:
         owners, express = self.started_owners, self.express
         if not owners or not express:
             return []
-        heads = self.sched.queue.heads(4 * self.limit)
+        # where a job of such an owner waits: its level's head (its turn), or anywhere
+        # for its latest job (an owner whose jobs finished has turns of its own at the
+        # level, behind a flood's queued jobs that never run there)
+        heads = itertools.chain(self.sched.queue.heads(4 * self.limit), self.sched.newest.values())
         found = [
             job for job in heads if job.kv is _NONE and job.owner not in owners
             and job.max_output - job.num_output_tokens <= express

@@ -132,6 +132,7 @@ class Scheduler:
         self._returned: set[str] = set()
         self._last_batch_cost = cost.min_iteration_time
         self._partial: dict[str, Job] = {}  # partly prefilled jobs (chunked prefill)
+        self.newest: dict[str | None, Job] = {}  # each owner's latest live job (batch.py)
         # service is charged in measured seconds: the profile x what iterations really
         # take here (the engine reports them; the simulator never does: scale stays 1.0)
         self.live_cost = LiveCost()
@@ -162,7 +163,7 @@ class Scheduler:
         return state
 
     def add(self, job: Job, now: float) -> None:
-        self._jobs[job.job_id] = job
+        self._jobs[job.job_id] = self.newest[job.owner] = job
         if not job.num_computed_tokens:  # skip-join places it by the prefill it will do
             job.prefix_hint = self.blocks.prefix.peek(job)
         self.queue.add(job, now)
@@ -174,6 +175,8 @@ class Scheduler:
         """Forget a finished or aborted job; its blocks return once no copy touches them."""
         self._jobs.pop(job.job_id, None)
         self._partial.pop(job.job_id, None)
+        if self.newest.get(job.owner) is job:
+            del self.newest[job.owner]
         self.queue.remove(job)
         self.blocks.release(job)
 

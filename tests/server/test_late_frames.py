@@ -66,3 +66,40 @@ class _Auth:
 
     def check(self, msg: object, role: str) -> None:
         return None
+
+
+def test_a_turn_reads_until_its_time_is_up_while_the_engine_waits(monkeypatch):
+    """With the engine busy (receive(0)) a turn ends once _TURN_SECONDS have passed,
+    after at least one message; idle (a wait), it reads up to the count bound."""
+    import zmq
+
+    import fsd.server.frontend as frontend
+
+    class Router:
+        def __init__(self, waiting: int) -> None:
+            self.waiting = waiting
+
+        def poll(self, timeout: int) -> bool:
+            return self.waiting > 0
+
+        def recv_multipart(self, flags: int = 0, copy: bool = True) -> list[bytes]:
+            if not self.waiting:
+                raise zmq.Again()
+            self.waiting -= 1
+            return [b"route-1", P.encode(P.Ping())]
+
+        def send_multipart(self, frames: list[bytes], flags: int = 0) -> None:
+            pass
+
+    def turn(timeout: int) -> int:
+        router = Router(50)
+        front = Frontend(router, ServerConfig(), ClientBook(ServerConfig()), _Auth(),
+                         lambda c, m: None, None, False)  # fmt: skip
+        front.receive(timeout)
+        return 50 - router.waiting
+
+    monkeypatch.setattr(frontend, "_TURN_SECONDS", 0.0)
+    assert turn(0) == 1  # busy: one message, then the engine's iteration
+    assert turn(200) == 50  # idle: everything waiting
+    monkeypatch.setattr(frontend, "_TURN_SECONDS", 60.0)
+    assert turn(0) == 50
