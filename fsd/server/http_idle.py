@@ -7,7 +7,9 @@ connection (no request being handled: waiting for a head, or kept alive between
 requests) loses nothing when closed, since its client just reconnects, so the HTTP
 listener closes the oldest idle ones to take new ones (`fsd.server.listen`): a flood of
 idle connections churns among itself and a client that speaks gets in. A connection
-with a request being read or answered is never closed this way.
+with a request being read or answered is never closed this way, nor one seen idle for
+less than IDLE_GRACE (just made, its head may be on the way: asyncio makes its
+protocol a few passes after the accept, and the head is parsed after that).
 
 Imports aiohttp only: `runner.server.connections` (public, oldest first) and each
 handler's `transport`.
@@ -16,11 +18,13 @@ handler's `transport`.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+IDLE_GRACE = 1.0  # seconds a connection is seen idle before it may be closed for room
 
 
 class IdleConnections:
@@ -30,6 +34,7 @@ class IdleConnections:
         self.server: web.Server | None = None  # set once the runner is set up
         self.closed = 0  # idle connections closed to make room, in all
         self._busy: dict[asyncio.BaseTransport, int] = {}  # requests in progress on each
+        self._seen: dict[object, float] = {}  # idle connections: when first seen idle
 
     def middleware(self) -> Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]:
         """The app's outermost middleware: marks a connection busy while a request runs."""
@@ -49,19 +54,28 @@ class IdleConnections:
 
         return busy
 
-    def reclaim(self, n: int) -> int:
-        """Close up to `n` idle connections, oldest first: how many (their descriptors
-        are released on the loop's next pass). Called on the server's loop."""
+    def reclaim(self, n: int) -> tuple[int, bool]:
+        """Close up to `n` connections idle for IDLE_GRACE or more, oldest first: how
+        many (their descriptors are released on the loop's next pass), and whether
+        others idle now become closable later. Called on the server's loop. A
+        connection is seen idle from the first call that finds it so: one just made
+        has that long to send its request head."""
         if self.server is None:
-            return 0
-        closed = 0
+            return 0, False
+        now, before, seen = time.monotonic(), self._seen, {}
+        closable: list[asyncio.BaseTransport] = []
+        young = False
         for handler in self.server.connections:  # in the order they were made
             transport = handler.transport
             if transport is None or transport.is_closing() or transport in self._busy:
                 continue
+            seen[handler] = since = before.get(handler, now)
+            if now - since < IDLE_GRACE:
+                young = True
+            elif len(closable) < n:
+                closable.append(transport)
+        self._seen = seen  # (the connections idle now: the rest are forgotten)
+        for transport in closable:
             transport.abort()
-            closed += 1
-            if closed == n:
-                break
-        self.closed += closed
-        return closed
+        self.closed += len(closable)
+        return len(closable), young

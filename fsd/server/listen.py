@@ -18,7 +18,9 @@ and the HTTP server's listening sockets) answers for itself instead:
   idle ones: on its own loop the waiting connections are then taken on the next pass
   (the closed descriptors are free by then), so an idle flood churns among itself
   and a new client that speaks is served; another loop's are closed soon after, and
-  the refused client's retry finds the room;
+  the refused client's retry finds the room (with nothing idle within a second of
+  an accept, the listener pauses instead of refusing: asyncio makes a connection's
+  protocol a few passes after its accept, and only then can it be closed);
 * the refusals are one WARNING line per 10 s at most, counting the refused and the
   closed (`fsd.server.log_limits.Throttle`), and accepting resumes by itself once
   descriptors are free again (the next accept succeeds).
@@ -35,6 +37,7 @@ import logging
 import os
 import resource
 import socket
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -47,7 +50,9 @@ ACCEPT_ERROR = "socket.accept() out of system resource"  # asyncio's words
 _BACKLOG = 128
 _PAUSE = 0.5  # seconds after handing asyncio the error: its retry comes 1 s later
 _RECLAIM = 16  # idle connections closed per failed accept
-Reclaim = Callable[[int], int]  # close up to n idle connections: how many
+_BURST = 1.0  # seconds after an accept in which nothing idle means "not closable yet"
+# close up to n idle connections: how many, and whether more become closable soon
+Reclaim = Callable[[int], tuple[int, bool]]
 _reclaimers: dict[int, tuple[asyncio.AbstractEventLoop, Reclaim]] = {}
 
 
@@ -62,17 +67,19 @@ def add_reclaimer(loop: asyncio.AbstractEventLoop, reclaim: Reclaim) -> Callable
     return remove
 
 
-def reclaim_idle(n: int) -> int:
+def reclaim_idle(n: int) -> tuple[int, bool]:
     """Ask each registered server to close up to `n` idle connections: how many were
-    closed on the running loop (other loops close theirs on their own thread)."""
-    here, closed = asyncio.get_running_loop(), 0
+    closed on the running loop (other loops close theirs on their own thread), and
+    whether this loop has idle ones that become closable soon."""
+    here, closed, soon = asyncio.get_running_loop(), 0, False
     for loop, reclaim in list(_reclaimers.values()):
         if loop is here:
-            closed += reclaim(n)
+            made, young = reclaim(n)
+            closed, soon = closed + made, soon or young
         else:
             with contextlib.suppress(RuntimeError):  # that loop has closed
                 loop.call_soon_threadsafe(reclaim, n)
-    return closed
+    return closed, soon
 
 
 def raise_fd_limit() -> tuple[int, int]:
@@ -94,6 +101,7 @@ class GuardedListener(socket.socket):
     refused: int = 0
     reclaimed: int = 0  # idle connections closed on this loop to take new ones
     _handed: float = float("-inf")  # when asyncio last got the error (loop time)
+    _accepted_at: float = float("-inf")  # the last connection taken (monotonic)
 
     def guard(self, what: str) -> None:
         """Name it for the log and take its spare descriptor."""
@@ -107,23 +115,33 @@ class GuardedListener(socket.socket):
             if exc.errno not in OUT_OF_FDS:
                 raise
             return self._out_of_fds(exc)
+        self._accepted_at = time.monotonic()
         if self.refused and self.spare is not None:
             self._log(f"accepting connections on {self.what} again")
             self.refused = 0
         return conn
 
     def _out_of_fds(self, exc: OSError) -> Any:
-        closed = reclaim_idle(_RECLAIM)
+        closed, soon = reclaim_idle(_RECLAIM)
         if closed:  # the waiting connections are taken on the next pass, in their room
             self.reclaimed += closed
             self._log(f"out of file descriptors: closing the oldest idle connections on {self.what}")
             raise BlockingIOError(errno.EAGAIN, "room being made") from None
+        if soon or _reclaimers and time.monotonic() - self._accepted_at < _BURST:
+            # idle connections not closable yet (seen idle too briefly, or accepted a
+            # moment ago: asyncio makes each protocol on a later pass): wait for them
+            # rather than refuse
+            return self._pause(exc)
         shed = self._shed()
         if shed is not None:  # (0: none was waiting: the table is merely full)
             if shed:
                 self.refused += shed
                 self._log(f"out of file descriptors: refusing connections on {self.what}")
             raise BlockingIOError(errno.EAGAIN, "nothing to accept") from None
+        return self._pause(exc)
+
+    def _pause(self, exc: OSError) -> Any:
+        """Hand asyncio the error, once a wakeup: it stops accepting for a second."""
         now = asyncio.get_running_loop().time()
         if now - self._handed < _PAUSE:  # this wakeup's error is asyncio's already
             raise BlockingIOError(errno.EAGAIN, "paused") from None

@@ -15,15 +15,15 @@ def test_reclaim_counts_its_own_loop_and_asks_other_loops_on_their_thread():
     asked: list[tuple[str, int, str]] = []
     done = threading.Event()
 
-    def far(n: int) -> int:
+    def far(n: int) -> tuple[int, bool]:
         asked.append(("far", n, threading.current_thread().name))
         done.set()
-        return 5
+        return 5, True
 
-    async def main() -> int:
-        def near(n: int) -> int:
+    async def main() -> tuple[int, bool]:
+        def near(n: int) -> tuple[int, bool]:
             asked.append(("near", n, threading.current_thread().name))
-            return 3
+            return 3, False
 
         remove_near = add_reclaimer(asyncio.get_running_loop(), near)
         remove_far = add_reclaimer(other, far)
@@ -34,16 +34,16 @@ def test_reclaim_counts_its_own_loop_and_asks_other_loops_on_their_thread():
             remove_far()
 
     try:
-        assert asyncio.run(main()) == 3  # only what this loop closed counts now
+        assert asyncio.run(main()) == (3, False)  # only what this loop closed counts now
         assert done.wait(5)
         assert ("near", 4, threading.current_thread().name) in asked
         assert ("far", 4, thread.name) in asked  # on its own loop's thread
         asked.clear()
 
-        async def again() -> int:
+        async def again() -> tuple[int, bool]:
             return reclaim_idle(4)
 
-        assert asyncio.run(again()) == 0 and asked == []  # removed: asked no more
+        assert asyncio.run(again()) == (0, False) and asked == []  # removed: asked no more
     finally:
         other.call_soon_threadsafe(other.stop)
         thread.join(5)
