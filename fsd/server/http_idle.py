@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import weakref
 from collections.abc import Awaitable, Callable
 
 from aiohttp import web
@@ -34,7 +35,10 @@ class IdleConnections:
         self.server: web.Server | None = None  # set once the runner is set up
         self.closed = 0  # idle connections closed to make room, in all
         self._busy: dict[asyncio.BaseTransport, int] = {}  # requests in progress on each
-        self._seen: dict[object, float] = {}  # idle connections: when first seen idle
+        # idle connections: when first seen idle (weakly: a closed one is not kept)
+        self._seen: weakref.WeakKeyDictionary[asyncio.BaseTransport, float] = (
+            weakref.WeakKeyDictionary()
+        )
 
     def middleware(self) -> Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]:
         """The app's outermost middleware: marks a connection busy while a request runs."""
@@ -62,14 +66,15 @@ class IdleConnections:
         has that long to send its request head."""
         if self.server is None:
             return 0, False
-        now, before, seen = time.monotonic(), self._seen, {}
+        now, before = time.monotonic(), self._seen
+        seen: weakref.WeakKeyDictionary[asyncio.BaseTransport, float] = weakref.WeakKeyDictionary()
         closable: list[asyncio.BaseTransport] = []
         young = False
         for handler in self.server.connections:  # in the order they were made
             transport = handler.transport
             if transport is None or transport.is_closing() or transport in self._busy:
                 continue
-            seen[handler] = since = before.get(handler, now)
+            seen[transport] = since = before.get(transport, now)
             if now - since < IDLE_GRACE:
                 young = True
             elif len(closable) < n:
