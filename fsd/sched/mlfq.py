@@ -221,7 +221,6 @@ class MLFQQueue(LevelQueue):
         last = len(self.quanta) - 1
         levels, quanta, free_prefill = self._levels, self.quanta, not self.charge_prefill
         lengths = self.lengths if self.demote_rule == "gittins" else None
-        fresh: tuple[int, Job | None, int] | None = None  # the cold start's caps, once
         ran = list(ran)
         if any(len(job.output_token_ids) <= 1 for job, _ in ran):
             self._fresh = None  # a first token, maybe: the waiting jobs' caps may change
@@ -237,12 +236,9 @@ class MLFQQueue(LevelQueue):
             job.attained = attained = job.attained + service
             if attained + 1e-12 < quanta[level]:
                 continue  # its starvation entry stays; tick re-arms it from starve_since
-            if lengths is not None:
-                if fresh is None and not lengths.ready:
-                    fresh = self._fresh_caps()
-                if self._keeps(lengths, job, fresh):
-                    job.attained = 0.0  # a fresh quantum here, ahead of the later jobs
-                    continue
+            if lengths is not None and self._keeps(lengths, job):
+                job.attained = 0.0  # a fresh quantum here, ahead of the later jobs
+                continue
             target = min(job.level + 1, last)
             if self.skip_join:
                 nxt = self.cost.job_iteration_time(job.num_new_tokens, job.num_tokens)
@@ -253,15 +249,13 @@ class MLFQQueue(LevelQueue):
             self._place(job, target)
         return demoted
 
-    def _keeps(
-        self, lengths: OutputLengthIndex, job: Job, fresh: tuple[int, Job | None, int] | None
-    ) -> bool:
+    def _keeps(self, lengths: OutputLengthIndex, job: Job) -> bool:
         """The gittins demote rule; before lengths are learned it compares caps with
         the shortest-capped job waiting to start other than `job` (fsd.sched.lengths,
-        "Cold start"; `fresh` from `_fresh_caps`)."""
-        if lengths.ready or fresh is None:
+        "Cold start"; from `_fresh_caps`)."""
+        if lengths.ready:
             return lengths.keeps_level(job.num_output_tokens)
-        best, holder, second = fresh
+        best, holder, second = self._fresh_caps()
         shortest = second if job is holder else best
         return lengths.keeps_level(job.num_output_tokens, job.params.max_tokens, shortest)
 
