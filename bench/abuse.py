@@ -14,7 +14,7 @@ while a watcher process (bench/abuse_probe.py) samples RSS and descriptors every
 honest client (a 2-token SDK request every 0.5 s, and over HTTP). An attack stops
 early once RSS passes idle + --cap-mb (recorded as "> cap") or at its time cap.
 
-Scenarios (issue P21's red team; the counts of --quick in brackets):
+Scenarios (issues P21's and P22's red teams; the counts of --quick in brackets):
   frames+http      40 [10] connections send one 8 MiB frame each while 20 [6] HTTP streams run
   frames           200 [40] frames of 8 MiB from one DEALER
   unread-listjobs  10,000 [2,000] live jobs; a client sends 1000 [200] ListJobs, never reads
@@ -25,9 +25,16 @@ Scenarios (issue P21's red team; the counts of --quick in brackets):
   fds (soft 1024)  1100 idle TCP connections, the daemon's soft open-files limit 1024
   fds (hard 1024)  the same with soft = hard = 1024 (the daemon cannot raise it)
   state            the state folder's planted files and links (bench/abuse_state.py)
+  sub-flood        3 telemetry connections send 200 subscriptions of 60 KB each, then close
+  cmd-flood        50 request connections send 100 SUBSCRIBE commands of 60 KB each
+  idle-hoard       4,096 [1,024] request connections handshake and say nothing (as nobody)
+  idle-subs        the same on the telemetry endpoint
+  curve-cycle      a CURVE daemon; 4,096 [1,024] keyless peers greet and stall, reopening
 
-Targets (the issue): RSS within 200 MB of idle, an honest request within 2 s (5 s
-under the fd and frame floods), nothing written through a link, nothing signalled.
+Targets (P21): RSS within 200 MB of idle, an honest request within 2 s (5 s under the
+fd and frame floods), nothing written through a link, nothing signalled. (P22):
+subscription floods within 20 MB a connection and freed on close; with the slots
+hoarded the operator's status within 1 s and a newcomer within 2 s, 5 of 5 times.
 Writes JSON (default bench/results/abuse-cpu.json) with the machine and both commits.
 """
 
@@ -54,6 +61,7 @@ from abuse_cases import ZMQ_CASES, Ctx  # noqa: E402
 from abuse_net import NET_CASES, cpu_seconds  # noqa: E402
 from abuse_probe import Watch, rss_fds, watch  # noqa: E402
 from abuse_report import markdown, table, targets  # noqa: E402
+from abuse_slots import SLOT_CASES  # noqa: E402
 from abuse_state import state_outcomes  # noqa: E402
 from machine import write_result  # noqa: E402
 
@@ -62,13 +70,16 @@ from tests.server.daemon_proc import Daemon, free_port, pool_config, start_daemo
 ROOT = Path(__file__).resolve().parent.parent
 API_KEY = "abuse-bench-key"
 CAP_S = {"frames+http": 90, "frames": 120, "unread-listjobs": 150, "unread-subs": 90,
-         "many-jobs": 180, "slow-http": 120, "fds (soft 1024)": 60, "fds (hard 1024)": 60}  # fmt: skip
+         "many-jobs": 180, "slow-http": 120, "fds (soft 1024)": 60, "fds (hard 1024)": 60,
+         "sub-flood": 30, "cmd-flood": 60, "idle-hoard": 120, "idle-subs": 120,
+         "curve-cycle": 180}  # fmt: skip
 Attack = Callable[[Ctx], dict[str, Any]]
 
 
 def cases() -> dict[str, tuple[Attack, Callable[[], None] | None]]:
     """Every daemon scenario: its attack and what the daemon's child runs before exec."""
-    return {**{k: (v, None) for k, v in ZMQ_CASES.items()}, **NET_CASES}
+    zmq_cases = {**ZMQ_CASES, **SLOT_CASES}
+    return {**{k: (v, None) for k, v in zmq_cases.items()}, **NET_CASES}
 
 
 def commit_of(tree: Path) -> str:

@@ -78,11 +78,27 @@ def targets(run: dict[str, Any], cap_mb: float) -> dict[str, str]:
                 missed.append(
                     f"{kind} max {h['max_s']} s, {h['failed']}/{h['n']} failed (> {limit:g} s)"
                 )
+        missed += _p22_missed(name, r)
         out[name] = "met" if not missed else "missed: " + "; ".join(missed)
     for name, line in run.get("state", {}).items():
         bad = "written through" in line or "signalled" in line.replace("nothing signalled", "")
         out[name] = "missed: " + line if bad else "met"
     return out
+
+
+def _p22_missed(name: str, r: dict[str, Any]) -> list[str]:
+    """What a P22 case missed: slots answered in time, subscriptions held and freed."""
+    outcome, missed = r["outcome"], []
+    if outcome.get("slots_met") is False:
+        missed.append("operator or newcomer too slow or refused")
+    if name == "sub-flood":
+        if r["peak_mb"] - r["idle_mb"] > 3 * 20:
+            missed.append(f"peak +{r['peak_mb'] - r['idle_mb']:.0f} MB for 3 connections (20 MB each)")
+        if r["after_mb"] - r["idle_mb"] > 20:
+            missed.append(f"+{r['after_mb'] - r['idle_mb']:.0f} MB held after they closed")
+    if name == "cmd-flood" and (outcome.get("held") or outcome.get("closed") != 50):
+        missed.append("commands held or connections left open")
+    return missed
 
 
 def markdown(runs: dict[str, dict[str, Any]], cap_mb: float, command: str) -> list[str]:

@@ -93,7 +93,7 @@ def identity_phase(args: argparse.Namespace) -> None:
     """Chosen, reused and colliding routing ids (tests/server/fuzz_identity.py)."""
     end: dict[str, Any] = {}
     with phase_daemon(end) as d:
-        fuzzer = IdentityFuzzer(d.endpoint, args.sockets, args.seed, d.token)
+        fuzzer = IdentityFuzzer(d.endpoint, args.sockets, args.seed, d.token, d.telemetry)
         stats = fuzzer.run(args.identity_ops)
     alive, code = end["alive"], end["code"]
     result = {

@@ -277,6 +277,7 @@ class ServerConfig:
     max_client_jobs: int = 10_000  # live jobs of one client: a CURVE key, else a session
     max_jobs: int = 100_000  # live jobs in the daemon, all clients together
     max_connections: int = 4096  # open client connections; more are refused (fd-capped)
+    max_connections_per_peer: int = 1024  # one peer's share: an address, or a local user
     max_inbound_bytes: int = 128 << 20  # client frames read, not yet handled; past it refused
     max_client_backlog_bytes: int = 64 << 20  # a connection's unsent replies; past it, dropped
     max_backlog_bytes: int = 1 << 30  # all connections' of an endpoint (requests, telemetry): past it the largest is dropped
@@ -313,7 +314,10 @@ class ServerConfig:
             raise ConfigError(f"stats_interval must be >= 0 s (0 turns it off), got {self.stats_interval}")
         int_range("log_max_bytes", self.log_max_bytes, 4096, 1 << 40)
         int_range("max_frame_bytes", self.max_frame_bytes, 1024, 64 * 1024 * 1024)
-        for name in ("max_burst", "max_client_jobs", "max_jobs", "max_connections"):
+        for name in (
+            "max_burst", "max_client_jobs", "max_jobs", "max_connections",
+            "max_connections_per_peer",
+        ):
             int_range(name, getattr(self, name), 1, 10_000_000)
         byte_floors = {  # inbound: room for two of the largest frames, so one always passes
             "max_inbound_bytes": 2 * self.max_frame_bytes, "max_client_backlog_bytes": 1 << 20,

@@ -77,7 +77,10 @@ class PrefixInfo(msgspec.Struct, kw_only=True):
     """The prefix cache's counters (`fsd.kv.prefix.PrefixCache.stats`), cumulative since start.
 
     `queries`: prompt tokens looked up at admission; `hits`: of them, reused (both as
-    vLLM counts them); `host_hits`: of the hits, copied back from the host tier.
+    vLLM counts them); `host_hits`: of the hits, copied back from the host tier. A
+    lookup undone (its job did not run after all) leaves these counts, so they may
+    fall; `lookups` and `lookup_hits` count every lookup and only grow (a rate over
+    an interval reads them).
     `*_blocks`: blocks holding cached content per tier; `*_evictions`: cached blocks
     taken for new content (a device block evicted moves to the host when it has room).
     """
@@ -90,6 +93,8 @@ class PrefixInfo(msgspec.Struct, kw_only=True):
     host_blocks: int
     device_evictions: int
     host_evictions: int
+    lookups: int = 0
+    lookup_hits: int = 0
 
     @property
     def hit_rate(self) -> float:

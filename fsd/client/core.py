@@ -120,7 +120,9 @@ class ClientCore:
         if not self._hello_due:
             return []
         self._hello_due = False
-        return [check_frame(P.encode(P.Hello(session=self.session)))]
+        # (with the token: a daemon whose connections are all taken reads it to let
+        # the operator into its reserved ones, fsd.server.slots)
+        return [check_frame(P.encode(P.Hello(session=self.session, token=self.token)))]
 
     def next_req_id(self) -> str:
         return f"{self._prefix}-{next(self._ids)}"

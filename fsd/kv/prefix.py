@@ -19,8 +19,7 @@ device block when `worth_copy` says the copy beats recomputing them. A job whose
 whole sequence is cached still computes its last token (for its logits): its last
 block is copied first (copy on write), so no shared block is ever written.
 
-A router far away learns what is cached from `events` (fsd.kv.events), when set: each
-name stored on a tier or removed from it, reported as it happens.
+A router far away learns each name stored or removed from `events` (fsd.kv.events).
 
 Every copy the cache makes is synchronous: it is handed to `sink` in the order it
 was decided, among the scheduler's own synchronous copies, so a block is read
@@ -89,7 +88,7 @@ class PrefixCache:
         self.sink: Callable[[SwapOp], None] = _nowhere
         # whether copying n host blocks beats recomputing them after `start` tokens
         self.worth_copy: Callable[[int, int], bool] = lambda n, start: True
-        self.queries = self.hits = self.host_hits = 0
+        self.queries = self.hits = self.host_hits = self.lookups = self.lookup_hits = 0
         self._attached: dict[str, tuple[int, int]] = {}  # job -> (hit, host hit) to undo
         # a job without KV -> the names of its leading blocks as its last lookup found
         # them: each still held by a tier is the name a walk from the root would find
@@ -199,6 +198,7 @@ class PrefixCache:
         self.queries += job.num_tokens
         self.hits += computed
         self.host_hits += host_hit
+        self.lookups, self.lookup_hits = self.lookups + job.num_tokens, self.lookup_hits + computed
         self._attached[job.job_id] = (computed, host_hit)
         if computed and not job.num_cached_tokens and not job.num_output_tokens:
             job.num_cached_tokens = min(computed, job.num_prompt_tokens)  # its first prefill
@@ -378,7 +378,7 @@ def counters(cache: Any) -> PrefixInfo:
         enabled=cache.enabled, queries=cache.queries, hits=cache.hits,
         host_hits=cache.host_hits, device_blocks=len(cache.on_device),
         host_blocks=len(cache.on_host), device_evictions=cache.device.evictions,
-        host_evictions=cache.host.evictions,
+        host_evictions=cache.host.evictions, lookups=cache.lookups, lookup_hits=cache.lookup_hits,
     )  # fmt: skip
 
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
-from fsd.server.zmtp import FLAG_COMMAND, FLAG_LONG
+from fsd.server.zmtp import FLAG_COMMAND, FLAG_LONG, FLAG_MORE
 
 PEEK = 8  # body bytes a Head carries: enough for a command's name
 CURVE_OVERHEAD = 33  # "\x07MESSAGE" + nonce (8) + tag (16) + flags (1)
@@ -45,6 +45,28 @@ class Head:
     @property
     def command(self) -> bool:
         return bool(self.flags & FLAG_COMMAND)
+
+    @property
+    def more(self) -> bool:
+        return bool(self.flags & FLAG_MORE)
+
+
+HEARTBEATS = (b"PING", b"PONG")
+SUBSCRIPTIONS = (b"SUBSCRIBE", b"CANCEL")
+
+
+def command_name(head: Head) -> bytes:
+    """A command frame's name as far as its head shows it (at most PEEK - 1 bytes:
+    b"SUBSCRI" for SUBSCRIBE); b"" for a data frame or an empty command."""
+    if not head.command or not head.peek:
+        return b""
+    return head.peek[1 : 1 + head.peek[0]]
+
+
+def is_command(head: Head, names: tuple[bytes, ...]) -> bool:
+    """Whether `head` is a command frame named one of `names`."""
+    name = command_name(head)
+    return bool(name) and any(n.startswith(name) and head.peek[0] == len(n) for n in names)
 
 
 class FrameCutter:
@@ -118,63 +140,3 @@ def parse_standin(payload: bytes) -> tuple[int, bytes] | None:
     if not payload.startswith(STANDIN_TAG) or len(payload) < start:
         return None
     return struct.unpack_from(">Q", payload, len(STANDIN_TAG))[0], payload[start:]
-
-
-_FIXED = {0xC0: 0, 0xC2: 0, 0xC3: 0, 0xCC: 1, 0xCD: 2, 0xCE: 4, 0xCF: 8, 0xD0: 1, 0xD1: 2}
-_FIXED |= {0xD2: 4, 0xD3: 8, 0xCA: 4, 0xCB: 8}  # nil, bools, ints, floats: their value bytes
-_STR_LEN = {0xD9: 1, 0xDA: 2, 0xDB: 4}  # str8/16/32: bytes of their length
-
-
-def _str(data: bytes, pos: int) -> tuple[str | None, int]:
-    """A msgpack str at `pos` (None if something else) and the position after it."""
-    if pos >= len(data):
-        return None, -1
-    tag = data[pos]
-    if 0xA0 <= tag <= 0xBF:
-        size, start = tag & 0x1F, pos + 1
-    elif tag in _STR_LEN:
-        width = _STR_LEN[tag]
-        size, start = int.from_bytes(data[pos + 1 : pos + 1 + width], "big"), pos + 1 + width
-    else:
-        return None, -1
-    if start + size > len(data):
-        return None, -1
-    return data[start : start + size].decode("utf-8", "replace"), start + size
-
-
-def _skip_scalar(data: bytes, pos: int) -> int:
-    """The position after a scalar (str, nil, bool, number) at `pos`; -1 for others."""
-    if pos >= len(data):
-        return -1
-    tag = data[pos]
-    if tag <= 0x7F or tag >= 0xE0:  # fixints
-        return pos + 1
-    if tag in _FIXED:
-        return pos + 1 + _FIXED[tag]
-    return _str(data, pos)[1]
-
-
-def prefix_req_id(prefix: bytes, entries: int = 8) -> str | None:
-    """The `req_id` of a request whose msgpack encoding begins with `prefix` (a map:
-    "type", then "token" / "session", then "req_id"), if these bytes hold it; never
-    raises, whatever the bytes."""
-    if not prefix:
-        return None
-    tag, pos = prefix[0], 1
-    if 0x80 <= tag <= 0x8F:
-        count = tag & 0x0F
-    elif tag in (0xDE, 0xDF):
-        width = 2 if tag == 0xDE else 4
-        count, pos = int.from_bytes(prefix[1 : 1 + width], "big"), 1 + width
-    else:
-        return None
-    for _ in range(min(count, entries)):
-        key, pos = _str(prefix, pos)
-        if key is None:
-            return None
-        if key == "req_id":
-            return _str(prefix, pos)[0]
-        pos = _skip_scalar(prefix, pos)
-        if pos < 0:
-            return None
-    return None

@@ -28,8 +28,9 @@ from fsd.config import ServerConfig
 from fsd.errors import FsdError
 from fsd.server.audit import connection_tag
 from fsd.server.clients import ClientBook, ClientState
-from fsd.server.frames import parse_standin, prefix_req_id
+from fsd.server.frames import parse_standin
 from fsd.server.ledger import InboundLedger
+from fsd.server.msgpack_peek import prefix_req_id
 from fsd.server.roles import Authorizer, Caller
 
 log = logging.getLogger("fsd.server")
@@ -105,12 +106,24 @@ class Frontend:
                 self._caught_up()
                 return
             if self.ledger is not None:
-                route = bytes(frames[0])
-                for part in frames[1:]:
-                    self.ledger.give_back(route, len(part))
+                self._give_back(frames)
             self.handle(frames)
             if self.turn_bytes >= _TURN_REPLY_BYTES or time.perf_counter() > end:
                 return
+
+    def _give_back(self, frames: list) -> None:
+        """A message's bytes back to the inbound ledger, if the gate counted them: under
+        NULL the ledger knows the gate's routes (an in-process link's are not), under
+        CURVE a gate connection's frames carry the key ZAP admitted (a link's none)."""
+        assert self.ledger is not None
+        if self.curve:
+            if frames[-1].get("User-Id") is None:
+                return
+            key = None
+        else:
+            key = bytes(frames[0])
+        for part in frames[1:]:
+            self.ledger.give_back(key, len(part))
 
     def _caught_up(self) -> None:
         """Every waiting frame is read: silence counts from now, and drift settles."""

@@ -10,10 +10,12 @@ counter: unique per connection, never reused). A routing id therefore names one
 connection and nothing else; who a caller is comes from its session or CURVE key
 (`fsd.server.clients`).
 
-It also holds the connection cap: past `max_connections` a new connection gets
-an `Error` "too-many-connections" (under NULL; under CURVE it is closed) and is
-closed, and the file-descriptor limit is raised to what the kernel allows at start;
-out of descriptors even so, its listener refuses without spinning (`fsd.server.listen`).
+It also holds the connection table (`fsd.server.slots`): a share per peer, slots
+that make no use of themselves closed for newcomers, and a reserve only the operator
+reaches (`fsd.server.probation`); a newcomer refused gets an `Error`
+"too-many-connections" (NULL; under CURVE it is closed). The file-descriptor limit
+is raised to what the kernel allows at start; out of descriptors even so, its
+listener refuses without spinning (`fsd.server.listen`).
 Each connection is relayed by a `fsd.server.relay.Relay` on the gate's own thread,
 within byte budgets: client frames are counted in the inbound ledger and refused
 (NULL: a stand-in answered "overloaded") or held back (CURVE: TCP backpressure) when
@@ -23,8 +25,9 @@ all connections' pass `max_backlog`) is dropped. Under NULL the ROUTER's route f
 a connection is the gate's routing id; under CURVE the handshake passes encrypted,
 so the gate does not know which route is whose (only bytes are counted, which holds
 alike). Closed connections are reported through `on_close(routing_id, why)` on the
-gate's thread, `why` saying why the gate dropped it (None: it closed). The same gate
-fronts the telemetry PUB (`fsd.server.gates`), admitting SUB and XSUB peers.
+gate's thread, `why` saying why the gate dropped it for its unread replies (None: it
+closed, or the gate closed it for room: its session may resume). The same gate fronts
+the telemetry PUB (`fsd.server.gates`), admitting SUB and XSUB peers.
 """
 
 from __future__ import annotations
@@ -43,19 +46,25 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from fsd import protocol as P
+from fsd.credentials import same_token
 from fsd.errors import ConfigError
 from fsd.server import zmtp
 from fsd.server.audit import connection_tag
 from fsd.server.listen import raise_fd_limit, tcp_listeners, unix_listener
+from fsd.server.log_limits import Throttle
 from fsd.server.loop_thread import LoopThread
-from fsd.server.relay import READ, Backlogs, Limits, Relay
+from fsd.server.msgpack_peek import prefix_field, prefix_req_id
+from fsd.server.peers import peer_of
+from fsd.server.probation import FirstRequest, read_first, refuse
+from fsd.server.relay import Backlogs, Limits, Relay
+from fsd.server.slots import ConnectionTable, Slot, Verdict
 
 log = logging.getLogger("fsd.server")
 
 _FDS_PER_CONNECTION = 3  # the client's socket, the relay's ipc socket, libzmq's side of it
 _FD_RESERVE = 256  # descriptors kept for the model, logs, HTTP and telemetry
 _START_TIMEOUT = 10.0
-_REFUSE_WAIT = 2.0  # seconds a refused connection may take to read its Error
+_MAX_PROBATIONS = 256  # connections on probation at once; more are refused at once
 _CLOSE_FLUSH = 2.0  # seconds closing waits for the ROUTER's last answers to reach peers
 _TICK = 0.05  # seconds between the loop's marks of having relayed what it had read
 
@@ -76,6 +85,11 @@ def connection_cap(configured: int, soft_limit: int) -> int:
     return max(1, min(configured, (soft_limit - reserve) // _FDS_PER_CONNECTION))
 
 
+def operator_reserve(cap: int) -> int:
+    """The slots only the operator takes: a 64th of the table, at least one (never all)."""
+    return min(max(1, cap // 64), cap - 1)
+
+
 class Gate(LoopThread):
     """Relays the public endpoint to the upstream socket's private `ipc://` path
     (module doc); `limits`: its connections' peers and budgets (`fsd.server.relay`)."""
@@ -86,6 +100,7 @@ class Gate(LoopThread):
         *,
         limits: Limits,
         max_connections: int,
+        max_per_peer: int | None = None,
         max_backlog: int = 1 << 30,
         on_close: Callable[[bytes, str | None], None] = lambda rid, why: None,
         name: str = "requests",
@@ -95,14 +110,21 @@ class Gate(LoopThread):
         self.limits = limits
         self.curve = limits.curve
         self.name = name
-        self.max_connections = connection_cap(max_connections, raise_fd_limit()[1])
+        self.max_connections = cap = connection_cap(max_connections, raise_fd_limit()[1])
+        self.table = ConnectionTable(cap, max_per_peer or cap, operator_reserve(cap))
+        self.operator_token: str | None = None  # set once the daemon has made it
+        # the daemon's own user on this machine (`fsd.server.peers`): it can read the
+        # token anyway, so it reaches the reserve without showing it
+        self.local_operator = f"uid:{os.getuid()}"
         self.on_close = on_close
         self._dir = Path(tempfile.mkdtemp(prefix="fsd-gate-"))  # 0700, ours
         self.upstream_path = str(self._dir / "up")
         self.upstream = f"ipc://{self.upstream_path}"
-        self.live = 0
         self.refused = 0
         self.dropped = 0  # connections dropped for their backlog
+        self.probations = 0  # connections on probation now
+        self._refusals = Throttle()  # the log's lines about refused connections
+        self._reclaims = Throttle()  # ... and about connections closed for room
         self.backlogs = Backlogs(max_backlog)
         self._count = 0
         self._servers: list[asyncio.AbstractServer] = []
@@ -134,9 +156,19 @@ class Gate(LoopThread):
             self._thread.join(5.0)
         shutil.rmtree(self._dir, ignore_errors=True)
 
+    @property
+    def live(self) -> int:
+        """Connections holding a slot now."""
+        return len(self.table)
+
     def figures(self) -> dict[str, float]:
         """Its counters, for /metrics (read from another thread: plain ints)."""
-        return {"dropped": float(self.dropped), "backlog": float(self.backlogs.total)}
+        return {
+            "dropped": float(self.dropped),
+            "backlog": float(self.backlogs.total),
+            "refused": float(self.refused),
+            "reclaimed": float(self.table.reclaimed),
+        }
 
     # ---- the thread ----------------------------------------------------------------
 
@@ -170,24 +202,50 @@ class Gate(LoopThread):
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         with contextlib.suppress(asyncio.CancelledError):  # the gate closing
-            await self._relay(reader, writer)
+            peer = peer_of(writer.get_extra_info("socket"))
+            verdict, why = self.table.admit(peer)
+            if verdict is Verdict.OPEN:
+                await self._relay(reader, writer, peer)
+            elif verdict is Verdict.PROBATION:
+                await self._probation(reader, writer, peer, why)
+            else:
+                await self._refuse(reader, writer, why)
 
-    async def _relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        if self.live >= self.max_connections:
-            await self._refuse(reader, writer)
-            return
-        self.live += 1
-        rid = self._next_id()
+    async def _relay(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        peer: str,
+        first: FirstRequest | None = None,
+        operator: bool = False,
+    ) -> None:
+        """Take a slot and relay the connection until it ends; `first`: what the gate
+        read on probation (the handshake was answered here)."""
+        rid = self._next_id() if first is None else first.rid
         up_writer: asyncio.StreamWriter | None = None
         why: str | None = None
+        relay: Relay | None = None
+        slot = Slot(rid, peer, _Opening(), operator=operator)
+        self.table.add(slot)  # now: the next accept may come before the relay is made
         try:
             up_reader, up_writer = await asyncio.open_unix_connection(self.upstream_path)
-            relay = Relay(rid, (reader, writer), (up_reader, up_writer), self.limits, self.backlogs)
+            spliced = None if first is None else (first.handshake, first.after)
+            relay = Relay(
+                rid, (reader, writer), (up_reader, up_writer), self.limits, self.backlogs, spliced
+            )
+            if slot.conn.closed is not None:  # closed for room already
+                relay.close(slot.conn.closed)
+            slot.conn = relay
             flushed = await relay.run()
             why = relay.dropped
             if why is not None:
                 self.dropped += 1
                 log.warning("dropped %s connection %s: %s", self.name, connection_tag(rid), why)
+            elif relay.closed is not None and self._reclaims.take() is not None:
+                log.info(
+                    "closed %s connection %s: %s (%d closed for room so far)",
+                    self.name, connection_tag(rid), relay.closed, self.table.reclaimed,
+                )  # fmt: skip
             if flushed:  # the upstream side ended: hand over its last bytes
                 writer.close()
                 with contextlib.suppress(OSError, TimeoutError):
@@ -195,59 +253,81 @@ class Gate(LoopThread):
         except OSError as exc:
             log.warning("the gate could not reach the %s socket: %s", self.name, exc)
         finally:
-            self.live -= 1
+            self.table.remove(rid)  # (if it was not closed for room already)
             for w in (writer, up_writer):
                 if w is not None:
                     w.close()
-            self.on_close(rid, why)
+            if relay is not None:
+                self.on_close(rid, why)
 
-    async def _refuse(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        """Past the cap: an Error frame (NULL) after the handshake, then close."""
-        self.refused += 1
-        if self.refused in (1, 10, 100, 1000) or self.refused % 10000 == 0:
-            log.warning(
-                "refused a connection: %d open, max_connections is %d (%d refused so far)",
-                self.live,
-                self.max_connections,
-                self.refused,
-            )
-        try:
-            if not self.curve and self.limits.peers == zmtp.REQUEST_PEERS:
-                error = P.Error(
-                    code="too-many-connections",
-                    message=f"the daemon holds {self.live} connections; max_connections is "
-                    f"{self.max_connections}: close idle clients or raise max_connections",
-                )
-                # the Error may only follow the peer's READY (libzmq drops a peer whose
-                # message arrives inside the handshake)
-                writer.write(zmtp.greeting())
-                await asyncio.wait_for(_read_handshake(reader), _REFUSE_WAIT)
-                writer.write(
-                    zmtp.ready([(b"Socket-Type", b"ROUTER")]) + zmtp.frame(P.encode(error))
-                )
-                writer.write_eof()
-                # read until the peer closes: closing on unread bytes resets the
-                # connection, which could discard the Error before the peer reads it
-                await asyncio.wait_for(_discard(reader), _REFUSE_WAIT)
-        except (OSError, TimeoutError, zmtp.HandshakeRefused):
-            pass
-        finally:
-            writer.close()
-
-
-async def _read_handshake(reader: asyncio.StreamReader) -> None:
-    """Consume a NULL peer's greeting and READY."""
-    shake = zmtp.Handshake(b"x", curve=False)
-    while not shake.done:
-        data = await reader.read(READ)
-        if not data:
+    async def _probation(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, peer: str, why: str
+    ) -> None:
+        """No room for a client: the operator may take a reserved slot (`fsd.server.slots`),
+        known by its user on this machine or by its token in its first request."""
+        if peer == self.local_operator:
+            if self.table.may_reserve():
+                await self._relay(reader, writer, peer, operator=True)
+                return
+        elif (
+            not self.curve
+            and self.limits.peers == zmtp.REQUEST_PEERS
+            and self.operator_token is not None
+            and self.probations < _MAX_PROBATIONS
+        ):
+            self.probations += 1
+            try:
+                first = await read_first(reader, writer, self._next_id(), self.limits.peers)
+            finally:
+                self.probations -= 1
+            if first is None:
+                writer.close()
+                return
+            token = prefix_field(first.prefix, "token")
+            if same_token(token, self.operator_token) and self.table.may_reserve():
+                await self._relay(reader, writer, peer, first, operator=True)
+                return
+            await self._refuse(reader, writer, why, prefix_req_id(first.prefix), greeted=True)
             return
-        shake.feed(data)
+        await self._refuse(reader, writer, why)
+
+    async def _refuse(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        why: str,
+        req_id: str | None = None,
+        greeted: bool = False,
+    ) -> None:
+        """No slot: an Error frame (NULL request peers) after the handshake, then close."""
+        self.refused += 1
+        held = self._refusals.take()
+        if held is not None:  # one line per interval, whatever the flood
+            log.warning(
+                "refused a %s connection: %s (%d refused so far)", self.name, why, self.refused
+            )
+        if self.curve or self.limits.peers != zmtp.REQUEST_PEERS:
+            writer.close()
+            return
+        error = P.Error(
+            code="too-many-connections",
+            message=f"{why}: close idle clients, or ask the operator to raise max_connections",
+            req_id=req_id,
+        )
+        await refuse(reader, writer, error, greeted=greeted)
 
 
-async def _discard(reader: asyncio.StreamReader) -> None:
-    while await reader.read(READ):
-        pass
+class _Opening:
+    """A slot's connection while its relay is being made."""
+
+    ready = False
+
+    def __init__(self) -> None:
+        self.active = time.monotonic()
+        self.closed: str | None = None
+
+    def close(self, why: str) -> None:
+        self.closed = why
 
 
 async def _listen(endpoint: str, serve: Callable) -> list[asyncio.AbstractServer]:

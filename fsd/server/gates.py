@@ -4,8 +4,11 @@ Requests: the ROUTER binds a private `ipc://` path behind a `Gate` that admits D
 and REQ peers, counts inbound bytes in the `InboundLedger` and bounds each connection's
 unsent replies (`max_client_backlog_bytes`, all of them `max_backlog_bytes`).
 Telemetry: the PUB binds another private path behind a gate that admits SUB and XSUB
-peers and bounds each subscriber's unsent messages (`max_subscriber_backlog_bytes`):
-a subscriber that does not read is dropped, and the PUB never queues for it. An
+peers, passes only subscriptions to the telemetry's topics (`fsd.server.subscriptions`)
+and bounds each subscriber's unsent messages (`max_subscriber_backlog_bytes`): a
+subscriber that does not read is dropped, and the PUB never queues for it. Both gates
+keep a connection table (`fsd.server.slots`: `max_connections`, a share per peer, the
+operator's reserve). An
 `inproc://` endpoint has no gate (in-process peers only). Under CURVE the handshake
 passes through the gates unchanged, so the sockets' own CURVE setup still applies.
 
@@ -19,10 +22,11 @@ from collections.abc import Callable
 
 import zmq
 
+from fsd import protocol as P
 from fsd.config import ServerConfig
 from fsd.server import zmtp
 from fsd.server.gate import Gate
-from fsd.server.ledger import InboundLedger
+from fsd.server.ledger import SMALL_FRAME, InboundLedger, cost
 from fsd.server.relay import Limits
 
 # the ROUTER's queues in messages, per connection: bytes are bounded by the gate, so
@@ -40,19 +44,24 @@ def tune_router(router: zmq.Socket) -> None:
     router.setsockopt(zmq.RCVHWM, ROUTER_RCVHWM)
 
 
+def inbound_ledger(cfg: ServerConfig) -> InboundLedger:
+    """The requests' inbound budget: `max_inbound_bytes` in all, a quarter of it (or
+    room for the largest frame and a small one) per connection."""
+    total = cfg.max_inbound_bytes
+    per_connection = max(total // 4, cost(cfg.max_frame_bytes) + cost(SMALL_FRAME))
+    return InboundLedger(total, per_connection=per_connection)
+
+
 def request_gate(
-    cfg: ServerConfig,
-    curve: bool,
-    ledger: InboundLedger,
-    on_close: Callable[[bytes, str | None], None],
-    slack: int,
+    cfg: ServerConfig, curve: bool, on_close: Callable[[bytes, str | None], None], slack: int
 ) -> Gate:
-    """The requests' gate (not started); `slack`: what libzmq accepts past max_frame_bytes."""
+    """The requests' gate (not started), with its inbound budget (`limits.ledger`);
+    `slack`: what libzmq accepts past max_frame_bytes."""
     limits = Limits(
         curve,
         zmtp.REQUEST_PEERS,
         cfg.max_client_backlog_bytes,
-        ledger,
+        inbound_ledger(cfg),
         max_frame=cfg.max_frame_bytes,
         max_curve_frame=cfg.max_frame_bytes + slack,
     )
@@ -60,6 +69,7 @@ def request_gate(
         cfg.endpoint,
         limits=limits,
         max_connections=cfg.max_connections,
+        max_per_peer=cfg.max_connections_per_peer,
         max_backlog=cfg.max_backlog_bytes,
         on_close=on_close,
     )
@@ -67,11 +77,17 @@ def request_gate(
 
 def telemetry_gate(cfg: ServerConfig, curve: bool) -> Gate:
     """The telemetry PUB's gate (not started)."""
-    limits = Limits(curve, zmtp.TELEMETRY_PEERS, cfg.max_subscriber_backlog_bytes)
+    limits = Limits(
+        curve,
+        zmtp.TELEMETRY_PEERS,
+        cfg.max_subscriber_backlog_bytes,
+        topics=frozenset({P.TOPIC_SNAPSHOT, P.TOPIC_EVENT}),
+    )
     return Gate(
         cfg.telemetry_endpoint,
         limits=limits,
         max_connections=cfg.max_connections,
+        max_per_peer=cfg.max_connections_per_peer,
         max_backlog=cfg.max_backlog_bytes,
         name="telemetry",
     )
@@ -92,4 +108,6 @@ def budget_figures(
             figures = gate.figures()
             out[f"fsd_gate_dropped_connections:{name}"] = figures["dropped"]
             out[f"fsd_gate_backlog_bytes:{name}"] = figures["backlog"]
+            out[f"fsd_gate_refused_connections:{name}"] = figures["refused"]
+            out[f"fsd_gate_reclaimed_connections:{name}"] = figures["reclaimed"]
     return out

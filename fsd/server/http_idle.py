@@ -34,6 +34,8 @@ class IdleConnections:
     def __init__(self) -> None:
         self.server: web.Server | None = None  # set once the runner is set up
         self.closed = 0  # idle connections closed to make room, in all
+        # a request answered: its connection, and whether its body was read whole
+        self.ended: Callable[[asyncio.BaseTransport, bool], None] = lambda t, whole: None
         self._busy: dict[asyncio.BaseTransport, int] = {}  # requests in progress on each
         # idle connections: when first seen idle (weakly: a closed one is not kept)
         self._seen: weakref.WeakKeyDictionary[asyncio.BaseTransport, float] = (
@@ -55,8 +57,13 @@ class IdleConnections:
                 left = self._busy.pop(transport) - 1
                 if left:
                     self._busy[transport] = left
+                self.ended(transport, request.content.is_eof())
 
         return busy
+
+    def busy(self, transport: asyncio.BaseTransport) -> bool:
+        """Whether a request of this connection is being handled."""
+        return transport in self._busy
 
     def reclaim(self, n: int) -> tuple[int, bool]:
         """Close up to `n` connections idle for IDLE_GRACE or more, oldest first: how

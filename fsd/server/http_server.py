@@ -46,6 +46,7 @@ from fsd.engine.output import RequestOutput
 from fsd.errors import ConfigError
 from fsd.server.chat_template import ChatTemplate
 from fsd.server.http_api import Backend, build_app
+from fsd.server.http_heads import HEAD_BYTES, CountedSite, HeadBytes
 from fsd.server.http_idle import IdleConnections
 from fsd.server.http_limits import BodyBudget, runner_options
 from fsd.server.http_links import LinkPool
@@ -199,11 +200,13 @@ class HttpFrontend(LoopThread):
         )
         await runner.setup()
         idle.server = runner.server
+        heads = HeadBytes(HEAD_BYTES, cfg.http_max_inflight_bytes // 4, idle.busy)
+        idle.ended = heads.ended
         remove_reclaimer = add_reclaimer(asyncio.get_running_loop(), idle.reclaim)
         try:  # guarded listening sockets (fsd.server.listen: out of descriptors, no spin)
             what = f"the HTTP server ({self.host}:{self.port})"
             for sock in tcp_listeners(self.host or None, self.port, what):
-                await web.SockSite(runner, sock).start()
+                await CountedSite(runner, sock, heads).start()
         except OSError as exc:
             remove_reclaimer()
             await runner.cleanup()

@@ -9,6 +9,8 @@ reads it (`give_back`). What is held is bounded by `limit`, all connections toge
   connection with nothing of its own in flight, so a flood of big frames cannot keep
   an honest client's request out; under CURVE the gate cannot tell whose a frame the
   Frontend read (libzmq names the connection), so there any small frame may use it;
+* one connection (NULL: the gate names it) may hold at most `per_connection` bytes,
+  so one client cannot take the whole budget from the others;
 * when nothing is held the next frame passes whatever its size, so a frame that fits
   the configuration always gets through eventually;
 * a message in progress (taken, its last part not yet passed whole) is what libzmq
@@ -50,9 +52,11 @@ class InboundLedger:
         small: int = SMALL_FRAME,
         reserve: int | None = None,
         idle: float = SETTLE_IDLE,
+        per_connection: int | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.limit = limit
+        self.per_connection = per_connection if per_connection is not None else limit
         self.small = small
         self.reserve = reserve if reserve is not None else max(4 * cost(small), limit // 16)
         self.idle = idle
@@ -65,6 +69,7 @@ class InboundLedger:
         self._own: dict[bytes, int] = {}  # connection (NULL routing id) -> bytes held
         self._lock = threading.Lock()
         self._last_pass = -float("inf")
+        self.last_refusal = ""  # why the last `take` found no room (the gate's thread)
 
     def take(self, key: bytes | None, size: int, *, reserve_ok: bool = False) -> bool:
         """Count a frame of `size` bytes from connection `key` (None: unknown, CURVE)
@@ -77,6 +82,12 @@ class InboundLedger:
                 may_reserve = reserve_ok or (size <= self.small and own == 0)
                 room = self.limit - self.held - (0 if may_reserve else self.reserve)
                 if need > room:
+                    self.last_refusal = "inbound budget full"
+                    return False
+                if own and own + need > self.per_connection and not reserve_ok:
+                    self.last_refusal = (
+                        f"the connection holds {own} bytes of its {self.per_connection}"
+                    )
                     return False
             self.held += need
             self.open += need
@@ -102,8 +113,13 @@ class InboundLedger:
             self._release(key, taken)
 
     def give_back(self, key: bytes | None, size: int) -> None:
-        """The Frontend read a frame of `size` bytes from connection `key`."""
+        """The Frontend read a frame of `size` bytes from connection `key` (None: a
+        CURVE connection, which the gate cannot name). A named connection that holds
+        nothing was never counted (a frame from an in-process link, not the gate, or
+        one the settling wrote off): nothing is given back for it."""
         with self._lock:
+            if key is not None and key not in self._own:
+                return
             self._release(key, cost(size))
 
     def _release(self, key: bytes | None, back: int) -> None:

@@ -76,9 +76,12 @@ _BUDGET_HELP = {
     "fsd_inbound_settled_bytes": "Inbound bytes written off as discarded by libzmq (ledger drift).",
     "fsd_gate_dropped_connections": "Connections dropped for their unsent backlog, by endpoint.",
     "fsd_gate_backlog_bytes": "Bytes waiting to be sent to clients, by endpoint.",
+    "fsd_gate_refused_connections": "Connections refused for want of a slot, by endpoint.",
+    "fsd_gate_reclaimed_connections": "Idle or stuck connections closed for room, by endpoint.",
 }
 _BUDGET_COUNTERS = {"fsd_inbound_refused_frames", "fsd_inbound_refused_bytes",
-                    "fsd_inbound_settled_bytes", "fsd_gate_dropped_connections"}  # fmt: skip
+                    "fsd_inbound_settled_bytes", "fsd_gate_dropped_connections",
+                    "fsd_gate_refused_connections", "fsd_gate_reclaimed_connections"}  # fmt: skip
 
 
 class BudgetCounters(Collector):

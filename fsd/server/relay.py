@@ -1,29 +1,23 @@
-"""One gate connection: the client's bytes to libzmq within the inbound budget, and
-libzmq's bytes to the client through a bounded outbound buffer.
+"""One gate connection: the client's bytes to libzmq, libzmq's to the client, each bounded.
 
-Inbound (client to daemon), after the handshake (`fsd.server.zmtp`): each frame is
-cut as it streams (`fsd.server.frames`) and its bytes are counted in the inbound
-ledger (`fsd.server.ledger`) before it passes. A frame that does not fit:
-
-* under NULL is refused: its body streams to nowhere (never held whole) and a
-  stand-in frame passes instead, which the Frontend answers "overloaded" (or
-  "too-large" past `max_frame_bytes`, which libzmq would answer by dropping the
-  connection without a word);
-* under CURVE the gate cannot forge a frame (each is encrypted), so it stops reading
-  that connection until the budget has room: TCP backpressure on that client alone.
-  A frame past `max_frame_bytes` + slack closes the connection, as libzmq would.
-
-A frame that carries no message part (a command: libzmq's heartbeats, CURVE's
-handshake) costs nothing, so one bigger than `MAX_COMMAND` closes the connection
-(libzmq's own are a few hundred bytes). What a connection passes in one read goes
-upstream in one write. The message in progress when a connection ends is given back
-to the ledger: libzmq discards it.
+Inbound (client to daemon): the handshake is checked and its routing id replaced
+(`fsd.server.zmtp`) within `HANDSHAKE_TIMEOUT` of the connection's start, under CURVE
+as under NULL (there the handshake ends when the daemon's READY passes: a peer
+without an admitted key never sees one). Then a request connection's frames pass
+within the inbound budget (`fsd.server.inbound`) and a subscriber's only as
+subscriptions to the telemetry's topics (`fsd.server.subscriptions`). What a
+connection passes in one read goes upstream in one write.
 
 Outbound (daemon to client): libzmq's side is read as fast as it comes, so its pipe
 stays short, into this connection's `Outbox`, which a second task writes to the
 client as it reads. Unsent bytes past `backlog` drop the connection (both sides
 closed), and all connections' together past the gate's total drop the largest
 (`Backlogs`). This counts bytes only, so it holds alike under NULL and CURVE.
+
+`active` is when the connection last did something (a message frame in, bytes out):
+the connection table (`fsd.server.slots`) closes the longest idle ones for room.
+A connection ends `dropped` (its replies piled up: its session's jobs are aborted)
+or `closed` (for room or its handshake deadline: its session may resume).
 """
 
 from __future__ import annotations
@@ -31,24 +25,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass
 
-from fsd.server import frames as F
 from fsd.server import zmtp
-from fsd.server.audit import connection_tag
-from fsd.server.ledger import InboundLedger, cost
-from fsd.server.log_limits import Throttle
-from fsd.server.zmtp import FLAG_MORE
+from fsd.server.inbound import Budget, RequestFrames
+from fsd.server.ledger import InboundLedger
+from fsd.server.subscriptions import SubscriptionFrames
 
 log = logging.getLogger("fsd.server")
 
 READ = 64 * 1024
 HANDSHAKE_TIMEOUT = 10.0  # seconds a connection may take to finish its handshake
-_ROOM_POLL = (0.005, 0.1)  # seconds between looks at the budget while a frame waits
-MAX_COMMAND = 64 * 1024  # a bigger frame without a message part closes the connection
-_REFUSALS = Throttle()  # the log's lines about refused frames
 
 
 @dataclass(frozen=True)
@@ -58,9 +47,10 @@ class Limits:
     curve: bool
     peers: frozenset[bytes]
     backlog: int  # a connection's unsent bytes past which it is dropped
-    ledger: InboundLedger | None = None  # None: inbound not budgeted (telemetry)
+    ledger: InboundLedger | None = None  # None: inbound not budgeted
     max_frame: int = 1 << 62  # NULL: bigger frames are refused as too large
     max_curve_frame: int = 1 << 62  # CURVE: bigger frames close the connection
+    topics: frozenset[bytes] | None = None  # a telemetry gate's: subscriptions pass only to these
 
 
 class Outbox:
@@ -122,7 +112,11 @@ class Backlogs:
 
 
 class Relay:
-    """Relays one client connection to the upstream socket's path (module doc)."""
+    """Relays one client connection to the upstream socket's path (module doc).
+
+    `spliced`: the gate answered the client's handshake itself (`fsd.server.gate`'s
+    probation): its checked handshake goes upstream first, then the bytes that
+    followed it as frames; libzmq's own handshake is kept from the client."""
 
     def __init__(
         self,
@@ -131,6 +125,7 @@ class Relay:
         upstream: tuple[asyncio.StreamReader, asyncio.StreamWriter],
         limits: Limits,
         backlogs: Backlogs,
+        spliced: tuple[bytes, bytes] | None = None,
     ) -> None:
         self.rid = rid
         self.reader, self.writer = client
@@ -139,17 +134,30 @@ class Relay:
         self.backlogs = backlogs
         self.outbox = Outbox()
         self.dropped: str | None = None  # why the gate dropped it
+        self.closed: str | None = None  # why the gate closed it
+        self.opened = self.active = time.monotonic()
+        self.ready = False  # its handshake ended
+        self._spliced = spliced
+        self._server = zmtp.ServerHandshake(strip=spliced is not None)
         self._killed = asyncio.Event()
-        self._standin: _Refused | None = None  # the frame being refused now
-        self._open = 0  # ledger bytes of the message in progress (module doc)
-        self._more = False  # the frame being passed is not its message's last
-        self._left = 0  # body bytes of the frame being passed still to come
+        self._greeted = asyncio.Event()  # the daemon's side finished its handshake
+        self._frames: RequestFrames | SubscriptionFrames | None = None
 
     def drop(self, why: str) -> None:
-        if self.dropped is None:
+        """End it for its unread replies (its session's jobs go with it)."""
+        if self.dropped is None and self.closed is None:
             self.dropped = why
             self.backlogs.forget(self)
             self._killed.set()
+
+    def close(self, why: str) -> None:
+        """End it for room or its deadline (its session may resume elsewhere)."""
+        if self.dropped is None and self.closed is None:
+            self.closed = why
+            self._killed.set()
+
+    def touch(self) -> None:
+        self.active = time.monotonic()
 
     async def run(self) -> bool:
         """Relay until either side ends or the connection is dropped; True when the
@@ -160,19 +168,26 @@ class Relay:
             asyncio.create_task(self._inbound()),
             flush := asyncio.create_task(self._flush()),
             asyncio.create_task(self._killed.wait()),
+            asyncio.create_task(self._deadline()),
         }
         try:
             done, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
             for task in (*pending, fill):
                 task.cancel()
             await asyncio.gather(*pending, fill, return_exceptions=True)
-            return flush in done and self.dropped is None
+            return flush in done and self.dropped is None and self.closed is None
         finally:
             self.backlogs.forget(self)
-            ledger = self.limits.ledger
-            if self._open and ledger is not None:
-                ledger.abandon(None if self.limits.curve else self.rid, self._open)
-                self._open = 0
+            if self._frames is not None:
+                self._frames.end()
+
+    async def _deadline(self) -> None:
+        """Ends the relay if the handshake has not ended by its deadline."""
+        await asyncio.sleep(HANDSHAKE_TIMEOUT - (time.monotonic() - self.opened))
+        if not self.ready:
+            self.close(f"no handshake within {HANDSHAKE_TIMEOUT:g} s")
+            return
+        await asyncio.Event().wait()
 
     # ---- daemon to client ------------------------------------------------------------
 
@@ -183,6 +198,14 @@ class Relay:
                 data = await self.up_reader.read(READ)
                 if not data:
                     break
+                self.active = time.monotonic()
+                if not self.ready:
+                    data = self._server.feed(data)
+                    self.ready = self._server.done
+                    if self.ready:
+                        self._greeted.set()
+                    if not data:
+                        continue
                 self.outbox.push(data)
                 self.backlogs.grew(self, len(data))
                 if self.outbox.size > self.limits.backlog:
@@ -210,149 +233,50 @@ class Relay:
     async def _inbound(self) -> None:
         """Client to libzmq: through the handshake checks, then frame by frame."""
         limits = self.limits
-        shake = zmtp.Handshake(self.rid, limits.curve, limits.peers)
         rest = b""
-        try:
-            while not shake.done:
-                data = await asyncio.wait_for(self.reader.read(READ), HANDSHAKE_TIMEOUT)
-                if not data:
-                    return
-                out, rest = shake.feed_split(data)
-                if out:
-                    self.up_writer.write(out)
-                    await self.up_writer.drain()
-        except zmtp.HandshakeRefused as exc:
-            log.debug("refused a connection: %s", exc)
-            return
-        except (TimeoutError, OSError):
-            return
+        if self._spliced is not None:
+            (shake_bytes, rest), self._spliced = self._spliced, None
+            self.up_writer.write(shake_bytes)
+            # libzmq closes a peer whose message comes before its own READY went out
+            await self._greeted.wait()
+        else:
+            shake = zmtp.Handshake(self.rid, limits.curve, limits.peers)
+            try:
+                while not shake.done:
+                    data = await self.reader.read(READ)
+                    if not data:
+                        return
+                    out, rest = shake.feed_split(data)
+                    if out:
+                        self.up_writer.write(out)
+                        await self.up_writer.drain()
+            except zmtp.HandshakeRefused as exc:
+                log.debug("refused a connection: %s", exc)
+                return
+            except OSError:
+                return
         with contextlib.suppress(OSError, ConnectionError):
-            await self._frames(rest)
+            await self._relay_frames(rest)
 
-    async def _frames(self, first: bytes) -> None:
-        cutter, up, ledger = F.FrameCutter(), self.up_writer, self.limits.ledger
+    async def _relay_frames(self, first: bytes) -> None:
+        limits, up = self.limits, self.up_writer
+        if limits.topics is not None:
+            frames: RequestFrames | SubscriptionFrames = SubscriptionFrames(
+                self.rid, limits.topics, limits.curve
+            )
+        else:
+            budget = Budget(limits.curve, limits.ledger, limits.max_frame, limits.max_curve_frame)
+            frames = RequestFrames(self.rid, budget, up, self.touch)
+        self._frames = frames
         data = first
         while True:
-            if ledger is None:
-                up.write(data)
-            else:
-                out: list[bytes] = []  # what passes of this read: one write upstream
-                for piece in cutter.feed(data):
-                    if isinstance(piece, F.Head):
-                        if not await self._head(piece, out):
-                            return
-                    elif self._standin is not None:
-                        await self._refused_body(piece, out)
-                    else:
-                        out.append(piece)
-                        self._passed(len(piece))
-                if out:
-                    up.write(b"".join(out))
-                    ledger.passing()
+            out: list[bytes] = []  # what passes of this read: one write upstream
+            going = await frames.feed(data, out)
+            if out:
+                up.write(b"".join(out))
+            if not going:
+                return
             await up.drain()
             data = await self.reader.read(READ)
             if not data:
                 return
-
-    def _passed(self, body: int) -> None:
-        """`body` bytes of the current frame passed; at a message's end its bytes are
-        libzmq's to deliver (the ledger's `completed`)."""
-        self._left -= body
-        if not self._left and not self._more and self._open:
-            assert self.limits.ledger is not None
-            self.limits.ledger.completed(self._open)
-            self._open = 0
-
-    async def _head(self, head: F.Head, out: list[bytes]) -> bool:
-        """Pass a frame's start on, or refuse the frame (NULL) or wait (CURVE); False:
-        close the connection. Before waiting, `out` goes upstream."""
-        limits, ledger = self.limits, self.limits.ledger
-        assert ledger is not None
-        size = F.payload_size(head, limits.curve)
-        if size is None:
-            if head.size > MAX_COMMAND:
-                return False  # no budget counts it, and libzmq would hold it whole
-        elif limits.curve:
-            if size > limits.max_curve_frame:
-                return False  # libzmq would drop it (MAXMSGSIZE): no room is ever enough
-            if not ledger.take(None, size):
-                self._flush_out(out)
-                await _room(lambda: ledger.take(None, size))  # TCP backpressure meanwhile
-            self._open += cost(size)
-        elif size > limits.max_frame or not ledger.take(self.rid, size):
-            self._refuse(head, size)
-            await self._refused_body(b"", out)
-            return True
-        else:
-            self._open += cost(size)
-        if size is not None:  # a command inside a message does not end it
-            self._more = bool(head.flags & FLAG_MORE)
-        self._left = head.size
-        out.append(head.header + head.peek)
-        self._passed(len(head.peek))
-        return True
-
-    def _refuse(self, head: F.Head, size: int) -> None:
-        """Count and log a refused frame; its stand-in starts (NULL)."""
-        limits, ledger = self.limits, self.limits.ledger
-        assert ledger is not None
-        count = ledger.refusal(size)
-        if _REFUSALS.take() is not None:  # one line per interval, whatever the flood
-            log.warning(
-                "refused a frame of %d bytes from connection %s (%s; %d refused so far)",
-                size,
-                connection_tag(self.rid),
-                "over max_frame_bytes" if size > limits.max_frame else "inbound budget full",
-                count,
-            )
-        self._standin = _Refused(head, bytearray(head.peek), min(size, F.PREFIX))
-        self._standin.left = head.size - len(head.peek)
-
-    async def _refused_body(self, piece: bytes, out: list[bytes]) -> None:
-        """A refused frame's body: its prefix kept, the rest dropped; once the prefix
-        is whole (or the frame ends), its stand-in goes on."""
-        refused, ledger = self._standin, self.limits.ledger
-        assert refused is not None and ledger is not None
-        refused.left -= len(piece)
-        if not refused.sent:
-            refused.prefix += piece[: refused.want - len(refused.prefix)]
-            if len(refused.prefix) >= refused.want or not refused.left:
-                head = refused.head
-                body = F.standin(head.size, bytes(refused.prefix))
-                if not ledger.take(self.rid, len(body), reserve_ok=True):
-                    self._flush_out(out)
-                    await _room(lambda: ledger.take(self.rid, len(body), reserve_ok=True))
-                self._open += cost(len(body))
-                self._more = bool(head.flags & FLAG_MORE)
-                self._left = len(body)
-                out.append(zmtp.frame(body, more=self._more))
-                self._passed(len(body))
-                refused.sent, refused.prefix = True, bytearray()
-        if not refused.left:
-            self._standin = None
-
-    def _flush_out(self, out: list[bytes]) -> None:
-        """What passed so far goes upstream before the relay waits."""
-        if out:
-            self.up_writer.write(b"".join(out))
-            out.clear()
-
-
-async def _room(take: Callable[[], bool]) -> None:
-    """Wait until `take()` finds room in the budget: looks ever less often, up to
-    `_ROOM_POLL`'s longest interval (a flood of waiting connections costs little)."""
-    delay, longest = _ROOM_POLL
-    while not take():
-        await asyncio.sleep(delay)
-        delay = min(2 * delay, longest)
-
-
-@dataclass
-class _Refused:
-    """A frame being refused: its head, the prefix kept so far, how much of one."""
-
-    head: F.Head
-    prefix: bytearray
-    want: int
-    left: int = 0  # body bytes still to come
-    sent: bool = False  # its stand-in went on

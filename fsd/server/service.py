@@ -116,14 +116,9 @@ class EngineService:
         if cfg.endpoint.startswith("inproc://"):  # in-process peers only: nothing to guard
             self.router.bind(cfg.endpoint)
         else:  # peers reach the ROUTER through the gate alone (fsd.server.gate)
-            self.ledger = InboundLedger(cfg.max_inbound_bytes)
-            self.gate = request_gate(
-                cfg,
-                self.security.enabled,
-                self.ledger,
-                lambda rid, why: self._closed.append((rid, why)),
-                FRAME_SLACK,
-            )
+            on_close = lambda rid, why: self._closed.append((rid, why))  # noqa: E731
+            self.gate = request_gate(cfg, self.security.enabled, on_close, FRAME_SLACK)
+            self.ledger = self.gate.limits.ledger
             self.router.bind(self.gate.upstream)
             self.gate.start()
         self._binding = telemetry = cfg.telemetry_endpoint
@@ -139,6 +134,8 @@ class EngineService:
         self.telemetry.taps.append(self.stats.saw_events)
         # after binding: a daemon that cannot bind must not replace a running one's token
         self.auth = Authorizer(cfg, self.security.operator_keys)
+        if self.gate is not None:  # the operator's token reaches its reserved slots
+            self.gate.operator_token = self.auth.token
         self.control = self._control(cfg)
         self.frontend = Frontend(  # the ROUTER socket's messages
             self.router,

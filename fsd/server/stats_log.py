@@ -48,7 +48,7 @@ class StatsLog:
         prefix = snap.prefix
         self._since = now
         self._iterations = snap.iteration_count
-        self._prefix = (prefix.queries, prefix.hits)
+        self._prefix = (prefix.lookups, prefix.lookup_hits)
         self._prompt = self._generated = self._finished = 0
         self._swaps: Counter[str] = Counter()
 
@@ -98,7 +98,7 @@ class StatsLog:
         stats = snap.prefix
         if not stats.enabled:
             return "prefix cache off"
-        queries, hits = stats.queries - self._prefix[0], stats.hits - self._prefix[1]
+        queries, hits = stats.lookups - self._prefix[0], stats.lookup_hits - self._prefix[1]
         if not queries:
             return "prefix hits - (no prompt looked up)"
         return f"prefix hits {100 * hits / queries:.0f}% of {queries} tokens"

@@ -181,3 +181,55 @@ class Handshake:
         kept = [(n, v) for n, v in props if n != b"Identity"]
         rest, self._buf = buf[start + size :], b""
         return ready([*kept, (b"Identity", self.routing_id)]), rest
+
+
+class ServerHandshake:
+    """The daemon's side of a connection until its handshake ends: the greeting, then
+    its command frames up to READY (under CURVE WELCOME comes first; READY's is the
+    one only a peer with an admitted key gets). `feed` returns what goes on to the
+    client: everything as it comes, or with `strip` nothing of the handshake (the gate
+    answered that client's handshake itself and only then handed it to libzmq).
+    `done` once READY has passed. libzmq's own frames: small, read whole."""
+
+    def __init__(self, *, strip: bool = False) -> None:
+        self.strip = strip
+        self.done = False
+        self._buf = b""
+        self._greeted = False
+
+    def feed(self, data: bytes) -> bytes:
+        if self.done:
+            return data
+        self._buf += data
+        while not self.done and self._next() is not None:
+            pass
+        if not self.strip:
+            return data  # (libzmq sends its greeting in parts, each awaited by the peer)
+        if not self.done:
+            return b""
+        rest, self._buf = self._buf, b""
+        return rest
+
+    def _next(self) -> bytes | None:
+        """The next whole piece of the handshake (greeting or command), or None."""
+        buf = self._buf
+        if not self._greeted:
+            if len(buf) < GREETING_SIZE:
+                return None
+            self._greeted = True
+            self._buf = buf[GREETING_SIZE:]
+            return buf[:GREETING_SIZE]
+        if not buf:
+            return None
+        if not buf[0] & FLAG_COMMAND:  # no READY came: nothing more to watch
+            self.done = True
+            return b""
+        start = 9 if buf[0] & FLAG_LONG else 2
+        if len(buf) < start:
+            return None
+        size = struct.unpack_from(">Q", buf, 1)[0] if buf[0] & FLAG_LONG else buf[1]
+        if len(buf) < start + size:
+            return None
+        self.done = buf[start : start + 6] == b"\x05READY"
+        self._buf = buf[start + size :]
+        return buf[: start + size]

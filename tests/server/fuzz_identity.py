@@ -7,7 +7,9 @@ bench/fuzz_zmq.py (`--identity-ops 10000 --sockets 500`). Each operation picks o
 made-up ids, another slot's id, a closed slot's id, the empty id, random bytes),
 closes it, or sends it a Hello (none, a guessed or another slot's secret), a
 Ping, a Status, a small Submit, an Abort of anyone's job, or a request carrying
-another slot's secret. Found: a slot that hears a job that neither it nor a holder of
+another slot's secret; or it opens a raw connection that hoards a slot (a handshake,
+then nothing) or sends subscriptions (SUBSCRIBE and CANCEL commands of up to 60 KB
+to the request endpoint, or random topics to the telemetry endpoint). Found: a slot that hears a job that neither it nor a holder of
 a secret it held (told in a Welcome or presented in a Hello) submitted, a dead
 daemon, or an honest job that did not end with all its tokens.
 """
@@ -17,15 +19,18 @@ from __future__ import annotations
 import contextlib
 import random
 import resource
+import socket
 import struct
 import threading
 from dataclasses import asdict, dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
 import zmq
 
 from fsd import protocol as P
 from fsd.client import Client
+from fsd.server import zmtp
 
 LIBZMQ_FIRST_ID = 0x6B8B4567
 HONEST_TOKENS = 12
@@ -62,11 +67,20 @@ class IdentityStats:
 class IdentityFuzzer:
     """Runs `ops` operations over `sockets` slots against the daemon at `endpoint`."""
 
-    def __init__(self, endpoint: str, sockets: int, seed: int, token: str | None) -> None:
+    def __init__(
+        self,
+        endpoint: str,
+        sockets: int,
+        seed: int,
+        token: str | None,
+        telemetry: str | None = None,
+    ) -> None:
         soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
         if soft < hard:
             resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
         self.endpoint = endpoint
+        self.telemetry = telemetry
+        self.raw: list[socket.socket] = []  # hoarding and subscribing connections
         self.rng = random.Random(seed)
         self.ctx = zmq.Context()
         self.ctx.set(zmq.MAX_SOCKETS, sockets * 2 + 64)
@@ -175,6 +189,9 @@ class IdentityFuzzer:
                     "abort",
                     "other-session",
                     "drain",
+                    "hoard",
+                    "subscribe",
+                    "subscribe-telemetry",
                 ]
             )
             self._op(slot, op)
@@ -207,11 +224,44 @@ class IdentityFuzzer:
             self._send(slot, P.Abort(job_id=self.rng.choice(self.job_ids)))
         elif op == "other-session":
             self._send(slot, P.Status(session=other.session or "x"))
+        elif op in ("hoard", "subscribe", "subscribe-telemetry"):
+            self._raw(op)
         if slot.sock is not None:
             slot.sock.poll(self.pace_ms)  # give the daemon a moment to answer
             self._drain(slot)
 
+    def _raw(self, op: str) -> None:
+        """A raw connection that hoards a slot or sends subscriptions (module doc)."""
+        telemetry = op == "subscribe-telemetry"
+        endpoint = self.telemetry if telemetry else self.endpoint
+        if endpoint is None:
+            return
+        parts = urlsplit(endpoint)
+        try:
+            s = socket.create_connection((parts.hostname, parts.port), timeout=5)
+            s.setblocking(False)
+            kind = b"SUB" if telemetry else b"DEALER"
+            s.send(zmtp.greeting() + zmtp.ready([(b"Socket-Type", kind)]))
+        except OSError:
+            return
+        if op != "hoard":
+            topics = []
+            for _ in range(self.rng.randint(1, 8)):
+                topic = self.rng.randbytes(self.rng.choice([0, 3, 8, 300, 60_000]))
+                name = self.rng.choice([b"\x09SUBSCRIBE", b"\x06CANCEL"])
+                if telemetry and self.rng.random() < 0.5:
+                    topics.append(zmtp.frame(self.rng.choice([b"\x01", b"\x00"]) + topic))
+                else:
+                    topics.append(zmtp.frame(name + topic, command=True))
+            with contextlib.suppress(OSError):  # (closed, or its buffer full: enough)
+                s.send(b"".join(topics))
+        self.raw.append(s)
+        if len(self.raw) > len(self.slots):
+            self.raw.pop(0).close()
+
     def close(self) -> None:
+        for s in self.raw:
+            s.close()
         for slot in self.slots:
             self._close(slot)
         self.ctx.destroy(linger=0)

@@ -9,6 +9,7 @@ from fsd import protocol as P
 from fsd.server import frames as F
 from fsd.server import zmtp
 from fsd.server.ledger import FRAME_COST, InboundLedger, cost
+from fsd.server.msgpack_peek import prefix_field, prefix_req_id
 
 
 def _cut(stream: bytes, cuts: list[int]) -> list[F.Head | bytes]:
@@ -57,10 +58,10 @@ def test_a_stand_in_carries_the_size_and_the_req_id_of_a_submit():
     body = F.standin(len(payload), payload[: F.PREFIX])
     assert body[0] == 0xC1 and len(body) < F.PREFIX + 32
     size, prefix = F.parse_standin(body)
-    assert size == len(payload) and F.prefix_req_id(prefix) == "r-42"
+    assert size == len(payload) and prefix_req_id(prefix) == "r-42"
     assert F.parse_standin(payload) is None
     with_session = P.encode(P.Submit(req_id="s" * 300, prompt="p", session="abc"))
-    assert F.prefix_req_id(with_session) == "s" * 300
+    assert prefix_req_id(with_session) == "s" * 300
 
 
 def test_the_req_id_parser_never_raises():
@@ -73,9 +74,9 @@ def test_the_req_id_parser_never_raises():
             data = bytearray(good[: rng.randrange(len(good) + 1)])
             if data and i % 2:
                 data[rng.randrange(len(data))] = rng.randrange(256)
-        result = F.prefix_req_id(bytes(data))
+        result = prefix_req_id(bytes(data))
         assert result is None or isinstance(result, str)
-    assert F.prefix_req_id(good[:20]) is None  # its req_id is not whole yet
+    assert prefix_req_id(good[:20]) is None  # its req_id is not whole yet
 
 
 def test_the_ledger_refuses_past_its_limit_and_keeps_a_reserve_for_small_frames():
@@ -131,3 +132,32 @@ def test_a_message_abandoned_mid_way_is_given_back_and_a_delivered_one_is_not():
     assert ledger.held == cost(100) and ledger.open == 0
     ledger.give_back(b"c1", 100)  # the daemon reads the first
     assert ledger.held == 0 and not ledger._own
+
+
+def test_one_connection_holds_at_most_its_share_and_uncounted_frames_give_nothing_back():
+    mib = 1 << 20
+    ledger = InboundLedger(64 * mib, per_connection=16 * mib)
+    assert sum(ledger.take(b"c1", 4 * mib) for _ in range(8)) == 3  # 3 x (4 MiB + 64 B)
+    assert "holds" in ledger.last_refusal
+    assert ledger.take(b"c2", 4 * mib)  # another connection still finds room
+    held = ledger.held
+    ledger.give_back(b"link", 4 * mib)  # an in-process link's frame: the gate never took it
+    assert ledger.held == held
+    ledger.give_back(b"c2", 4 * mib)
+    assert ledger.held == held - cost(4 * mib)
+
+
+def test_the_token_is_found_behind_nested_values_and_the_walk_never_raises():
+    submit = P.encode(
+        P.Submit(req_id="r1", prompt="p" * 300, sampling=P.Sampling(stop=["a", "b"]), token="t0k")
+    )
+    assert prefix_field(submit, "token") == "t0k"
+    assert prefix_field(submit[:-1], "token") is None  # cut short
+    assert prefix_field(P.encode(P.Status(token="op")), "token") == "op"
+    rng = random.Random(11)
+    for _ in range(3000):
+        data = bytearray(submit[: rng.randrange(len(submit) + 1)])
+        if data:
+            data[rng.randrange(len(data))] = rng.randrange(256)
+        found = prefix_field(bytes(data), "token")
+        assert found is None or isinstance(found, str)

@@ -184,7 +184,7 @@ def test_under_curve_a_client_key_on_an_operators_old_id_is_a_client(tmp_path):
                 P.Submit(
                     req_id="o1",
                     prompt_token_ids=[1, 2],
-                    sampling=P.Sampling(max_tokens=200, ignore_eos=True),
+                    sampling=P.Sampling(max_tokens=1500, ignore_eos=True),
                 )
             )
         )

@@ -115,6 +115,7 @@ def test_telemetry_and_finished_report_what_the_engine_reused(llm):
         enabled=True, queries=stats.queries, hits=stats.hits, host_hits=stats.host_hits,
         device_blocks=stats.device_blocks, host_blocks=stats.host_blocks,
         device_evictions=stats.device_evictions, host_evictions=stats.host_evictions,
+        lookups=stats.lookups, lookup_hits=stats.lookup_hits,
     )  # fmt: skip
     assert snap.prefix.hits == 6 * BLOCK and snap.prefix.queries == 2 * len(PROMPT)
     engine.abort(job.job_id)

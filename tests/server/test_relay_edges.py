@@ -15,8 +15,9 @@ import zmq
 
 from fsd.server import zmtp
 from fsd.server.gate import Gate
+from fsd.server.inbound import MAX_COMMAND
 from fsd.server.ledger import InboundLedger, cost
-from fsd.server.relay import MAX_COMMAND, Limits
+from fsd.server.relay import Limits
 
 HELLO = zmtp.greeting() + zmtp.ready([(b"Socket-Type", b"DEALER")])
 
@@ -117,3 +118,24 @@ def test_a_command_frame_past_the_limit_closes_the_connection_at_its_head(gated)
     s.sendall(bytes([flags]) + struct.pack(">Q", MAX_COMMAND + 1) + b"\x04PINGxyz")
     _read_to_end(s)  # closed at once: the body libzmq would hold is never awaited
     assert ledger.held == 0 and not router.poll(100)
+
+
+@pytest.mark.parametrize(
+    "command", [b"\x09SUBSCRIBE" + b"t" * 60_000, b"\x06CANCELtopic", b"\x05HELLOx"]
+)
+def test_a_command_a_dealer_never_sends_closes_the_connection_and_reaches_nobody(gated, command):
+    _, router, ledger, path = gated
+    s = _connect(path)
+    s.sendall(zmtp.frame(command, command=True) + zmtp.frame(b"after"))
+    _read_to_end(s)  # closed
+    assert not router.poll(300)  # neither the command nor what followed reached the ROUTER
+    assert ledger.held == 0
+
+
+def test_heartbeats_pass_and_the_daemon_answers_them(gated):
+    _, router, _, path = gated
+    s = _connect(path)
+    s.sendall(zmtp.frame(b"\x04PING\x00\x0a" + b"ctx", command=True) + zmtp.frame(b"hi"))
+    assert router.poll(10_000) and router.recv_multipart()[1] == b"hi"
+    s.settimeout(10)
+    assert b"PONG" in s.recv(100)  # libzmq's answer came through
