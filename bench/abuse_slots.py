@@ -128,7 +128,8 @@ def curve_cycle(ctx: Ctx) -> dict[str, Any]:
         config = (f'[server]\ncurve_secret_key = "{keys["server_secret"]}"\n'
                   f'curve_authorized_dir = "{keys["authorized"]}"\n'
                   f'curve_operators_dir = "{keys["operators"]}"\n')  # fmt: skip
-        d = start_daemon(Path(tmp), config, curve=creds)
+        tree = Path(os.readlink(f"/proc/{ctx.d.proc.pid}/cwd"))  # the tree under test
+        d = start_daemon(Path(tmp), config, curve=creds, env={"PYTHONPATH": str(tree)}, cwd=tree)
         try:
             cycler = _peer("cycle", d.endpoint, n, ctx.cap_s)
             try:
@@ -160,8 +161,8 @@ def _peer_socket(endpoint: str, kind: bytes) -> socket.socket:
 def subscription_flood(ctx: Ctx) -> dict[str, Any]:
     """Three telemetry connections each send 200 subscriptions of 60 KB (12 MB), 100 as
     SUBSCRIBE commands and 100 as messages, and stay open 5 s; then they close."""
-    topics = [zmtp.frame(b"\x09SUBSCRIBE" + os.urandom(60_000), command=True)] * 100
-    topics += [zmtp.frame(b"\x01" + os.urandom(60_000))] * 100
+    topics = [zmtp.frame(b"\x09SUBSCRIBE" + os.urandom(60_000), command=True) for _ in range(100)]
+    topics += [zmtp.frame(b"\x01" + os.urandom(60_000)) for _ in range(100)]
     socks, closed = [], 0
     for _ in range(3):
         s = _peer_socket(ctx.d.telemetry, b"SUB")
@@ -179,7 +180,9 @@ def subscription_flood(ctx: Ctx) -> dict[str, Any]:
 
 def command_flood(ctx: Ctx) -> dict[str, Any]:
     """50 request connections each send 100 SUBSCRIBE commands of 60 KB (300 MB)."""
-    command = zmtp.frame(b"\x09SUBSCRIBE" + os.urandom(60_000), command=True) * 100
+    command = b"".join(
+        zmtp.frame(b"\x09SUBSCRIBE" + os.urandom(60_000), command=True) for _ in range(100)
+    )
     closed = 0
     for _ in range(50):
         s = _peer_socket(ctx.d.endpoint, b"DEALER")

@@ -90,6 +90,7 @@ class Sample:
     traced: int = 0  # bytes Python holds (with `trace`)
     kinds: dict[str, int] = field(default_factory=dict)
     errors: int = 0
+    unanswered: int = 0  # of the errors: requests with no answer within REQUEST_LIMIT
 
 
 def usage(pid: int) -> tuple[float, int, int]:
@@ -130,6 +131,7 @@ class Load:
         self.rng = rng
         self.kinds: dict[str, int] = dict.fromkeys(KINDS, 0)
         self.errors = 0
+        self.unanswered = 0
         self.sdk: AsyncClient | None = None
         self.http: aiohttp.ClientSession | None = None
 
@@ -163,7 +165,10 @@ class Load:
                 else:
                     await self._http(kind, prompt, tokens)
             self.kinds[kind] += 1
-        except (TimeoutError, FsdError, aiohttp.ClientError):
+        except TimeoutError:
+            self.errors += 1
+            self.unanswered += 1
+        except (FsdError, aiohttp.ClientError):
             self.errors += 1
 
     async def _sdk(self, kind: str, prompt: list[int], tokens: int) -> None:
@@ -239,13 +244,14 @@ def soak(spec: SoakSpec, folder: Path, progress: bool = True) -> list[Sample]:
             sample = Sample(
                 cycle, done, round(rss, 1), fds, threads, round(time.perf_counter() - start, 1),
                 blocks, objects, py.get("traced_bytes", 0), load.kinds, load.errors,
+                load.unanswered,
             )  # fmt: skip
             samples.append(sample)
             if progress:
                 print(
                     f"cycle {cycle}: {done} requests, RSS {rss:.1f} MB, {blocks} blocks, "
                     f"{objects} objects, {fds} fds, {threads} threads, "
-                    f"{sample.seconds:.0f} s, {load.errors} errors",
+                    f"{sample.seconds:.0f} s, {load.errors} errors ({load.unanswered} unanswered)",
                     flush=True,
                 )
     finally:
@@ -282,6 +288,7 @@ def summary(samples: list[Sample], skip: int = 1) -> dict:
         "fds_after_warmup": sorted({s.fds for s in later}),
         "threads_after_warmup": sorted({s.threads for s in later}),
         "errors": sum(s.errors for s in samples),
+        "unanswered": sum(s.unanswered for s in samples),
     }
 
 

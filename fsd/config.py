@@ -282,6 +282,7 @@ class ServerConfig:
     max_client_backlog_bytes: int = 64 << 20  # a connection's unsent replies; past it, dropped
     max_backlog_bytes: int = 1 << 30  # all connections' of an endpoint (requests, telemetry): past it the largest is dropped
     max_subscriber_backlog_bytes: int = 8 << 20  # a telemetry subscriber's unsent messages
+    max_held_result_bytes: int = 256 << 20  # results kept for detached sessions, all together
     http: str | None = doc(
         None, "OpenAI-compatible API and /metrics on HOST:PORT, e.g. 127.0.0.1:8000."
     )
@@ -314,14 +315,13 @@ class ServerConfig:
             raise ConfigError(f"stats_interval must be >= 0 s (0 turns it off), got {self.stats_interval}")
         int_range("log_max_bytes", self.log_max_bytes, 4096, 1 << 40)
         int_range("max_frame_bytes", self.max_frame_bytes, 1024, 64 * 1024 * 1024)
-        for name in (
-            "max_burst", "max_client_jobs", "max_jobs", "max_connections",
-            "max_connections_per_peer",
-        ):
+        counts = ("max_burst", "max_client_jobs", "max_jobs", "max_connections", "max_connections_per_peer")
+        for name in counts:
             int_range(name, getattr(self, name), 1, 10_000_000)
         byte_floors = {  # inbound: room for two of the largest frames, so one always passes
             "max_inbound_bytes": 2 * self.max_frame_bytes, "max_client_backlog_bytes": 1 << 20,
             "max_backlog_bytes": 1 << 20, "max_subscriber_backlog_bytes": 64 << 10,
+            "max_held_result_bytes": 0,
         }  # fmt: skip
         for name, low in byte_floors.items():
             int_range(name, getattr(self, name), low, 1 << 40)

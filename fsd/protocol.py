@@ -342,13 +342,16 @@ class Welcome(_Msg, tag="welcome"):
     """The answer to `Hello`: this connection's session and its secret.
 
     `resumed`: the Hello's session was found and now lives on this connection; `jobs`
-    are its req_ids still live or with a `Finished` on its way (sent right after).
+    are its req_ids still live or with a `Finished` on its way (sent right after);
+    `dropped`: req_ids of jobs that finished while it was away whose results the
+    daemon could not keep (past `max_held_result_bytes`).
     A Hello whose session is unknown (expired, or another daemon's) gets a new one.
     """
 
     session: str
     resumed: bool = False
     jobs: list[str] = []
+    dropped: list[str] = []
 
 
 Reply = (

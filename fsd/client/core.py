@@ -189,6 +189,7 @@ class ClientCore:
         """A (new) connection's session: resumed streams go on, the others are lost."""
         self.session = msg.session
         live = set(msg.jobs) if msg.resumed else set()
+        dropped = set(msg.dropped) if msg.resumed else set()
         for req_id, stream in list(self.streams.items()):
             if not stream.resuming:
                 continue
@@ -196,14 +197,7 @@ class ClientCore:
                 stream.resuming, stream.deadline = False, None
                 continue
             del self.streams[req_id]
-            stream.sink.put_nowait(
-                RequestError(
-                    "lost",
-                    f"job {stream.job_id} was lost while this client reconnected (the daemon "
-                    "restarted, or it forgot the session after client_timeout)",
-                    req_id,
-                )
-            )
+            stream.sink.put_nowait(_not_resumed(stream.job_id, req_id, req_id in dropped))
         lost = self.held - live
         if lost:
             self.held -= lost
@@ -327,3 +321,20 @@ class ClientCore:
         (sent when the client closes)."""
         ids = [s.job_id for s in self.streams.values() if s.job_id] + sorted(self.held)
         return [self.encode(P.Abort(job_id=j)) for j in ids]
+
+
+def _not_resumed(job_id: str | None, req_id: str, dropped: bool) -> RequestError:
+    """Why a stream did not resume: its result dropped, or the session gone."""
+    if dropped:
+        return RequestError(
+            "result-dropped",
+            f"job {job_id} finished while this client was away, but the daemon held too many "
+            "results for absent clients to keep it (max_held_result_bytes)",
+            req_id,
+        )
+    return RequestError(
+        "lost",
+        f"job {job_id} was lost while this client reconnected (the daemon restarted, or it "
+        "forgot the session after client_timeout)",
+        req_id,
+    )

@@ -11,10 +11,11 @@ each frame): a frame from another key on the same routing id gets a new session.
 
 Bounds: one session per open connection (the gate caps connections) plus the
 detached ones, each forgotten `client_timeout` after it last spoke; a detached
-session keeps its jobs' `Finished` and late answers for its next connection, at
-most one per job it owned plus `_OUTBOX_EXTRA`; the last `_GONE_KEPT` closed
-connections are remembered, so a frame read after its connection closed still
-speaks for its session.
+session keeps the `Finished` of every job of its that ends meanwhile (its jobs are
+bounded by `max_client_jobs`), all detached sessions' together within
+`max_held_result_bytes` (past it a result is dropped and the Welcome names its job),
+and `_OUTBOX_EXTRA` other late answers; the last `_GONE_KEPT` closed connections are
+remembered, so a frame read after its connection closed still speaks for its session.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from fsd.config import ServerConfig
 from fsd.errors import FsdError, OverloadedError
 from fsd.server.roles import Caller
 
-_OUTBOX_EXTRA = 64  # answers kept for a detached session beyond one per job
+_OUTBOX_EXTRA = 64  # answers other than results kept for a detached session
 _GONE_KEPT = 4096  # closed connections remembered for their late frames
 
 
@@ -54,6 +55,9 @@ class ClientState:
     req_ids: set[str] = field(default_factory=set)  # the req_ids of `jobs`
     outbox: list[P.Reply] = field(default_factory=list)  # answers while detached
     chunks: dict[str, P.Chunk] = field(default_factory=dict)  # tokens while detached, per job
+    held_bytes: int = 0  # of the results in `outbox` (`ClientBook.keep`)
+    extra: int = 0  # answers in `outbox` that are not results
+    dropped: list[str] = field(default_factory=list)  # req_ids whose results were dropped
     last_caller: Caller | None = field(default=None, repr=False, compare=False)  # (`caller`)
 
     def caller(self, role: str, user_id: str | None) -> Caller:
@@ -75,11 +79,12 @@ class ClientState:
 
     def keep(self, msg: P.Reply) -> None:
         """Hold an answer for the next connection: tokens merged into one chunk per
-        live job, other answers as they are (at most one per job plus a few)."""
+        live job, other answers as they are (a few; results: `ClientBook.keep`)."""
         if isinstance(msg, P.Tokens):
             for chunk in msg.chunks:
                 self._merge(chunk)
-        elif len(self.outbox) < len(self.jobs) + _OUTBOX_EXTRA:
+        elif self.extra < _OUTBOX_EXTRA:
+            self.extra += 1
             self.outbox.append(msg)
 
     def _merge(self, chunk: P.Chunk) -> None:
@@ -101,7 +106,7 @@ class ClientState:
         """What was held while detached, in order: the tokens, then the answers."""
         held: list[P.Reply] = [P.Tokens(chunks=list(self.chunks.values()))] if self.chunks else []
         held += self.outbox
-        self.chunks, self.outbox = {}, []
+        self.chunks, self.outbox, self.extra = {}, [], 0
         return held
 
 
@@ -112,6 +117,12 @@ class Owner:
     caller: Caller
     req_id: str
     stream: bool = True
+
+
+def result_bytes(msg: P.Finished) -> int:
+    """About what a held result costs: its tokens, their times, its text."""
+    timings = msg.timings.token_times if msg.timings is not None else None
+    return 256 + 32 * len(msg.token_ids) + 24 * len(timings or ()) + len(msg.text)
 
 
 def _digest(secret: str) -> bytes:
@@ -134,6 +145,8 @@ class ClientBook:
         # before closing (its jobs' aborts) may be read after the gate said it closed.
         # Routing ids are the gate's, never reused, so this is still that connection.
         self._gone: OrderedDict[bytes, bytes] = OrderedDict()
+        self.held_bytes = 0  # results kept for detached sessions (`keep`)
+        self.dropped_results = 0
 
     # ---- sessions and connections -----------------------------------------------------
 
@@ -198,6 +211,29 @@ class ClientBook:
         self.routes[route] = target.key
         return target
 
+    def keep(self, client: ClientState, msg: P.Reply) -> None:
+        """Hold `msg` for detached `client`'s next connection: a result always, within
+        `max_held_result_bytes` for all sessions together (past it, dropped and
+        named in the Welcome); anything else as `ClientState.keep` bounds it."""
+        if not isinstance(msg, P.Finished):
+            client.keep(msg)
+            return
+        size = result_bytes(msg)
+        if self.held_bytes + size > self.cfg.max_held_result_bytes:
+            client.dropped.append(msg.req_id)
+            self.dropped_results += 1
+            return
+        self.held_bytes += size
+        client.held_bytes += size
+        client.outbox.append(msg)
+
+    def take_held(self, client: ClientState) -> tuple[list[P.Reply], list[str]]:
+        """What `client` held while detached, and the req_ids whose results were dropped."""
+        self.held_bytes -= client.held_bytes
+        client.held_bytes = 0
+        dropped, client.dropped = client.dropped, []
+        return client.take_held(), dropped
+
     def detach(self, route: bytes) -> None:
         """Connection `route` is closed or taken over: its session keeps its jobs until
         resumed or forgotten, and hears nothing meanwhile."""
@@ -219,6 +255,7 @@ class ClientBook:
         client = self.clients.pop(key, None)
         if client is None:
             return
+        self.held_bytes -= client.held_bytes
         if client.route is not None and self.routes.get(client.route) == key:
             del self.routes[client.route]
         if client.secret is not None:

@@ -203,14 +203,16 @@ class Frontend:
         route = client.route
         session = self.book.hello(client, msg.session, time.time())
         resumed = session is not client
-        held = session.take_held()
+        held, dropped = self.book.take_held(session)
         ended = {m.req_id for m in held if isinstance(m, P.Finished)}
         jobs = sorted(session.req_ids | ended)
         if resumed:
             log.info(
-                "session %s resumed with %d live jobs", session.key.decode(), len(session.jobs)
-            )
-        self._to_route(route, P.Welcome(session=session.secret or "", resumed=resumed, jobs=jobs))
+                "session %s resumed with %d live jobs, %d results held, %d dropped",
+                session.key.decode(), len(session.jobs), len(ended), len(dropped),
+            )  # fmt: skip
+        welcome = P.Welcome(session=session.secret or "", resumed=resumed, jobs=jobs, dropped=dropped)
+        self._to_route(route, welcome)
         for msg in held:
             self._to_route(route, msg)
 
@@ -222,7 +224,7 @@ class Frontend:
         if client is None:
             return
         if client.route is None:
-            client.keep(msg)
+            self.book.keep(client, msg)
             return
         self._to_route(client.route, msg)
 
