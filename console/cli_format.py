@@ -7,12 +7,14 @@ import time
 from typing import Any
 
 from rich.table import Table
+from rich.text import Text
 
 from fsd import protocol as P
 from fsd.client import generation_rate
 from fsd.config import CacheConfig, SchedConfig
 from fsd.console.top.forms import FormError, parse_quanta, parse_seconds
 from fsd.errors import ConfigError
+from fsd.printable import shown
 
 _WORDS = {"true": True, "yes": True, "on": True, "false": False, "no": False, "off": False}
 
@@ -179,7 +181,7 @@ def jobs_table(jobs: list[P.JobInfo]) -> Table:
             str(j.output_tokens),
             duration(j.waited),
             str(j.preemptions),
-            ",".join(j.tags),
+            Text(shown(",".join(j.tags))),  # a client's words: no markup, nothing obeyed
         )
     return table
 
@@ -212,7 +214,7 @@ def job_lines(j: P.JobInfo) -> list[str]:
         ("preemptions", j.preemptions),
         ("swaps", f"{j.swaps_out} out, {j.swaps_in} in, {j.recomputes} recomputes"),
         ("moves", f"{j.promotions} promotions, {j.demotions} demotions"),
-        ("tags", ", ".join(j.tags) or "-"),
+        ("tags", shown(", ".join(j.tags)) or "-"),
     ]
     return [detail_line(k, v) for k, v in rows]
 
@@ -249,7 +251,8 @@ def prefix_hit(p: P.PrefixInfo) -> str:
 
 def event_line(e: P.Event) -> str:
     detail = " ".join(f"{k}={level_name(v) if k == 'level' else v}" for k, v in e.detail.items())
-    return " ".join(p for p in (clock(e.time), "event", e.kind, e.job_id or "", detail) if p)
+    line = " ".join(p for p in (clock(e.time), "event", e.kind, e.job_id or "", detail) if p)
+    return shown(line)
 
 
 def telemetry_line(msg: P.Snapshot | P.Event) -> str:

@@ -7,7 +7,9 @@ past `ServerConfig.log_max_bytes` (`.log` becomes `.log.1` and so on up to
 `.log.LOG_BACKUPS`; the oldest is removed), so a flood of lines costs at most
 (LOG_BACKUPS + 1) x log_max_bytes of disk. After each rotation the new file is
 dup2'ed onto fds 1 and 2, so raw writes (a C library's message, a traceback printed
-at exit) follow it too. Every file is opened as `fsd.statedir` opens state files:
+at exit) follow it too. Every handler formats with `PrintableFormatter`: a record's
+line never carries a character a terminal obeys (a client's tag in a log line, read
+with `tail -f`, shows as `\u001b`; `fsd.printable`). Every file is opened as `fsd.statedir` opens state files:
 never through a link, only a regular file of ours, created 0600. (Raw writes do not
 rotate the file themselves: the next record does.)
 """
@@ -22,6 +24,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import IO
 
+from fsd.printable import shown
 from fsd.statedir import open_state_file
 
 LOG_BACKUPS = 3  # old files kept beside the log: .log.1 (newest) to .log.3
@@ -63,9 +66,24 @@ def is_file(fd: int, path: Path) -> bool:
     return (st.st_dev, st.st_ino) == (mine.st_dev, mine.st_ino)
 
 
+class PrintableFormatter(logging.Formatter):
+    """LOG_FORMAT, each record's line with what a terminal would obey escaped (a
+    traceback below it keeps its lines)."""
+
+    def __init__(self) -> None:
+        super().__init__(LOG_FORMAT)
+
+    def formatMessage(self, record: logging.LogRecord) -> str:  # noqa: N802 - logging's name
+        return shown(super().formatMessage(record))
+
+
 def log_handler(logfile: Path | None, max_bytes: int) -> logging.Handler:
     """The daemon's handler: `StateLogHandler` when stderr is `logfile` (a daemon started
     in the background), else stderr as it is (a terminal, systemd's journal, a pipe)."""
+    handler: logging.Handler
     if logfile is not None and is_file(2, logfile):
-        return StateLogHandler(logfile, max_bytes)
-    return logging.StreamHandler(sys.stderr)
+        handler = StateLogHandler(logfile, max_bytes)
+    else:
+        handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(PrintableFormatter())
+    return handler

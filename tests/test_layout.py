@@ -99,6 +99,7 @@ CONSOLE_MAY_IMPORT = (
     "fsd.console", "fsd.protocol", "fsd.client", "fsd.workload", "fsd.metrics", "fsd.config",
     "fsd.errors", "fsd.cli_options", "fsd.cli_errors", "fsd.credentials", "fsd.manual",
     "fsd.version", "fsd.progress", "fsd.local_daemon",
+    "fsd.printable",  # a client's names, escaped wherever the console shows them
     # the policy names the retune dialog offers (no policy code runs in the console)
     "fsd.sched.registry", "fsd.kv.registry",
 )  # fmt: skip

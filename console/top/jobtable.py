@@ -18,6 +18,7 @@ from textual.strip import Strip
 
 from fsd.console.top.data import EMPTY_VIEW, JobRow, TopView, sort_rows
 from fsd.console.top.render import COLUMNS, job_cells, jobs_caption
+from fsd.printable import shown
 
 
 class JobTable(ScrollView, can_focus=True):
@@ -108,7 +109,7 @@ class JobTable(ScrollView, can_focus=True):
         for col, (text, spec) in zip(COLUMNS, job_cells(row), strict=True):
             cell = text.rjust(col.width) if col.right else text.ljust(col.width)
             segments.append(Segment(cell[: col.width] + " ", base + self._style(spec)))
-        segments.append(Segment(",".join(row.tags), base + self._style("dim")))
+        segments.append(Segment(shown(",".join(row.tags)), base + self._style("dim")))
         strip = Strip(segments).crop_extend(0, width, base)
         if index == self.cursor:
             strip = strip.apply_style(self.get_component_rich_style("jobtable--cursor"))

@@ -25,6 +25,7 @@ from fsd.errors import (
     SettingError,
     UnknownJobError,
 )
+from fsd.printable import check_name
 from fsd.server.admission import Admission, Ask, synthetic_ask
 from fsd.server.audit import audit, settings
 from fsd.server.clients import ClientBook
@@ -88,8 +89,7 @@ class ControlHandler:
 
     def on_submit(self, caller: Caller, msg: P.Submit) -> None:
         self.admission.check_open()  # first: a draining daemon says so whatever is sent
-        if not msg.req_id or len(msg.req_id) > MAX_REQ_ID:
-            raise ConfigError(f"req_id must be 1 to {MAX_REQ_ID} characters")
+        check_label("req_id", msg.req_id, MAX_REQ_ID)
         if msg.req_id in self.book.clients[caller.ident].req_ids:
             # not tied to the req_id's stream as an ordinary Error would be: the live
             # job keeps streaming (clients route this code to the refused submit only)
@@ -106,8 +106,8 @@ class ControlHandler:
         if (msg.prompt is None) == (msg.prompt_token_ids is None):
             raise ConfigError("give exactly one of prompt and prompt_token_ids")
         check_tags(msg.tags)
-        if msg.affinity is not None and not 0 < len(msg.affinity) <= P.MAX_AFFINITY_CHARS:
-            raise ConfigError(f"affinity must be 1 to {P.MAX_AFFINITY_CHARS} characters")
+        if msg.affinity is not None:
+            check_label("affinity", msg.affinity, P.MAX_AFFINITY_CHARS)
         prompt = msg.prompt if msg.prompt is not None else msg.prompt_token_ids
         ask = Ask(prompt, msg.sampling.params(), msg.tags, req_id=msg.req_id, affinity=msg.affinity)  # type: ignore[arg-type]
         # a client's max_tokens past the context is refused, naming the limit (HTTP too)
@@ -141,8 +141,7 @@ class ControlHandler:
     def on_inject(self, caller: Caller, msg: P.Inject) -> None:
         if self.life.draining:
             raise ConfigError("the daemon is draining; it accepts no new jobs")
-        if not msg.tag or len(msg.tag) > MAX_TAG:
-            raise ConfigError(f"tag must be 1 to {MAX_TAG} characters")
+        check_label("tag", msg.tag, MAX_TAG)
         if msg.scenario is not None:
             if msg.burst is not None:
                 raise ConfigError("inject takes a burst or a scenario, not both")
@@ -258,3 +257,12 @@ def check_timeout(value: float) -> float:
 def check_tags(tags: list[str]) -> None:
     if len(tags) > MAX_TAGS or any(not t or len(t) > MAX_TAG for t in tags):
         raise ConfigError(f"tags: at most {MAX_TAGS}, each 1 to {MAX_TAG} characters")
+    for i, tag in enumerate(tags, 1):
+        check_name(f"tag {i}", tag)
+
+
+def check_label(what: str, value: str, limit: int) -> None:
+    """A client-chosen name: 1 to `limit` characters, printable (`fsd.printable`)."""
+    if not value or len(value) > limit:
+        raise ConfigError(f"{what} must be 1 to {limit} characters")
+    check_name(what, value)

@@ -23,6 +23,7 @@ from fsd import protocol as P
 from fsd.config import ServerConfig
 from fsd.credentials import new_token, same_token, token_path, write_secret
 from fsd.errors import ConfigError, ForbiddenError
+from fsd.printable import check_name
 from fsd.statedir import open_state_file
 
 log = logging.getLogger("fsd.server")
@@ -63,6 +64,7 @@ class Caller:
             raise ForbiddenError(needs_operator("naming a job's owner"))
         if not 0 < len(owner) <= P.MAX_AFFINITY_CHARS:
             raise ConfigError(f"owner must be 1 to {P.MAX_AFFINITY_CHARS} characters")
+        check_name("owner", owner)
         return dataclasses.replace(self, on_behalf=owner)
 
     def owns(self, owner: Caller | None) -> bool:
