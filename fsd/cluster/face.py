@@ -6,8 +6,11 @@ own rules (`prompt_ids`, `check_stop_ids`, `check_request`: every replica has th
 same model and limits), named here (job ids are the daemon's, unique across
 replicas), placed by the router and queued on its replica without waiting for it:
 the client hears Accepted at once. `step` collects what the replicas produced since
-the last look (they step on their own, in parallel); a verb that needs an answer
-(abort, retune, the job table) waits at most one step of the replicas it asks.
+the last look (they step on their own, in parallel). Status, job lists and telemetry
+read the views replicas push, and an abort is told, answered at once from what the
+job made so far (`fsd.cluster.pushed`); a verb that needs an answer (retune, a move,
+the preview's history) waits at most one step of the replicas it asks, within a
+deadline (`fsd.cluster.handles`: a replica that hangs is replaced).
 
 A replica that dies loses nothing silently (fsd.cluster.placement): its jobs that had
 not started are placed on another replica, its started ones end with the error; the
@@ -16,6 +19,7 @@ router stops choosing it until its fresh copy is up, and the snapshot says it is
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import time
@@ -27,6 +31,7 @@ from fsd.cluster.handles import Replicas
 from fsd.cluster.merge import merge_snapshots, replica_infos
 from fsd.cluster.moves import Moves
 from fsd.cluster.placement import Pending, Placement
+from fsd.cluster.pushed import Progress, Views
 from fsd.cluster.worker import ReplicaDown, Report
 from fsd.config import EngineConfig
 from fsd.engine.events import MAX_EVENTS, EngineEvent
@@ -87,6 +92,8 @@ class ReplicaSetFace:
         # the latest MAX_EVENTS at most
         self._events: deque[EngineEvent] = deque(maxlen=MAX_EVENTS)
         self.decisions: list[tuple[float, str, int, str]] = []  # (time, job, replica, why)
+        self.views = Views()  # what each replica pushed
+        self.progress = Progress()  # what each live job made (an abort's answer)
 
     # ---- the jobs ------------------------------------------------------------------------
 
@@ -97,14 +104,17 @@ class ReplicaSetFace:
         return bool(self.jobs_at.owner) or any(self._busy)
 
     def jobs(self, now: float | None = None) -> list[JobInfo]:
-        return [row for rows in self.replicas.call_all("jobs", now).values() for row in rows]
+        return self.views.jobs(self._viewed())
 
     def has(self, job_id: str) -> bool:
         return job_id in self.jobs_at.owner
 
     def job(self, job_id: str, now: float | None = None) -> JobInfo | None:
         index = self.jobs_at.owner.get(job_id)
-        return None if index is None else self.replicas.call(index, "job", job_id, now)
+        if index is None:
+            return None
+        row = self.views.job(job_id)  # else too new for a view: asked (a deadline holds)
+        return row if row is not None else self.replicas.call(index, "job", job_id, now)
 
     def replica_of(self, job_id: str) -> int | None:
         """The replica a live job runs on."""
@@ -116,7 +126,7 @@ class ReplicaSetFace:
         """The replicas' snapshots as one, with each replica's own line (a replica that
         is down says why) and the router's recent decisions."""
         now = time.time() if now is None else now
-        parts = self.replicas.call_all("snapshot", now, with_jobs, detail)
+        parts = self.views.snapshots(self._viewed(), with_jobs, detail)
         if not parts:
             raise ReplicaError("every replica is down: " + "; ".join(self.replicas.down.values()))
         merged = merge_snapshots(list(parts.values()))
@@ -130,12 +140,15 @@ class ReplicaSetFace:
 
     def level_counts(self) -> dict[int, tuple[int, int]]:
         """Per level with jobs, over the replicas: how many run and how many wait."""
-        total: dict[int, tuple[int, int]] = {}
-        for counts in self.replicas.call_all("level_counts").values():
-            for level, (r, w) in counts.items():
-                had = total.get(level, (0, 0))
-                total[level] = (had[0] + r, had[1] + w)
-        return total
+        return self.views.level_counts(self._viewed())
+
+    def _viewed(self) -> list[int]:
+        """The replicas that are up, each with a view (one just started is asked for
+        its first: a deadline holds)."""
+        up = self.replicas.up()
+        for i, view in self.replicas.call_all_of([i for i in up if i not in self.views.latest], "view").items():
+            self.views.update(i, view)
+        return [i for i in up if i in self.views.latest]
 
     def history(self, slo: float) -> list[Any]:
         """Each replica's scheduler with its step history (fsd.twin): the preview runs
@@ -169,9 +182,10 @@ class ReplicaSetFace:
         index = self.jobs_at.owner.get(job_id)
         if index is None:
             raise UnknownJobError(f"no job with id {job_id!r}")
-        out = self.replicas.call(index, "abort", job_id)
+        with contextlib.suppress(ReplicaDown):  # a replica gone took the job with it
+            self.replicas.tell(index, "abort", job_id)
         self.jobs_at.finished(job_id)
-        return out
+        return self.progress.aborted(job_id)
 
     def retune(self, replica: int | None = None, /, **changes: Any) -> EngineConfig:
         """Every replica that is up, or `replica` alone; checked here first, so all
@@ -199,6 +213,7 @@ class ReplicaSetFace:
         t0 = time.perf_counter()
         for i in self.replicas.revived():
             self._lost.discard(i)
+            self.views.forget(i)
             self._catch_up(i)
             self.chooser.observe(i, Report(i))
         deltas: list[StepDelta] = []
@@ -208,6 +223,8 @@ class ReplicaSetFace:
         for report in reports:
             self._busy[report.index] = report.busy
             self.chooser.observe(report.index, report)
+            if report.view is not None:
+                self.views.update(report.index, report.view)
             if report.down and report.index not in self._lost:
                 deltas.extend(self._lose(report.index, report.down))
             # a job aborted here may still have tokens in flight from its replica: dropped
@@ -221,6 +238,7 @@ class ReplicaSetFace:
             failures += [(f"replica {report.index}", ReplicaError(f)) for f in report.failures]
         for d in deltas:
             (self.jobs_at.finished if d.finished else self.jobs_at.started)(d.job_id)
+            self.progress.saw(d)
         if self.moves.rebalance():
             self._hold()
         return Stepped(deltas, iterations, time.perf_counter() - t0, failures)
@@ -296,11 +314,13 @@ class ReplicaSetFace:
             index = min(left, key=self.jobs_at.count)
             why = f"replica {min(tried)} is down or draining: the least-loaded one that is up"
         self.jobs_at.place(job_id, index, pending)
+        self.progress.placed(job_id, pending.arrival)
         self.decisions = [*self.decisions[1 - ROUTES_KEPT :], (time.time(), job_id, index, why)]
 
     def _lose(self, index: int, why: str) -> list[StepDelta]:
         """A replica died: its waiting jobs go elsewhere, its started ones end."""
         self._lost.add(index)
+        self.views.forget(index)
         again, ended = self.jobs_at.lost(index)
         out = [
             _ended(j, f"replica {index} failed ({why}); the job had started there and its KV was lost")

@@ -12,16 +12,25 @@ A replica that dies (its actor or process gone, its thread stopped) is marked do
 with why, the first time any door finds it so; a fresh one is then started in the
 background and takes its index once its model is loaded (`revived`). Calls to a
 replica that is down raise `ReplicaDown` at once; `call_all` and `poll` skip it.
+
+Nothing here waits on a replica without a deadline: a poll is asked once and gathered
+when it answers (the daemon's loop waits at most its timeout, whoever is late), and a
+replica whose poll has not answered for `HUNG_AFTER` seconds (a stopped process, a
+stuck actor) is hung: marked down as if dead, killed, and replaced. A call waits at
+most `CALL_TIMEOUT`, then the replica is hung too. An error a replica raises reaches
+the caller as itself, never as Ray's wrapping of it (a traceback, a pid, paths).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-import threading
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from concurrent.futures import wait as wait_futures
 from typing import Any
 
 from fsd.cluster.groups import ReplicaGroups, ReplicaShape
@@ -32,6 +41,12 @@ from fsd.jobs import SamplingParams
 
 log = logging.getLogger("fsd.cluster")
 _CALLS_AT_ONCE = 4  # an actor's concurrent calls: a poll, a call, an admission
+HUNG_AFTER = 5.0  # seconds a replica's poll may go unanswered before it counts as hung
+CALL_TIMEOUT = 10.0  # seconds a call may take (a step or two) before the same
+
+
+class ReplicaHung(ReplicaDown):
+    """A replica stopped answering (its process stopped or stuck)."""
 
 
 class Replicas(ABC):
@@ -43,6 +58,7 @@ class Replicas(ABC):
         self.routed = routed
         self.down: dict[int, str] = {}  # replicas found dead, and why
         self._restarts: dict[int, Future] = {}
+        self._asked: dict[int, tuple[Any, float]] = {}  # polls not answered yet, and since
         self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="fsd-restart")
         self.workers: list[Any] = [self._spawn(i) for i in range(len(self.configs))]
 
@@ -66,13 +82,21 @@ class Replicas(ABC):
         self._guard(index, self._admit, index, *args)
 
     def call(self, index: int, name: str, *args: Any) -> Any:
-        """A verb on one replica (ReplicaDown if it is down or dies now)."""
+        """A verb on one replica (ReplicaDown if it is down, dies or hangs now)."""
         return self._guard(index, self._call, index, name, *args)
+
+    def tell(self, index: int, name: str, *args: Any) -> None:
+        """A verb on one replica, not waited for (ReplicaDown if it is down)."""
+        self._guard(index, self._tell, index, name, *args)
 
     def call_all(self, name: str, *args: Any) -> dict[int, Any]:
         """A verb on every replica that is up: {index: answer}."""
+        return self.call_all_of(self.up(), name, *args)
+
+    def call_all_of(self, indices: Sequence[int], name: str, *args: Any) -> dict[int, Any]:
+        """A verb on those replicas that are up: {index: answer}."""
         answers = {}
-        for i in self.up():
+        for i in indices:
             try:
                 answers[i] = self.call(i, name, *args)
             except ReplicaDown:
@@ -80,12 +104,24 @@ class Replicas(ABC):
         return answers
 
     def poll(self, timeout: float) -> list[Report]:
-        """Every replica's report, waiting up to `timeout` for news from any; one that
-        is down reports only that (`Report.down`)."""
-        got = self._poll(self.up(), timeout)
+        """Every replica's report, waiting up to `timeout` for any (module doc); one
+        that is down reports only that (`Report.down`), one still asked nothing."""
+        now = time.monotonic()
+        for i in self.up():
+            if i not in self._asked:
+                try:
+                    self._asked[i] = (self._ask(i, timeout), now)
+                except BaseException as exc:  # noqa: BLE001 - its death, below
+                    self._died(i, exc)
+        got = self._gather({i: h for i, (h, _) in self._asked.items()}, timeout)
         reports = []
         for i in range(len(self)):
             item = got.get(i)
+            if item is not None:
+                self._asked.pop(i, None)
+            elif i in self._asked and time.monotonic() - self._asked[i][1] > HUNG_AFTER:
+                item = ReplicaHung(f"its poll went unanswered for {HUNG_AFTER:g} s")
+                self._asked.pop(i)
             if isinstance(item, BaseException):
                 self._died(i, item)
             reports.append(item if isinstance(item, Report) else Report(i, down=self.down.get(i)))
@@ -128,12 +164,22 @@ class Replicas(ABC):
 
     @abstractmethod
     def _call(self, index: int, name: str, *args: Any) -> Any:
-        """A verb on replica `index`, its answer (`ReplicaWorker.call`)."""
+        """A verb on replica `index`, its answer (`ReplicaWorker.call`), within
+        CALL_TIMEOUT (else ReplicaHung)."""
 
     @abstractmethod
-    def _poll(self, indices: list[int], timeout: float) -> dict[int, Report | BaseException]:
-        """Those replicas' reports (or why one could not answer), waiting up to
-        `timeout` for news from any."""
+    def _tell(self, index: int, name: str, *args: Any) -> None:
+        """A verb on replica `index`, not waited for (`ReplicaWorker.tell`)."""
+
+    @abstractmethod
+    def _ask(self, index: int, timeout: float) -> Any:
+        """Ask replica `index` for its report (waiting up to `timeout` for news there):
+        a handle for `_gather`."""
+
+    @abstractmethod
+    def _gather(self, asked: dict[int, Any], timeout: float) -> dict[int, Report | BaseException]:
+        """The answers (or why one could not answer) of the asked polls that came within
+        about `timeout`; the others stay asked."""
 
     def _is_death(self, exc: BaseException) -> bool:
         return isinstance(exc, ReplicaDown)
@@ -157,6 +203,12 @@ class Replicas(ABC):
         lines = _lines(exc) or [""]
         tail = f" ({lines[-1]})" if len(lines) > 1 else ""  # Ray's own last line says why
         self.down[index] = f"{type(exc).__name__}: {lines[0]}{tail}"[:300]
+        self._asked.pop(index, None)
+        if isinstance(exc, ReplicaHung):  # alive but silent: it must not come back
+            try:
+                self.kill(index)
+            except Exception as error:  # noqa: BLE001 - replaced all the same
+                log.warning("replica %d: could not kill the hung copy: %s", index, error)
         log.error("replica %d is down (%s); starting a fresh one", index, self.down[index])
         self._restarts[index] = self._pool.submit(self._replace, index)
 
@@ -170,41 +222,51 @@ class Replicas(ABC):
 
 
 class LocalReplicas(Replicas):
-    """Replicas in this process, each on its own thread (tests; one machine, no Ray)."""
+    """Replicas in this process, each on its own thread (tests; one machine, no Ray);
+    its polls run on a small pool of threads, so that one hung replica holds no other."""
 
     def __init__(self, configs: Sequence[EngineConfig], routed: float | None) -> None:
-        self._news = threading.Condition()  # any replica's news wakes a waiting poll
+        self._asker = ThreadPoolExecutor(max_workers=2 * len(configs), thread_name_prefix="fsd-poll")
         super().__init__(configs, routed)
 
     def _spawn(self, index: int) -> ReplicaWorker:
-        return ReplicaWorker(self.configs[index], index, self.routed, self._news)
+        return ReplicaWorker(self.configs[index], index, self.routed)
 
     def _admit(self, index: int, *args: Any) -> None:
         self.workers[index].admit(*args)
 
     def _call(self, index: int, name: str, *args: Any) -> Any:
-        return self.workers[index].call(name, *args)
+        try:
+            return self.workers[index].call(name, *args, timeout=CALL_TIMEOUT)
+        except FutureTimeout:
+            raise ReplicaHung(f"a call ({name}) went unanswered for {CALL_TIMEOUT:g} s") from None
 
-    def _poll(self, indices: list[int], timeout: float) -> dict[int, Report | BaseException]:
-        workers = [self.workers[i] for i in indices]
-        with self._news:
-            if timeout > 0 and not any(w.has_news() for w in workers):
-                self._news.wait(timeout)
+    def _tell(self, index: int, name: str, *args: Any) -> None:
+        self.workers[index].tell(name, *args)
+
+    def _ask(self, index: int, timeout: float) -> Future:
+        return self._asker.submit(self.workers[index].poll, timeout)
+
+    def _gather(self, asked: dict[int, Future], timeout: float) -> dict[int, Report | BaseException]:
+        wait_futures(list(asked.values()), timeout=timeout + 0.05)
         got: dict[int, Report | BaseException] = {}
-        for i, w in zip(indices, workers, strict=True):
-            try:
-                got[i] = w.poll()
-            except ReplicaDown as exc:
-                got[i] = exc
+        for i, future in asked.items():
+            if future.done():
+                exc = future.exception()
+                got[i] = exc if exc is not None else future.result()
         return got
 
+    def _is_death(self, exc: BaseException) -> bool:
+        return isinstance(exc, ReplicaDown)
+
     def kill(self, index: int) -> None:
-        self.workers[index].close()
+        self.workers[index].close(wait=0.0)
 
     def close(self) -> None:
         super().close()
         for w in self.workers:
             w.close()
+        self._asker.shutdown(wait=False, cancel_futures=True)
 
 
 class RayReplicas(Replicas):
@@ -261,16 +323,34 @@ class RayReplicas(Replicas):
         self._sent[index] += 1
 
     def _call(self, index: int, name: str, *args: Any) -> Any:
-        return self.ray.get(self.workers[index].call.remote(name, *args, after=self._sent[index]))
+        ref = self.workers[index].call.remote(name, *args, after=self._sent[index])
+        try:
+            return self.ray.get(ref, timeout=CALL_TIMEOUT)
+        except self.ray.exceptions.GetTimeoutError:
+            raise ReplicaHung(f"a call ({name}) went unanswered for {CALL_TIMEOUT:g} s") from None
+        except self.ray.exceptions.RayTaskError as exc:  # the replica's own error, unwrapped
+            cause = getattr(exc, "cause", None)
+            if isinstance(cause, BaseException):
+                raise cause from None
+            lines = _lines(exc)
+            raise FsdError(f"replica {index}: {lines[-1] if lines else type(exc).__name__}") from None
 
-    def _poll(self, indices: list[int], timeout: float) -> dict[int, Report | BaseException]:
-        refs = {i: self.workers[i].poll.remote(timeout) for i in indices}
+    def _tell(self, index: int, name: str, *args: Any) -> None:
+        self.workers[index].tell.remote(name, *args)
+        self._sent[index] += 1
+
+    def _ask(self, index: int, timeout: float) -> Any:
+        return self.workers[index].poll.remote(timeout)
+
+    def _gather(self, asked: dict[int, Any], timeout: float) -> dict[int, Report | BaseException]:
+        index_of = {ref: i for i, ref in asked.items()}
+        ready, _ = self.ray.wait(list(asked.values()), num_returns=len(asked), timeout=timeout + 0.05)
         got: dict[int, Report | BaseException] = {}
-        for i, ref in refs.items():
+        for ref in ready:
             try:
-                got[i] = self.ray.get(ref)
-            except self.ray.exceptions.RayActorError as exc:
-                got[i] = exc
+                got[index_of[ref]] = self.ray.get(ref, timeout=1.0)
+            except (self.ray.exceptions.RayActorError, self.ray.exceptions.GetTimeoutError) as exc:
+                got[index_of[ref]] = exc
         return got
 
     def _is_death(self, exc: BaseException) -> bool:

@@ -8,10 +8,15 @@ doors, each safe from any thread:
   rules, `fsd.cluster.admission`) and named the job, so it answers its client at once;
   a refusal here (a late job refused, a degraded engine) comes back in a report and
   the daemon ends the job with that error;
-- `call`: a verb whose answer the daemon needs (abort, retune, a snapshot, the job
-  table, the twin's history), applied between two steps: it waits at most one step;
+- `tell`: a verb without an answer (abort), queued like an admission;
+- `call`: a verb whose answer the daemon needs (retune, the twin's history, a move),
+  applied between two steps: it waits at most one step;
 - `poll`: what the steps produced since the last poll (tokens and results,
-  iterations, failures, engine events) and what the router reads (`state`).
+  iterations, failures, engine events), what the router reads (`state`), and the
+  replica's snapshot with its job table and level counts (`view`), built at most
+  every `VIEW_EVERY` seconds and whenever its set of jobs changed: the daemon answers
+  status, job lists and telemetry from the views replicas pushed, never waiting for a
+  replica's step (a hung replica would hold every client).
 """
 
 from __future__ import annotations
@@ -31,13 +36,15 @@ from fsd.engine.core import Engine
 from fsd.engine.events import EngineEvent
 from fsd.engine.face import EngineFace
 from fsd.engine.output import IterationStats, StepDelta
-from fsd.engine.views import EngineInfo, JobRequest
+from fsd.engine.views import EngineInfo, EngineSnapshot, JobRequest
 from fsd.errors import FsdError
 from fsd.jobs import SamplingParams
 from fsd.sched.admission import RequestLimits
 
 log = logging.getLogger("fsd.cluster")
 IDLE_WAIT = 0.05  # seconds an idle replica waits for a command before looking again
+VIEW_EVERY = 0.1  # seconds between two views a busy replica pushes (at least)
+VIEW_IDLE = 0.5  # ... and an idle one (a fresh replica reads "up" at once)
 
 
 class ReplicaDown(FsdError):
@@ -69,7 +76,17 @@ class Report:
     busy: bool = False  # it still has work
     live: int = 0  # its live jobs
     state: Any = None  # the router's view of it (fsd.router), when one is given
+    view: View | None = None  # its latest snapshot (module doc), when one was built
     down: str | None = None  # set by the daemon's side: the replica is gone, and why
+
+
+@dataclass
+class View:
+    """A replica's observable state as of `snapshot.time`: the snapshot with its job
+    table and the jobs' running/waiting counts per level."""
+
+    snapshot: EngineSnapshot
+    level_counts: dict[int, tuple[int, int]]
 
 
 @dataclass(frozen=True)
@@ -102,6 +119,8 @@ class ReplicaWorker:
         self._pushed = 0.0  # when it last built a state (monotonic)
         self._watcher: Any = None  # its router state's builder (made on the first step)
         self._taken = 0  # admissions applied (the router counts them as acknowledged)
+        self._viewed = -1.0  # when it last built a view (monotonic)
+        self._changed = True  # its set of jobs changed since that view
         self._commands: queue.SimpleQueue[tuple[str, tuple, Future | None]] = queue.SimpleQueue()
         self._ready = news or threading.Condition()
         self._report = Report(index)
@@ -135,6 +154,14 @@ class ReplicaWorker:
             self._received += 1
             self._arrived.notify_all()
 
+    def tell(self, name: str, *args: Any) -> None:
+        """Queue a verb whose answer nobody waits for (its error is logged)."""
+        self._check_open()
+        with self._arrived:
+            self._commands.put((name, args, None))
+            self._received += 1
+            self._arrived.notify_all()
+
     def call(self, name: str, *args: Any, after: int = 0, timeout: float | None = None) -> Any:
         """Run a verb between two steps, after the first `after` admissions, and return
         its answer (its error is raised)."""
@@ -161,12 +188,13 @@ class ReplicaWorker:
         if self._closed:
             raise ReplicaDown(f"replica {self.index} has stopped")
 
-    def close(self) -> None:
+    def close(self, wait: float = 10.0) -> None:
+        """Stop it; `wait`: how long for its thread (0: a hung one is left behind)."""
         if self._closed:
             return
         self._closed = True
         self._commands.put(("stop", (), None))
-        self._thread.join(10.0)
+        self._thread.join(wait)
         while not self._commands.empty():  # calls that came too late hear why
             _, _, future = self._commands.get_nowait()
             if future is not None:
@@ -181,6 +209,7 @@ class ReplicaWorker:
                 self._apply(block=not self.face.busy())
                 if self.face.busy():
                     self._step()
+                self._view()
             except Exception:  # noqa: BLE001 - a replica's loop must not die
                 log.exception("replica %d: the loop failed", self.index)
                 time.sleep(IDLE_WAIT)
@@ -204,7 +233,13 @@ class ReplicaWorker:
         if name == "admit":
             self._admit(*args)
             return
-        assert future is not None
+        self._changed = True
+        if future is None:  # told: nobody waits for the answer
+            try:
+                self._verb(name)(*args)
+            except FsdError as exc:
+                log.debug("replica %d: %s %s: %s", self.index, name, args, exc)
+            return
         try:
             future.set_result(self._verb(name)(*args))
         except BaseException as exc:  # noqa: BLE001 - the caller gets it
@@ -223,6 +258,7 @@ class ReplicaWorker:
             "has": face.has,
             "history": face.history,
             "config": lambda: face.config,
+            "view": lambda: View(face.snapshot(time.time()), face.level_counts()),
             "take_out": face.take_out,
             "resync": lambda: self._watcher is not None and self._watcher.resync(),
             "bring_in": face.bring_in,
@@ -241,6 +277,7 @@ class ReplicaWorker:
         owner: str | None = None,
     ) -> None:
         self._taken += 1
+        self._changed = True
         try:
             request = JobRequest(ids, params, job_id, arrival, tags, owner=owner)
             self.face.admit(request)
@@ -249,6 +286,8 @@ class ReplicaWorker:
 
     def _step(self) -> None:
         stepped = self.face.step()
+        if any(d.finished for d in stepped.deltas):
+            self._changed = True
         failures = [f"{what}: {type(exc).__name__}: {exc}" for what, exc in stepped.failures]
         state, now = None, time.monotonic()
         if self._routed is not None and now - self._pushed >= self._routed:
@@ -263,7 +302,19 @@ class ReplicaWorker:
             state=state,
         )
 
-    def _add(self, seconds: float = 0.0, state: Any = None, **lists: list) -> None:
+    def _view(self) -> None:
+        """Push a view when the jobs changed or it is due (module doc)."""
+        now = time.monotonic()
+        due = VIEW_EVERY if self.face.busy() else VIEW_IDLE
+        if now - self._viewed < (0.01 if self._changed else due):
+            return
+        self._viewed, self._changed = now, False
+        view = View(self.face.snapshot(time.time()), self.face.level_counts())
+        self._add(view=view)
+
+    def _add(
+        self, seconds: float = 0.0, state: Any = None, view: View | None = None, **lists: list
+    ) -> None:
         with self._ready:
             report = self._report
             for name, items in lists.items():
@@ -271,6 +322,8 @@ class ReplicaWorker:
             report.seconds += seconds
             if state is not None:
                 report.state = state
+            if view is not None:
+                report.view = view
             self._ready.notify_all()
 
     def has_news(self) -> bool:

@@ -3,6 +3,7 @@ single engine gives, and the verbs (abort, retune, snapshots) reach the right on
 
 from __future__ import annotations
 
+import threading
 import time
 
 import msgspec
@@ -273,4 +274,45 @@ def test_the_fsd_router_sends_a_cached_prefix_back_to_the_replica_that_holds_it(
         assert "cached 6 dev" in face.decisions[-1][3]
         run(face, [again])
     finally:
+        face.close()
+
+
+def test_a_hung_replica_holds_nobody_and_is_replaced():
+    """A replica that stops answering (as SIGSTOP makes it): status, job lists and
+    aborts are answered at once from what the replicas pushed, the hung one is marked
+    down within a few seconds, its waiting jobs finish elsewhere and a fresh copy comes."""
+    face = start_replicas(EngineConfig.from_kwargs(**CONFIG, max_batch_size=1), 2, in_process=True)
+    stop = threading.Event()
+    try:
+        long = SamplingParams(max_tokens=400, ignore_eos=True)
+        ids = [face.admit(JobRequest(p, long)).job_id for p in PROMPTS[:4]]
+        while not face.snapshot().jobs or len(face.snapshot().jobs) < 4:
+            face.step()
+        victim = 1
+        hung = face.replicas.workers[victim]
+        step = hung.face.step
+        hung.poll = lambda timeout=0.0: stop.wait()  # type: ignore[method-assign]
+        hung.face.step = lambda: (stop.wait(), step())[1]  # type: ignore[method-assign]
+        began = time.monotonic()
+        answered = []
+        while victim not in face.replicas.down:
+            assert time.monotonic() - began < 30, "the hung replica was never marked down"
+            t0 = time.monotonic()
+            snap = face.snapshot(detail=False)
+            assert len(face.jobs()) >= 1 and snap.live >= 1
+            answered.append(time.monotonic() - t0)
+            face.step()
+        print(f"marked down after {time.monotonic() - began:.1f} s; status took {max(answered):.3f} s at most")
+        assert max(answered) < 5.0  # never a step-wait on the hung one
+        assert "unanswered" in face.replicas.down[victim]
+        rest = [j for j in ids if face.has(j)]
+        out = face.abort(rest[0])  # told, answered at once with what it made so far
+        assert out.finish_reason == "abort"
+        deadline = time.monotonic() + 60
+        while victim in face.replicas.down:
+            assert time.monotonic() < deadline, "no fresh copy came"
+            face.step()
+        assert {r.health for r in face.snapshot().replicas} == {"ok"}
+    finally:
+        stop.set()
         face.close()
