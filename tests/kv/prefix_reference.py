@@ -38,6 +38,7 @@ class ReferencePrefixCache:
         # whether copying n host blocks beats recomputing them after `start` tokens
         self.worth_copy: Callable[[int, int], bool] = lambda n, start: True
         self.queries = self.hits = self.host_hits = 0
+        self.lookups = self.lookup_hits = 0  # never undone (PrefixInfo)
         self._attached: dict[str, tuple[int, int]] = {}  # job -> (hit, host hit) to undo
         device.on_evict = self._demote
         host.on_evict = self._drop_host
@@ -138,6 +139,8 @@ class ReferencePrefixCache:
         self.queries += job.num_tokens
         self.hits += computed
         self.host_hits += host_hit
+        self.lookups += job.num_tokens
+        self.lookup_hits += computed
         self._attached[job.job_id] = (computed, host_hit)
         if computed and not job.num_cached_tokens and not job.num_output_tokens:
             job.num_cached_tokens = min(computed, job.num_prompt_tokens)  # its first prefill
