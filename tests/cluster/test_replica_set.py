@@ -267,7 +267,8 @@ def test_the_fsd_router_sends_a_cached_prefix_back_to_the_replica_that_holds_it(
         first = face.admit(JobRequest(shared + [9], PARAMS)).job_id
         home = face.replica_of(first)
         run(face, [first])
-        for _ in range(3):  # the replicas push their states (with the cached blocks)
+        until = time.monotonic() + 1.0  # the replicas push their states (with the cached
+        while time.monotonic() < until:  # blocks); their reports reach the face as they come
             face.step()
         again = face.admit(JobRequest(shared + [10], PARAMS)).job_id
         assert face.replica_of(again) == home  # both idle: the cached prefix decides

@@ -206,7 +206,9 @@ def test_retune_inject_list_and_get_job(daemon):
 def _load_worker(endpoint: str, n: int, seed: int, results: mp.Queue) -> None:
     done = 0
     reasons: dict[str, int] = {}
-    with Client(endpoint, timeout=60.0) as c:
+    # a ping every 0.5 s: the daemon's client_timeout is 2 s, and on a loaded machine
+    # the last results may come later than that after the last submit
+    with Client(endpoint, timeout=60.0, heartbeat=0.5) as c:
         handles = [
             c.submit([(seed * 31 + i) % 250 + 1, 7, 9], max_tokens=3, ignore_eos=True)
             for i in range(n)
