@@ -14,7 +14,7 @@ doors, each safe from any thread:
 - `poll`: what the steps produced since the last poll (tokens and results,
   iterations, failures, engine events), what the router reads (`state`), and the
   replica's snapshot with its job table and level counts (`view`), built at most
-  every `VIEW_EVERY` seconds and whenever its set of jobs changed: the daemon answers
+  every `VIEW_EVERY` seconds and soon after its set of jobs changed: the daemon answers
   status, job lists and telemetry from the views replicas pushed, never waiting for a
   replica's step (a hung replica would hold every client).
 """
@@ -45,6 +45,7 @@ log = logging.getLogger("fsd.cluster")
 IDLE_WAIT = 0.05  # seconds an idle replica waits for a command before looking again
 VIEW_EVERY = 0.1  # seconds between two views a busy replica pushes (at least)
 VIEW_IDLE = 0.5  # ... and an idle one (a fresh replica reads "up" at once)
+VIEW_CHANGED = 0.03  # ... and one whose jobs changed: soon, but not a whole table per step
 
 
 class ReplicaDown(FsdError):
@@ -306,7 +307,7 @@ class ReplicaWorker:
         """Push a view when the jobs changed or it is due (module doc)."""
         now = time.monotonic()
         due = VIEW_EVERY if self.face.busy() else VIEW_IDLE
-        if now - self._viewed < (0.01 if self._changed else due):
+        if now - self._viewed < (VIEW_CHANGED if self._changed else due):
             return
         self._viewed, self._changed = now, False
         view = View(self.face.snapshot(time.time()), self.face.level_counts())
