@@ -1,11 +1,13 @@
 """Moves jobs' KV blocks between the device pool and the host pool, for real.
 
-Why a side stream: proactive swapping only pays off if the copies overlap the model
-step (paper Fig. 9). On CUDA each batch of copies runs on its own stream after the
-compute stream's last writes, and an event marks its end; the engine polls events
-between iterations and never waits on them unless it has nothing else to run. On
-CPU a single background thread makes the same copies, so tests exercise the same
-asynchrony. Synchronous (reactive) copies run before the model step and block.
+Why a copier thread and a side stream: proactive swapping only pays off if the
+copies overlap the model step (paper Fig. 9). One thread makes every asynchronous
+copy, a bounded slice at a time (`fsd.engine.swap_staging`: why slices); on CUDA on
+its own stream, after the compute stream's writes as of `start` (an event), and an
+event marks each batch's end. The engine polls between iterations and never waits
+unless it has nothing else to run. On CPU the same thread makes the same slices, so
+tests exercise the same asynchrony. Synchronous (reactive) copies run on the compute
+stream before the model step and block.
 
 The host pool is block-major ([num_blocks, layers, 2, block_size, heads, dim]) so a
 host block is one contiguous range, pinned on CUDA for asynchronous DMA.
@@ -16,13 +18,17 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from fsd.engine.kv_cache import KVCachePool, KVShape
+from fsd.engine.swap_staging import Staging, runs
+from fsd.errors import ConfigError
 from fsd.kv.swap import SwapOp
+
+__all__ = ["HostKVPool", "Swapper", "runs"]
 
 
 class HostKVPool:
@@ -32,11 +38,16 @@ class HostKVPool:
         self.shape = shape
         self.num_blocks = num_blocks
         self.block_size = block_size
-        self.data = torch.zeros(
-            (num_blocks, shape.num_layers, 2, block_size, shape.num_kv_heads, shape.head_dim),
-            dtype=shape.dtype,
-            pin_memory=pin and num_blocks > 0,
-        )
+        size = (num_blocks, shape.num_layers, 2, block_size, shape.num_kv_heads, shape.head_dim)
+        try:
+            self.data = torch.zeros(size, dtype=shape.dtype, pin_memory=pin and num_blocks > 0)
+        except RuntimeError as exc:  # pinning is page-locking: the host may refuse it
+            need = num_blocks * shape.bytes_per_block(block_size) / (1 << 30)
+            raise ConfigError(
+                f"the host KV pool needs {need:.1f} GiB of {'pinned ' if pin else ''}host memory "
+                f"({num_blocks} blocks) and could not get it ({exc}); lower host_kv_bytes or "
+                "num_host_blocks"
+            ) from exc
 
     @property
     def nbytes(self) -> int:
@@ -51,55 +62,44 @@ class HostKVPool:
 class _Batch:
     ops: list[SwapOp]
     nbytes: int
-    done: Any  # torch.cuda.Event or Future
-    keep: list[torch.Tensor] = field(default_factory=list)  # temporaries alive until done
+    done: Future  # the copier's: its failures and, on CUDA, the event of its last slice
 
 
 class Swapper:
     """Executes swap plans: `run_sync` on the critical path, `start` + `poll` beside it."""
 
-    def __init__(self, device_pool: KVCachePool, host_pool: HostKVPool) -> None:
+    def __init__(
+        self, device_pool: KVCachePool, host_pool: HostKVPool, slice_bytes: int | None = None
+    ) -> None:
         self.device_pool = device_pool
         self.host_pool = host_pool
         self.cuda = device_pool.data.is_cuda
         self._pending: list[_Batch] = []
         self._failed: list[tuple[SwapOp, str]] = []
-        self._stream = torch.cuda.Stream(device_pool.data.device) if self.cuda else None
-        self._thread = None if self.cuda else ThreadPoolExecutor(1, thread_name_prefix="fsd-swap")
-        if self._thread is not None:  # its one thread now: a daemon's thread count is flat
-            self._thread.submit(int).result()
+        device = device_pool.data.device
+        self._stream = torch.cuda.Stream(device) if self.cuda else None
+        self.staging = Staging(device_pool.data, host_pool.data, slice_bytes)
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix="fsd-swap")
+        # its one thread now (a daemon's thread count is flat), on the pool's device
+        self._thread.submit(torch.cuda.set_device if self.cuda else str, device).result()
         self.bytes_out = 0  # totals, for telemetry
         self.bytes_in = 0
 
     # ---- copies ----------------------------------------------------------------
 
-    def _copy(self, op: SwapOp, keep: list[torch.Tensor]) -> None:
-        dev = self.device_pool.data  # [L, 2, NB, BS, H, D]
-        host = self.host_pool.data  # [NB, L, 2, BS, H, D]
+    def _copy(self, op: SwapOp, staging: Staging | None) -> None:
+        """One op: a slice at a time through `staging` (the copier), or at once on the
+        current stream (a synchronous copy: it blocks the step anyway)."""
         if not op.src:  # every block was cached on the other tier already
             return
-        if op.direction == "copy":  # device to device (the prefix cache's copy on write)
-            src = torch.tensor(op.src, device=dev.device)
-            blocks = dev.index_select(2, src)
-            keep.append(blocks)
-            dev.index_copy_(2, torch.tensor(op.dst, device=dev.device), blocks)
-        elif op.direction == "out":
-            src = torch.tensor(op.src, device=dev.device)
-            blocks = dev.index_select(2, src).permute(2, 0, 1, 3, 4, 5).contiguous()
-            keep.append(blocks)
-            for k, d, n in runs(op.dst):  # one copy per run of adjacent host blocks
-                host[d : d + n].copy_(blocks[k : k + n], non_blocking=True)
-            self.bytes_out += blocks.numel() * blocks.element_size()
+        if staging is not None:
+            moved = staging.copy(op.direction, op.src, op.dst)
         else:
-            staged = torch.empty(
-                (len(op.src), *host.shape[1:]), dtype=host.dtype, device=dev.device
-            )
-            for k, s, n in runs(op.src):
-                staged[k : k + n].copy_(host[s : s + n], non_blocking=True)
-            dst = torch.tensor(op.dst, device=dev.device)
-            dev.index_copy_(2, dst, staged.permute(1, 2, 0, 3, 4, 5))
-            keep.append(staged)
-            self.bytes_in += staged.numel() * staged.element_size()
+            moved = _copy_at_once(self.device_pool.data, self.host_pool.data, op)
+        if op.direction == "out":
+            self.bytes_out += moved
+        elif op.direction == "in":
+            self.bytes_in += moved
 
     def _nbytes(self, ops: Sequence[SwapOp]) -> int:
         return sum(op.num_blocks for op in ops) * self.host_pool.bytes_per_block
@@ -107,9 +107,8 @@ class Swapper:
     def run_sync(self, ops: Sequence[SwapOp]) -> None:
         """Copy now and wait, in the order given (SchedulerOutput.sync_ops: a later
         copy may write the blocks an earlier one read)."""
-        keep: list[torch.Tensor] = []
         for op in ops:
-            self._copy(op, keep)
+            self._copy(op, None)
         if self.cuda:
             torch.cuda.current_stream(self.device_pool.data.device).synchronize()
 
@@ -118,19 +117,11 @@ class Swapper:
         if not ops:
             return None
         ops = list(ops)
-        keep: list[torch.Tensor] = []
-        if self.cuda:
-            assert self._stream is not None
-            self._stream.wait_stream(torch.cuda.current_stream(self.device_pool.data.device))
-            with torch.cuda.stream(self._stream):
-                for op in ops:
-                    self._copy(op, keep)
-                event = torch.cuda.Event()
-                event.record(self._stream)
-            self._pending.append(_Batch(ops, self._nbytes(ops), event, keep))
-            return event
-        assert self._thread is not None
-        future: Future = self._thread.submit(self._copy_all, ops)
+        ready = None
+        if self.cuda:  # the copies read the KV as the compute stream has written it so far
+            ready = torch.cuda.Event()
+            ready.record(torch.cuda.current_stream(self.device_pool.data.device))
+        future: Future = self._thread.submit(self._copy_all, ops, ready)
         self._pending.append(_Batch(ops, self._nbytes(ops), future))
         return future
 
@@ -138,27 +129,36 @@ class Swapper:
         """Make what runs next on the compute stream wait for one `start`ed batch.
 
         A pipeline stage starts its micro-batch's copies, receives activations, then
-        calls this before its layers read the KV: on CUDA the compute stream waits on
-        the copy's event (no host sync); on CPU the copy thread's future is awaited.
+        calls this before its layers read the KV: the copier's future is awaited (it
+        has queued every slice), then on CUDA the compute stream waits on the batch's
+        last event (no host sync for the copies themselves).
         """
         if handle is None:
             return
-        if isinstance(handle, Future):
-            _raise_if_failed(handle)  # .exception() waits for the copy
-        else:
-            torch.cuda.current_stream(self.device_pool.data.device).wait_event(handle)
+        _raise_if_failed(handle)  # .exception() waits for the copier
+        end = handle.result()[1]
+        if end is not None:
+            torch.cuda.current_stream(self.device_pool.data.device).wait_event(end)
 
-    def _copy_all(self, ops: list[SwapOp]) -> list[tuple[SwapOp, str]]:
+    def _copy_all(self, ops: list[SwapOp], ready: Any) -> tuple[list[tuple[SwapOp, str]], Any]:
         """Each copy on its own: one that fails loses its job's KV, never the others'
-        in the batch (they are copied all the same). The failed ones, with why."""
-        keep: list[torch.Tensor] = []
+        in the batch (they are copied all the same). The failed ones, with why, and on
+        CUDA the event that ends the batch."""
         failed: list[tuple[SwapOp, str]] = []
-        for op in ops:
-            try:
-                self._copy(op, keep)
-            except Exception as exc:  # noqa: BLE001 - reported for this op's job alone
-                failed.append((op, f"a KV copy failed: {type(exc).__name__}: {exc}"))
-        return failed
+        with contextlib.ExitStack() as stack:
+            if self._stream is not None:
+                stack.enter_context(torch.cuda.stream(self._stream))
+                self._stream.wait_event(ready)
+            for op in ops:
+                try:
+                    self._copy(op, self.staging)
+                except Exception as exc:  # noqa: BLE001 - reported for this op's job alone
+                    failed.append((op, f"a KV copy failed: {type(exc).__name__}: {exc}"))
+            end = None
+            if self._stream is not None:
+                end = torch.cuda.Event()
+                end.record(self._stream)
+        return failed, end
 
     def poll(self) -> list[SwapOp]:
         """The asynchronous copies that have ended since the last poll.
@@ -186,11 +186,9 @@ class Swapper:
         """Block until the oldest pending copy ends (nothing else to do), then poll."""
         if self._pending:
             first = self._pending[0].done
-            if isinstance(first, Future):
-                with contextlib.suppress(TimeoutError):
-                    first.exception(timeout=timeout)
-            else:
-                first.synchronize()
+            with contextlib.suppress(TimeoutError):
+                if first.exception(timeout=timeout) is None and first.result()[1] is not None:
+                    first.result()[1].synchronize()
         return self.poll()
 
     @property
@@ -206,48 +204,52 @@ class Swapper:
         (their memory returns once the worker drops them too; no copy runs after)."""
         while self._pending:
             self.wait()
-        if self._thread is not None:
-            self._thread.shutdown(wait=True)
+        self._thread.shutdown(wait=True)
+        self.staging.drain()
         self.device_pool = self.host_pool = None  # type: ignore[assignment]
 
 
-def runs(blocks: Sequence[int]) -> list[tuple[int, int, int]]:
-    """(position in `blocks`, first block, length) of each run of consecutive blocks.
-
-    Why: a copy between host and device costs a launch (and on a GPU, host time that
-    delays the next step); one copy per block made a 512-block swap-out slow the
-    decode step beside it 2.7x on an H100 (bench/results/gpu-h100/swap.json). The host
-    pool hands out adjacent blocks whenever it can, so most swaps are a few runs.
-    """
-    out: list[tuple[int, int, int]] = []
-    for k, b in enumerate(blocks):
-        if out and out[-1][1] + out[-1][2] == b:
-            start, first, n = out[-1]
-            out[-1] = (start, first, n + 1)
-        else:
-            out.append((k, b, 1))
-    return out
-
-
-def _finished(done: Any) -> bool:
-    return done.done() if isinstance(done, Future) else bool(done.query())
+def _copy_at_once(dev: torch.Tensor, host: torch.Tensor, op: SwapOp) -> int:
+    """A copy on the current stream, waited for by the caller (temporaries allocated
+    and kept alive until then by the stream's allocator); bytes moved.
+    `dev` is [L, 2, NB, BS, H, D], `host` [NB, L, 2, BS, H, D]."""
+    if op.direction == "copy":  # device to device (the prefix cache's copy on write)
+        blocks = dev.index_select(2, torch.tensor(op.src, device=dev.device))
+        dev.index_copy_(2, torch.tensor(op.dst, device=dev.device), blocks)
+    elif op.direction == "out":
+        blocks = dev.index_select(2, torch.tensor(op.src, device=dev.device))
+        blocks = blocks.permute(2, 0, 1, 3, 4, 5).contiguous()
+        for k, d, n in runs(op.dst):  # one copy per run of adjacent host blocks
+            host[d : d + n].copy_(blocks[k : k + n], non_blocking=True)
+    else:
+        blocks = torch.empty((len(op.src), *host.shape[1:]), dtype=host.dtype, device=dev.device)
+        for k, s, n in runs(op.src):
+            blocks[k : k + n].copy_(host[s : s + n], non_blocking=True)
+        dev.index_copy_(2, torch.tensor(op.dst, device=dev.device), blocks.permute(1, 2, 0, 3, 4, 5))
+    return blocks.numel() * blocks.element_size()
 
 
-def _failures(done: Any, ops: Sequence[SwapOp]) -> list[tuple[SwapOp, str]]:
-    """The copies of a finished batch that failed, with why (a CUDA event has no
-    failure to report: a failing CUDA copy raises in `start`)."""
-    if not isinstance(done, Future):
-        return []
+def _finished(done: Future) -> bool:
+    """The copier has queued the batch and (on CUDA) its last slice has ended."""
+    if not done.done():
+        return False
+    if done.exception() is not None:
+        return True
+    end = done.result()[1]
+    return end is None or bool(end.query())
+
+
+def _failures(done: Future, ops: Sequence[SwapOp]) -> list[tuple[SwapOp, str]]:
+    """The copies of a finished batch that failed, with why."""
     exc = done.exception()
     if exc is not None:  # the batch itself broke: none of its copies is known good
         return [(op, f"a KV copy failed: {type(exc).__name__}: {exc}") for op in ops]
-    return list(done.result())
+    return list(done.result()[0])
 
 
-def _raise_if_failed(done: Any) -> None:
-    if isinstance(done, Future):
-        exc = done.exception()
-        if exc is not None:
-            raise RuntimeError(f"a KV copy failed: {exc}") from exc
-        if done.result():
-            raise RuntimeError(done.result()[0][1])
+def _raise_if_failed(done: Future) -> None:
+    exc = done.exception()
+    if exc is not None:
+        raise RuntimeError(f"a KV copy failed: {exc}") from exc
+    if done.result()[0]:
+        raise RuntimeError(done.result()[0][0][1])
