@@ -7,8 +7,9 @@ Two tables. `AttentionMetadata.build`: the median time to lay out a batch of B
 decodes at context --context (block size 16), and of the same decodes beside one
 prefill of --context tokens. The step: the `tiny` preset decoding B jobs, each step
 timed (median) whole (`Engine.step`) and in parts: the model's forward
-(`forward_stage`), the rest of `Worker.step` (layout, input tensors, logits and
-sampling) and the rest of the engine (scheduler, plan, appending tokens). Writes
+(`forward_stage` and the head, `compute_logits`), the rest of `Worker.step` (layout,
+input tensors, sampling) and the rest of the engine (scheduler, plan, appending
+tokens). "not forward" is the host work a GPU step would have to hide. Writes
 bench/results/step-overhead-<device>.json.
 """
 
@@ -84,6 +85,7 @@ def time_steps(batch: int, args) -> dict:
         eng.step()  # until every job decodes
     step_t = Timer(worker, "step")
     fwd_t = Timer(worker.model, "forward_stage")
+    head_t = Timer(worker.model, "compute_logits")  # the model's too (inside the graph on a GPU)
     total = []
     for _ in range(args.steps):
         start = time.perf_counter()
@@ -91,7 +93,8 @@ def time_steps(batch: int, args) -> dict:
         total.append(time.perf_counter() - start)
     llm.close()
     med = statistics.median
-    whole, wstep, fwd = med(total), med(step_t.times), med(fwd_t.times)
+    whole, wstep = med(total), med(step_t.times)
+    fwd = med([a + b for a, b in zip(fwd_t.times, head_t.times, strict=True)])
     return {
         "batch": batch,
         "step_ms": 1e3 * whole,

@@ -10,18 +10,21 @@ batch of n decodes is copied into the first n rows and runs the graph of the
 smallest bucket >= n, its padding rows writing no K/V (slot -1) and reading one
 token. Buckets are 1, 2, 4, then every multiple of 8 up to the largest batch.
 
-Only pure-decode iterations replay; a step with a prefill runs eagerly. A bucket is
-captured the first time a batch needs it: the step runs once eagerly on the static
-buffers (Triton compiles, cuBLAS settles), then is captured into a memory pool that
-all buckets share (they never run at once). Capture needs code that never syncs
-with the host, which the Triton backend is; if a capture fails anyway, fsd logs one
-warning and runs every step eagerly from then on. `cuda_graphs = false` in [model]
-turns graphs off.
+Only pure-decode iterations replay; a step with a prefill runs eagerly. Every
+bucket is captured at start (`capture_all`, logged with its progress), so no step a
+client waits on pays a compile or a capture: the step runs once eagerly on the
+static buffers (Triton compiles, cuBLAS settles), then is captured into a memory
+pool that all buckets share (they never run at once). Capture needs code that never
+syncs with the host, which the Triton backend is; if a capture fails anyway, fsd
+logs one warning and runs every step eagerly from then on; if it fails for want of
+memory, the start fails and says so. `cuda_graphs = false` in [model] turns graphs
+off.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -29,6 +32,7 @@ import numpy as np
 import torch
 
 from fsd.engine.output import describe
+from fsd.errors import ConfigError
 from fsd.layers.attention import AttentionMetadata, HostLayout
 
 log = logging.getLogger("fsd.engine")
@@ -144,6 +148,37 @@ class DecodeGraphs:
         replay, out = graph
         replay()
         return out[:n]
+
+    def capture_all(self, every: float = 2.0) -> None:
+        """Capture every bucket now, on padding rows (they write no KV), logging the
+        progress at most every `every` seconds. Out of memory: ConfigError, saying
+        what to lower; any other failure: graphs off (one warning), steps run eagerly."""
+        began = last = time.monotonic()
+        log.info("capturing %d CUDA graphs of decode steps (batch %d to %d)",
+                 len(self.buckets), self.buckets[0], self.buckets[-1])  # fmt: skip
+        for k, bucket in enumerate(self.buckets):
+            if bucket in self._graphs:
+                continue
+            self.slot_mapping[:bucket].fill_(-1)
+            self.context_lens[:bucket].fill_(1)
+            try:
+                self._graphs[bucket] = self.capture(lambda b=bucket: self._step(b))
+            except torch.OutOfMemoryError as exc:
+                self._graphs.clear()
+                raise ConfigError(
+                    f"capturing the CUDA graph of a decode batch of {bucket} ran out of GPU memory "
+                    f"({exc}); lower max_batch_size or gpu_memory_utilization, or set "
+                    "cuda_graphs = false"
+                ) from exc
+            except Exception as exc:  # noqa: BLE001 - eager still works: say so once
+                self.failed = describe("capturing a CUDA graph", exc)
+                self._graphs.clear()
+                log.warning("%s; decode steps run eagerly from now on", self.failed)
+                return
+            if time.monotonic() - last >= every:
+                last = time.monotonic()
+                log.info("captured %d/%d CUDA graphs (%.0f s)", k + 1, len(self.buckets), last - began)
+        log.info("captured %d CUDA graphs in %.1f s", len(self.buckets), time.monotonic() - began)
 
     def _step(self, bucket: int) -> torch.Tensor:
         """The model step over the first `bucket` rows of the static buffers."""

@@ -1,8 +1,9 @@
 """Next-token sampling for a batch of jobs with per-job parameters.
 
 Greedy rows take the argmax. Random rows apply temperature, top-k and top-p in one
-batched pass, then draw one token each; a job with a seed draws from its own
-generator, so its tokens do not depend on what else shares the batch.
+batched pass, then draw: the rows without a seed in one draw from the engine's
+generator; a job with a seed from its own generator, so its tokens do not depend on
+what else shares the batch.
 
 Sampling one row never raises and never fails another row (DESIGN: a serving engine
 loop never dies from one job):
@@ -111,7 +112,18 @@ class Sampler:
         job_ids: Sequence[str],
     ) -> list[int | JobFault]:
         faults: dict[int, JobFault] = {}
-        for k, i in enumerate(random_rows):
+        alone = range(len(random_rows))  # positions in random_rows (and rows of probs)
+        shared = [k for k in alone if params[random_rows[k]].seed is None]
+        if probs is not None and len(shared) > 1:  # one draw from the engine's generator
+            try:
+                rows = torch.tensor(shared, device=probs.device)
+                drawn = torch.multinomial(probs[rows], 1, generator=self.generator)[:, 0]
+                tokens[torch.tensor([random_rows[k] for k in shared], device=tokens.device)] = drawn
+                alone = [k for k in alone if params[random_rows[k]].seed is not None]
+            except Exception:  # noqa: BLE001 - each row on its own, below
+                pass
+        for k in alone:
+            i = random_rows[k]
             assert probs is not None
             try:
                 gen = self._generator_for(job_ids[i], params[i])

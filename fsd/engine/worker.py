@@ -156,6 +156,8 @@ class Worker:
         host = HostKVPool(shape, host_blocks, bs, pin=self.device.type == "cuda")
         self.swapper = Swapper(self.pool, host)
         self.graphs = self._decode_graphs()
+        if self.graphs is not None:
+            self.graphs.capture_all()  # no client's step pays a compile or a capture
         return shape.bytes_per_block(bs)
 
     def _decode_graphs(self, capture: Any = None, force: bool = False) -> DecodeGraphs | None:

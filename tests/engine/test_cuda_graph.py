@@ -52,11 +52,13 @@ def lengths(i: int) -> int:
     return 3 + (7 * i) % 13  # jobs end at different steps: the batch shrinks
 
 
-def generate(graphs_capture=None, **kw):
+def generate(graphs_capture=None, at_start: bool = False, **kw):
     llm = LLM("tiny", device="cpu", num_gpu_blocks=256, max_batch_size=16, seed=3, **kw)
     worker = llm.engine.executor.worker
     if graphs_capture is not None:
         worker.graphs = worker._decode_graphs(capture=graphs_capture, force=True)
+        if at_start:
+            worker.graphs.capture_all()
     params = [SamplingParams(max_tokens=lengths(i), ignore_eos=True) for i in range(len(PROMPTS))]
     out = [list(o.token_ids) for o in llm.generate(PROMPTS, params)]
     graphs = worker.graphs
@@ -81,6 +83,31 @@ def test_replayed_decodes_give_the_eager_tokens():
     assert capture.replays > 0 and graphs.failed is None
     assert 16 in graphs.captured and len(graphs.captured) >= 3  # the batch shrank through buckets
     assert capture.captures == len(graphs.captured)  # each bucket captured once
+
+
+def test_every_bucket_captured_at_start_serves_the_eager_tokens_without_another_capture(caplog):
+    eager, _ = generate()
+    capture = FakeCapture()
+    with caplog.at_level(logging.INFO, logger="fsd.engine"):
+        replayed, graphs = generate(capture, at_start=True)
+    assert replayed == eager and graphs.failed is None
+    assert graphs.captured == graph_buckets(16) and capture.captures == len(graph_buckets(16))
+    said = [r.getMessage() for r in caplog.records]
+    assert any(m.startswith(f"captured {len(graph_buckets(16))} CUDA graphs in") for m in said), said
+
+
+def test_a_capture_out_of_memory_at_start_says_what_to_lower():
+    def no_memory(run):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    graphs = DecodeGraphs(
+        lambda ids, pos, hidden, meta: hidden, max_batch_size=8, max_blocks=4, block_size=16,
+        hidden_size=4, dtype=torch.float32, device=torch.device("cpu"), first=False,
+        capture=no_memory,
+    )  # fmt: skip
+    with pytest.raises(ConfigError, match="decode batch of 1 ran out of GPU memory.*max_batch_size"):
+        graphs.capture_all()
+    assert graphs.captured == ()
 
 
 def test_a_failed_capture_warns_once_and_runs_eagerly(caplog):
