@@ -5,15 +5,18 @@
 
 `report` reads what the check's steps left in the folder (steps.tsv, the pytest JUnit
 files gpu-tests.xml and parity.xml, kernels.json, swap.json, parallel.json,
-engine.json; any may be missing) and prints which goal each figure meets:
+engine.json, engine-gpu.json, hf.json; any may be missing) and prints which goal each
+figure meets:
 
 - paged decode >= 85% of measured copy bandwidth at batch >= 16 and context >= 2048;
 - paged decode no slower than the best installed peer on those same rows;
-- batch-1 decode of the 1B-class model <= 1.5x its weight-read roofline.
+- batch-1 decode of the 1B-class model <= 1.5x its weight-read roofline;
+- and bench/gpu_verdicts.py's: a decode step during a swap <= 1.15x alone, the step
+  against its roofline per model at batches 1 and 32, fsd against transformers, a
+  ragged paged decode against a uniform one.
 
 The other figures (prefill TFLOP/s against the peer, store_kv and swap bandwidth,
-step inflation while a swap runs, TP/PP step time) have no goal and are reported as
-measured. Standard library only: it runs before (and without) the project's venv.
+TP/PP step time) have no goal and are reported as measured. Standard library only: it runs before (and without) the project's venv.
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/gpu_verdicts.py
 
 BW_GOAL = 0.85
 BW_MIN_BATCH = 16
@@ -217,7 +222,10 @@ def figures(kernels: dict | None, swap: dict | None, parallel: dict | None) -> l
 
 
 def build(folder: Path) -> dict:
+    from gpu_verdicts import step_verdicts
+
     kernels = read_json(folder / "kernels.json")
+    swap = read_json(folder / "swap.json")
     summary = {
         "folder": str(folder),
         "steps": read_steps(folder / "steps.tsv"),
@@ -227,10 +235,11 @@ def build(folder: Path) -> dict:
             decode_bandwidth_verdict(kernels),
             decode_peer_verdict(kernels),
             roofline_verdict(read_json(folder / "engine.json")),
+            *step_verdicts(
+                swap, read_json(folder / "engine-gpu.json"), read_json(folder / "hf.json"), kernels
+            ),
         ],
-        "figures": figures(
-            kernels, read_json(folder / "swap.json"), read_json(folder / "parallel.json")
-        ),
+        "figures": figures(kernels, swap, read_json(folder / "parallel.json")),
     }
     gpu = ((kernels or {}).get("machine") or {}).get("gpu")
     summary["gpu"] = gpu

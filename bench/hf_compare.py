@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/hf_compare.py                        # ~100M Llama, batches 1 and 32
     .venv/bin/python bench/hf_compare.py --batches 1 --rounds 3 --profile-fsd 32
+    .venv/bin/python bench/hf_compare.py --device cuda --dtype float16 --shape llama-1b  # a GPU
 
 A random Llama of about 100M parameters (hidden 768, 12 layers, 12 query / 4 KV
 heads, SwiGLU 2048, vocab 32000, tied head) is written once with transformers
@@ -9,8 +10,10 @@ heads, SwiGLU 2048, vocab 32000, tied head) is written once with transformers
 in turn (A B A B ...), a generate of 1 new token and one of --new-tokens new tokens
 from the same prompts (greedy, EOS ignored); the decode rate of a round is
 batch x (new_tokens - 1) / (t_new - t_1), so the prompt's prefill cancels out. The
-table gives the medians over rounds, fp32, --threads torch threads (1 by default:
-the machine is shared). The first round of each system also checks that fsd's
+table gives the medians over rounds, fp32 on the CPU (--dtype), --threads torch
+threads (1 by default: the machine is shared). --shape llama-1b writes a random
+Llama-3.2-1B-shaped checkpoint instead (hidden 2048, 16 layers, 32/8 heads, vocab
+128256; targets on a GPU: fsd >= 3x transformers at batch 1, >= 2x at batch 32). The first round of each system also checks that fsd's
 greedy tokens equal transformers'. --profile-fsd B prints torch.profiler's top
 operators for fsd's decode at batch B. Writes bench/results/hf-compare-<device>.json.
 """
@@ -32,7 +35,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(ROOT))
 
-from machine import describe_machine, table_of, timing_args, write_json  # noqa: E402
+from machine import describe_machine, machine_slug, table_of, timing_args, write_json  # noqa: E402
 
 from fsd import LLM, SamplingParams  # noqa: E402
 
@@ -46,13 +49,18 @@ MODEL = {
     "max_position_embeddings": 2048,
     "tie_word_embeddings": True,
 }
+SHAPES = {
+    "llama-100m": MODEL,
+    "llama-1b": {**MODEL, "vocab_size": 128256, "hidden_size": 2048, "intermediate_size": 8192,
+                 "num_hidden_layers": 16, "num_attention_heads": 32, "num_key_value_heads": 8},
+}  # fmt: skip
 
 
-def write_model(path: Path) -> Path:
+def write_model(path: Path, shape: dict) -> Path:
     from tests.models.hf_fixtures import make_llama_checkpoint
 
     if not (path / "config.json").exists():
-        make_llama_checkpoint(path, **MODEL)
+        make_llama_checkpoint(path, **shape)
     return path
 
 
@@ -63,13 +71,15 @@ def prompts(batch: int, length: int) -> list[list[int]]:
 class HF:
     name = "transformers"
 
-    def __init__(self, path: Path, max_batch: int) -> None:
+    def __init__(self, path: Path, max_batch: int, device: str, dtype: str) -> None:
         from transformers import AutoModelForCausalLM
 
-        self.model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
+        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=getattr(torch, dtype))
+        self.device = device
+        self.model = model.to(device).eval()
 
     def generate(self, ids: list[list[int]], new: int) -> list[list[int]]:
-        x = torch.tensor(ids)
+        x = torch.tensor(ids, device=self.device)
         with torch.inference_mode():
             out = self.model.generate(
                 x,
@@ -88,11 +98,11 @@ class HF:
 class Fsd:
     name = "fsd"
 
-    def __init__(self, path: Path, max_batch: int) -> None:
+    def __init__(self, path: Path, max_batch: int, device: str, dtype: str) -> None:
         self.llm = LLM(
             str(path),
-            device="cpu",
-            dtype="float32",
+            device=device,
+            dtype=dtype,
             num_gpu_blocks=1024,
             num_host_blocks=0,
             max_batch_size=max_batch,
@@ -176,16 +186,20 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--model-dir", default=None, help="where the checkpoint is (written once)")
     ap.add_argument("--profile-fsd", type=int, default=0, help="profile fsd at this batch")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--shape", default="llama-100m", choices=sorted(SHAPES))
     args = timing_args(ap, batches="1,32")
     console = Console()
-    path = Path(args.model_dir or Path(tempfile.gettempdir()) / "fsd-hf-compare-llama100m")
-    write_model(path)
+    shape = SHAPES[args.shape]
+    path = Path(args.model_dir or Path(tempfile.gettempdir()) / f"fsd-hf-compare-{args.shape}")
+    write_model(path, shape)
     batches = args.batches
-    systems = [Fsd(path, max(batches)), HF(path, max(batches))]
+    systems = [cls(path, max(batches), args.device, args.dtype) for cls in (Fsd, HF)]
     n_params = sum(p.numel() for p in systems[1].model.parameters())
     rows = [compare(systems, b, args) for b in batches]
     title = (
-        f"greedy decode, Llama {n_params / 1e6:.0f}M fp32, prompt {args.prompt_len}, "
+        f"greedy decode, Llama {n_params / 1e6:.0f}M {args.dtype} on {args.device}, prompt {args.prompt_len}, "
         f"{args.new_tokens} new tokens, {args.threads} thread(s): tokens/s (median of "
         f"{args.rounds})"
     )
@@ -195,8 +209,8 @@ def main() -> None:
     console.print(table_of(title, columns, cells, rows))
     result = {
         "bench": "fsd vs transformers greedy decode",
-        "machine": describe_machine(torch.device("cpu")),
-        "model": {**MODEL, "parameters": n_params, "dtype": "float32"},
+        "machine": describe_machine(torch.device(args.device)),
+        "model": {**shape, "parameters": n_params, "dtype": args.dtype},
         "settings": {
             k: getattr(args, k) for k in ("prompt_len", "new_tokens", "rounds", "threads")
         },
@@ -207,7 +221,7 @@ def main() -> None:
         result["fsd_profile"] = profile_fsd(systems[0], args.profile_fsd, args, console)
     for s in systems:
         s.close()
-    out = write_json(args.json or "bench/results/hf-compare-cpu.json", result)
+    out = write_json(args.json or f"bench/results/hf-compare-{machine_slug(torch.device(args.device))}.json", result)
     console.print(f"wrote {out}")
 
 

@@ -207,13 +207,13 @@ def _write_results(folder: Path, fraction: float, peer_ms: float, step_ms: float
 def test_summary_verdicts_goals_met_and_a_failed_test(tmp_path: Path) -> None:
     _write_results(tmp_path, fraction=0.9, peer_ms=1.2, step_ms=1.4)
     verdicts = summary.build(tmp_path)["verdicts"]
-    assert [v["status"] for v in verdicts] == ["NOT MET", "NO DATA", "MET", "MET", "MET"]
+    assert [v["status"] for v in verdicts][:5] == ["NOT MET", "NO DATA", "MET", "MET", "MET"]
     assert verdicts[0]["detail"] == "3 passed, 1 failed, 1 skipped"
 
 
 def test_summary_verdicts_name_the_worst_row(tmp_path: Path) -> None:
     _write_results(tmp_path, fraction=0.8, peer_ms=0.9, step_ms=1.6)
-    bw, peer, roof = summary.build(tmp_path)["verdicts"][2:]
+    bw, peer, roof = summary.build(tmp_path)["verdicts"][2:5]
     assert bw["status"] == "NOT MET" and "1/2 rows below" in bw["detail"]
     assert "80.0% of copy (32/8 b64 ctx8192)" in bw["detail"]
     assert peer["status"] == "NOT MET" and "0.90x flash_attn" in peer["detail"]
@@ -234,3 +234,28 @@ def test_summary_report_writes_markdown_and_json(tmp_path: Path, capsys) -> None
 def test_summary_of_an_empty_folder_has_no_data(tmp_path: Path) -> None:
     statuses = {v["status"] for v in summary.build(tmp_path)["verdicts"]}
     assert statuses == {"NO DATA"}
+
+
+def test_summary_verdicts_on_the_step_name_the_worst_figure(tmp_path: Path) -> None:
+    overlap = [
+        {"direction": "out", "blocks": 1024, "host_blocks": "adjacent", "inflation": 1.31,
+         "step_alone_ms": 12.5, "step_during_swap_ms": 16.4},
+        {"direction": "in", "blocks": 1024, "host_blocks": "scattered", "inflation": 1.02,
+         "step_alone_ms": 12.5, "step_during_swap_ms": 12.7},
+    ]  # fmt: skip
+    (tmp_path / "swap.json").write_text(json.dumps({"overlap": overlap}))
+    rows = [
+        {"model": "opt-1.3b", "batch": 1, "step_ms": 0.8, "x_roofline": 1.4, "target_x": 1.5,
+         "host_not_hidden_ms": 0.05},
+        {"model": "llama-1b", "batch": 32, "step_ms": 2.0, "x_roofline": 2.5, "target_x": 2.0,
+         "host_not_hidden_ms": 0.4},
+    ]  # fmt: skip
+    (tmp_path / "engine-gpu.json").write_text(json.dumps({"rows": rows}))
+    runs = [{"batch": 1, "ratio": 3.4, "sequences_equal": "1/1"},
+            {"batch": 32, "ratio": 2.2, "sequences_equal": "32/32"}]  # fmt: skip
+    (tmp_path / "hf.json").write_text(json.dumps({"runs": runs}))
+    swap, roof, hf, ragged = summary.build(tmp_path)["verdicts"][5:]
+    assert swap["status"] == "NOT MET" and "x1.31: swap out of 1024 blocks (adjacent" in swap["detail"]
+    assert roof["status"] == "NOT MET" and roof["detail"].startswith("1/2 rows over; worst llama-1b batch 32")
+    assert hf["status"] == "MET" and "batch 1: 3.40x (1/1 same)" in hf["detail"]
+    assert ragged["status"] == "NO DATA"
