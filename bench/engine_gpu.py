@@ -9,9 +9,9 @@ decode step (`Engine.step` wall time; every CUDA graph bucket is captured when t
 engine starts, so no capture or compile is timed), its roofline (every weight read
 once plus the batch's KV read once, at the measured device-to-device copy bandwidth)
 and its breakdown: the GPU span (CUDA events from the start of `Worker.step` to the
-end of the head), the host's enqueue time (`Worker.step` entered to the head
-returned: launches and staging, never a wait on the GPU) and the host time the GPU
-does not hide (step minus GPU span). Targets: batch 1 <= 1.5x its roofline, batch 32
+end of the head, which a replayed graph runs), the host's enqueue time
+(`Worker.step` entered to the draw given the logits: launches and staging, never a
+wait on the GPU) and the host time the GPU does not hide (step minus GPU span). Targets: batch 1 <= 1.5x its roofline, batch 32
 <= 2x. Writes bench/results/engine-gpu-<device>.json.
 """
 
@@ -66,20 +66,19 @@ class Breakdown:
         self.events: list[tuple] = []
         self._began = 0.0
         self._first = None
-        step, head = worker.step, worker.model.compute_logits
+        step, head = worker.step, worker._draw
 
         def timed_step(*args, **kwargs):
             self._began = time.perf_counter()
             self._first = self._event()
             return step(*args, **kwargs)
 
-        def timed_head(*args, **kwargs):
-            out = head(*args, **kwargs)
+        def timed_head(*args, **kwargs):  # the logits are enqueued: the draw reads them
             self.enqueue.append(time.perf_counter() - self._began)
             self.events.append((self._first, self._event()))
-            return out
+            return head(*args, **kwargs)
 
-        worker.step, worker.model.compute_logits = timed_step, timed_head
+        worker.step, worker._draw = timed_step, timed_head
 
     def _event(self):
         if not self.cuda:

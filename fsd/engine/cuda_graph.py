@@ -2,7 +2,8 @@
 
 A decode step of a small batch is mostly kernel launches: a few per layer, each
 costing the host more than the GPU spends on it. Capturing the step once as a CUDA
-graph and replaying it launches the whole step at once (as nano-vllm's model runner
+graph (on the last stage with the head: the graph's output is the logits) and
+replaying it launches the whole step at once (as nano-vllm's model runner
 and vLLM do). A graph replays fixed tensors, so the step's inputs -- token ids,
 positions, slot mapping, block tables, context lengths (and, on a later pipeline
 stage, the activations) -- live in static buffers sized for the largest bucket; a

@@ -174,7 +174,8 @@ class Worker:
 
         def forward(ids: torch.Tensor, pos: torch.Tensor, hidden: Any, meta: Any) -> Any:
             layers = self.pool.layers  # type: ignore[union-attr]
-            return model.forward_stage(ids, pos, hidden, layers, meta, span.first, span.last)
+            out = model.forward_stage(ids, pos, hidden, layers, meta, span.first, span.last)
+            return model.compute_logits(out) if span.last else out  # the head in the graph too
 
         return DecodeGraphs(
             forward,
@@ -218,6 +219,9 @@ class Worker:
         pos = np.fromiter(plan.positions, np.int64, len(plan.positions))
         span = self.span
         out = None if self.graphs is None else self.graphs.run(layout, ids, pos, hidden)
+        if out is not None and span.last:  # a replayed decode step: its rows' logits
+            rows = [i for i, s in enumerate(plan.samples) if s] if plan.samples else None
+            return self._draw(plan, out if rows is None else out[rows], rows)
         if out is None:  # eagerly: a prefill, graphs off, or no graph
             out = self.model.forward_stage(
                 upload(ids, dev),
@@ -249,10 +253,14 @@ class Worker:
             last = last[rows]
         # every row is one sampled token (a decode batch): the rows are the hidden states
         rows_out = hidden if len(last) == hidden.shape[0] else hidden[upload(last, hidden.device)]
-        logits = self.model.compute_logits(rows_out)
+        return self._draw(plan, self.model.compute_logits(rows_out), rows)
+
+    def _draw(self, plan: StepPlan, logits: torch.Tensor, rows: list[int] | None = None) -> Any:
+        """The tokens of the sampling `rows` (all when None) from their logits."""
+        n = plan.num_seqs
         if self.sampler is None:
             return None
-        if len(rows) == n:
+        if rows is None or len(rows) == n:
             return self.sampler.sample(logits, plan.params, plan.job_ids, plan.banned)
         pick = [plan.banned[i] for i in rows] if plan.banned else ()
         drawn = self.sampler.sample(
