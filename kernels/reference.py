@@ -184,3 +184,15 @@ def paged_prefill_ref(
             o = F.scaled_dot_product_attention(qs, k, v, attn_mask=mask, scale=scale)
         out[begin:end] = o.permute(2, 0, 1, 3).reshape(q_len, num_heads, head_dim).to(q.dtype)
     return out
+
+
+def rms_norm_ref(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """RMSNorm of each row (``residual + x`` first, when given), as HF Llama rounds it:
+    the norm in fp32, rounded to x's dtype, then scaled by the weight. Returns
+    (normalised rows, the sum or None)."""
+    total = None if residual is None else x + residual
+    h = (x if total is None else total).to(torch.float32)
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.to(x.dtype), total

@@ -208,10 +208,11 @@ class PagedAttention(torch.nn.Module):
         k_cache, v_cache = kv_cache
         ops.store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
 
-        out = torch.empty_like(q)
         nd = meta.num_decodes
+        # a decode-only step (the common one) takes the kernel's output as it is: no copy
+        out = None if nd == meta.num_seqs else torch.empty_like(q)
         if nd:
-            out[:nd] = ops.paged_decode(
+            decoded = ops.paged_decode(
                 q[:nd],
                 k_cache,
                 v_cache,
@@ -221,6 +222,10 @@ class PagedAttention(torch.nn.Module):
                 # the torch decode shares its gather plan and scratch across the layers
                 **({"gather": meta.decode_gather(k_cache.shape[1])} if backend == "torch" else {}),
             )
+            if out is None:
+                return decoded.view(num_tokens, self.num_heads * self.head_dim)
+            out[:nd] = decoded
+        assert out is not None
         if nd < meta.num_seqs:
             starts = meta.query_start_loc[nd:] - meta.query_start_loc[nd]
             out[nd:] = ops.paged_prefill(

@@ -7,6 +7,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fsd import kernels
+from fsd.kernels import reference
 from fsd.layers.linear import default_weight_loader, set_weight_attrs
 
 
@@ -36,7 +38,11 @@ class LayerNorm(nn.Module):
 
 
 class RMSNorm(nn.Module):
-    """Root-mean-square norm, computed in float32 and scaled in the input dtype (as HF Llama)."""
+    """Root-mean-square norm, computed in float32 and scaled in the input dtype (as HF Llama).
+
+    On a GPU each call is one fused kernel (`fsd.kernels.rms_norm`), and `add_norm`
+    fuses the residual add before it too; elsewhere the reference, which rounds the same.
+    """
 
     def __init__(self, hidden_size: int, eps: float = 1e-6) -> None:
         super().__init__()
@@ -46,10 +52,17 @@ class RMSNorm(nn.Module):
         set_weight_attrs(self.weight, default_weight_loader)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        h = x.to(torch.float32)
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * h.to(dtype)
+        if x.is_cuda and x.dim() == 2:
+            return kernels.rms_norm(x, self.weight, self.eps)[0]
+        return reference.rms_norm_ref(x, self.weight, self.eps)[0]
+
+    def add_norm(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(the norm of residual + x, residual + x): the residual stream's next value."""
+        normed, total = (kernels.rms_norm if x.is_cuda else reference.rms_norm_ref)(
+            x, self.weight, self.eps, residual
+        )
+        assert total is not None
+        return normed, total
 
     def extra_repr(self) -> str:
         return f"{self.hidden_size}, eps={self.eps}"

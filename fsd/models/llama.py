@@ -58,7 +58,7 @@ class LlamaAttention(nn.Module):
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = self.rotary_emb(positions, q, k)
-        return self.o_proj(self.attn(q, k, v.contiguous(), kv_cache, meta))
+        return self.o_proj(self.attn(q, k, v, kv_cache, meta))
 
 
 class LlamaMLP(nn.Module):
@@ -94,8 +94,9 @@ class LlamaDecoderLayer(nn.Module):
         kv_cache: KVCache,
         meta: AttentionMetadata,
     ) -> torch.Tensor:
-        hidden = hidden + self.self_attn(positions, self.input_layernorm(hidden), kv_cache, meta)
-        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+        attn = self.self_attn(positions, self.input_layernorm(hidden), kv_cache, meta)
+        normed, hidden = self.post_attention_layernorm.add_norm(attn, hidden)  # one kernel on a GPU
+        return hidden + self.mlp(normed)
 
 
 class LlamaForCausalLM(CausalLM):

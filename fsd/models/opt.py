@@ -64,7 +64,7 @@ class OPTAttention(nn.Module):
     ) -> torch.Tensor:
         q, k, v = self.qkv_proj.split(self.qkv_proj(hidden))
         q = q * self.scaling
-        out = self.attn(q, k.contiguous(), v.contiguous(), kv_cache, meta)
+        out = self.attn(q, k, v, kv_cache, meta)
         return self.out_proj(out)
 
 
