@@ -11,7 +11,8 @@ once plus the batch's KV read once, at the measured device-to-device copy bandwi
 and its breakdown: the GPU span (CUDA events from the start of `Worker.step` to the
 end of the head, which a replayed graph runs), the host's enqueue time
 (`Worker.step` entered to the draw given the logits: launches and staging, never a
-wait on the GPU) and the host time the GPU does not hide (step minus GPU span). Targets: batch 1 <= 1.5x its roofline, batch 32
+wait on the GPU) and the host time the GPU does not hide (step minus GPU span); and the kernels one eager step launches per
+layer (torch.profiler; the graph replays as many). Targets: batch 1 <= 1.5x its roofline, batch 32
 <= 2x. Writes bench/results/engine-gpu-<device>.json.
 """
 
@@ -92,6 +93,22 @@ class Breakdown:
         return [a.elapsed_time(b) for a, b in self.events]
 
 
+def kernels_per_layer(eng, layers: int) -> float:
+    """Kernels one eager decode step launches, per layer (the graph replays as many)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    worker = eng.executor.worker
+    graphs, worker.graphs = worker.graphs, None
+    try:
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            eng.step()
+            torch.cuda.synchronize()
+    finally:
+        worker.graphs = graphs
+    launched = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    return len(launched) / layers
+
+
 def measure(model: str, batch: int, args, bw: float) -> dict:
     kw = {"dtype": "float16"} if args.device == "cuda" else {}
     llm = LLM(model, device=args.device, max_batch_size=max(batch, 1), num_gpu_blocks=args.blocks,
@@ -111,6 +128,7 @@ def measure(model: str, batch: int, args, bw: float) -> dict:
         eng.step()
         walls.append(time.perf_counter() - start)
     arch, itemsize = eng.loaded.arch, eng.loaded.dtype.itemsize
+    per_layer = kernels_per_layer(eng, arch.num_layers) if parts.cuda else float("nan")
     kv_per_token = 2 * arch.num_layers * arch.kv_heads_per_rank(1) * arch.head_dim * itemsize
     read = eng.loaded.weight_bytes + batch * (args.context + args.steps // 2) * kv_per_token
     gpu = statistics.median(parts.gpu_ms()) if parts.cuda else float("nan")
@@ -123,6 +141,7 @@ def measure(model: str, batch: int, args, bw: float) -> dict:
         "gpu_span_ms": gpu, "enqueue_ms": 1e3 * statistics.median(parts.enqueue),
         "host_not_hidden_ms": step - gpu if parts.cuda else float("nan"),
         "tokens_per_s": batch / (step / 1e3), "weight_bytes": eng.loaded.weight_bytes,
+        "kernels_per_layer": per_layer,
     }  # fmt: skip
 
 
@@ -145,9 +164,13 @@ def main() -> None:
         for b in map(int, args.batches.split(","))
     ]
     title = f"decode step against its roofline ({bw:.0f} GB/s copy), context {args.context}: ms (median)"
-    columns = "model | batch | step | roofline | x roofline | target | GPU span | enqueue | host not hidden | tokens/s"
+    columns = (
+        "model | batch | step | roofline | x roofline | target | GPU span | enqueue | host not hidden | "
+        "tokens/s | kernels/layer"
+    )
     cells = ("{model} | {batch} | {step_ms:.3f} | {roofline_ms:.3f} | {x_roofline:.2f} | {target_x} | "
-             "{gpu_span_ms:.3f} | {enqueue_ms:.3f} | {host_not_hidden_ms:.3f} | {tokens_per_s:.0f}")  # fmt: skip
+             "{gpu_span_ms:.3f} | {enqueue_ms:.3f} | {host_not_hidden_ms:.3f} | {tokens_per_s:.0f} | "
+             "{kernels_per_layer:.1f}")  # fmt: skip
     console.print(table_of(title, columns, cells, rows, left=1))
     result = {"bench": "engine-gpu", "machine": describe_machine(device), "copy_gb_s": bw,
               "settings": {"context": args.context, "steps": args.steps}, "rows": rows}  # fmt: skip
