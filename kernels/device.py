@@ -47,7 +47,9 @@ def attend(
     ``table`` is the sequence's block-table row, ``k_base`` and ``v_base`` the caches at
     its KV head. Keys are walked in ``BLOCK_N`` tiles; each token's cache block comes
     from the table (``position // BLOCK_SIZE``), so any block size is read the same way
-    and a tile may span several blocks. Scores are in the log2 domain (``scale_log2``
+    and a tile may span several blocks. When a tile holds whole pages (``start`` a
+    multiple of ``BLOCK_N``, which a multiple of ``BLOCK_SIZE``) each page's block id
+    is loaded once, not once per token. Scores are in the log2 domain (``scale_log2``
     folds in log2(e)), the running max and sum in fp32. With ``q_pos`` (each row's
     absolute position) a row sees the keys up to its own position; with ``None``,
     every key in range. Returns (acc, m_i, l_i): the unnormalised output [ROWS,
@@ -62,7 +64,13 @@ def attend(
     for tile in range(start, end, BLOCK_N):
         pos = tile + offs_n
         n_mask = pos < end
-        block = tl.load(table + (pos // BLOCK_SIZE) * stride_btn, mask=n_mask, other=0)
+        if BLOCK_N % BLOCK_SIZE == 0:  # whole pages per tile (callers start tiles on a page)
+            page = tile // BLOCK_SIZE + tl.arange(0, BLOCK_N // BLOCK_SIZE)
+            ids = tl.load(table + page * stride_btn, mask=page * BLOCK_SIZE < end, other=0)
+            pages = tl.broadcast_to(ids[:, None], (BLOCK_N // BLOCK_SIZE, BLOCK_SIZE))
+            block = tl.reshape(pages, (BLOCK_N,))  # each page's id loaded once
+        else:
+            block = tl.load(table + (pos // BLOCK_SIZE) * stride_btn, mask=n_mask, other=0)
         krow = block.to(tl.int64) * stride_kb + (pos % BLOCK_SIZE) * stride_ks
         # No padded columns: a per-row mask lets loads vectorise. (A constexpr `if`, not a
         # ternary, so only one branch is ever compiled.)

@@ -55,6 +55,15 @@ def choose_num_splits(
     return max(1, min(want, by_length, max_splits))
 
 
+def fixed_chunk(max_context: int, num_splits: int, block_n: int) -> tuple[int, int]:
+    """(tokens per split, splits of the longest context): the context bound cut into
+    ``num_splits`` ranges of whole ``block_n`` tiles, so chunks start on a tile."""
+    context = max(1, max_context)
+    per = -(-context // max(1, num_splits))
+    chunk = -(-per // block_n) * block_n
+    return chunk, -(-context // chunk)
+
+
 def attention_dims(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
 ) -> tuple[int, int, int, int, int]:

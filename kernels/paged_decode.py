@@ -2,21 +2,29 @@
 
 Why split-K: a decode step has one query per sequence, so one program per (sequence,
 KV head) gives only B * Hkv programs, often fewer than the GPU has SMs, each walking
-thousands of keys alone. Decode is bound by reading K/V, so we cut every sequence's
-context into ``num_splits`` contiguous ranges and run (sequence, KV head, split)
-programs in parallel, enough of them to fill the machine.
+thousands of keys alone. Decode is bound by reading K/V, so contexts are cut into
+ranges run by (sequence, KV head, split) programs in parallel.
+
+Why fixed chunks: every split covers the same ``chunk`` tokens of its sequence
+(``split * chunk`` on), chosen on the host from the longest context the batch may
+have. Cutting each sequence by its own length gave a short sequence as many tiny
+splits as a long one, each paying a partial write and a merge, while the long one's
+splits set the time of the batch; with fixed chunks a ragged batch costs about its
+bytes. Programs past their sequence's end exit at once, and a sequence that fits in
+one chunk is written directly and skipped by the merge.
 
 Stage 1 (one program per (sequence, KV head, split)) walks its range in tiles of
-``BLOCK_N`` tokens. Each token's cache block comes from the block table
-(``position // block_size``), so any block size 1..128 is read the same way and a
-tile may span several blocks. It keeps an online softmax (running max ``m``, running
-sum ``l`` in the log2 domain, fp32) and writes the split's normalised output with its
-log-sum-exp ``lse = m + log2(l)``. An empty split writes ``lse = -inf``. (The walk
-is ``device.attend``, which the prefill kernel runs too.)
+``BLOCK_N`` tokens. Each token's cache block comes from the block table, one load per
+page (``device.attend``, which the prefill kernel runs too), so any block size 1..128
+is read the same way and a tile may span several blocks. It keeps an online softmax
+(running max ``m``, running sum ``l`` in the log2 domain, fp32) and writes the split's
+normalised output with its log-sum-exp ``lse = m + log2(l)``.
 
-Stage 2 (one program per (sequence, query head)) merges the splits: with
-``M = max lse_i`` the result is ``sum_i 2**(lse_i - M) o_i / sum_i 2**(lse_i - M)``,
-exact and overflow-free. With a single split, stage 1 writes the output directly.
+Stage 2 (one program per (sequence, query head)) merges the ``ceil(ctx / chunk)``
+splits of a longer sequence: with ``M = max lse_i`` the result is
+``sum_i 2**(lse_i - M) o_i / sum_i 2**(lse_i - M)``, exact and overflow-free. When no
+sequence can need two chunks, stage 1 writes the output directly and there is no
+stage 2.
 
 Grouped heads: the ``Hq / Hkv`` query heads that share a KV head sit in one program as
 the rows of a [BLOCK_G, D] tile (padded to at least 16 rows, masked), so each K/V tile
@@ -36,6 +44,7 @@ from fsd.kernels.launch import (
     attention_constants,
     attention_dims,
     choose_num_splits,
+    fixed_chunk,
     next_pow2,
     num_sms_of,
 )
@@ -53,7 +62,7 @@ def _decode_split_kernel(
     LSE_PART,
     OUT,
     scale_log2,
-    num_splits,
+    chunk,
     stride_qb,
     stride_qh,
     stride_qd,
@@ -92,59 +101,57 @@ def _decode_split_kernel(
     split = tl.program_id(2)
 
     ctx = tl.load(CONTEXT_LENS + seq)
-    # Each sequence is cut evenly (in whole tiles) by its own length.
-    per_split = tl.cdiv(tl.cdiv(ctx, num_splits), BLOCK_N) * BLOCK_N
-    start = split * per_split
-    end = tl.minimum(start + per_split, ctx)
-
-    offs_g = tl.arange(0, BLOCK_G)
-    offs_d = tl.arange(0, BLOCK_D)
-    heads = kv_head * GROUP + offs_g
-    g_mask = offs_g < GROUP
-    d_mask = offs_d < HEAD_DIM
-
-    q = tl.load(
-        Q + seq * stride_qb + heads[:, None] * stride_qh + offs_d[None, :] * stride_qd,
-        mask=g_mask[:, None] & d_mask[None, :],
-        other=0.0,
-    )
-    if UPCAST:
-        q = q.to(tl.float32)
-
-    table = BLOCK_TABLES + seq.to(tl.int64) * stride_btb
-    k_base = K_CACHE + kv_head * stride_kh
-    v_base = V_CACHE + kv_head * stride_vh
-    acc, m_i, l_i = device.attend(
-        q, None, start, end, table, k_base, v_base, scale_log2,
-        stride_btn, stride_kb, stride_ks, stride_kd, stride_vb, stride_vs, stride_vd,
-        BLOCK_G, HEAD_DIM, BLOCK_SIZE, BLOCK_D, BLOCK_N, UPCAST, DOT_PRECISION,
-    )  # fmt: skip
-
-    out_mask = g_mask[:, None] & d_mask[None, :]
-    l_safe = tl.where(l_i > 0.0, l_i, 1.0)
-    out = acc / l_safe[:, None]
-    if DIRECT:
-        tl.store(
-            OUT + seq * stride_ob + heads[:, None] * stride_oh + offs_d[None, :] * stride_od,
-            out.to(OUT.dtype.element_ty),
-            mask=out_mask,
+    start = split * chunk
+    if start < ctx:  # a program past its sequence's end has nothing to read or write
+        end = tl.minimum(start + chunk, ctx)
+        offs_g = tl.arange(0, BLOCK_G)
+        offs_d = tl.arange(0, BLOCK_D)
+        heads = kv_head * GROUP + offs_g
+        g_mask = offs_g < GROUP
+        d_mask = offs_d < HEAD_DIM
+        q = tl.load(
+            Q + seq * stride_qb + heads[:, None] * stride_qh + offs_d[None, :] * stride_qd,
+            mask=g_mask[:, None] & d_mask[None, :],
+            other=0.0,
         )
-    else:
-        lse = tl.where(l_i > 0.0, m_i + tl.log2(l_safe), float("-inf"))
-        part = O_PART + seq * stride_pb + split * stride_ps
-        tl.store(
-            part + heads[:, None] * stride_ph + offs_d[None, :] * stride_pd, out, mask=out_mask
-        )
-        tl.store(
-            LSE_PART + seq * stride_lb + heads * stride_lh + split * stride_ls, lse, mask=g_mask
-        )
+        if UPCAST:
+            q = q.to(tl.float32)
+
+        table = BLOCK_TABLES + seq.to(tl.int64) * stride_btb
+        k_base = K_CACHE + kv_head * stride_kh
+        v_base = V_CACHE + kv_head * stride_vh
+        acc, m_i, l_i = device.attend(
+            q, None, start, end, table, k_base, v_base, scale_log2,
+            stride_btn, stride_kb, stride_ks, stride_kd, stride_vb, stride_vs, stride_vd,
+            BLOCK_G, HEAD_DIM, BLOCK_SIZE, BLOCK_D, BLOCK_N, UPCAST, DOT_PRECISION,
+        )  # fmt: skip
+
+        out_mask = g_mask[:, None] & d_mask[None, :]
+        l_safe = tl.where(l_i > 0.0, l_i, 1.0)
+        out = acc / l_safe[:, None]
+        if DIRECT or ctx <= chunk:  # its only chunk: the result itself
+            tl.store(
+                OUT + seq * stride_ob + heads[:, None] * stride_oh + offs_d[None, :] * stride_od,
+                out.to(OUT.dtype.element_ty),
+                mask=out_mask,
+            )
+        else:
+            lse = tl.where(l_i > 0.0, m_i + tl.log2(l_safe), float("-inf"))
+            part = O_PART + seq * stride_pb + split * stride_ps
+            tl.store(
+                part + heads[:, None] * stride_ph + offs_d[None, :] * stride_pd, out, mask=out_mask
+            )
+            tl.store(
+                LSE_PART + seq * stride_lb + heads * stride_lh + split * stride_ls, lse, mask=g_mask
+            )
 
 
 def _decode_merge_kernel(
     O_PART,
     LSE_PART,
     OUT,
-    num_splits,
+    CONTEXT_LENS,
+    chunk,
     stride_pb,
     stride_ph,
     stride_ps,
@@ -161,32 +168,33 @@ def _decode_merge_kernel(
 ):
     seq = tl.program_id(0)
     head = tl.program_id(1)
-    offs_s = tl.arange(0, BLOCK_S)
-    offs_d = tl.arange(0, BLOCK_D)
-    s_mask = offs_s < num_splits
-    d_mask = offs_d < HEAD_DIM
-
-    lse = tl.load(
-        LSE_PART + seq * stride_lb + head * stride_lh + offs_s * stride_ls,
-        mask=s_mask,
-        other=float("-inf"),
-    )
-    weight = tl.exp2(lse - tl.max(lse, axis=0))  # empty splits weigh 0; split 0 is never empty
-    part = tl.load(
-        O_PART
-        + seq * stride_pb
-        + head * stride_ph
-        + offs_s[:, None] * stride_ps
-        + offs_d[None, :] * stride_pd,
-        mask=s_mask[:, None] & d_mask[None, :],
-        other=0.0,
-    )
-    out = tl.sum(part * weight[:, None], axis=0) / tl.sum(weight, axis=0)
-    tl.store(
-        OUT + seq * stride_ob + head * stride_oh + offs_d * stride_od,
-        out.to(OUT.dtype.element_ty),
-        mask=d_mask,
-    )
+    num_splits = tl.cdiv(tl.load(CONTEXT_LENS + seq), chunk)
+    if num_splits > 1:  # a sequence of one chunk was written by stage 1
+        offs_s = tl.arange(0, BLOCK_S)
+        offs_d = tl.arange(0, BLOCK_D)
+        s_mask = offs_s < num_splits
+        d_mask = offs_d < HEAD_DIM
+        lse = tl.load(
+            LSE_PART + seq * stride_lb + head * stride_lh + offs_s * stride_ls,
+            mask=s_mask,
+            other=float("-inf"),
+        )
+        weight = tl.exp2(lse - tl.max(lse, axis=0))  # the first split is never empty
+        part = tl.load(
+            O_PART
+            + seq * stride_pb
+            + head * stride_ph
+            + offs_s[:, None] * stride_ps
+            + offs_d[None, :] * stride_pd,
+            mask=s_mask[:, None] & d_mask[None, :],
+            other=0.0,
+        )
+        out = tl.sum(part * weight[:, None], axis=0) / tl.sum(weight, axis=0)
+        tl.store(
+            OUT + seq * stride_ob + head * stride_oh + offs_d * stride_od,
+            out.to(OUT.dtype.element_ty),
+            mask=d_mask,
+        )
 
 
 _kernels = device.jit_loader(globals(), "_decode_split_kernel", "_decode_merge_kernel")
@@ -211,10 +219,11 @@ def paged_decode(
     [num_blocks, block_size, Hkv, D]; block_tables [B, max_blocks] int32;
     context_lens [B] int32 (>= 1). Returns [B, Hq, D] in q's dtype.
 
-    ``num_splits`` overrides the split-K heuristic (``choose_num_splits``, which
-    bounds the context by ``max_blocks * block_size`` so it never syncs with the
-    device); ``block_n`` (keys per tile), ``num_warps`` and ``num_stages`` are tuning
-    knobs.
+    ``num_splits`` (how many chunks the longest possible context is cut into, which
+    sets the chunk every sequence is cut by) overrides the heuristic
+    (``choose_num_splits``, which bounds the context by ``max_blocks * block_size`` so it
+    never syncs with the device); ``block_n`` (keys per tile), ``num_warps`` and
+    ``num_stages`` are tuning knobs.
     """
     batch, _, head_dim, block_size, num_kv_heads = attention_dims(q, k_cache, v_cache)
     if block_tables.shape[0] < batch or context_lens.shape[0] < batch:
@@ -222,36 +231,27 @@ def paged_decode(
     out = torch.empty_like(q)
     if batch == 0:
         return out
+    max_context = block_tables.shape[1] * block_size  # a bound known without a device sync
     if num_splits is None:
-        max_context = block_tables.shape[1] * block_size
         num_splits = choose_num_splits(batch, num_kv_heads, max_context, num_sms_of(q.device))
-    num_splits = max(1, int(num_splits))
-    consts = _split_constants(q, k_cache, num_splits, block_n)
+    consts = attention_constants(q, k_cache, block_n)
+    chunk, num_splits = fixed_chunk(max_context, max(1, int(num_splits)), consts["BLOCK_N"])
+    consts["BLOCK_G"] = max(16, next_pow2(consts["GROUP"]))
+    consts["DIRECT"] = num_splits == 1  # no sequence needs two chunks: no merge at all
 
     split_kernel, merge_kernel = _kernels()
     o_part, lse_part = _partials(out, num_splits)
     parts = (o_part, lse_part, out)
     args = attention_args(
-        (q, k_cache, v_cache, block_tables, context_lens), parts, scale, num_splits, strided=parts
+        (q, k_cache, v_cache, block_tables, context_lens), parts, scale, chunk, strided=parts
     )
     split_kernel[(batch, num_kv_heads, num_splits)](
         *args, **consts, num_warps=num_warps, num_stages=num_stages
     )
     if not consts["DIRECT"]:
-        _merge(merge_kernel, o_part, lse_part, out, num_splits, head_dim, consts["BLOCK_D"])
+        _merge(merge_kernel, (o_part, lse_part, out), context_lens, chunk, num_splits, head_dim,
+               consts["BLOCK_D"])  # fmt: skip
     return out
-
-
-def _split_constants(
-    q: torch.Tensor, k_cache: torch.Tensor, num_splits: int, block_n: int | None
-) -> dict[str, Any]:
-    """The stage-1 kernel's compile-time constants (tiles padded to powers of two)."""
-    consts = attention_constants(q, k_cache, block_n)
-    return {
-        **consts,
-        "BLOCK_G": max(16, next_pow2(consts["GROUP"])),
-        "DIRECT": num_splits == 1,  # one split: stage 1 writes `out`, no merge
-    }
 
 
 def _partials(out: torch.Tensor, num_splits: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -270,20 +270,22 @@ def _partials(out: torch.Tensor, num_splits: int) -> tuple[torch.Tensor, torch.T
 
 def _merge(
     merge_kernel: Any,
-    o_part: torch.Tensor,
-    lse_part: torch.Tensor,
-    out: torch.Tensor,
+    tensors: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    context_lens: torch.Tensor,
+    chunk: int,
     num_splits: int,
     head_dim: int,
     block_d: int,
 ) -> None:
     """Stage 2: merge the splits into `out`, one program per (sequence, query head)."""
+    o_part, lse_part, out = tensors
     batch, num_heads, _ = out.shape
     merge_kernel[(batch, num_heads)](
         o_part,
         lse_part,
         out,
-        num_splits,
+        context_lens,
+        chunk,
         *o_part.stride(),
         *lse_part.stride(),
         *out.stride(),
