@@ -5,11 +5,16 @@
     .venv/bin/python bench/kernels.py --sweep         # also try tile / warp / stage / split configs
     .venv/bin/python bench/kernels.py --cpu-smoke     # tiny run in Triton's interpreter, no GPU
 
+Timing: on a GPU each call is captured as a CUDA graph and its replays timed with
+events, L2 flushed before each, so a figure is the device's work; the host's launch
+time of an eager call is reported apart ("launch us").
+
 decode   paged decode GB/s (bytes of K + V + q + out + tables) against the measured
          ``dst.copy_(src)`` bandwidth of a few GB (read + write bytes), at batch 1-64 and
          context 512-32k, uniform and ragged batches (lengths spread evenly from 1/8 to
          15/8 of the mean), in shuffled block tables. Goals: >= 85% of copy bandwidth
-         at batch >= 16 and context >= 2048, and no slower than the best peer.
+         at batch >= 16 and context >= 2048, no slower than the best peer, and a
+         ragged batch <= 1.1x the uniform one of the same mean ("ragged_vs_uniform").
 prefill  paged prefill TFLOP/s (causal, cached prefix or none) against the peer's
          varlen prefill over contiguous K/V.
 store    store_kv GB/s (K/V read + cache written + slots) against copy bandwidth and
@@ -84,12 +89,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def make_timer(device: torch.device, rep_ms: int) -> Callable[..., float]:
-    """Milliseconds per call: triton's do_bench (L2 flushed) on CUDA, a plain loop on CPU."""
+    """Milliseconds per call of the device's work alone: on CUDA the call is captured
+    once as a CUDA graph and replayed, each replay after a 256 MB write that flushes
+    L2, timed by events around the replay only (no host launch in the figure; a call
+    that cannot be captured falls back to triton's do_bench); a plain loop on CPU."""
     if device.type == "cuda":
-        from triton.testing import do_bench
+        flush = torch.empty(256 << 20, dtype=torch.int8, device=device)
 
         def cuda_time(fn: Callable[[], object], rep: int = rep_ms) -> float:
-            return float(do_bench(fn, warmup=max(10, rep // 4), rep=rep, return_mode="median"))
+            try:
+                return _graph_ms(fn, flush, rep)
+            except Exception:  # noqa: BLE001 - not capturable: time it eagerly
+                from triton.testing import do_bench
+
+                return float(do_bench(fn, warmup=max(10, rep // 4), rep=rep, return_mode="median"))
 
         return cuda_time
 
@@ -104,6 +117,47 @@ def make_timer(device: torch.device, rep_ms: int) -> Callable[..., float]:
         return 1e3 * sorted(times)[len(times) // 2]
 
     return cpu_time
+
+
+def _graph_ms(fn: Callable[[], object], flush: torch.Tensor, rep_ms: int) -> float:
+    """Median ms of one replay of `fn` captured as a CUDA graph, L2 flushed before each."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()  # compile and settle outside the graph
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    began = time.perf_counter()
+    graph.replay()
+    torch.cuda.synchronize()
+    once = max(time.perf_counter() - began, 1e-6)
+    n = int(max(5, min(1000, rep_ms / 1e3 / once)))
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(n)]
+    for start, end in events:
+        flush.zero_()
+        start.record()
+        graph.replay()
+        end.record()
+    torch.cuda.synchronize()
+    times = sorted(a.elapsed_time(b) for a, b in events)
+    return times[len(times) // 2]
+
+
+def launch_ms(fn: Callable[[], object], device: torch.device, reps: int = 20) -> float:
+    """Median host milliseconds to call `fn` eagerly (the launch, with its argument
+    building and allocations; the GPU is idle before each call)."""
+    times = []
+    for _ in range(reps):
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return 1e3 * sorted(times)[len(times) // 2]
 
 
 def copy_bandwidth(device: torch.device, gib: float, timer) -> dict:
@@ -164,6 +218,7 @@ def decode_row(lens: list[int], heads, args, device, timer, copy_gbps: float, pe
     call = (case["q"], case["k_cache"], case["v_cache"], case["tables"], case["lens"], scale)
     out = paged_decode(*call)
     paged_ms = timer(lambda: paged_decode(*call))
+    host_ms = launch_ms(lambda: paged_decode(*call), device)
     best = sweep_best(case, scale, timer, moved, splits, args.rep_ms) if args.sweep else None
     peer = attn_peers.time_peers(attn_peers.decode_peer, peers, case, scale, out, timer)
     name, peer_ms = attn_peers.best_peer(peer)
@@ -173,6 +228,7 @@ def decode_row(lens: list[int], heads, args, device, timer, copy_gbps: float, pe
     return {"num_heads": heads[0], "num_kv_heads": heads[1], "batch": len(lens), "context": mean,
             "max_context": max(lens), "ragged": len(set(lens)) > 1, "num_splits": splits,
             "bytes": moved, "paged_ms": paged_ms, "paged_gbps": attn_peers.gbps(moved, paged_ms),
+            "launch_ms": host_ms,
             "fraction_of_copy": fraction, "peers": peer, "best_peer": name,
             "best_peer_ms": peer_ms, "speedup_vs_best_peer": peer_ms / paged_ms if peer_ms else None,
             "bw_goal": fraction >= BW_GOAL if applies else None,
@@ -188,6 +244,20 @@ def decode_cases(args) -> list[tuple[tuple[int, int], list[int]]]:
             b, mean = (int(x) for x in spec.split("x"))
             cases.append((heads, attn_peers.ragged_lens(b, mean)))
     return cases
+
+
+def ragged_pairs(rows: list[dict]) -> list[dict]:
+    """Each ragged row against the uniform row of the same heads, batch and mean context
+    (the same K/V bytes, about): the ratio of their times."""
+    uniform = {(r["num_heads"], r["num_kv_heads"], r["batch"], r["context"]): r for r in rows if not r["ragged"]}
+    pairs = []
+    for r in (r for r in rows if r["ragged"]):
+        u = uniform.get((r["num_heads"], r["num_kv_heads"], r["batch"], r["context"]))
+        if u is not None:
+            case = f"{r['num_heads']}/{r['num_kv_heads']} b{r['batch']} ctx~{r['context']} (max {r['max_context']})"
+            pairs.append({"case": case, "ragged_ms": r["paged_ms"], "uniform_ms": u["paged_ms"],
+                          "ratio": r["paged_ms"] / u["paged_ms"]})  # fmt: skip
+    return pairs
 
 
 def run_decode(args, device, timer, copy: dict, peers: list[str], result: dict) -> None:
@@ -216,7 +286,7 @@ def mark(ok: bool | None) -> str:
 
 def print_decode(console: Console, rows: list[dict], copy: dict, title: str) -> None:
     table = Table(title=title)
-    cols = ("heads q/kv", "batch", "ctx", "max", "splits", "paged us", "GB/s", "% copy",
+    cols = ("heads q/kv", "batch", "ctx", "max", "splits", "paged us", "launch us", "GB/s", "% copy",
             "best peer", "peer us", "x peer", "max |diff|", ">=85% copy", ">= peer")  # fmt: skip
     for col in cols:
         table.add_column(col, justify="right")
@@ -230,7 +300,8 @@ def print_decode(console: Console, rows: list[dict], copy: dict, title: str) -> 
         table.add_row(
             f"{r['num_heads']}/{r['num_kv_heads']}", str(r["batch"]),
             ("~" if r["ragged"] else "") + str(r["context"]), str(r["max_context"]),
-            str(r["num_splits"]), f"{1e3 * r['paged_ms']:.1f}", f"{r['paged_gbps']:.0f}",
+            str(r["num_splits"]), f"{1e3 * r['paged_ms']:.1f}", f"{1e3 * r['launch_ms']:.1f}",
+            f"{r['paged_gbps']:.0f}",
             f"{100 * r['fraction_of_copy']:.1f}", r["best_peer"] or "-",
             f"{1e3 * r['best_peer_ms']:.1f}" if r["best_peer_ms"] else "-",
             f"{r['speedup_vs_best_peer']:.2f}" if r["best_peer_ms"] else "-",
@@ -306,7 +377,10 @@ def main(argv: list[str] | None = None) -> int:
     if "decode" in sections:
         run_decode(args, device, timer, copy, peers, result)
         title = f"paged decode, {args.dtype}, head_dim {args.head_dim}, block {args.block_size}"
+        result["ragged_vs_uniform"] = ragged_pairs(result["decode"])
         print_decode(console, result["decode"], copy, f"{title} on {where}")
+        for pair in result["ragged_vs_uniform"]:
+            console.print(f"ragged / uniform {pair['case']}: {pair['ratio']:.2f}x (goal <= 1.1x)")
         kernels_prefill.print_peer_errors(console, result["decode"])
         save(result, path, console)
     if "prefill" in sections:
