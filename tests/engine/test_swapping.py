@@ -164,3 +164,41 @@ def test_a_failed_async_copy_fails_its_job_only(alone, monkeypatch):
     blocks.check()
     assert blocks.device.num_free == 14 and blocks.host.num_free == 64
     assert not llm.engine.swapper.busy
+
+
+def test_steps_go_on_while_a_proactive_copy_is_held_and_the_tokens_do_not_change(alone):
+    """The copier is held on its first swap-out; meanwhile the engine keeps stepping the
+    jobs whose KV it does not move (no step waits for the copy), and once it is let go
+    every job ends with the tokens it makes alone."""
+    import threading
+
+    from fsd.engine.swap_staging import Staging
+
+    llm = small_pool("proactive", demote_rule="always", prefix_cache=False)
+    eng = llm.engine
+    real, held, go = Staging.copy, threading.Event(), threading.Event()
+
+    def copy(self, direction, src, dst):
+        if direction == "out" and not held.is_set():
+            held.set()
+            go.wait(30)
+        return real(self, direction, src, dst)
+
+    jobs = [eng.add_request(p, PARAMS) for p in PROMPTS]
+    stepped_while_held = 0
+    try:
+        Staging.copy = copy  # type: ignore[method-assign]
+        for _ in range(2000):
+            if not eng.has_unfinished():
+                break
+            made = eng.step()
+            if held.is_set() and not go.is_set():
+                stepped_while_held += bool(made)
+                assert eng.swapper.busy  # the copy is still out there
+                if stepped_while_held >= 3:
+                    go.set()
+    finally:
+        go.set()
+        Staging.copy = real  # type: ignore[method-assign]
+    assert held.is_set() and stepped_while_held >= 3
+    assert [j.output_token_ids for j in jobs] == alone
