@@ -265,6 +265,15 @@ class Job:
     def all_token_ids(self) -> list[int]:
         return self.prompt_token_ids + self.output_token_ids
 
+    def token_ids(self, start: int, end: int) -> list[int]:
+        """`all_token_ids[start:end]` without joining the whole prompt and output."""
+        prompt, n = self.prompt_token_ids, len(self.prompt_token_ids)
+        if end <= n:
+            return prompt[start:end]
+        if start >= n:
+            return self.output_token_ids[start - n : end - n]
+        return prompt[start:] + self.output_token_ids[: end - n]
+
     def block_content(self, index: int, block_size: int) -> tuple[int, ...] | None:
         """The token ids of full block `index` (None past the last full block): what the
         prefix cache names the block by (fsd.kv.prefix)."""
@@ -274,7 +283,7 @@ class Job:
             return tuple(prompt[lo:hi])
         if hi > self.num_tokens:
             return None
-        return tuple(self.all_token_ids[lo:hi])
+        return tuple(self.token_ids(lo, hi))
 
     @property
     def is_prefill(self) -> bool:

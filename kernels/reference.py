@@ -196,3 +196,28 @@ def rms_norm_ref(
     h = (x if total is None else total).to(torch.float32)
     h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
     return weight * h.to(x.dtype), total
+
+
+def rope_store_ref(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    positions: torch.Tensor,
+    cos_sin: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> torch.Tensor:
+    """Rotate q [T, Hq, D] and k [T, Hkv, D] (neox halves, cos/sin rows of ``cos_sin`` at
+    ``positions`` rounded to q's dtype), store the rotated k and v at ``slot_mapping``;
+    returns the rotated q."""
+    half = q.shape[-1] // 2
+    rows = cos_sin.index_select(0, positions[: q.shape[0]])
+    c, s = rows[:, None, :half].to(q.dtype), rows[:, None, half:].to(q.dtype)
+
+    def rotate(x: torch.Tensor) -> torch.Tensor:
+        x1, x2 = x[..., :half], x[..., half:]
+        return torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1)
+
+    store_kv_ref(rotate(k), v, k_cache, v_cache, slot_mapping)
+    return rotate(q)

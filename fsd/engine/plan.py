@@ -103,12 +103,11 @@ def build_plan(
     for job in jobs:
         start = job.num_computed_tokens
         end = start + job.step_tokens
-        ids = job.all_token_ids
-        if end > len(ids) or end <= start:
+        if end > job.num_tokens or end <= start:
             raise ValueError(
-                f"{job.job_id}: scheduled tokens [{start}, {end}) outside its {len(ids)}"
+                f"{job.job_id}: scheduled tokens [{start}, {end}) outside its {job.num_tokens}"
             )
-        input_ids.extend(ids[start:end])
+        input_ids.extend(job.token_ids(start, end))
         positions.extend(range(start, end))
         ends.append(end)
     return StepPlan(

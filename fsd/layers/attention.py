@@ -198,7 +198,10 @@ class PagedAttention(torch.nn.Module):
         v: torch.Tensor,
         kv_cache: tuple[torch.Tensor, torch.Tensor],
         meta: AttentionMetadata,
+        rope: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor:
+        """`rope` (positions, the rotary cos/sin cache): rotate q and k first, fused with
+        the K/V store (one kernel on the Triton backend)."""
         backend = resolve_backend(self.backend, q.device)
         ops = _ops(backend)
         num_tokens = q.shape[0]
@@ -206,7 +209,10 @@ class PagedAttention(torch.nn.Module):
         k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
         v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
         k_cache, v_cache = kv_cache
-        ops.store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+        if rope is None:
+            ops.store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+        else:
+            q = ops.rope_store(q, k, v, *rope, k_cache, v_cache, meta.slot_mapping)
 
         nd = meta.num_decodes
         # a decode-only step (the common one) takes the kernel's output as it is: no copy
@@ -243,17 +249,19 @@ class PagedAttention(torch.nn.Module):
 
 
 class _Ops:
-    def __init__(self, store_kv, paged_decode, paged_prefill) -> None:  # noqa: ANN001
+    def __init__(self, store_kv, paged_decode, paged_prefill, rope_store) -> None:  # noqa: ANN001
         self.store_kv = store_kv
         self.paged_decode = paged_decode
         self.paged_prefill = paged_prefill
+        self.rope_store = rope_store
 
 
 def _ops(backend: str) -> _Ops:
     if backend == "triton":
-        from fsd.kernels import paged_decode, paged_prefill, store_kv
+        from fsd.kernels import paged_decode, paged_prefill, rope_store, store_kv
 
-        return _Ops(store_kv, paged_decode, paged_prefill)
+        return _Ops(store_kv, paged_decode, paged_prefill, rope_store)
     if backend == "torch":
-        return _Ops(reference.store_kv_ref, reference.paged_decode_ref, reference.paged_prefill_ref)
+        ref = reference
+        return _Ops(ref.store_kv_ref, ref.paged_decode_ref, ref.paged_prefill_ref, ref.rope_store_ref)
     raise ValueError(f"unknown attention backend {backend!r}")

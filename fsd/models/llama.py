@@ -57,8 +57,8 @@ class LlamaAttention(nn.Module):
         q, k, v = self.qkv_proj.split(self.qkv_proj(hidden))
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = self.rotary_emb(positions, q, k)
-        return self.o_proj(self.attn(q, k, v, kv_cache, meta))
+        rope = (positions, self.rotary_emb.cos_sin_cache)  # rotated where K/V is stored
+        return self.o_proj(self.attn(q, k, v, kv_cache, meta, rope=rope))
 
 
 class LlamaMLP(nn.Module):

@@ -617,12 +617,17 @@ def test_paged_attention_layer_triton_matches_torch(device) -> None:
     k = rand(gen, num_tokens, hkv * dim, device=device)
     v = rand(gen, num_tokens, hkv * dim, device=device)
     base = rand(gen, 2, 9, bs, hkv, dim, device=device)  # stale cache contents are finite
-    outs = []
-    for backend in ("torch", "triton"):
-        cache = base.clone()
-        layer = PagedAttention(hq, hkv, dim, dim**-0.5, backend=backend)
-        outs.append(layer(q, k, v, (cache[0], cache[1]), meta))
-    torch.testing.assert_close(outs[1], outs[0], atol=2e-5, rtol=1e-4)
+    positions = torch.tensor([8, 32, *range(7), *range(5, 25)], device=device)
+    cos_sin = rand(gen, 40, dim, device=device)
+    for rope in (None, (positions, cos_sin)):  # and with RoPE fused into the store
+        outs, caches = [], []
+        for backend in ("torch", "triton"):
+            cache = base.clone()
+            layer = PagedAttention(hq, hkv, dim, dim**-0.5, backend=backend)
+            outs.append(layer(q, k, v, (cache[0], cache[1]), meta, rope=rope))
+            caches.append(cache)
+        torch.testing.assert_close(outs[1], outs[0], atol=2e-5, rtol=1e-4)
+        torch.testing.assert_close(caches[1], caches[0], atol=2e-5, rtol=1e-4)
 
 
 # ----------------------------------------------------------------------------- GPU only
