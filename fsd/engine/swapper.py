@@ -205,7 +205,9 @@ class Swapper:
         while self._pending:
             self.wait()
         self._thread.shutdown(wait=True)
-        self.staging.drain()
+        if self.staging is not None:  # (a second close finds it gone)
+            self.staging.drain()
+            self.staging = None  # type: ignore[assignment]  # it holds both pools' tensors
         self.device_pool = self.host_pool = None  # type: ignore[assignment]
 
 
