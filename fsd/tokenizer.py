@@ -216,6 +216,11 @@ class IncrementalDetokenizer:
             self._ids[self._prefix_offset : self._read_offset], skip_special_tokens=skip
         )
         new_text = decode(self._ids[self._prefix_offset :], skip_special_tokens=skip)
+        if new_text == prefix_text:  # the new ids decode to nothing (skipped): pass them,
+            # or every later call would decode them again (a window growing per token)
+            self._read_offset = len(self._ids)
+            self._prefix_offset = max(self._prefix_offset, self._read_offset - self.WINDOW)
+            return ""
         if len(new_text) <= len(prefix_text) or (new_text.endswith("\ufffd") and not final):
             return ""
         chunk = new_text[len(prefix_text) :]

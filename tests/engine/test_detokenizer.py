@@ -1,3 +1,6 @@
+from hypothesis import given
+from hypothesis import strategies as st
+
 from fsd.engine.detokenizer import JobDetokenizer
 from fsd.tokenizer import ByteTokenizer
 
@@ -45,3 +48,37 @@ def test_stop_found_in_text_released_only_at_the_end():
     for b in (0xFF, 0xFE, 0xFD):  # invalid UTF-8: held back until finish
         t.add(b)
     assert t.finish() == "" and t.stop == "\ufffd\ufffd" and t.text == ""
+
+
+
+def _counting(tok: ByteTokenizer) -> list[int]:
+    """Make `tok.decode` record the length of every id list it is given."""
+    sizes: list[int] = []
+    real = tok.decode
+
+    def decode(ids, skip_special_tokens=True):
+        sizes.append(len(ids))
+        return real(ids, skip_special_tokens=skip_special_tokens)
+
+    tok.decode = decode  # type: ignore[method-assign]
+    return sizes
+
+
+def test_ids_that_decode_to_nothing_are_passed_once_not_decoded_at_every_token():
+    from fsd.tokenizer import IncrementalDetokenizer
+
+    tok = ByteTokenizer()
+    detok = IncrementalDetokenizer(tok, list(b"hello"))
+    sizes = _counting(tok)
+    text = detok.add(ord("A")) + "".join(detok.add(300) for _ in range(200)) + detok.add(ord("B"))
+    assert text + detok.flush() == "AB"
+    assert max(sizes) <= IncrementalDetokenizer.WINDOW + 2  # not 200 skipped ids and more
+
+
+@given(st.lists(st.integers(32, 126), max_size=8), st.lists(st.integers(0, 511), max_size=60))
+def test_the_streamed_text_is_the_whole_decode(prompt, output):
+    from fsd.tokenizer import IncrementalDetokenizer
+
+    detok = IncrementalDetokenizer(TOK, prompt)
+    streamed = "".join(detok.add(i) for i in output) + detok.flush()
+    assert streamed == TOK.decode(output)
