@@ -18,12 +18,21 @@ def verdict(goal: str, status: str, detail: str, **figures: Any) -> dict:
     return {"goal": goal, "status": status, "detail": detail, **figures}
 
 
+def _worst(
+    goal: str, data: dict | None, key: str, field: str, missing: str
+) -> tuple[dict, dict | None]:
+    """The row of `data[key]` with the largest `field`, or a NO DATA verdict saying `missing`."""
+    rows = (data or {}).get(key) or []
+    if not rows:
+        return {}, verdict(goal, NO_DATA, missing)
+    return max(rows, key=lambda r: r[field]), None
+
+
 def swap_overlap_verdict(swap: dict | None) -> dict:
     goal = f"decode step during a swap-out or swap-in <= {SWAP_GOAL}x the step alone"
-    rows = (swap or {}).get("overlap") or []
-    if not rows:
-        return verdict(goal, NO_DATA, "bench/swap.py wrote no overlap rows")
-    worst = max(rows, key=lambda r: r["inflation"])
+    worst, none = _worst(goal, swap, "overlap", "inflation", "bench/swap.py wrote no overlap rows")
+    if none is not None:
+        return none
     detail = (
         f"worst x{worst['inflation']:.2f}: swap {worst['direction']} of {worst['blocks']} blocks "
         f"({worst.get('host_blocks', '?')} host blocks), {worst['step_alone_ms']:.2f} -> "
@@ -64,10 +73,10 @@ def hf_verdict(hf: dict | None) -> dict:
 
 def ragged_verdict(kernels: dict | None) -> dict:
     goal = f"a ragged paged decode <= {RAGGED_GOAL}x a uniform one with the same bytes"
-    pairs = (kernels or {}).get("ragged_vs_uniform") or []
-    if not pairs:
-        return verdict(goal, NO_DATA, "bench/kernels.py wrote no ragged/uniform pair")
-    worst = max(pairs, key=lambda r: r["ratio"])
+    missing = "bench/kernels.py wrote no ragged/uniform pair"
+    worst, none = _worst(goal, kernels, "ragged_vs_uniform", "ratio", missing)
+    if none is not None:
+        return none
     detail = f"worst {worst['ratio']:.2f}x ({worst.get('case', '?')})"
     return verdict(
         goal, MET if worst["ratio"] <= RAGGED_GOAL else NOT_MET, detail, worst_ratio=worst["ratio"]

@@ -199,15 +199,9 @@ def rms_norm_ref(
 
 
 def rope_store_ref(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    positions: torch.Tensor,
-    cos_sin: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    slot_mapping: torch.Tensor,
-) -> torch.Tensor:
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor,
+    cos_sin: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor,
+) -> torch.Tensor:  # fmt: skip
     """Rotate q [T, Hq, D] and k [T, Hkv, D] (neox halves, cos/sin rows of ``cos_sin`` at
     ``positions`` rounded to q's dtype), store the rotated k and v at ``slot_mapping``;
     returns the rotated q."""
