@@ -8,8 +8,9 @@
 #            --venv DIR (default .venv), --no-peers, --setup-only
 #
 # Results go to bench/results/gpu-<name>/ (name: the GPU, e.g. h100): kernels.json,
-# swap.json, engine-gpu.json, hf.json, parallel.json, engine.json, the tests' JUnit files,
-# logs/, summary.md and summary.json. The step's own measurements run first. Each step
+# swap.json, engine-gpu.json, hf.json, parallel.json, the tests' JUnit files, logs/,
+# summary.md and summary.json. The step's own measurements and the parity run first
+# (bench/engine.py's OPT roofline is in engine-gpu.json; run it by hand for the rest). Each step
 # has its own time limit, and every limit is cut to what is left of --budget (default
 # 480 s), so the whole stays under 8 minutes; the summary always gets its last seconds. Without a CUDA device it prints the plan and exits 0.
 #
@@ -124,13 +125,12 @@ parallel_limit=30 # one GPU: bench/parallel.py only says why it skips
 # name, limit (s), command: one step per line, run in this order.
 steps=(
     "setup|75|bash scripts/gpu-check.sh --setup-only --venv $venv$([ "$peers" = 1 ] || echo ' --no-peers')"
-    "kernels|90|$py bench/kernels.py --quick --json $dir/kernels.json"
-    "swap|45|$py bench/swap.py --json $dir/swap.json"
+    "kernels|70|$py bench/kernels.py --quick --json $dir/kernels.json"
+    "swap|35|$py bench/swap.py --json $dir/swap.json"
     "engine-gpu|60|$py bench/engine_gpu.py --json $dir/engine-gpu.json"
-    "hf|60|$py bench/hf_compare.py --device cuda --dtype float16 --shape llama-1b --rounds 3 --json $dir/hf.json"
-    "gpu-tests|120|$py -m pytest $pytest_args --junitxml=$dir/gpu-tests.xml $gpu_tests"
     "parity|60|$py -m pytest $pytest_args --junitxml=$dir/parity.xml tests/gpu/test_gpu_parity.py"
-    "engine|45|$py bench/engine.py --json $dir/engine.json"
+    "hf|70|$py bench/hf_compare.py --device cuda --dtype float16 --shape llama-1b --rounds 2 --new-tokens 32 --json $dir/hf.json"
+    "gpu-tests|80|$py -m pytest $pytest_args --junitxml=$dir/gpu-tests.xml $gpu_tests"
     "parallel|$parallel_limit|$py bench/parallel.py --device cuda --out $dir/parallel.json"
 )
 summary_py=python3

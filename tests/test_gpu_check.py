@@ -19,8 +19,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "gpu-check.sh"
-STEPS = ("setup", "kernels", "swap", "engine-gpu", "hf", "gpu-tests", "parity", "engine", "parallel",
-         "summary")  # fmt: skip
+STEPS = ("setup", "kernels", "swap", "engine-gpu", "parity", "hf", "gpu-tests", "parallel", "summary")
 
 
 def _exe(path: Path, text: str) -> Path:

@@ -14,13 +14,15 @@ from fsd.errors import ConfigError
 from fsd.kv.swap import SwapOp
 
 SHAPE = KVShape(num_layers=3, num_kv_heads=2, head_dim=4, dtype=torch.float32)
+CUDA = torch.cuda.is_available()
+DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not CUDA, reason="needs a CUDA device")])]
 BS = 4
 BLOCK_BYTES = SHAPE.bytes_per_block(BS)
 
 
-def _pools(n_dev: int = 24, n_host: int = 24) -> tuple[KVCachePool, HostKVPool]:
-    dev = KVCachePool(SHAPE, n_dev, BS, torch.device("cpu"))
-    host = HostKVPool(SHAPE, n_host, BS, pin=False)
+def _pools(n_dev: int = 24, n_host: int = 24, device: str = "cpu") -> tuple[KVCachePool, HostKVPool]:
+    dev = KVCachePool(SHAPE, n_dev, BS, torch.device(device))
+    host = HostKVPool(SHAPE, n_host, BS, pin=device == "cuda")
     dev.data.normal_()
     host.data.normal_()
     return dev, host
@@ -30,7 +32,7 @@ def _expected(
     dev: torch.Tensor, host: torch.Tensor, op: SwapOp
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Both tiers after `op`, block by block (no slicing, no runs)."""
-    dev, host = dev.clone(), host.clone()
+    dev, host = dev.cpu().clone(), host.clone()
     for s, d in zip(op.src, op.dst, strict=True):
         if op.direction == "out":
             host[d] = dev[:, :, s]
@@ -41,12 +43,13 @@ def _expected(
     return dev, host
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("direction", ["out", "in", "copy"])
 @pytest.mark.parametrize("slice_blocks", [1, 3, 5, 64])
 @pytest.mark.parametrize("layout", ["scattered", "adjacent"])
-def test_a_sliced_copy_moves_what_a_copy_at_once_moves(direction, slice_blocks, layout):
+def test_a_sliced_copy_moves_what_a_copy_at_once_moves(direction, slice_blocks, layout, device):
     rng = random.Random(f"{direction}{slice_blocks}{layout}")
-    dev, host = _pools()
+    dev, host = _pools(device=device)
     n = 11
     src_pool = dev.num_blocks if direction != "in" else host.num_blocks
     dst_pool = host.num_blocks if direction == "out" else dev.num_blocks
@@ -65,15 +68,16 @@ def test_a_sliced_copy_moves_what_a_copy_at_once_moves(direction, slice_blocks, 
         swapper.start([op])
         assert [o.src for o in swapper.wait(timeout=30)] == [src]
         assert swapper.take_failed() == []
-        assert torch.equal(dev.data, want_dev) and torch.equal(host.data, want_host)
+        assert torch.equal(dev.data.cpu(), want_dev) and torch.equal(host.data, want_host)
         assert swapper.staging.slices == -(-len(src) // swapper.staging.slice_blocks)
     finally:
         swapper.close()
 
 
-def test_batches_are_copied_in_the_order_started_and_counted_once():
+@pytest.mark.parametrize("device", DEVICES)
+def test_batches_are_copied_in_the_order_started_and_counted_once(device):
     """A swap-in started after a swap-out reads the host blocks that swap-out wrote."""
-    dev, host = _pools()
+    dev, host = _pools(device=device)
     before = dev.data.clone()
     swapper = Swapper(dev, host, slice_bytes=2 * BLOCK_BYTES)
     try:

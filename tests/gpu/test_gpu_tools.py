@@ -245,16 +245,17 @@ def test_summary_verdicts_on_the_step_name_the_worst_figure(tmp_path: Path) -> N
     ]  # fmt: skip
     (tmp_path / "swap.json").write_text(json.dumps({"overlap": overlap}))
     rows = [
-        {"model": "opt-1.3b", "batch": 1, "step_ms": 0.8, "x_roofline": 1.4, "target_x": 1.5,
-         "host_not_hidden_ms": 0.05},
-        {"model": "llama-1b", "batch": 32, "step_ms": 2.0, "x_roofline": 2.5, "target_x": 2.0,
-         "host_not_hidden_ms": 0.4},
+        {"model": "opt-1.3b", "batch": 1, "step_ms": 0.8, "roofline_ms": 0.57, "x_roofline": 1.4,
+         "target_x": 1.5, "host_not_hidden_ms": 0.05},
+        {"model": "llama-1b", "batch": 32, "step_ms": 2.0, "roofline_ms": 0.8, "x_roofline": 2.5,
+         "target_x": 2.0, "host_not_hidden_ms": 0.4},
     ]  # fmt: skip
-    (tmp_path / "engine-gpu.json").write_text(json.dumps({"rows": rows}))
+    (tmp_path / "engine-gpu.json").write_text(json.dumps({"rows": rows, "copy_gb_s": 4000.0}))
     runs = [{"batch": 1, "ratio": 3.4, "sequences_equal": "1/1"},
             {"batch": 32, "ratio": 2.2, "sequences_equal": "32/32"}]  # fmt: skip
     (tmp_path / "hf.json").write_text(json.dumps({"runs": runs}))
-    swap, roof, hf, ragged = summary.build(tmp_path)["verdicts"][5:]
+    batch_one, swap, roof, hf, ragged = summary.build(tmp_path)["verdicts"][4:]
+    assert batch_one["status"] == "MET" and batch_one["detail"].startswith("opt-1.3b: step 0.80 ms")
     assert swap["status"] == "NOT MET" and "x1.31: swap out of 1024 blocks (adjacent" in swap["detail"]
     assert roof["status"] == "NOT MET" and roof["detail"].startswith("1/2 rows over; worst llama-1b batch 32")
     assert hf["status"] == "MET" and "batch 1: 3.40x (1/1 same)" in hf["detail"]

@@ -13,6 +13,7 @@ from fsd.kernels.launch import fixed_chunk
 from tests.kernels.test_kernels import _decode_case, _run_decode, assert_close
 
 uses_triton = pytest.mark.usefixtures("triton_ready")
+pytestmark = pytest.mark.gpu  # also run on the device machine (scripts/gpu-check.sh)
 RAGGED = [1, 5, 17, 64, 65, 130, 300]
 
 

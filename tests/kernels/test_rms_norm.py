@@ -11,6 +11,7 @@ from fsd.kernels import reference, rms_norm
 from fsd.layers.norm import RMSNorm
 
 uses_triton = pytest.mark.usefixtures("triton_ready")
+pytestmark = pytest.mark.gpu  # also run on the device machine (scripts/gpu-check.sh)
 TOL = {torch.float32: (1e-5, 1e-5), torch.float16: (2e-3, 8e-3), torch.bfloat16: (2e-2, 5e-2)}
 
 

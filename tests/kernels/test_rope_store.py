@@ -10,6 +10,7 @@ from fsd.kernels import reference, rope_store
 from fsd.layers.rotary import RotaryEmbedding
 
 uses_triton = pytest.mark.usefixtures("triton_ready")
+pytestmark = pytest.mark.gpu  # also run on the device machine (scripts/gpu-check.sh)
 TOL = {torch.float32: (1e-5, 1e-5), torch.float16: (1e-3, 2e-3), torch.bfloat16: (1e-2, 2e-2)}
 
 
