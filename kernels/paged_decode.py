@@ -129,7 +129,7 @@ def _decode_split_kernel(
         out_mask = g_mask[:, None] & d_mask[None, :]
         l_safe = tl.where(l_i > 0.0, l_i, 1.0)
         out = acc / l_safe[:, None]
-        if DIRECT or ctx <= chunk:  # its only chunk: the result itself
+        if (ctx <= chunk) | DIRECT:  # its only chunk: the result itself
             tl.store(
                 OUT + seq * stride_ob + heads[:, None] * stride_oh + offs_d[None, :] * stride_od,
                 out.to(OUT.dtype.element_ty),

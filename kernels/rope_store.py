@@ -89,7 +89,7 @@ def _rope_store_kernel(
         tl.store(vdst + HALF + offs_d[None, :], v2.to(V_CACHE.dtype.element_ty), mask=kv_mask)
 
 
-def _rotate(at, HALF: tl.constexpr, c, s, mask, dt):
+def _rotate(at, HALF: tl.constexpr, c, s, mask, dt: tl.constexpr):
     """The rotated halves of the heads at ``at`` (rows: heads), rounded as torch rounds."""
     x1 = tl.load(at, mask=mask, other=0.0).to(tl.float32)
     x2 = tl.load(at + HALF, mask=mask, other=0.0).to(tl.float32)
