@@ -19,7 +19,9 @@ overlap    the paper's Fig. 9: the model's decode step (batch B at context C, bu
            during the copy (inflation = median during / median alone; target <= 1.15),
            the copy alone (proactive, no step beside it), the overlapped total (copy
            start to its end with steps running), and what the same swap costs a step
-           when reactive (run_sync before the step).
+           when reactive (run_sync before the step). On a GPU every row is run twice:
+           with the copier's bounded slices ("staged", what the engine does) and with
+           each swap moved as one slice ("whole"), to show what the staging buys.
 
 On CPU the swapper copies on one background thread instead of a stream, so --cpu-smoke
 runs the same code on the tiny preset (its figures say nothing about a GPU); without
@@ -242,11 +244,12 @@ def print_tables(console: Console, result: dict) -> None:
                   f"{100 * r['fraction_of_pinned']:.0f}")  # fmt: skip
     console.print(t)
     t = Table(title=f"decode step (batch {result['batch']}, ctx {result['context']}) during a swap")
-    for col in ("swap", "host blocks", "blocks", "alone ms", "during ms", "inflation",
+    for col in ("swap", "slices", "host blocks", "blocks", "alone ms", "during ms", "inflation",
                 "steps during", "copy alone ms", "overlapped ms", "reactive step ms"):  # fmt: skip
         t.add_column(col, justify="right")
     for r in result["overlap"]:
-        t.add_row(r["direction"], r.get("host_blocks", "scattered"), str(r["blocks"]), f"{r['step_alone_ms']:.2f}",
+        t.add_row(r["direction"], r.get("slice", "-"), r.get("host_blocks", "scattered"), str(r["blocks"]),
+                  f"{r['step_alone_ms']:.2f}",
                   f"{r['step_during_swap_ms']:.2f}", f"x{r['inflation']:.2f}",
                   str(r["steps_during_swap"]), f"{r.get('copy_alone_ms', float('nan')):.1f}",
                   f"{r['overlapped_ms']:.1f}",
@@ -270,7 +273,13 @@ def main(argv: list[str] | None = None) -> int:
         batch.step()  # warm up (kernels compile)
         bw = bandwidth(swapper, args, device, rng)
         best = {d: max(r["gbps"] for r in bw if r["direction"] == d) for d in ("out", "in")}
-        lapped = overlap(swapper, batch, args, rng, best)
+        lapped = [{**r, "slice": "staged"} for r in overlap(swapper, batch, args, rng, best)]
+        if not args.cpu_smoke:  # the same swaps moved as one slice: what the staging buys
+            whole = Swapper(pool, swapper.host_pool, slice_bytes=block_bytes * args.max_swap_blocks)
+            try:
+                lapped += [{**r, "slice": "whole"} for r in overlap(whole, batch, args, rng, best)]
+            finally:
+                whole.close()
     finally:
         swapper.close()
     result = {"benchmark": "swap", "machine": describe_machine(device), "model": args.model,

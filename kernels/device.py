@@ -41,19 +41,22 @@ def attend(
     BLOCK_N: tl.constexpr,
     UPCAST: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    USE_DOT: tl.constexpr = True,
 ):
     """Online softmax of the ``ROWS`` rows of ``q`` over one sequence's keys ``start ..< end``.
 
     ``table`` is the sequence's block-table row, ``k_base`` and ``v_base`` the caches at
     its KV head. Keys are walked in ``BLOCK_N`` tiles; each token's cache block comes
     from the table (``position // BLOCK_SIZE``), so any block size is read the same way
-    and a tile may span several blocks. When a tile holds whole pages (``start`` a
-    multiple of ``BLOCK_N``, which a multiple of ``BLOCK_SIZE``) each page's block id
-    is loaded once, not once per token. Scores are in the log2 domain (``scale_log2``
-    folds in log2(e)), the running max and sum in fp32. With ``q_pos`` (each row's
-    absolute position) a row sees the keys up to its own position; with ``None``,
-    every key in range. Returns (acc, m_i, l_i): the unnormalised output [ROWS,
-    BLOCK_D] and the running max and sum [ROWS].
+    and a tile may span several blocks; ``start`` must be a multiple of ``BLOCK_N``, so
+    each distinct block id is loaded once per tile (``_tile_blocks``). Scores are in
+    the log2 domain (``scale_log2`` folds in log2(e)), the running max and sum in fp32.
+    With ``q_pos`` (each row's absolute position) a row sees the keys up to its own
+    position; with ``None``, every key in range. With ``USE_DOT`` both products are
+    ``tl.dot`` (tensor cores, at least 16 rows); without, ``_rows_dot`` and
+    ``_rows_weighted`` make them row by row on the CUDA cores, so a few rows pay for no
+    padding. Returns (acc, m_i, l_i): the unnormalised output [ROWS, BLOCK_D] and the
+    running max and sum [ROWS].
     """
     offs_d = tl.arange(0, BLOCK_D)
     offs_n = tl.arange(0, BLOCK_N)
@@ -64,13 +67,7 @@ def attend(
     for tile in range(start, end, BLOCK_N):
         pos = tile + offs_n
         n_mask = pos < end
-        if BLOCK_N % BLOCK_SIZE == 0:  # whole pages per tile (callers start tiles on a page)
-            page = tile // BLOCK_SIZE + tl.arange(0, BLOCK_N // BLOCK_SIZE)
-            ids = tl.load(table + page * stride_btn, mask=page * BLOCK_SIZE < end, other=0)
-            pages = tl.broadcast_to(ids[:, None], (BLOCK_N // BLOCK_SIZE, BLOCK_SIZE))
-            block = tl.reshape(pages, (BLOCK_N,))  # each page's id loaded once
-        else:
-            block = tl.load(table + (pos // BLOCK_SIZE) * stride_btn, mask=n_mask, other=0)
+        block = _tile_blocks(table, tile, pos, end, n_mask, stride_btn, BLOCK_SIZE, BLOCK_N)
         krow = block.to(tl.int64) * stride_kb + (pos % BLOCK_SIZE) * stride_ks
         # No padded columns: a per-row mask lets loads vectorise. (A constexpr `if`, not a
         # ternary, so only one branch is ever compiled.)
@@ -79,7 +76,11 @@ def attend(
         else:
             kv_mask = n_mask[:, None] & d_mask[None, :]
         k = _load_tile(k_base, krow, offs_d, stride_kd, kv_mask, UPCAST)
-        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale_log2  # [ROWS, N]
+        if USE_DOT:
+            s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)  # [ROWS, N]
+        else:
+            s = _rows_dot(q, k, ROWS, BLOCK_N)
+        s = s * scale_log2
         if q_pos is None:  # noqa: SIM108
             visible = n_mask[None, :]
         else:  # causal; key 0 is visible to every row, so the first tile leaves m_i finite
@@ -92,9 +93,54 @@ def attend(
 
         vrow = block.to(tl.int64) * stride_vb + (pos % BLOCK_SIZE) * stride_vs
         v = _load_tile(v_base, vrow, offs_d, stride_vd, kv_mask, UPCAST)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        if USE_DOT:
+            pv = tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        else:
+            pv = _rows_weighted(p, v, ROWS, BLOCK_D)
+        acc = acc * alpha[:, None] + pv
         m_i = m_new
     return acc, m_i, l_i
+
+
+def _tile_blocks(table, tile, pos, end, n_mask, stride_btn, BLOCK_SIZE: tl.constexpr,
+                 BLOCK_N: tl.constexpr):  # fmt: skip
+    """The cache block of each of a tile's ``BLOCK_N`` tokens (``pos``), each distinct
+    block id loaded once when tiles start on a page (callers start them on a multiple
+    of ``BLOCK_N``)."""
+    if BLOCK_N % BLOCK_SIZE == 0:  # whole pages per tile
+        page = tile // BLOCK_SIZE + tl.arange(0, BLOCK_N // BLOCK_SIZE)
+        ids = tl.load(table + page * stride_btn, mask=page * BLOCK_SIZE < end, other=0)
+        pages = tl.broadcast_to(ids[:, None], (BLOCK_N // BLOCK_SIZE, BLOCK_SIZE))
+        block = tl.reshape(pages, (BLOCK_N,))
+    elif BLOCK_SIZE % BLOCK_N == 0:  # the whole tile in one page
+        block = tl.zeros([BLOCK_N], tl.int32) + tl.load(table + (tile // BLOCK_SIZE) * stride_btn)
+    else:
+        block = tl.load(table + (pos // BLOCK_SIZE) * stride_btn, mask=n_mask, other=0)
+    return block
+
+
+def _rows_dot(q, k, ROWS: tl.constexpr, BLOCK_N: tl.constexpr):
+    """``q @ k.T`` ([ROWS, BLOCK_N], fp32) one row at a time: a multiply and a sum over
+    the head dim per row, for row counts a ``tl.dot`` would pad to 16."""
+    q = q.to(tl.float32)
+    k = k.to(tl.float32)
+    rows = tl.arange(0, ROWS)[:, None]
+    s = tl.zeros([ROWS, BLOCK_N], tl.float32)
+    for r in tl.static_range(ROWS):
+        q_r = tl.sum(tl.where(rows == r, q, 0.0), axis=0)  # [BLOCK_D]
+        s = tl.where(rows == r, tl.sum(k * q_r[None, :], axis=1)[None, :], s)
+    return s
+
+
+def _rows_weighted(p, v, ROWS: tl.constexpr, BLOCK_D: tl.constexpr):
+    """``p @ v`` ([ROWS, BLOCK_D], fp32) one row at a time, as ``_rows_dot``."""
+    v = v.to(tl.float32)
+    rows = tl.arange(0, ROWS)[:, None]
+    out = tl.zeros([ROWS, BLOCK_D], tl.float32)
+    for r in tl.static_range(ROWS):
+        p_r = tl.sum(tl.where(rows == r, p, 0.0), axis=0)  # [BLOCK_N]
+        out = tl.where(rows == r, tl.sum(v * p_r[:, None], axis=0)[None, :], out)
+    return out
 
 
 def _load_tile(base, rows, offs_d, stride_d, mask, UPCAST: tl.constexpr):
@@ -105,7 +151,7 @@ def _load_tile(base, rows, offs_d, stride_d, mask, UPCAST: tl.constexpr):
     return tile
 
 
-_HELPERS = ("attend", "_load_tile")
+_HELPERS = ("attend", "_tile_blocks", "_rows_dot", "_rows_weighted", "_load_tile")
 
 
 def jit_loader(

@@ -13,6 +13,7 @@ import torch
 
 DEFAULT_NUM_SMS = 132  # H100 SXM; used when no CUDA device can be asked
 LOG2E = 1.4426950408889634  # the attention kernels' softmax is in the log2 domain
+ROW_GROUP_MAX = 1  # grouped query heads up to which paged decode multiplies without tl.dot
 
 
 def next_pow2(n: int) -> int:
@@ -62,6 +63,56 @@ def fixed_chunk(max_context: int, num_splits: int, block_n: int) -> tuple[int, i
     per = -(-context // max(1, num_splits))
     chunk = -(-per // block_n) * block_n
     return chunk, -(-context // chunk)
+
+
+def choose_chunk(
+    batch: int,
+    num_kv_heads: int,
+    max_context: int,
+    block_n: int,
+    num_sms: int = DEFAULT_NUM_SMS,
+    max_chunk: int = 2048,
+    max_splits: int = 64,
+) -> int:
+    """Tokens per split that every sequence of a batch is cut by (a multiple of ``block_n``).
+
+    The split count of ``choose_num_splits`` for the longest context, but chunks of at
+    most ``max_chunk`` tokens while that needs no more than ``max_splits``: a short
+    chunk bounds how long the last program runs, so one long sequence among a full
+    GPU's worth of short ones is cut too, for a partial write and merge that cost well
+    under 1% of its K/V bytes.
+    """
+    context = max(1, max_context)
+    splits = choose_num_splits(batch, num_kv_heads, context, num_sms, max_splits=max_splits)
+    splits = max(splits, min(-(-context // max_chunk), max_splits))
+    return fixed_chunk(context, splits, block_n)[0]
+
+
+def decode_chunking(
+    batch: int,
+    num_kv_heads: int,
+    max_context: int,
+    block_n: int,
+    num_sms: int = DEFAULT_NUM_SMS,
+    num_splits: int | None = None,
+) -> tuple[int, int]:
+    """Paged decode's (chunk, splits of the longest context: the grid's third side),
+    by ``choose_chunk`` or, given ``num_splits``, that many ranges of whole tiles."""
+    context = max(1, int(max_context))
+    if num_splits is None:
+        chunk = choose_chunk(batch, num_kv_heads, context, block_n, num_sms)
+    else:
+        chunk, _ = fixed_chunk(context, max(1, int(num_splits)), block_n)
+    return chunk, -(-context // chunk)
+
+
+def decode_group_tile(group: int, use_dot: bool | None = None) -> tuple[bool, int]:
+    """(whether paged decode's products are tl.dot, rows of its grouped-head tile): a
+    tl.dot needs 16 rows, which groups up to ``ROW_GROUP_MAX`` skip by default."""
+    if use_dot is None:
+        use_dot = group > ROW_GROUP_MAX
+    rows = next_pow2(group)
+    return use_dot, max(16, rows) if use_dot else rows
 
 
 def attention_dims(

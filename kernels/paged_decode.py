@@ -6,19 +6,19 @@ thousands of keys alone. Decode is bound by reading K/V, so contexts are cut int
 ranges run by (sequence, KV head, split) programs in parallel.
 
 Why fixed chunks: every split covers the same ``chunk`` tokens of its sequence
-(``split * chunk`` on), chosen on the host from the longest context the batch may
-have. Cutting each sequence by its own length gave a short sequence as many tiny
-splits as a long one, each paying a partial write and a merge, while the long one's
-splits set the time of the batch; with fixed chunks a ragged batch costs about its
-bytes. Programs past their sequence's end exit at once, and a sequence that fits in
-one chunk is written directly and skipped by the merge.
+(``split * chunk`` on), chosen on the host from the batch's longest context (or the
+block table's bound on it). Cutting each sequence by its own length gave a short
+sequence as many tiny splits as a long one, each paying a partial write and a merge,
+while the long one's splits set the time of the batch; with fixed chunks a ragged
+batch costs about its bytes. Programs past their sequence's end exit at once, and a
+sequence that fits in one chunk is written directly and skipped by the merge.
 
 Stage 1 (one program per (sequence, KV head, split)) walks its range in tiles of
 ``BLOCK_N`` tokens. Each token's cache block comes from the block table, one load per
-page (``device.attend``, which the prefill kernel runs too), so any block size 1..128
-is read the same way and a tile may span several blocks. It keeps an online softmax
-(running max ``m``, running sum ``l`` in the log2 domain, fp32) and writes the split's
-normalised output with its log-sum-exp ``lse = m + log2(l)``.
+distinct block of a tile (``device.attend``, which the prefill kernel runs too), so any
+block size 1..128 is read the same way and a tile may span several blocks. It keeps an
+online softmax (running max ``m``, running sum ``l`` in the log2 domain, fp32) and
+writes the split's normalised output with its log-sum-exp ``lse = m + log2(l)``.
 
 Stage 2 (one program per (sequence, query head)) merges the ``ceil(ctx / chunk)``
 splits of a longer sequence: with ``M = max lse_i`` the result is
@@ -27,9 +27,13 @@ sequence can need two chunks, stage 1 writes the output directly and there is no
 stage 2.
 
 Grouped heads: the ``Hq / Hkv`` query heads that share a KV head sit in one program as
-the rows of a [BLOCK_G, D] tile (padded to at least 16 rows, masked), so each K/V tile
-is read once for the whole group and the scores and the weighted sum are ``tl.dot``
-calls on tensor cores. ``head_dim`` is padded to a power of two with masking.
+the rows of a [BLOCK_G, D] tile (masked), so each K/V tile is read once for the whole
+group. Why two ways to multiply: ``tl.dot`` needs at least 16 rows, so one head per
+KV head (MHA) would pad each product 16-fold and stage its operands through shared
+memory, while row by row on the CUDA cores it costs about as much and needs neither.
+Each further row costs the CUDA cores that again but the padded ``tl.dot`` nothing, so
+groups above ``launch.ROW_GROUP_MAX`` keep ``tl.dot`` (``use_dot`` picks either).
+``head_dim`` is padded to a power of two with masking.
 """
 
 from __future__ import annotations
@@ -43,8 +47,8 @@ from fsd.kernels.launch import (
     attention_args,
     attention_constants,
     attention_dims,
-    choose_num_splits,
-    fixed_chunk,
+    decode_chunking,
+    decode_group_tile,
     next_pow2,
     num_sms_of,
 )
@@ -95,6 +99,7 @@ def _decode_split_kernel(
     UPCAST: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     DIRECT: tl.constexpr,
+    USE_DOT: tl.constexpr,
 ):
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -123,7 +128,7 @@ def _decode_split_kernel(
         acc, m_i, l_i = device.attend(
             q, None, start, end, table, k_base, v_base, scale_log2,
             stride_btn, stride_kb, stride_ks, stride_kd, stride_vb, stride_vs, stride_vd,
-            BLOCK_G, HEAD_DIM, BLOCK_SIZE, BLOCK_D, BLOCK_N, UPCAST, DOT_PRECISION,
+            BLOCK_G, HEAD_DIM, BLOCK_SIZE, BLOCK_D, BLOCK_N, UPCAST, DOT_PRECISION, USE_DOT,
         )  # fmt: skip
 
         out_mask = g_mask[:, None] & d_mask[None, :]
@@ -209,6 +214,8 @@ def paged_decode(
     scale: float,
     num_splits: int | None = None,
     *,
+    max_context: int | None = None,
+    use_dot: bool | None = None,
     block_n: int | None = None,
     num_warps: int = 4,
     num_stages: int = 2,
@@ -219,11 +226,13 @@ def paged_decode(
     [num_blocks, block_size, Hkv, D]; block_tables [B, max_blocks] int32;
     context_lens [B] int32 (>= 1). Returns [B, Hq, D] in q's dtype.
 
-    ``num_splits`` (how many chunks the longest possible context is cut into, which
-    sets the chunk every sequence is cut by) overrides the heuristic
-    (``choose_num_splits``, which bounds the context by ``max_blocks * block_size`` so it
-    never syncs with the device); ``block_n`` (keys per tile), ``num_warps`` and
-    ``num_stages`` are tuning knobs.
+    ``max_context`` (at least every ``context_lens``; the host knows it from the step's
+    metadata) sizes the chunk and the grid; without it the bound
+    ``max_blocks * block_size`` does, so the call never syncs with the device.
+    ``num_splits`` (how many chunks that context is cut into) overrides the heuristic
+    (``launch.choose_chunk``); ``use_dot`` puts the products on ``tl.dot`` or off it
+    (default: off for groups up to ``launch.ROW_GROUP_MAX``); ``block_n`` (keys per
+    tile), ``num_warps`` and ``num_stages`` are tuning knobs.
     """
     batch, _, head_dim, block_size, num_kv_heads = attention_dims(q, k_cache, v_cache)
     if block_tables.shape[0] < batch or context_lens.shape[0] < batch:
@@ -231,12 +240,13 @@ def paged_decode(
     out = torch.empty_like(q)
     if batch == 0:
         return out
-    max_context = block_tables.shape[1] * block_size  # a bound known without a device sync
-    if num_splits is None:
-        num_splits = choose_num_splits(batch, num_kv_heads, max_context, num_sms_of(q.device))
+    if max_context is None:
+        max_context = block_tables.shape[1] * block_size  # a bound known without a device sync
     consts = attention_constants(q, k_cache, block_n)
-    chunk, num_splits = fixed_chunk(max_context, max(1, int(num_splits)), consts["BLOCK_N"])
-    consts["BLOCK_G"] = max(16, next_pow2(consts["GROUP"]))
+    chunk, num_splits = decode_chunking(
+        batch, num_kv_heads, max_context, consts["BLOCK_N"], num_sms_of(q.device), num_splits
+    )
+    consts["USE_DOT"], consts["BLOCK_G"] = decode_group_tile(consts["GROUP"], use_dot)
     consts["DIRECT"] = num_splits == 1  # no sequence needs two chunks: no merge at all
 
     split_kernel, merge_kernel = _kernels()
