@@ -11,10 +11,11 @@ time of an eager call is reported apart ("launch us").
 
 decode   paged decode GB/s (bytes of K + V + q + out + tables) against the measured
          ``dst.copy_(src)`` bandwidth of a few GB (read + write bytes), at batch 1-64 and
-         context 512-32k, uniform and ragged batches (lengths spread evenly from 1/8 to
-         15/8 of the mean), in shuffled block tables. Goals: >= 85% of copy bandwidth
-         at batch >= 16 and context >= 2048, no slower than the best peer, and a
-         ragged batch <= 1.1x the uniform one of the same mean ("ragged_vs_uniform").
+         context 512-32k, uniform and mixed batches in shuffled block tables: ragged
+         (lengths spread evenly from 1/8 to 15/8 of the mean) and ramped (rising evenly
+         to a longest), each beside the uniform batch of the same total tokens. Goals:
+         >= 85% of copy bandwidth at batch >= 16 and context >= 2048, no slower than the
+         best peer, and a mixed batch <= 1.1x its uniform twin ("ragged_vs_uniform").
 prefill  paged prefill TFLOP/s (causal, cached prefix or none) against the peer's
          varlen prefill over contiguous K/V.
 store    store_kv GB/s (K/V read + cache written + slots) against copy bandwidth and
@@ -29,6 +30,7 @@ bench/results/kernels-<gpu-name>.json), rewritten after every section.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
@@ -51,9 +53,10 @@ BW_GOAL_MIN_BATCH = 16
 BW_GOAL_MIN_CONTEXT = 2048
 DTYPES = attn_peers.DTYPES
 QUICK = {"batches": "1,16,64", "contexts": "512,2048,8192,32768", "ragged": "16x2048,64x8192",
+         "ramps": "16x2048",
          "prefill": "1x4096+0,4x1024+0,4x512+4096,16x128+2048", "store_tokens": "64,4096,65536",
          "rep_ms": 100}  # fmt: skip
-SMOKE = {"batches": "2", "contexts": "33", "ragged": "3x40", "heads": "4/2", "head_dim": 32,
+SMOKE = {"batches": "2", "contexts": "33", "ragged": "3x40", "ramps": "3x40", "heads": "4/2", "head_dim": 32,
          "dtype": "fp32", "copy_gib": 0.0625, "rep_ms": 20, "prefill": "2x16+0,1x8+24",
          "store_tokens": "16", "sweep": False, "max_gib": 1.0}  # fmt: skip
 
@@ -64,6 +67,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--contexts", default="512,2048,8192,32768", help="context lengths")
     p.add_argument("--ragged", default="16x2048,64x2048,16x8192,64x8192",
                    help="ragged batches BxMEAN (lengths 1/8 .. 15/8 of the mean)")  # fmt: skip
+    p.add_argument("--ramps", default="16x2048,64x8192",
+                   help="ramped batches BxMAX (lengths MAX/B, 2 MAX/B .. MAX)")  # fmt: skip
     p.add_argument("--heads", default="32/8,32/32", help="query/kv head pairs, comma-separated")
     p.add_argument("--head-dim", type=int, default=128)
     p.add_argument("--block-size", type=int, default=16)
@@ -183,18 +188,21 @@ def decode_bytes(case: dict) -> int:
 
 def sweep_configs(default_splits: int) -> list[dict]:
     splits = sorted({max(1, default_splits // 2), default_splits, default_splits * 2})
-    return [{"block_n": bn, "num_warps": w, "num_stages": st, "num_splits": sp}
-            for bn in (32, 64, 128) for w in (4, 8) for st in (2, 3) for sp in splits]  # fmt: skip
+    return [{"block_n": bn, "num_warps": w, "num_stages": st, "num_splits": sp, "use_dot": dot}
+            for bn in (32, 64, 128) for w in (4, 8) for st in (2, 3) for sp in splits
+            for dot in (False, True)]  # fmt: skip
 
 
 def sweep_best(case: dict, scale: float, timer, moved: int, splits: int, rep_ms: int) -> dict:
     from fsd.kernels import paged_decode
 
     args = (case["q"], case["k_cache"], case["v_cache"], case["tables"], case["lens"], scale)
+    longest = int(case["lens"].max())
     best: dict = {}
     for cfg in sweep_configs(splits):
         try:
-            ms = timer(lambda cfg=cfg: paged_decode(*args, **cfg), max(20, rep_ms // 8))
+            ms = timer(lambda cfg=cfg: paged_decode(*args, **cfg, max_context=longest),
+                       max(20, rep_ms // 8))  # fmt: skip
         except Exception:  # e.g. triton's OutOfResources: too much shared memory
             continue
         if not best or ms < best["ms"]:
@@ -205,20 +213,18 @@ def sweep_best(case: dict, scale: float, timer, moved: int, splits: int, rep_ms:
 def decode_row(lens: list[int], heads, args, device, timer, copy_gbps: float, peers) -> dict:
     """Time paged decode and each peer on one batch; the row the table and JSON show."""
     from fsd.kernels import paged_decode
-    from fsd.kernels.launch import choose_num_splits, num_sms_of
 
     if device.type == "cuda":
         torch.cuda.empty_cache()  # the last row's tensors are gone: give their memory back
     scale = args.head_dim**-0.5
     case = attn_peers.make_case(lens, heads, args, device)
     moved = decode_bytes(case)
-    splits = choose_num_splits(
-        len(lens), heads[1], case["tables"].shape[1] * args.block_size, num_sms_of(device)
-    )
+    plan = decode_plan(case, device)
     call = (case["q"], case["k_cache"], case["v_cache"], case["tables"], case["lens"], scale)
-    out = paged_decode(*call)
-    paged_ms = timer(lambda: paged_decode(*call))
-    host_ms = launch_ms(lambda: paged_decode(*call), device)
+    run = functools.partial(paged_decode, *call, max_context=max(lens))  # as a step knows it
+    out = run()
+    paged_ms, host_ms = timer(run), launch_ms(run, device)
+    splits = plan["num_splits"]
     best = sweep_best(case, scale, timer, moved, splits, args.rep_ms) if args.sweep else None
     peer = attn_peers.time_peers(attn_peers.decode_peer, peers, case, scale, out, timer)
     name, peer_ms = attn_peers.best_peer(peer)
@@ -226,23 +232,43 @@ def decode_row(lens: list[int], heads, args, device, timer, copy_gbps: float, pe
     applies = len(lens) >= BW_GOAL_MIN_BATCH and mean >= BW_GOAL_MIN_CONTEXT
     fraction = attn_peers.gbps(moved, paged_ms) / copy_gbps
     return {"num_heads": heads[0], "num_kv_heads": heads[1], "batch": len(lens), "context": mean,
-            "max_context": max(lens), "ragged": len(set(lens)) > 1, "num_splits": splits,
+            "max_context": max(lens), "ragged": len(set(lens)) > 1, **plan,
             "bytes": moved, "paged_ms": paged_ms, "paged_gbps": attn_peers.gbps(moved, paged_ms),
-            "launch_ms": host_ms,
-            "fraction_of_copy": fraction, "peers": peer, "best_peer": name,
+            "launch_ms": host_ms, "fraction_of_copy": fraction, "peers": peer, "best_peer": name,
             "best_peer_ms": peer_ms, "speedup_vs_best_peer": peer_ms / paged_ms if peer_ms else None,
             "bw_goal": fraction >= BW_GOAL if applies else None,
             "peer_goal": (paged_ms <= peer_ms) if applies and peer_ms else None,
             "sweep_best": best}  # fmt: skip
 
 
+def decode_plan(case: dict, device: torch.device) -> dict:
+    """How paged decode cuts this batch by default: chunk, splits, tl.dot or rows."""
+    from fsd.kernels import launch
+
+    q, k_cache, lens = case["q"], case["k_cache"], case["lens"]
+    consts = launch.attention_constants(q, k_cache, None)
+    chunk, splits = launch.decode_chunking(q.shape[0], k_cache.shape[2], int(lens.max()),
+                                           consts["BLOCK_N"], launch.num_sms_of(device))  # fmt: skip
+    return {"chunk": chunk, "num_splits": splits,
+            "use_dot": launch.decode_group_tile(consts["GROUP"])[0]}  # fmt: skip
+
+
+def ramp_lens(batch: int, longest: int) -> list[int]:
+    """`batch` lengths rising evenly to `longest` (longest/B, 2 longest/B .. longest), mixed."""
+    lens = [max(1, round(longest * (i + 1) / batch)) for i in range(batch)]
+    return lens[::2] + lens[1::2]
+
+
 def decode_cases(args) -> list[tuple[tuple[int, int], list[int]]]:
+    """Uniform batches, then each ragged and ramped one after its twin of the same bytes."""
+    mixed = [attn_peers.ragged_lens(*spec) for spec in _specs(args.ragged)]
+    mixed += [ramp_lens(*spec) for spec in _specs(args.ramps)]
     cases = []
     for heads in _heads(args.heads):
         cases += [(heads, [c] * b) for b in _ints(args.batches) for c in _ints(args.contexts)]
-        for spec in (s for s in args.ragged.split(",") if s.strip()):
-            b, mean = (int(x) for x in spec.split("x"))
-            cases.append((heads, attn_peers.ragged_lens(b, mean)))
+        for lens in mixed:
+            twin = [round(sum(lens) / len(lens))] * len(lens)
+            cases += [(heads, x) for x in (twin, lens) if (heads, x) not in cases]
     return cases
 
 
@@ -278,15 +304,12 @@ def run_decode(args, device, timer, copy: dict, peers: list[str], result: dict) 
 # ----------------------------------------------------------------------------- report
 
 
-def mark(ok: bool | None) -> str:
-    if ok is None:
-        return "[dim]-[/dim]"
-    return "[green]yes[/green]" if ok else "[red]no[/red]"
+MARKS = {None: "[dim]-[/dim]", True: "[green]yes[/green]", False: "[red]no[/red]"}
 
 
 def print_decode(console: Console, rows: list[dict], copy: dict, title: str) -> None:
     table = Table(title=title)
-    cols = ("heads q/kv", "batch", "ctx", "max", "splits", "paged us", "launch us", "GB/s", "% copy",
+    cols = ("heads q/kv", "batch", "ctx", "max", "splits x chunk", "paged us", "launch us", "GB/s", "% copy",
             "best peer", "peer us", "x peer", "max |diff|", ">=85% copy", ">= peer")  # fmt: skip
     for col in cols:
         table.add_column(col, justify="right")
@@ -296,17 +319,17 @@ def print_decode(console: Console, rows: list[dict], copy: dict, title: str) -> 
         peer = r["peers"].get(r["best_peer"] or "", {})
         b = r["sweep_best"]
         sweep = [f"{b['gbps']:.0f} GB/s n{b['block_n']} w{b['num_warps']} s{b['num_stages']} "
-                 f"k{b['num_splits']}"] if b else []  # fmt: skip
+                 f"k{b['num_splits']} {'dot' if b['use_dot'] else 'rows'}"] if b else []  # fmt: skip
         table.add_row(
             f"{r['num_heads']}/{r['num_kv_heads']}", str(r["batch"]),
             ("~" if r["ragged"] else "") + str(r["context"]), str(r["max_context"]),
-            str(r["num_splits"]), f"{1e3 * r['paged_ms']:.1f}", f"{1e3 * r['launch_ms']:.1f}",
-            f"{r['paged_gbps']:.0f}",
+            f"{r['num_splits']}x{r['chunk']}" + ("" if r["use_dot"] else " rows"),
+            f"{1e3 * r['paged_ms']:.1f}", f"{1e3 * r['launch_ms']:.1f}", f"{r['paged_gbps']:.0f}",
             f"{100 * r['fraction_of_copy']:.1f}", r["best_peer"] or "-",
             f"{1e3 * r['best_peer_ms']:.1f}" if r["best_peer_ms"] else "-",
             f"{r['speedup_vs_best_peer']:.2f}" if r["best_peer_ms"] else "-",
             f"{peer['max_abs_diff']:.1e}" if "max_abs_diff" in peer else "-",
-            mark(r["bw_goal"]), mark(r["peer_goal"]), *sweep,
+            MARKS[r["bw_goal"]], MARKS[r["peer_goal"]], *sweep,
         )  # fmt: skip
     console.print(table)
     console.print(
@@ -318,6 +341,10 @@ def print_decode(console: Console, rows: list[dict], copy: dict, title: str) -> 
 
 def _ints(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x.strip()]
+
+
+def _specs(text: str) -> list[tuple[int, int]]:  # "16x2048,64x8192"
+    return [(int(a), int(b)) for a, b in (s.split("x") for s in text.split(",") if s.strip())]
 
 
 def _heads(text: str) -> list[tuple[int, int]]:
@@ -336,9 +363,7 @@ def setup(args) -> torch.device | None:
         # The kernels import Triton on first call; interpreter mode must be set before that.
         os.environ.setdefault("TRITON_INTERPRET", "1")
         return torch.device("cpu")
-    if not torch.cuda.is_available():
-        return None
-    return torch.device("cuda")
+    return torch.device("cuda") if torch.cuda.is_available() else None
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -2,7 +2,8 @@
 
 A decode step of a small batch is mostly kernel launches: a few per layer, each
 costing the host more than the GPU spends on it. Capturing the step once as a CUDA
-graph (on the last stage with the head: the graph's output is the logits) and
+graph (on the last stage with the head: the graph's output is the logits and their
+greedy tokens) and
 replaying it launches the whole step at once (as nano-vllm's model runner
 and vLLM do). A graph replays fixed tensors, so the step's inputs -- token ids,
 positions, slot mapping, block tables, context lengths (and, on a later pipeline
@@ -40,7 +41,7 @@ log = logging.getLogger("fsd.engine")
 
 # (replay, static output) of one captured step; `capture(run)` makes it from a step
 # function that reads the static buffers and returns its output tensor
-Replay = tuple[Callable[[], None], torch.Tensor]
+Replay = tuple[Callable[[], None], Any]  # the output: a tensor or a tuple of tensors
 Capture = Callable[[Callable[[], torch.Tensor]], Replay]
 
 MAX_CAPTURE_BATCH = 512  # larger decode batches run eagerly (launches are amortised)
@@ -74,8 +75,9 @@ class CudaCapture:
 class DecodeGraphs:
     """Static buffers and the captured decode steps of one worker's model shard.
 
-    `run(layout, ids, positions, hidden)` returns the stage's output rows [n, hidden]
-    (a view of the graph's static output, valid until the next replay), or None when
+    `run(layout, ids, positions, hidden)` returns the stage's output rows (views of the
+    graph's static output, valid until the next replay: [n, hidden], or on the last
+    stage the logits [n, vocab] and greedy tokens [n]), or None when
     the step must run eagerly: it carries a prefill, or graphs are off after a failed
     capture.
     """
@@ -148,7 +150,7 @@ class DecodeGraphs:
             self._graphs[bucket] = graph
         replay, out = graph
         replay()
-        return out[:n]
+        return out[:n] if isinstance(out, torch.Tensor) else tuple(t[:n] for t in out)
 
     def capture_all(self, every: float = 2.0) -> None:
         """Capture every bucket now, on padding rows (they write no KV), logging the

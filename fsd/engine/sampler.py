@@ -68,13 +68,21 @@ class Sampler:
         params: Sequence[SamplingParams],
         job_ids: Sequence[str],
         banned: Sequence[Sequence[int]] = (),
+        greedy: torch.Tensor | None = None,
     ) -> list[int | JobFault]:
         """One token per row of `logits` [N, vocab], or a JobFault for a row that failed.
 
         `banned[i]` lists token ids row i may not produce yet (EOS before min_tokens).
         Each row draws at most once, so a seeded job's generator advances one step.
-        Never raises (see the module docstring).
+        `greedy` (`greedy_tokens(logits)`, drawn where the logits were made) is taken
+        as it is when every row is greedy and none bans a token. Never raises (see the
+        module docstring).
         """
+        if greedy is not None and all(p.greedy for p in params) and not any(banned):
+            try:
+                return list(greedy.tolist())
+            except Exception:  # noqa: BLE001 - drawn again below
+                pass
         try:
             ban: list[Sequence[int]] = list(banned) or [()] * len(params)
             try:
@@ -136,9 +144,12 @@ class Sampler:
         return out
 
 
-def _argmax(logits: torch.Tensor) -> torch.Tensor:
+def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
     """The argmax of each row, where a NaN never wins (a row of NaN gives token 0)."""
     return logits.masked_fill(logits.isnan(), float("-inf")).argmax(dim=-1)
+
+
+_argmax = greedy_tokens
 
 
 def _prepare(

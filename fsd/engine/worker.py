@@ -32,7 +32,7 @@ from fsd.config import CacheConfig, ModelConfig
 from fsd.engine.cuda_graph import DecodeGraphs
 from fsd.engine.kv_cache import KVCachePool, KVShape, num_device_blocks, num_host_blocks
 from fsd.engine.plan import StepPlan
-from fsd.engine.sampler import Sampler
+from fsd.engine.sampler import Sampler, greedy_tokens
 from fsd.engine.stage import StageSpan, build_stage, stage_weights
 from fsd.engine.swapper import HostKVPool, Swapper
 from fsd.engine.threads import pick_threads
@@ -175,7 +175,10 @@ class Worker:
         def forward(ids: torch.Tensor, pos: torch.Tensor, hidden: Any, meta: Any) -> Any:
             layers = self.pool.layers  # type: ignore[union-attr]
             out = model.forward_stage(ids, pos, hidden, layers, meta, span.first, span.last)
-            return model.compute_logits(out) if span.last else out  # the head in the graph too
+            if not span.last:
+                return out
+            logits = model.compute_logits(out)  # the head and the greedy draw in the graph too
+            return logits, greedy_tokens(logits)
 
         return DecodeGraphs(
             forward,
@@ -219,9 +222,12 @@ class Worker:
         pos = np.fromiter(plan.positions, np.int64, len(plan.positions))
         span = self.span
         out = None if self.graphs is None else self.graphs.run(layout, ids, pos, hidden)
-        if out is not None and span.last:  # a replayed decode step: its rows' logits
+        if out is not None and span.last:  # a replayed decode step: its logits and argmax
+            logits, greedy = out
             rows = [i for i, s in enumerate(plan.samples) if s] if plan.samples else None
-            return self._draw(plan, out if rows is None else out[rows], rows)
+            if rows is not None:
+                logits, greedy = logits[rows], greedy[rows]
+            return self._draw(plan, logits, rows, greedy)
         if out is None:  # eagerly: a prefill, graphs off, or no graph
             out = self.model.forward_stage(
                 upload(ids, dev),
@@ -255,13 +261,20 @@ class Worker:
         rows_out = hidden if len(last) == hidden.shape[0] else hidden[upload(last, hidden.device)]
         return self._draw(plan, self.model.compute_logits(rows_out), rows)
 
-    def _draw(self, plan: StepPlan, logits: torch.Tensor, rows: list[int] | None = None) -> Any:
-        """The tokens of the sampling `rows` (all when None) from their logits."""
+    def _draw(
+        self,
+        plan: StepPlan,
+        logits: torch.Tensor,
+        rows: list[int] | None = None,
+        greedy: torch.Tensor | None = None,
+    ) -> Any:
+        """The tokens of the sampling `rows` (all when None) from their logits (and their
+        argmax, when the graph drew it)."""
         n = plan.num_seqs
         if self.sampler is None:
             return None
         if rows is None or len(rows) == n:
-            return self.sampler.sample(logits, plan.params, plan.job_ids, plan.banned)
+            return self.sampler.sample(logits, plan.params, plan.job_ids, plan.banned, greedy)
         pick = [plan.banned[i] for i in rows] if plan.banned else ()
         drawn = self.sampler.sample(
             logits, [plan.params[i] for i in rows], [plan.job_ids[i] for i in rows], pick

@@ -35,7 +35,10 @@ class FakeCapture:
 
         def replay() -> None:
             self.replays += 1
-            out.copy_(run())
+            fresh = run()
+            pairs = (out, fresh) if isinstance(out, tuple) else ((out,), (fresh,))
+            for static, new in zip(*pairs, strict=True):
+                static.copy_(new)
 
         return replay, out
 
@@ -83,6 +86,27 @@ def test_replayed_decodes_give_the_eager_tokens():
     assert capture.replays > 0 and graphs.failed is None
     assert 16 in graphs.captured and len(graphs.captured) >= 3  # the batch shrank through buckets
     assert capture.captures == len(graphs.captured)  # each bucket captured once
+
+
+def test_a_replayed_greedy_step_takes_the_graphs_argmax(monkeypatch):
+    """The graph draws greedy tokens itself: the sampler's own pass runs only for the
+    steps that ran eagerly (those with a prefill), and the tokens are the eager ones."""
+    import fsd.engine.sampler as sampler
+
+    calls = {"n": 0}
+    real = sampler._prepare
+
+    def counting(*args, **kwargs):
+        calls["n"] += 1
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(sampler, "_prepare", counting)
+    eager, _ = generate()
+    eager_calls, calls["n"] = calls["n"], 0
+    capture = FakeCapture()
+    replayed, graphs = generate(capture)
+    assert replayed == eager and capture.replays > 0
+    assert calls["n"] == eager_calls - capture.replays  # only the eager steps drew on their own
 
 
 def test_every_bucket_captured_at_start_serves_the_eager_tokens_without_another_capture(caplog):
