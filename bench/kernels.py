@@ -10,12 +10,11 @@ events, L2 flushed before each, so a figure is the device's work; the host's lau
 time of an eager call is reported apart ("launch us").
 
 decode   paged decode GB/s (bytes of K + V + q + out + tables) against the measured
-         ``dst.copy_(src)`` bandwidth of a few GB (read + write bytes), at batch 1-64 and
-         context 512-32k, uniform and mixed batches in shuffled block tables: ragged
-         (lengths spread evenly from 1/8 to 15/8 of the mean) and ramped (rising evenly
-         to a longest), each beside the uniform batch of the same total tokens. Goals:
-         >= 85% of copy bandwidth at batch >= 16 and context >= 2048, no slower than the
-         best peer, and a mixed batch <= 1.1x its uniform twin ("ragged_vs_uniform").
+         ``dst.copy_(src)`` bandwidth (read + write bytes), at batch 1-64 and context
+         512-32k in shuffled block tables: uniform, ragged (lengths 1/8 .. 15/8 of the
+         mean) and ramped (rising evenly to a longest) batches, each mixed one beside its
+         uniform twin of the same bytes. Goals: >= 85% of copy at batch >= 16 and context
+         >= 2048, no slower than the best peer, a mixed batch <= 1.1x its twin.
 prefill  paged prefill TFLOP/s (causal, cached prefix or none) against the peer's
          varlen prefill over contiguous K/V.
 store    store_kv GB/s (K/V read + cache written + slots) against copy bandwidth and
@@ -53,12 +52,11 @@ BW_GOAL_MIN_BATCH = 16
 BW_GOAL_MIN_CONTEXT = 2048
 DTYPES = attn_peers.DTYPES
 QUICK = {"batches": "1,16,64", "contexts": "512,2048,8192,32768", "ragged": "16x2048,64x8192",
-         "ramps": "16x2048",
-         "prefill": "1x4096+0,4x1024+0,4x512+4096,16x128+2048", "store_tokens": "64,4096,65536",
-         "rep_ms": 100}  # fmt: skip
-SMOKE = {"batches": "2", "contexts": "33", "ragged": "3x40", "ramps": "3x40", "heads": "4/2", "head_dim": 32,
-         "dtype": "fp32", "copy_gib": 0.0625, "rep_ms": 20, "prefill": "2x16+0,1x8+24",
-         "store_tokens": "16", "sweep": False, "max_gib": 1.0}  # fmt: skip
+         "ramps": "16x2048", "prefill": "1x4096+0,4x1024+0,4x512+4096,16x128+2048",
+         "store_tokens": "64,4096,65536", "rep_ms": 100}  # fmt: skip
+SMOKE = {"batches": "2", "contexts": "33", "ragged": "2x33", "ramps": "", "heads": "4/2",
+         "head_dim": 32, "dtype": "fp32", "copy_gib": 0.0625, "rep_ms": 20,
+         "prefill": "2x16+0,1x8+24", "store_tokens": "16", "sweep": False, "max_gib": 1.0}  # fmt: skip
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -67,8 +65,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--contexts", default="512,2048,8192,32768", help="context lengths")
     p.add_argument("--ragged", default="16x2048,64x2048,16x8192,64x8192",
                    help="ragged batches BxMEAN (lengths 1/8 .. 15/8 of the mean)")  # fmt: skip
-    p.add_argument("--ramps", default="16x2048,64x8192",
-                   help="ramped batches BxMAX (lengths MAX/B, 2 MAX/B .. MAX)")  # fmt: skip
+    p.add_argument("--ramps", default="16x2048,64x8192", help="ramped batches BxMAX (MAX/B .. MAX)")
     p.add_argument("--heads", default="32/8,32/32", help="query/kv head pairs, comma-separated")
     p.add_argument("--head-dim", type=int, default=128)
     p.add_argument("--block-size", type=int, default=16)
@@ -197,12 +194,11 @@ def sweep_best(case: dict, scale: float, timer, moved: int, splits: int, rep_ms:
     from fsd.kernels import paged_decode
 
     args = (case["q"], case["k_cache"], case["v_cache"], case["tables"], case["lens"], scale)
-    longest = int(case["lens"].max())
     best: dict = {}
     for cfg in sweep_configs(splits):
+        kw = {**cfg, "max_context": int(case["lens"].max())}
         try:
-            ms = timer(lambda cfg=cfg: paged_decode(*args, **cfg, max_context=longest),
-                       max(20, rep_ms // 8))  # fmt: skip
+            ms = timer(lambda kw=kw: paged_decode(*args, **kw), max(20, rep_ms // 8))
         except Exception:  # e.g. triton's OutOfResources: too much shared memory
             continue
         if not best or ms < best["ms"]:
@@ -212,19 +208,19 @@ def sweep_best(case: dict, scale: float, timer, moved: int, splits: int, rep_ms:
 
 def decode_row(lens: list[int], heads, args, device, timer, copy_gbps: float, peers) -> dict:
     """Time paged decode and each peer on one batch; the row the table and JSON show."""
-    from fsd.kernels import paged_decode
+    from fsd.kernels import launch, paged_decode
 
     if device.type == "cuda":
         torch.cuda.empty_cache()  # the last row's tensors are gone: give their memory back
     scale = args.head_dim**-0.5
     case = attn_peers.make_case(lens, heads, args, device)
     moved = decode_bytes(case)
-    plan = decode_plan(case, device)
+    block_n = launch.attention_constants(case["q"], case["k_cache"], None)["BLOCK_N"]
+    chunk, splits = launch.decode_chunking(len(lens), heads[1], max(lens), block_n, launch.num_sms_of(device))
     call = (case["q"], case["k_cache"], case["v_cache"], case["tables"], case["lens"], scale)
     run = functools.partial(paged_decode, *call, max_context=max(lens))  # as a step knows it
     out = run()
     paged_ms, host_ms = timer(run), launch_ms(run, device)
-    splits = plan["num_splits"]
     best = sweep_best(case, scale, timer, moved, splits, args.rep_ms) if args.sweep else None
     peer = attn_peers.time_peers(attn_peers.decode_peer, peers, case, scale, out, timer)
     name, peer_ms = attn_peers.best_peer(peer)
@@ -232,25 +228,14 @@ def decode_row(lens: list[int], heads, args, device, timer, copy_gbps: float, pe
     applies = len(lens) >= BW_GOAL_MIN_BATCH and mean >= BW_GOAL_MIN_CONTEXT
     fraction = attn_peers.gbps(moved, paged_ms) / copy_gbps
     return {"num_heads": heads[0], "num_kv_heads": heads[1], "batch": len(lens), "context": mean,
-            "max_context": max(lens), "ragged": len(set(lens)) > 1, **plan,
+            "max_context": max(lens), "ragged": len(set(lens)) > 1, "num_splits": splits,
+            "chunk": chunk, "use_dot": launch.decode_group_tile(heads[0] // heads[1])[0],
             "bytes": moved, "paged_ms": paged_ms, "paged_gbps": attn_peers.gbps(moved, paged_ms),
             "launch_ms": host_ms, "fraction_of_copy": fraction, "peers": peer, "best_peer": name,
             "best_peer_ms": peer_ms, "speedup_vs_best_peer": peer_ms / paged_ms if peer_ms else None,
             "bw_goal": fraction >= BW_GOAL if applies else None,
             "peer_goal": (paged_ms <= peer_ms) if applies and peer_ms else None,
             "sweep_best": best}  # fmt: skip
-
-
-def decode_plan(case: dict, device: torch.device) -> dict:
-    """How paged decode cuts this batch by default: chunk, splits, tl.dot or rows."""
-    from fsd.kernels import launch
-
-    q, k_cache, lens = case["q"], case["k_cache"], case["lens"]
-    consts = launch.attention_constants(q, k_cache, None)
-    chunk, splits = launch.decode_chunking(q.shape[0], k_cache.shape[2], int(lens.max()),
-                                           consts["BLOCK_N"], launch.num_sms_of(device))  # fmt: skip
-    return {"chunk": chunk, "num_splits": splits,
-            "use_dot": launch.decode_group_tile(consts["GROUP"])[0]}  # fmt: skip
 
 
 def ramp_lens(batch: int, longest: int) -> list[int]:
@@ -261,10 +246,10 @@ def ramp_lens(batch: int, longest: int) -> list[int]:
 
 def decode_cases(args) -> list[tuple[tuple[int, int], list[int]]]:
     """Uniform batches, then each ragged and ramped one after its twin of the same bytes."""
-    mixed = [attn_peers.ragged_lens(*spec) for spec in _specs(args.ragged)]
-    mixed += [ramp_lens(*spec) for spec in _specs(args.ramps)]
+    mixed = [attn_peers.ragged_lens(*s) for s in _pairs(args.ragged, "x")]
+    mixed += [ramp_lens(*s) for s in _pairs(args.ramps, "x")]
     cases = []
-    for heads in _heads(args.heads):
+    for heads in _pairs(args.heads):
         cases += [(heads, [c] * b) for b in _ints(args.batches) for c in _ints(args.contexts)]
         for lens in mixed:
             twin = [round(sum(lens) / len(lens))] * len(lens)
@@ -273,8 +258,7 @@ def decode_cases(args) -> list[tuple[tuple[int, int], list[int]]]:
 
 
 def ragged_pairs(rows: list[dict]) -> list[dict]:
-    """Each ragged row against the uniform row of the same heads, batch and mean context
-    (the same K/V bytes, about): the ratio of their times."""
+    """Each mixed row against its uniform twin (heads, batch, mean context): time ratio."""
     uniform = {(r["num_heads"], r["num_kv_heads"], r["batch"], r["context"]): r for r in rows if not r["ragged"]}
     pairs = []
     for r in (r for r in rows if r["ragged"]):
@@ -343,12 +327,8 @@ def _ints(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x.strip()]
 
 
-def _specs(text: str) -> list[tuple[int, int]]:  # "16x2048,64x8192"
-    return [(int(a), int(b)) for a, b in (s.split("x") for s in text.split(",") if s.strip())]
-
-
-def _heads(text: str) -> list[tuple[int, int]]:
-    return [(int(a), int(b)) for a, b in (item.split("/") for item in text.split(","))]
+def _pairs(text: str, sep: str = "/") -> list[tuple[int, int]]:  # "32/8,32/32", "16x2048"
+    return [(int(a), int(b)) for a, b in (s.split(sep) for s in text.split(",") if s.strip())]
 
 
 def save(result: dict, path: Path | None, console: Console) -> None:
@@ -385,12 +365,9 @@ def main(argv: list[str] | None = None) -> int:
     copy = copy_bandwidth(device, args.copy_gib, timer)
     status = attn_peers.peer_status()
     peers = attn_peers.choose_peers(status)
-    console.print(
-        f"peers: {', '.join(peers)}; " + "; ".join(f"{k}: {v}" for k, v in status.items())
-    )
+    console.print(f"peers: {', '.join(peers)}; " + "; ".join(f"{k}: {v}" for k, v in status.items()))
     where = machine.get("gpu", "cpu (interpreter smoke run)")
-    keys = ("dtype", "head_dim", "block_size", "copy_gib", "rep_ms", "sweep", "quick", "cpu_smoke",
-            "max_gib")  # fmt: skip
+    keys = ("dtype", "head_dim", "block_size", "copy_gib", "rep_ms", "sweep", "quick", "cpu_smoke", "max_gib")
     result = {"benchmark": "kernels", "machine": machine,
               "config": {k: getattr(args, k) for k in keys},
               "goals": {"fraction_of_copy": BW_GOAL, "min_batch": BW_GOAL_MIN_BATCH,
@@ -409,10 +386,10 @@ def main(argv: list[str] | None = None) -> int:
         kernels_prefill.print_peer_errors(console, result["decode"])
         save(result, path, console)
     if "prefill" in sections:
-        kernels_prefill.run_prefill(args, _heads(args.heads), device, timer, result, console)
+        kernels_prefill.run_prefill(args, _pairs(args.heads), device, timer, result, console)
         save(result, path, console)
     if "store" in sections:
-        kernels_prefill.run_store(args, _heads(args.heads), device, timer, result, console)
+        kernels_prefill.run_store(args, _pairs(args.heads), device, timer, result, console)
         save(result, path, console)
     for skip in result["skipped"]:
         console.print(f"skipped {skip['case']}: {skip['why']}")

@@ -66,14 +66,9 @@ def fixed_chunk(max_context: int, num_splits: int, block_n: int) -> tuple[int, i
 
 
 def choose_chunk(
-    batch: int,
-    num_kv_heads: int,
-    max_context: int,
-    block_n: int,
-    num_sms: int = DEFAULT_NUM_SMS,
-    max_chunk: int = 2048,
-    max_splits: int = 64,
-) -> int:
+    batch: int, num_kv_heads: int, max_context: int, block_n: int,
+    num_sms: int = DEFAULT_NUM_SMS, max_chunk: int = 2048, max_splits: int = 64,
+) -> int:  # fmt: skip
     """Tokens per split that every sequence of a batch is cut by (a multiple of ``block_n``).
 
     The split count of ``choose_num_splits`` for the longest context, but chunks of at

@@ -225,8 +225,13 @@ class PagedAttention(torch.nn.Module):
                 meta.block_tables[:nd],
                 meta.context_lens[:nd],
                 self.scale,
-                # the torch decode shares its gather plan and scratch across the layers
-                **({"gather": meta.decode_gather(k_cache.shape[1])} if backend == "torch" else {}),
+                # the torch decode shares its gather plan and scratch across the layers; the
+                # Triton kernel cuts its chunks by the longest context (no device sync)
+                **(
+                    {"gather": meta.decode_gather(k_cache.shape[1])}
+                    if backend == "torch"
+                    else {"max_context": meta.max_context_len}
+                ),
             )
             if out is None:
                 return decoded.view(num_tokens, self.num_heads * self.head_dim)
