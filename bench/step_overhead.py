@@ -9,7 +9,10 @@ prefill of --context tokens. The step: the `tiny` preset decoding B jobs, each s
 timed (median) whole (`Engine.step`) and in parts: the model's forward
 (`forward_stage` and the head, `compute_logits`), the rest of `Worker.step` (layout,
 input tensors, sampling) and the rest of the engine (scheduler, plan, appending
-tokens). "not forward" is the host work a GPU step would have to hide. Writes
+tokens). "not forward" is the host work a GPU step would have to hide; "host alone"
+times whole steps again with the forward returning its last output at once (the
+head and sampling still run), the host's work without the CPU forward sweeping its
+caches, as on a GPU. Writes
 bench/results/step-overhead-<device>.json.
 """
 
@@ -76,7 +79,8 @@ def time_steps(batch: int, args) -> dict:
     eng = llm.engine
     worker = eng.executor.worker
     llm.generate([1, 2, 3], SamplingParams(max_tokens=4))  # warm up
-    params = SamplingParams(max_tokens=args.steps + 2, ignore_eos=True)
+    # prefills are spread over steps, so jobs start apart: room for both timings on all
+    params = SamplingParams(max_tokens=3 * args.steps + 64, ignore_eos=True)
     jobs = [
         eng.add_request([(7 * i + k) % 200 + 1 for k in range(args.context)], params)
         for i in range(batch)
@@ -91,10 +95,12 @@ def time_steps(batch: int, args) -> dict:
         start = time.perf_counter()
         eng.step()
         total.append(time.perf_counter() - start)
-    llm.close()
+        assert eng.last_iteration.batch_size == batch, "a timed step was not the whole batch"
     med = statistics.median
     whole, wstep = med(total), med(step_t.times)
     fwd = med([a + b for a, b in zip(fwd_t.times, head_t.times, strict=True)])
+    alone = host_alone(eng, worker, args.steps)
+    llm.close()
     return {
         "batch": batch,
         "step_ms": 1e3 * whole,
@@ -102,7 +108,29 @@ def time_steps(batch: int, args) -> dict:
         "worker_rest_ms": 1e3 * (wstep - fwd),
         "engine_rest_ms": 1e3 * (whole - wstep),
         "overhead_share": (whole - fwd) / whole,
+        "host_alone_ms": 1e3 * alone,
     }
+
+
+def host_alone(eng, worker, steps: int) -> float:
+    """Median seconds of a step whose forward returns its last output at once (same
+    shapes): the host's work alone, with caches the forward has not swept."""
+    forward, kept = worker.model.forward_stage, {}
+
+    def cached(ids, *args, **kwargs):
+        if ids.shape[0] not in kept:
+            kept[ids.shape[0]] = forward(ids, *args, **kwargs)
+        return kept[ids.shape[0]]
+
+    worker.model.forward_stage = cached
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        eng.step()
+        times.append(time.perf_counter() - start)
+    worker.model.forward_stage = forward
+    assert len(kept) == 1, "the batch changed during the host-alone steps"
+    return statistics.median(times[1:])
 
 
 def main() -> None:
@@ -131,9 +159,9 @@ def main() -> None:
 
     steps = [time_steps(b, args) for b in batches]
     title = f"tiny decode step at context {args.context}, {args.threads} thread(s): ms (median)"
-    columns = "batch | step | forward | worker rest | engine rest | not forward"
+    columns = "batch | step | forward | worker rest | engine rest | not forward | host alone"
     cells = ("{batch} | {step_ms:.2f} | {forward_ms:.2f} | {worker_rest_ms:.2f} | "
-             "{engine_rest_ms:.2f} | {overhead_share:.0%}")  # fmt: skip
+             "{engine_rest_ms:.2f} | {overhead_share:.0%} | {host_alone_ms:.3f}")  # fmt: skip
     console.print(table_of(title, columns, cells, steps))
     dev = torch.device(args.device)
     result = {
