@@ -149,9 +149,6 @@ def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
     return logits.masked_fill(logits.isnan(), float("-inf")).argmax(dim=-1)
 
 
-_argmax = greedy_tokens
-
-
 def _prepare(
     logits: torch.Tensor, params: Sequence[SamplingParams], banned: Sequence[Sequence[int]]
 ) -> tuple[torch.Tensor, torch.Tensor | None, list[int]]:
@@ -164,7 +161,7 @@ def _prepare(
     for i, ids in enumerate(banned):
         if ids:
             logits[i, list(ids)] = float("-inf")
-    tokens = _argmax(logits)
+    tokens = greedy_tokens(logits)
     random_rows = [i for i, p in enumerate(params) if not p.greedy]
     if not random_rows:
         return tokens, None, []
