@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-SLICE_BYTES_CUDA = 16 << 20  # one slice: about 0.35 ms of PCIe, small beside a step
+SLICE_BYTES_CUDA = 16 << 20  # one slice: a small fraction of a decode step on PCIe
 SLICE_BYTES_CPU = 4 << 20
 DEPTH = 2  # slices queued at once: one copying while the next is prepared
 
