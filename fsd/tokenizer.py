@@ -76,6 +76,8 @@ class ByteTokenizer:
         return [self.BOS, *ids] if self.add_bos and add_special_tokens else ids
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        if skip_special_tokens:  # (the streaming path: every token, twice)
+            return bytes([i for i in ids if 0 <= i < 256]).decode("utf-8", errors="replace")
         out = bytearray()
         for i in ids:
             if 0 <= i < 256:
@@ -224,7 +226,9 @@ class IncrementalDetokenizer:
         if len(new_text) <= len(prefix_text) or (new_text.endswith("\ufffd") and not final):
             return ""
         chunk = new_text[len(prefix_text) :]
-        self._prefix_offset = self._read_offset
+        # the next call's context: the ids just read, at most WINDOW of them (a long
+        # chunk, released after a hold, would otherwise be decoded again next time)
+        self._prefix_offset = max(self._read_offset, len(self._ids) - self.WINDOW)
         self._read_offset = len(self._ids)
         self.text += chunk
         return chunk
