@@ -63,9 +63,9 @@ class Staging:
         self.cuda = dev.is_cuda
         self.block = (dev.shape[0], dev.shape[1], *dev.shape[3:])  # one block's [L, 2, BS, H, D]
         per_block = dev[:, :, 0].numel()
-        nbytes = per_block * dev.element_size()
+        self.block_bytes = per_block * dev.element_size()
         budget = slice_bytes or (SLICE_BYTES_CUDA if self.cuda else SLICE_BYTES_CPU)
-        self.slice_blocks = max(1, min(budget // max(nbytes, 1), dev.shape[2]))
+        self.slice_blocks = max(1, min(budget // max(self.block_bytes, 1), dev.shape[2]))
         self.slots = [
             _Slot(per_block, self.slice_blocks, dev.dtype, dev.device) for _ in range(DEPTH)
         ]
@@ -74,7 +74,7 @@ class Staging:
 
     @property
     def nbytes(self) -> int:
-        return sum(2 * s.gather.numel() * s.gather.element_size() for s in self.slots)
+        return 2 * len(self.slots) * self.slice_blocks * self.block_bytes
 
     def copy(self, direction: str, src: Sequence[int], dst: Sequence[int]) -> int:
         """Copy blocks `src` of one tier to `dst` ("out": device to host, "in": host to
@@ -93,7 +93,7 @@ class Staging:
                 slot.event.record()
             slot.used = True
             self.slices += 1
-        return len(src) * self.dev[:, :, 0].numel() * self.dev.element_size()
+        return len(src) * self.block_bytes
 
     def _take(self) -> _Slot:
         """The next slot, once the slice that last used it has ended."""
