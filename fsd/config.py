@@ -51,10 +51,9 @@ class ModelConfig:
     seed: int = 0
     max_model_len: int | None = None
     attn_backend: str = "auto"
-    # fsd.engine.cuda_graph
-    cuda_graphs: bool = doc(
-        True, "Replay decode steps as CUDA graphs (CUDA, Triton backend; default on)."
-    )
+    cuda_graphs: bool = doc(True, "Replay decode steps as CUDA graphs (CUDA, Triton backend).")
+    # fsd.engine.ahead; None: on a GPU (tp = pp = 1)
+    schedule_ahead: bool | None = doc(None, "Schedule the next step while the device runs this one.")
     # None: OMP_NUM_THREADS, else fsd.engine.threads decides
     threads: int | None = doc(
         None, "Torch threads of a CPU worker (default: usable CPUs less one; the log says why)."
@@ -358,6 +357,8 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         check_prefill_chunk(self.sched.prefill_chunk, self.cache.block_size)
+        if self.model.schedule_ahead and self.parallel.tp * self.parallel.pp > 1:
+            raise ConfigError("schedule_ahead needs tp = pp = 1 (in process); unset it here")
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> EngineConfig:

@@ -24,6 +24,8 @@ MAX_INT32 = 2**31 - 1
 # torch.Generator.manual_seed takes any unsigned 64-bit seed, and msgpack (the wire)
 # carries it: the one seed range of every entry point (SDK, fsctl, ZeroMQ, HTTP)
 MAX_SEED = 2**64 - 1
+# An output token the model is still drawing (scheduled one step ahead: fsd.engine.ahead)
+PENDING = -1
 # Below this temperature sampling is greedy (vLLM's _SAMPLING_EPS): dividing logits by
 # 1e-46 would turn them into inf and the probabilities into NaN.
 GREEDY_BELOW = 1e-5
@@ -211,6 +213,7 @@ class Job:
     num_cached_tokens: int = 0  # prompt tokens its first prefill found in the prefix cache
     prefix_hint: int = 0  # tokens the prefix cache held at arrival (skip-join reads it)
     prefix_uids: list[int] = field(default_factory=list)  # names of its leading full blocks
+    table_epoch: int = 0  # +1 whenever block_table changes other than by growing
     finish_reason: FinishReason | None = None
     stop_reason: str | int | None = None
     error: str | None = None  # why it ended with FinishReason.ERROR
@@ -319,6 +322,32 @@ class Job:
         self._store_token(token, now)
         if self.first_token_time is None:
             self.first_token_time = now
+
+    def expect_token(self, now: float) -> None:
+        """Its step is on the device: account a token whose value comes later
+        (`resolve_token`), so the next step can be scheduled before it is drawn."""
+        self.append_token(PENDING, now)
+
+    def resolve_token(self, token: int, now: float) -> None:
+        """The token `expect_token` stood for was drawn at `now`."""
+        self.output_token_ids[-1] = token
+        self.token_times[-1] = now
+        if len(self.output_token_ids) == 1:
+            self.first_token_time = now
+
+    @property
+    def pending(self) -> bool:
+        """Its last output token is still being drawn (`expect_token`)."""
+        out = self.output_token_ids
+        return bool(out) and out[-1] == PENDING
+
+    def drop_pending(self) -> None:
+        """It ends before its pending token comes: the token is not its."""
+        if self.pending:
+            self.output_token_ids.pop()
+            self.token_times.pop()
+            if not self.output_token_ids:
+                self.first_token_time = None
 
     def _store_token(self, token: int, now: float) -> None:
         self.output_token_ids.append(token)

@@ -4,6 +4,7 @@ and the incremental detokenizer that streams text as tokens arrive.
 
 from __future__ import annotations
 
+import codecs
 import json
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -75,9 +76,16 @@ class ByteTokenizer:
         ids = list(text.encode("utf-8"))
         return [self.BOS, *ids] if self.add_bos and add_special_tokens else ids
 
+    def stream_decoder(self, skip_special_tokens: bool = True) -> ByteStream:
+        """Decodes a sequence one id at a time (`IncrementalDetokenizer` uses it)."""
+        return ByteStream(None if skip_special_tokens else self.SPECIALS)
+
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
-        if skip_special_tokens:  # (the streaming path: every token, twice)
-            return bytes([i for i in ids if 0 <= i < 256]).decode("utf-8", errors="replace")
+        if skip_special_tokens:
+            try:
+                return bytes(ids).decode("utf-8", errors="replace")
+            except ValueError:  # an id past a byte: skipped
+                return bytes([i for i in ids if 0 <= i < 256]).decode("utf-8", errors="replace")
         out = bytearray()
         for i in ids:
             if 0 <= i < 256:
@@ -85,6 +93,34 @@ class ByteTokenizer:
             elif not skip_special_tokens and i in self.SPECIALS:
                 out += self.SPECIALS[i].encode()
         return out.decode("utf-8", errors="replace")
+
+
+class ByteStream:
+    """UTF-8 decoded as the bytes come: a character is emitted once its last byte is
+    here, and what `decode` gives the whole sequence is what the steps give together."""
+
+    def __init__(self, specials: dict[int, str] | None) -> None:
+        self._utf8 = codecs.getincrementaldecoder("utf-8")("replace")
+        self._specials = specials  # None: skipped
+        self._open = False  # the decoder holds the first bytes of a character
+
+    def step(self, token: int) -> str:
+        if 0 <= token < 128 and not self._open:  # ASCII between characters: itself
+            return chr(token)
+        if 0 <= token < 256:
+            text = self._utf8.decode(bytes((token,)))
+            self._open = bool(self._utf8.getstate()[0])
+            return text
+        special = self._specials.get(token) if self._specials else None
+        if not special:
+            return ""
+        text = self._utf8.decode(special.encode())
+        self._open = False  # (a special is ASCII: it closed what was open)
+        return text
+
+    def flush(self) -> str:
+        self._open = False
+        return self._utf8.decode(b"", final=True)
 
 
 class HFTokenizer:
@@ -181,7 +217,8 @@ class IncrementalDetokenizer:
     Decodes a small window of ids (so decoders that strip a leading space or merge
     bytes see some context) and emits what the newest ids added. Text ending in
     U+FFFD is held back: the next ids may complete a multi-byte character. `flush`
-    releases whatever is held when the sequence ends.
+    releases whatever is held when the sequence ends. A tokenizer that decodes one id
+    at a time (`stream_decoder`, as the byte tokenizer does) is used that way instead.
     """
 
     WINDOW = 5  # ids of context before the first new id
@@ -194,13 +231,22 @@ class IncrementalDetokenizer:
     ) -> None:
         self.tokenizer = tokenizer
         self.skip_special_tokens = skip_special_tokens
-        self._ids = list(prompt_ids)
+        stream = getattr(tokenizer, "stream_decoder", None)
+        self._stream = stream(skip_special_tokens) if stream is not None else None
+        self._ids = [] if self._stream is not None else list(prompt_ids)
         self._prefix_offset = max(len(self._ids) - self.WINDOW, 0)
         self._read_offset = len(self._ids)
         self.text = ""  # everything emitted so far
 
     def add(self, new_ids: int | Iterable[int]) -> str:
         """Append ids; return the text they complete (possibly '')."""
+        if self._stream is not None:
+            if isinstance(new_ids, int):
+                chunk = self._stream.step(new_ids)
+            else:
+                chunk = "".join(self._stream.step(i) for i in new_ids)
+            self.text += chunk
+            return chunk
         if isinstance(new_ids, int):
             self._ids.append(new_ids)
         else:
@@ -209,6 +255,10 @@ class IncrementalDetokenizer:
 
     def flush(self) -> str:
         """Release held-back text (an incomplete character becomes U+FFFD)."""
+        if self._stream is not None:
+            chunk = self._stream.flush()
+            self.text += chunk
+            return chunk
         return self._emit(final=True)
 
     def _emit(self, final: bool) -> str:

@@ -6,14 +6,16 @@ account the iteration. Everything about *which* jobs run lives in the scheduler;
 *where* the model runs is the executor's business (fsd.engine.executor): in process,
 or tensor x pipeline parallel on Ray. The step function is chosen once, as vLLM's
 EngineCore does: with one micro-batch in flight at most (pp = 1) a step schedules,
-runs and collects one batch; with pipeline parallelism up to `pp` micro-batches are in
-flight, and a step submits the next one (of jobs not in flight) and collects the oldest.
-Failures: fsd.engine.failures; `history` feeds fsd.twin.
+runs and collects one batch; scheduled one step ahead (fsd.engine.ahead) it submits
+the next batch before collecting the one the device runs; with pipeline parallelism up
+to `pp` micro-batches are in flight, and a step submits the next one (of jobs not in
+flight) and collects the oldest. Failures: fsd.engine.failures; `history` feeds fsd.twin.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import time
 from collections import deque
@@ -22,6 +24,7 @@ from typing import Any
 
 from fsd.config import EngineConfig
 from fsd.cost import CostModel
+from fsd.engine.ahead import resolve, step_ahead
 from fsd.engine.detokenizer import JobDetokenizer
 from fsd.engine.events import EventLog
 from fsd.engine.executor import StepResult, WorkerFailure
@@ -29,17 +32,17 @@ from fsd.engine.executor_factory import make_executor
 from fsd.engine.failures import EngineFailures
 from fsd.engine.flight import MicroBatch
 from fsd.engine.history import WorkHistory
+from fsd.engine.live_settings import logged, retuned
 from fsd.engine.output import IterationStats, JobFault, RequestOutput, StepDelta, describe
 from fsd.engine.profiler import calibrate
 from fsd.engine.prompts import check_stop_ids, prompt_ids
-from fsd.errors import ConfigError, OverloadedError, SettingError, UnknownJobError
+from fsd.errors import ConfigError, OverloadedError, UnknownJobError
 from fsd.jobs import FinishReason, Job, SamplingParams
 from fsd.kv.block_manager import BlockManager
 from fsd.kv.swap import SwapOp
 from fsd.sched.admission import RequestLimits, check_request, refuse_late_job
 from fsd.sched.pipeline import InFlight
 from fsd.sched.registry import check_policies, make_scheduler
-from fsd.sched.retune import plain_value, plan_retune
 from fsd.sched.scheduler import SchedulerOutput
 from fsd.sched.slo import default_slo
 
@@ -69,8 +72,9 @@ class Engine(EngineFailures):
         self.swapper = ex.swapper
         self.blocks = BlockManager(ex.num_device_blocks, config.cache.block_size, ex.num_host_blocks)
         self._flight: InFlight[MicroBatch] = InFlight()
-        # chosen once: one batch at a time, or a pipeline of micro-batches
-        self._step_fn = self._step_pipelined if ex.max_in_flight > 1 else self._step_one
+        # chosen once: one batch at a time, one scheduled ahead, or a pipeline of them
+        ahead = functools.partial(step_ahead, self) if getattr(ex, "ahead", False) else None
+        self._step_fn = self._step_pipelined if ex.max_in_flight > 1 else ahead or self._step_one
         self._degraded: str | None = None  # the last worker failure (`degraded`)
         self._refusing, self.worker_failures = False, 0  # refusing: workers not restarted
         try:
@@ -170,7 +174,7 @@ class Engine(EngineFailures):
         if job is None:
             raise UnknownJobError(f"no job with id {job_id!r}")
         if job_id not in self._flight.busy:  # else its micro-batch's update() removes it
-            self.scheduler.remove(job)
+            self.scheduler.remove(job)  # (a no-op if it ended on a token still drawn)
         job.finish(FinishReason.ABORT, time.time())
         self.events.add(job.finish_time or 0.0, "abort", job, tokens=len(job.output_token_ids))
         return self._release(job)
@@ -178,29 +182,15 @@ class Engine(EngineFailures):
     # ---- live settings ---------------------------------------------------------
 
     def retune(self, **changes: Any) -> EngineConfig:
-        """Change scheduling settings between iterations without losing a job.
-
-        Accepts the fields `fsd.sched.retune.RETUNABLE` names (SchedConfig's and the
-        KV policy's). A refused change raises SettingError and changes nothing.
-        """
-        sched, cache = plan_retune(self.config.sched, self.config.cache, changes)
-        now = time.time()
-        try:  # the scheduler refuses before changing anything; only then does the config
-            self.scheduler.retune(now, sched, cache)
-        except SettingError:
-            raise
-        except ConfigError as exc:
-            raise SettingError(str(exc)) from None
-        self.config = dataclasses.replace(
-            self.config, sched=sched or self.config.sched, cache=cache or self.config.cache
-        )
-        self.events.add(now, "retune", None, **{k: plain_value(v) for k, v in changes.items()})
+        """Change scheduling settings between iterations (fsd.engine.live_settings)."""
+        self.config = retuned(self.config, self.scheduler, changes)
+        self.events.add(time.time(), "retune", None, **logged(changes))
         return self.config
 
     # ---- the iteration ---------------------------------------------------------
 
-    def has_unfinished(self) -> bool:
-        return bool(self._jobs) or bool(self._flight)
+    def has_unfinished(self) -> bool:  # (a batch settled ahead of its tokens has given all)
+        return bool(self._jobs) or any(not self._flight.settled(mb) for mb in self._flight)
 
     def get(self, job_id: str) -> Job:
         job = self._jobs.get(job_id)
@@ -317,12 +307,13 @@ class Engine(EngineFailures):
         if result is None:
             return []
         mb.collected()  # (the measured iteration ends: fsd.engine.flight)
+        settled = self._flight.settled(mb)  # accounted already (fsd.engine.ahead)
         self._flight.pop()
         try:
             self._copies_done(result.swaps_done)
             if not mb.out.batch:
                 return []
-            return self._finish_step(mb, result)
+            return resolve(self, mb, result) if settled else self._finish_step(mb, result)
         except Exception as exc:  # noqa: BLE001 - this micro-batch's jobs fail
             return self._micro_batch_failed(mb.out, "finishing the step", exc)
 
@@ -350,17 +341,23 @@ class Engine(EngineFailures):
             self.events.demoted(out.demoted, now)
         except Exception as exc:  # noqa: BLE001 - the scheduler's state for them is lost
             return deltas + self._micro_batch_failed(out, "accounting the step", exc)
-        self.iterations += 1
-        n = len(out.batch)
-        self.last_iteration = IterationStats(
-            mb.start, now - mb.start, n, mb.prefill_tokens, n - mb.prefills
-        )
-        self.recent_iterations.append(self.last_iteration)
+        self._iterated(mb, now)
         return deltas
 
+    def _iterated(self, mb: MicroBatch, now: float) -> None:
+        self.iterations += 1
+        n = len(mb.out.batch)
+        stats = IterationStats(mb.start, now - mb.start, n, mb.prefill_tokens, n - mb.prefills)
+        self.last_iteration = stats
+        self.recent_iterations.append(stats)
+
     def _append(self, job: Job, token: int, now: float) -> StepDelta:
-        """The job produced `token`: record it, stream its text, end it if it stops."""
+        """The job produced `token`: record it, then `_emit`."""
         job.append_token(token, now)
+        return self._emit(job, token, now)
+
+    def _emit(self, job: Job, token: int, now: float) -> StepDelta:
+        """Stream the text of the token the job just produced; end it if it stops."""
         text = self._text.get(job.job_id)
         if text is None:  # made for its first token: a queued job holds none (~300 B)
             text = JobDetokenizer(self.tokenizer, job.prompt_token_ids, job.params.stop)
@@ -383,6 +380,7 @@ class Engine(EngineFailures):
         return StepDelta(job.job_id, (token,), delta, final)
 
     def _release(self, job: Job) -> RequestOutput:
+        job.drop_pending()  # it ended before its last token came: not its
         self.history.ended(job)
         self._jobs.pop(job.job_id, None)
         text = self._text.pop(job.job_id, None)  # None: no token yet, or released mid-failure

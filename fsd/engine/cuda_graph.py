@@ -132,12 +132,17 @@ class DecodeGraphs:
         input_ids: np.ndarray,
         positions: np.ndarray,
         hidden: torch.Tensor | None = None,
+        fill: Callable[[torch.Tensor], None] | None = None,
     ) -> torch.Tensor | None:
+        """Replay the step's bucket (captured now if it is not yet); None: no bucket
+        fits. `fill` writes the inputs the previous step drew into the input ids."""
         bucket = self.bucket(layout)
         if bucket is None:
             return None
         n = layout.context_lens.shape[0]
         self._load(layout, input_ids, positions, hidden, bucket)
+        if fill is not None:
+            fill(self.input_ids[:n])
         graph = self._graphs.get(bucket)
         if graph is None:
             try:

@@ -25,6 +25,11 @@ class JobDetokenizer:
 
     def add(self, token_id: int) -> str:
         """Take one token; return the text now safe to emit (check `stop` afterwards)."""
+        if not self._stops:  # nothing to find or hold back: the text as it comes
+            chunk = self._detok.add(token_id)
+            self.text += chunk
+            self._emitted = len(self.text)
+            return chunk
         if self.stop is None:
             self._absorb(self._detok.add(token_id))
         if self.stop is not None:

@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import abc
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,7 +32,7 @@ import torch
 
 from fsd.config import EngineConfig
 from fsd.engine.output import JobFault, describe
-from fsd.engine.plan import StepPlan, build_plan, unorder
+from fsd.engine.plan import StepPlan, TableMirror, build_plan, sub_plan, unorder
 from fsd.engine.worker import Worker, WorkerSpec
 from fsd.errors import FsdError
 from fsd.jobs import Job
@@ -89,6 +90,7 @@ class Executor(abc.ABC):
     # reads it to account the copies of a micro-batch whose result was lost.
     copies_end_with_result: bool = True
     healthy: bool = True  # the workers now running have completed a micro-batch
+    tables: TableMirror | None = None  # set: plans send block tables' changes only
 
     def plan(
         self,
@@ -99,7 +101,7 @@ class Executor(abc.ABC):
         forget: Sequence[str] = (),
     ) -> StepPlan:
         """The StepPlan of `batch` (with its tokens banned before min_tokens)."""
-        return build_plan(seq, batch, sync_ops, async_ops, self.eos_ids, forget)
+        return build_plan(seq, batch, sync_ops, async_ops, self.eos_ids, forget, self.tables)
 
     @abc.abstractmethod
     def submit(
@@ -167,12 +169,23 @@ class LocalExecutor(Executor):
         self.pool = worker.pool  # the KV tensors themselves (tests look inside)
         self.swapper = worker.swapper
         self.host_pool = worker.swapper.host_pool
-        self._results: dict[int, StepResult] = {}
+        self._results: dict[int, StepResult | Callable[[], list[Any]]] = {}
         self._seq = 0
+        self.tables = TableMirror()  # the worker keeps every table between steps
+        self._ended: list[str] = []  # jobs to forget, told the worker with the next plan
+        ahead = config.model.schedule_ahead
+        self.ahead = worker.device.type == "cuda" if ahead is None else ahead
+        # scheduled ahead on a CPU, the model runs on a thread of its own: the host's
+        # work for the next step overlaps it (a GPU overlaps by itself)
+        on_cpu = worker.device.type != "cuda"
+        self._thread = ThreadPoolExecutor(1, "fsd-model") if self.ahead and on_cpu else None
+        self._running: Future[list[Any]] | None = None
 
     def close(self) -> None:
         """Release the copy thread, then the worker's weights and KV (their memory
         returns to the device: fsd.engine.worker.Worker.shutdown)."""
+        if self._thread is not None:
+            self._thread.shutdown(wait=True)
         super().close()
         self.pool = self.swapper = self.host_pool = None  # type: ignore[assignment]
         self.worker.shutdown()
@@ -182,18 +195,48 @@ class LocalExecutor(Executor):
     ) -> int:
         # sync copies block before the step; async ones overlap it (side stream / thread)
         # and may outlive it: they end through swapper.poll(), with their jobs
+        if (sync_ops or async_ops) and self._running is not None:
+            self._running.result()  # the model thread's step writes the KV a copy reads
         self.swapper.run_sync(sync_ops)
         self.swapper.start(list(async_ops))
         self._seq += 1
-        tokens = self._execute(list(batch)) if batch else []
-        self._results[self._seq] = StepResult(tokens)
+        plans = self._planned(list(batch), self._seq)
+        if plans:
+            self._ended = []  # (they travel with these plans)
+        if not batch:
+            self._results[self._seq] = StepResult([])
+        elif self._thread is not None:  # the thread runs steps one after another, in order
+            self._running = self._thread.submit(lambda: _values(self._launched(plans)))
+            self._results[self._seq] = self._running.result
+        elif self.ahead:  # queued on the device: read when collected
+            launched = self._launched(plans)
+            self._results[self._seq] = lambda: _values(launched)
+        else:
+            self._results[self._seq] = StepResult(_values(self._launched(plans)))
         return self._seq
 
-    def _execute(self, batch: list[Job], whole: bool = True) -> list[int | JobFault | None]:
-        """The model step over `batch`, with a job that fails on its own isolated.
+    def _planned(self, batch: list[Job], seq: int) -> list[StepPlan | JobFault]:
+        """The batch's plan, or (should laying a job out fail) the plans of its parts
+        and the faults of the jobs that failed alone, in batch order."""
+        try:
+            return [self.plan(seq, batch, forget=self._ended)] if batch else []
+        except Exception as exc:  # noqa: BLE001 - reported per job
+            for job in batch:  # the plan is lost: their tables go whole next time
+                self.tables.forget(job.job_id)
+            if len(batch) == 1:
+                return [JobFault.of("laying out the step", exc)]
+        mid = len(batch) // 2
+        return self._planned(batch[:mid], seq) + self._planned(batch[mid:], seq)
 
-        If the step over the whole batch raises, the halves are re-run, recursively,
-        until each failing part is a single job: that job gets a JobFault, every
+    def _launched(self, plans: list[StepPlan | JobFault]) -> list[Launched]:
+        return [(p, p if isinstance(p, JobFault) else self._launch(p)) for p in plans]
+
+    def _launch(self, plan: StepPlan, whole: bool = True) -> list[Any]:
+        """The model step over `plan` (its StepTokens, in the plan's order), with a
+        sequence that fails on its own isolated.
+
+        If the step over the whole plan raises, its halves are re-run, recursively,
+        until each failing part is a single sequence: that job gets a JobFault, every
         other job its token (k culprits cost about 2k log n extra steps; a failure
         that needs several jobs together, such as running out of memory, ends with
         every job served by smaller steps). Re-running is safe: a step rewrites the
@@ -202,25 +245,56 @@ class LocalExecutor(Executor):
         job's generator advances exactly once, in the step that returns its token.
         """
         try:
-            plan = self.plan(self._seq, batch)
-            return unorder(plan, self.worker.step(plan))
+            return [self.worker.launch(plan)]
         except WorkerFailure:
             raise
         except Exception as exc:  # noqa: BLE001 - isolated below, reported per job
-            if len(batch) == 1:
-                return [JobFault.of("the model step", exc)]
+            if plan.num_seqs == 1:
+                return [[JobFault.of("the model step", exc)]]
             if whole:
                 log.warning(
                     "%s; re-running its %d jobs in halves to find the failing ones",
                     describe("the model step", exc),
-                    len(batch),
+                    plan.num_seqs,
                 )
-        mid = len(batch) // 2
-        return self._execute(batch[:mid], False) + self._execute(batch[mid:], False)
+        n, mid = plan.num_seqs, plan.num_seqs // 2
+        return self._launch(sub_plan(plan, range(mid)), False) + self._launch(
+            sub_plan(plan, range(mid, n)), False
+        )
 
     def result(self, ticket: int, timeout: float | None = None) -> StepResult | None:
-        return self._results.pop(ticket)
+        result = self._results.pop(ticket)
+        step = result if isinstance(result, StepResult) else StepResult(result())
+        self._tell_ended()  # (the model thread may be idle now)
+        return step
 
     def forget(self, job_id: str) -> None:
-        self.worker.forget((job_id,))
+        """Told the worker now, or (while a model thread runs a step) with the next
+        plan, in order with the steps."""
+        self.tables.forget(job_id)
+        self._ended.append(job_id)
+        self._tell_ended()
 
+    def _tell_ended(self) -> None:
+        if self._ended and (self._running is None or self._running.done()):
+            self.worker.forget(self._ended)
+            self._ended = []
+
+
+# a plan and what launching it gave (StepTokens, or the faults of sequences that
+# failed alone), or the fault of a job that could not be laid out
+Launched = tuple[StepPlan | JobFault, Any]
+
+
+def _values(launched: list[Launched]) -> list[int | JobFault | None]:
+    """The tokens in batch order (waiting for the device's)."""
+    out: list[int | JobFault | None] = []
+    for plan, parts in launched:
+        if isinstance(plan, JobFault):
+            out.append(plan)
+            continue
+        rows: list[Any] = []
+        for part in parts:
+            rows += part if isinstance(part, list) else part.values()
+        out += unorder(plan, rows)
+    return out

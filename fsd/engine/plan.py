@@ -16,7 +16,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Literal, TypeVar
 
-from fsd.jobs import Job, SamplingParams
+from fsd.jobs import PENDING, Job, SamplingParams
 from fsd.kv.swap import SwapOp
 
 T = TypeVar("T")
@@ -63,6 +63,12 @@ class StepPlan:
     sync_swaps: tuple[SwapInstr, ...] = ()
     async_swaps: tuple[SwapInstr, ...] = ()
     forget: tuple[str, ...] = ()
+    # (index in input_ids, job id): a token the previous step is still drawing, taken
+    # from that step's output on the device (scheduled one step ahead: fsd.engine.ahead)
+    pending: tuple[tuple[int, str], ...] = ()
+    # empty: block_tables are whole; else block_tables[k] is sequence k's table from
+    # block table_starts[k] on (the worker keeps the rest: a persistent batch)
+    table_starts: tuple[int, ...] = ()
 
     @property
     def num_seqs(self) -> int:
@@ -71,6 +77,27 @@ class StepPlan:
     @property
     def has_model_step(self) -> bool:
         return bool(self.query_lens)
+
+
+class TableMirror:
+    """What a worker's persistent block tables (fsd.engine.block_tables) hold of each
+    job, kept by the driver, so a plan carries only what changed: a job's new blocks,
+    or its whole table when it changed other than by growing (`Job.table_epoch`)."""
+
+    def __init__(self) -> None:
+        self._sent: dict[str, tuple[int, int]] = {}  # job id -> (table epoch, blocks sent)
+
+    def delta(self, job: Job) -> tuple[int, tuple[int, ...]]:
+        """Where the job's table changes from, and its blocks from there on."""
+        table, epoch = job.block_table, job.table_epoch
+        sent = self._sent.get(job.job_id)
+        start = sent[1] if sent is not None and sent[0] == epoch and sent[1] <= len(table) else 0
+        self._sent[job.job_id] = (epoch, len(table))
+        return start, tuple(table[start:])
+
+    def forget(self, job_id: str) -> None:
+        """The job's table is to be sent whole next time (it ended, or a plan was lost)."""
+        self._sent.pop(job_id, None)
 
 
 def banned_tokens(job: Job, eos_ids: Collection[int]) -> tuple[int, ...]:
@@ -88,43 +115,65 @@ def build_plan(
     async_ops: Sequence[SwapOp] = (),
     eos_ids: Collection[int] = (),
     forget: Sequence[str] = (),
+    mirror: TableMirror | None = None,
 ) -> StepPlan:
     """Lay out `batch` for one model step: one-token (decode) sequences first.
 
     Each job feeds its scheduled `step_tokens` from its first uncached one (all its
     new tokens, or a prefill chunk). Sync copies keep the scheduler's issue order: a
-    later copy may write the blocks an earlier one read.
+    later copy may write the blocks an earlier one read. With a `mirror`, the block
+    tables carry only what changed since the worker last saw each job.
     """
     order = sorted(range(len(batch)), key=lambda i: batch[i].step_tokens > 1)
     jobs = [batch[i] for i in order]
     input_ids: list[int] = []
     positions: list[int] = []
-    ends: list[int] = []
-    for job in jobs:
-        start = job.num_computed_tokens
-        end = start + job.step_tokens
-        if end > job.num_tokens or end <= start:
-            raise ValueError(
-                f"{job.job_id}: scheduled tokens [{start}, {end}) outside its {job.num_tokens}"
-            )
-        input_ids.extend(job.token_ids(start, end))
-        positions.extend(range(start, end))
+    ends, lens, tables, ids, params, banned, samples = [], [], [], [], [], [], []  # per job
+    starts: list[int] = []
+    pending: list[tuple[int, str]] = []
+    for job in jobs:  # (one pass: this runs for every job of every step)
+        start, n, total = job.num_computed_tokens, job.step_tokens, job.num_tokens
+        end = start + n
+        if end > total or end <= start:
+            raise ValueError(f"{job.job_id}: scheduled tokens [{start}, {end}) outside its {total}")
+        if n == 1 and end == total:  # a decode: its last token
+            out = job.output_token_ids
+            input_ids.append(out[-1] if out else job.prompt_token_ids[-1])
+            positions.append(start)
+        else:
+            input_ids.extend(job.token_ids(start, end))
+            positions.extend(range(start, end))
+        if input_ids[-1] == PENDING:  # only the last token can still be on the device
+            pending.append((len(input_ids) - 1, job.job_id))
         ends.append(end)
+        lens.append(n)
+        if mirror is None:
+            tables.append(tuple(job.block_table))
+        else:
+            start, blocks = mirror.delta(job)
+            starts.append(start)
+            tables.append(blocks)
+        ids.append(job.job_id)
+        params.append(job.params)
+        banned.append(banned_tokens(job, eos_ids))
+        samples.append(end >= total)
     return StepPlan(
         seq=seq,
         input_ids=tuple(input_ids),
         positions=tuple(positions),
-        query_lens=tuple(j.step_tokens for j in jobs),
+        query_lens=tuple(lens),
         context_lens=tuple(ends),
-        block_tables=tuple(tuple(j.block_table) for j in jobs),
+        block_tables=tuple(tables),
         order=tuple(order),
-        job_ids=tuple(j.job_id for j in jobs),
-        params=tuple(j.params for j in jobs),
-        banned=tuple(banned_tokens(j, eos_ids) for j in jobs),
-        samples=tuple(j.step_samples for j in jobs),
+        job_ids=tuple(ids),
+        params=tuple(params),
+        banned=tuple(banned),
+        samples=tuple(samples),
         sync_swaps=tuple(SwapInstr.of(op) for op in sync_ops),
         async_swaps=tuple(SwapInstr.of(op) for op in async_ops),
         forget=tuple(forget),
+        pending=tuple(pending),
+        table_starts=tuple(starts),
     )
 
 
@@ -134,3 +183,31 @@ def unorder(plan: StepPlan, rows: Sequence[T]) -> list[T]:
     for k, i in enumerate(plan.order):
         out[i] = rows[k]
     return out
+
+
+def sub_plan(plan: StepPlan, keep: range) -> StepPlan:
+    """The plan of sequences `keep` (positions in the plan's order) alone: the same
+    step, so a failing sequence can be found without laying the jobs out again."""
+    starts = [0]
+    for n in plan.query_lens:
+        starts.append(starts[-1] + n)
+    lo, hi = starts[keep.start], starts[keep.stop]
+
+    def pick(values: tuple) -> tuple:
+        return values[keep.start : keep.stop] if values else ()
+
+    return StepPlan(
+        seq=plan.seq,
+        input_ids=plan.input_ids[lo:hi],
+        positions=plan.positions[lo:hi],
+        query_lens=pick(plan.query_lens),
+        context_lens=pick(plan.context_lens),
+        block_tables=pick(plan.block_tables),
+        order=tuple(range(len(keep))),
+        job_ids=pick(plan.job_ids),
+        params=pick(plan.params),
+        banned=pick(plan.banned),
+        samples=pick(plan.samples),
+        pending=tuple((i - lo, job) for i, job in plan.pending if lo <= i < hi),
+        table_starts=pick(plan.table_starts),
+    )

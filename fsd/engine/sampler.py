@@ -23,11 +23,54 @@ stage (in process, or TP rank 0 of the last stage on Ray) samples its logits her
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from fsd.engine.output import JobFault
 from fsd.jobs import SamplingParams
+from fsd.layers.attention import upload
+
+
+@dataclass
+class Drawn:
+    """A step's drawn tokens, on the device, with their copy to the host under way:
+    the next step can read them there before the host has (`values` waits)."""
+
+    tokens: torch.Tensor | None  # [rows] int64; None: every row failed
+    faults: dict[int, JobFault] = field(default_factory=dict)
+    _host: torch.Tensor | None = None
+    _event: torch.cuda.Event | None = None
+
+    @classmethod
+    def of(cls, tokens: torch.Tensor, faults: dict[int, JobFault] | None = None) -> Drawn:
+        drawn = cls(tokens, faults or {})
+        if tokens.is_cuda:  # start the copy now; the host reads it when it must
+            drawn._host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
+            drawn._host.copy_(tokens, non_blocking=True)
+            drawn._event = torch.cuda.Event()
+            drawn._event.record()
+        return drawn
+
+    @classmethod
+    def listed(cls, rows: Sequence[int | JobFault]) -> Drawn:
+        """Rows drawn one by one on the host (the slow path)."""
+        values = [0 if isinstance(r, JobFault) else r for r in rows]
+        faults = {i: r for i, r in enumerate(rows) if isinstance(r, JobFault)}
+        return cls(torch.tensor(values, dtype=torch.long), faults)
+
+    def values(self, n: int) -> list[int | JobFault]:
+        """The `n` rows' tokens on the host (a failed row: its JobFault)."""
+        if self.tokens is None:
+            return [self.faults[0]] * n
+        if self._event is not None:
+            self._event.synchronize()
+        host = self._host if self._host is not None else self.tokens
+        out: list[int | JobFault] = list(host.tolist())
+        for i, fault in self.faults.items():
+            out[i] = fault
+        return out
 
 
 class Sampler:
@@ -78,20 +121,23 @@ class Sampler:
         as it is when every row is greedy and none bans a token. Never raises (see the
         module docstring).
         """
+        return self.draw(logits, params, job_ids, banned, greedy).values(len(params))
+
+    def draw(self, logits: torch.Tensor, params: Sequence[SamplingParams], job_ids: Sequence[str],
+             banned: Sequence[Sequence[int]] = (), greedy: torch.Tensor | None = None) -> Drawn:  # fmt: skip
+        """`sample`, without waiting for the device: the tokens stay where they were
+        drawn until `Drawn.values` reads them."""
         if greedy is not None and all(p.greedy for p in params) and not any(banned):
-            try:
-                return list(greedy.tolist())
-            except Exception:  # noqa: BLE001 - drawn again below
-                pass
+            return Drawn.of(greedy)
         try:
             ban: list[Sequence[int]] = list(banned) or [()] * len(params)
             try:
                 tokens, probs, random_rows = _prepare(logits, params, ban)
             except Exception:  # noqa: BLE001 - one row's bad input must not fail the others
-                return self._rows_alone(logits, params, job_ids, ban)
+                return Drawn.listed(self._rows_alone(logits, params, job_ids, ban))
             return self._draw(tokens, probs, random_rows, params, job_ids)
         except Exception as exc:  # noqa: BLE001 - some rows may have drawn: never re-run
-            return [JobFault.of("sampling", exc)] * len(params)
+            return Drawn(None, {0: JobFault.of("sampling", exc)})
 
     def _rows_alone(
         self,
@@ -108,7 +154,7 @@ class Sampler:
             except Exception as exc:  # noqa: BLE001 - reported as this job's fault
                 out.append(JobFault.of("sampling", exc))
                 continue
-            out += self._draw(tokens, probs, rows, [params[i]], [job_ids[i]])
+            out += self._draw(tokens, probs, rows, [params[i]], [job_ids[i]]).values(1)
         return out
 
     def _draw(
@@ -118,15 +164,15 @@ class Sampler:
         random_rows: list[int],
         params: Sequence[SamplingParams],
         job_ids: Sequence[str],
-    ) -> list[int | JobFault]:
+    ) -> Drawn:
         faults: dict[int, JobFault] = {}
         alone = range(len(random_rows))  # positions in random_rows (and rows of probs)
         shared = [k for k in alone if params[random_rows[k]].seed is None]
         if probs is not None and len(shared) > 1:  # one draw from the engine's generator
             try:
-                rows = torch.tensor(shared, device=probs.device)
+                rows = _on(probs.device, shared)
                 drawn = torch.multinomial(probs[rows], 1, generator=self.generator)[:, 0]
-                tokens[torch.tensor([random_rows[k] for k in shared], device=tokens.device)] = drawn
+                tokens[_on(tokens.device, [random_rows[k] for k in shared])] = drawn
                 alone = [k for k in alone if params[random_rows[k]].seed is not None]
             except Exception:  # noqa: BLE001 - each row on its own, below
                 pass
@@ -138,10 +184,12 @@ class Sampler:
                 tokens[i] = torch.multinomial(probs[k], 1, generator=gen)[0]
             except Exception as exc:  # noqa: BLE001 - reported as this job's fault
                 faults[i] = JobFault.of("sampling", exc)
-        out: list[int | JobFault] = list(tokens.tolist())
-        for i, fault in faults.items():
-            out[i] = fault
-        return out
+        return Drawn.of(tokens, faults)
+
+
+def _on(device: torch.device, values: Sequence[float], dtype: type = np.int64) -> torch.Tensor:
+    """Host values on the device without waiting for it (pinned, not blocking)."""
+    return upload(np.asarray(values, dtype=dtype), device)
 
 
 def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
@@ -160,12 +208,12 @@ def _prepare(
     logits = logits.float()
     for i, ids in enumerate(banned):
         if ids:
-            logits[i, list(ids)] = float("-inf")
+            logits[i, _on(logits.device, ids)] = float("-inf")
     tokens = greedy_tokens(logits)
     random_rows = [i for i, p in enumerate(params) if not p.greedy]
     if not random_rows:
         return tokens, None, []
-    rows = torch.tensor(random_rows, device=logits.device)
+    rows = _on(logits.device, random_rows)
     probs = _filtered_probs(logits[rows], [params[i] for i in random_rows])
     valid = torch.isfinite(probs).all(dim=-1, keepdim=True) & (probs.sum(-1, keepdim=True) > 0)
     argmax = torch.zeros_like(probs).scatter_(-1, tokens[rows].unsqueeze(-1), 1.0)
@@ -173,14 +221,13 @@ def _prepare(
 
 
 def _filtered_probs(logits: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
-    temps = torch.tensor([p.temperature for p in params], device=logits.device).unsqueeze(1)
+    dev = logits.device
+    temps = _on(dev, [p.temperature for p in params], np.float32).unsqueeze(1)
     logits = logits / temps
     vocab = logits.shape[-1]
-    top_k = torch.tensor(
-        [p.top_k if 0 < p.top_k < vocab else vocab for p in params], device=logits.device
-    )
-    top_p = torch.tensor([p.top_p for p in params], device=logits.device)
-    if bool((top_k < vocab).any()) or bool((top_p < 1.0).any()):
+    top_k = _on(dev, [p.top_k if 0 < p.top_k < vocab else vocab for p in params])
+    top_p = _on(dev, [p.top_p for p in params], np.float32)
+    if any(0 < p.top_k < vocab or p.top_p < 1.0 for p in params):  # (no wait for the device)
         sorted_logits, order = logits.sort(dim=-1, descending=True)
         ranks = torch.arange(vocab, device=logits.device).unsqueeze(0)
         drop = ranks >= top_k.unsqueeze(1)

@@ -29,11 +29,13 @@ import numpy as np
 import torch
 
 from fsd.config import CacheConfig, ModelConfig
+from fsd.engine.block_tables import BlockTables
 from fsd.engine.cuda_graph import DecodeGraphs
 from fsd.engine.kv_cache import KVCachePool, KVShape, num_device_blocks, num_host_blocks
 from fsd.engine.plan import StepPlan
 from fsd.engine.sampler import Sampler, greedy_tokens
 from fsd.engine.stage import StageSpan, build_stage, stage_weights
+from fsd.engine.step_tokens import DrawnTokens, StepTokens
 from fsd.engine.swapper import HostKVPool, Swapper
 from fsd.engine.threads import pick_threads
 from fsd.errors import ModelLoadError
@@ -84,6 +86,8 @@ class Worker:
         self.sampler: Sampler | None = None
         if self.span.last and spec.tp_rank == 0:
             self.sampler = Sampler(spec.model.seed, self.device)
+        self._drawn = DrawnTokens()  # the last step's tokens, for a step scheduled ahead
+        self._tables = BlockTables()  # for plans that send what changed (table_starts)
         self._store_socket: socket.socket | None = None  # TP rank 0: its group's store
 
     @property
@@ -198,7 +202,9 @@ class Worker:
     # ---- one micro-batch -------------------------------------------------------
 
     def forget(self, job_ids: Iterable[str]) -> None:
-        """Drop the sampling state (seeded generators) of jobs that ended."""
+        """Drop the sampling state (seeded generators) and block tables of jobs that ended."""
+        job_ids = tuple(job_ids)
+        self._tables.forget(job_ids)
         if self.sampler is not None:
             for job_id in job_ids:
                 self.sampler.forget(job_id)
@@ -213,24 +219,39 @@ class Worker:
         last stage's other ranks). Sampling never raises, so an exception from here
         means no row has drawn: the caller may re-run the plan's jobs.
         """
+        out = self.launch(plan, hidden)
+        return out.values() if isinstance(out, StepTokens) else out
+
+    @torch.inference_mode()
+    def launch(self, plan: StepPlan, hidden: torch.Tensor | None = None) -> Any:
+        """`step`, returning the last stage's tokens as `StepTokens`: on a GPU the step
+        is queued on the device and nothing waits for it until `values` is read."""
         assert self.model is not None and self.pool is not None
-        dev = self.device
-        layout = HostLayout.build(
-            plan.query_lens, plan.context_lens, plan.block_tables, self.pool.block_size
-        )
+        dev, bs = self.device, self.pool.block_size
+        if plan.forget:
+            self.forget(plan.forget)
+        if plan.table_starts:  # the tables' changes: the rest is here from earlier steps
+            tables, widths = self._tables.update(plan)
+            layout = HostLayout.build(plan.query_lens, plan.context_lens, tables, bs, widths)
+        else:
+            layout = HostLayout.build(plan.query_lens, plan.context_lens, plan.block_tables, bs)
         ids = np.fromiter(plan.input_ids, np.int64, len(plan.input_ids))
         pos = np.fromiter(plan.positions, np.int64, len(plan.positions))
-        span = self.span
-        out = None if self.graphs is None else self.graphs.run(layout, ids, pos, hidden)
+        span, fill = self.span, self._drawn.forward(plan, dev)
+        out = None if self.graphs is None else self.graphs.run(layout, ids, pos, hidden, fill)
         if out is not None and span.last:  # a replayed decode step: its logits and argmax
             logits, greedy = out
             rows = [i for i, s in enumerate(plan.samples) if s] if plan.samples else None
             if rows is not None:
-                logits, greedy = logits[rows], greedy[rows]
+                picked = upload(np.asarray(rows, dtype=np.int64), dev)
+                logits, greedy = logits[picked], greedy[picked]
             return self._draw(plan, logits, rows, greedy)
         if out is None:  # eagerly: a prefill, graphs off, or no graph
+            ids_dev = upload(ids, dev)
+            if fill is not None:
+                fill(ids_dev)
             out = self.model.forward_stage(
-                upload(ids, dev),
+                ids_dev,
                 upload(pos, dev),
                 hidden,
                 self.pool.layers,
@@ -253,7 +274,8 @@ class Worker:
         n = plan.num_seqs
         rows = [i for i, s in enumerate(plan.samples) if s] if plan.samples else list(range(n))
         if not rows:
-            return None if self.sampler is None else [None] * n
+            self._drawn.keep(plan, None, rows)
+            return None if self.sampler is None else StepTokens(None, rows, n)
         last = starts[1:].astype(np.int64) - 1
         if len(rows) < n:
             last = last[rows]
@@ -274,15 +296,15 @@ class Worker:
         if self.sampler is None:
             return None
         if rows is None or len(rows) == n:
-            return self.sampler.sample(logits, plan.params, plan.job_ids, plan.banned, greedy)
-        pick = [plan.banned[i] for i in rows] if plan.banned else ()
-        drawn = self.sampler.sample(
-            logits, [plan.params[i] for i in rows], [plan.job_ids[i] for i in rows], pick
-        )
-        tokens: list[Any] = [None] * n
-        for i, token in zip(rows, drawn, strict=True):
-            tokens[i] = token
-        return tokens
+            drawn = self.sampler.draw(logits, plan.params, plan.job_ids, plan.banned, greedy)
+            rows = None
+        else:
+            pick = [plan.banned[i] for i in rows] if plan.banned else ()
+            drawn = self.sampler.draw(
+                logits, [plan.params[i] for i in rows], [plan.job_ids[i] for i in rows], pick
+            )
+        self._drawn.keep(plan, drawn, rows)
+        return StepTokens(drawn, rows, n)
 
     @torch.inference_mode()
     def execute(self, plan: StepPlan, prev: list[Any] | None) -> tuple[str, Any]:

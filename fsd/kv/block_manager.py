@@ -33,6 +33,7 @@ class HasBlocks(Protocol):
     kv: KVLocation
     block_table: list[int]
     host_block_table: list[int]
+    table_epoch: int  # +1 whenever block_table changes other than by growing
 
     @property
     def num_tokens(self) -> int: ...
@@ -124,6 +125,7 @@ class BlockManager:
         self.device.give(reversed(job.block_table))
         self.host.give(reversed(job.host_block_table))
         job.block_table.clear()
+        job.table_epoch += 1
         job.host_block_table = ()  # (fsd.jobs: a job without host blocks holds no list)
         self._owners.pop(job.job_id, None)
         self._place(job, KVLocation.NONE)
@@ -198,6 +200,7 @@ class BlockManager:
         if not self.can_swap_in(job):
             raise MemoryError(f"cannot swap in {job.job_id}: device pool or tables do not allow it")
         job.block_table, src, dst = self._mirror(job, job.host_block_table, self.device, True)
+        job.table_epoch += 1
         return self._begin(job, "in", src, dst, sync)
 
     def _cached(self, job: HasBlocks, table: list[int], to_device: bool) -> list[int | None]:
@@ -261,6 +264,7 @@ class BlockManager:
             self.prefix.commit(job, job.host_block_table, on_device=False, moved=True)
             self.device.give(reversed(job.block_table))
             job.block_table = []
+            job.table_epoch += 1
             self._place(job, KVLocation.HOST)
         else:
             self.prefix.commit(job, job.block_table, moved=True)

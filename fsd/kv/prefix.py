@@ -31,9 +31,8 @@ of blocks, so the per-block paths are written for speed: a waiting job's chain o
 names is remembered between lookups (`_chains`: re-read only from the first name no
 longer held), and the per-block pool steps of `attach` and an eviction are the
 pool's own (`BlockPool.take(1)`, `ref`, `give`) inlined, in the same order, with the
-same effects. tests/kv/test_prefix_fast.py replays random traffic on this and on the
-plain implementation (tests/kv/prefix_reference.py) and compares every copy, name
-and pool order; tests/sim/test_prefix_sim_fast.py compares whole simulations.
+same effects; tests/kv/test_prefix_fast.py and tests/sim/test_prefix_sim_fast.py hold
+them to the plain implementation (tests/kv/prefix_reference.py).
 """
 
 from __future__ import annotations
@@ -58,6 +57,7 @@ class HasPrefix(Protocol):
     num_computed_tokens: int
     num_cached_tokens: int
     prefix_uids: list[int]
+    table_epoch: int  # (fsd.kv.block_manager.HasBlocks)
 
     @property
     def num_tokens(self) -> int: ...
@@ -154,8 +154,6 @@ class PrefixCache:
     def forget_job(self, job_id: str) -> None:
         """The job left (or lost its KV): drop what its lookups remembered."""
         self._chains.pop(job_id, None)
-
-    # ---- a job's prefix ----------------------------------------------------------
 
     def peek(self, job: HasPrefix) -> int:
         """Tokens `attach` would reuse now (ignoring room), without taking anything."""
@@ -259,6 +257,7 @@ class PrefixCache:
         """Undo `attach` for a job that did not run after all (counters included)."""
         self.device.give(reversed(job.block_table))
         job.block_table.clear()
+        job.table_epoch += 1
         job.num_computed_tokens = 0
         hit, host_hit = self._attached.pop(job.job_id, (0, 0))
         self.queries -= job.num_tokens

@@ -47,15 +47,20 @@ class HostLayout:
         cls,
         query_lens: Sequence[int],
         context_lens: Sequence[int],
-        block_tables: Sequence[Sequence[int]],
+        block_tables: Sequence[Sequence[int]] | np.ndarray,
         block_size: int,
+        widths: np.ndarray | None = None,
     ) -> HostLayout:
-        """Vectorised: a few numpy operations whatever the batch (no per-token loop)."""
+        """Vectorised: a few numpy operations whatever the batch (no per-token loop).
+
+        `block_tables`: one sequence of block ids per sequence, or (with `widths`, each
+        table's length) an array of them padded with 0 (fsd.engine.block_tables)."""
         n = len(query_lens)
         if len(context_lens) != n or len(block_tables) != n:
             raise ValueError("query_lens, context_lens and block_tables differ in length")
         c = np.fromiter(context_lens, np.int64, n)
-        widths = np.fromiter(map(len, block_tables), np.int64, n)
+        if widths is None:
+            widths = np.fromiter(map(len, block_tables), np.int64, n)
         decode_only = query_lens.count(1) == n
         q = c if decode_only else np.fromiter(query_lens, np.int64, n)  # (c: a stand-in)
         if (
@@ -67,7 +72,9 @@ class HostLayout:
         width = int(widths.max()) if n else 0
         tables = np.zeros((n, max(width, 1)), np.int64)
         total = int(widths.sum())
-        if total == n * width:  # every table as wide: one conversion
+        if isinstance(block_tables, np.ndarray):
+            tables[:, :width] = block_tables[:, :width]
+        elif total == n * width:  # every table as wide: one conversion
             flat = np.fromiter(itertools.chain.from_iterable(block_tables), np.int64, total)
             tables[:, :width] = flat.reshape(n, width)
         elif total:

@@ -35,11 +35,13 @@ MB = TypeVar("MB", bound=HasOut)
 class InFlight(Generic[MB]):
     """Micro-batches inside the pipeline, oldest first, and the ids of their jobs."""
 
-    __slots__ = ("_flight", "busy")
+    __slots__ = ("_flight", "_settled", "busy")
 
     def __init__(self) -> None:
         self._flight: deque[MB] = deque()
-        self.busy: set[str] = set()  # no job is ever in two micro-batches
+        self._settled: set[int] = set()  # ids of micro-batches `settle`d
+        # the jobs of unsettled micro-batches: no job is ever in two of them
+        self.busy: set[str] = set()
 
     def push(self, mb: MB) -> None:
         self._flight.append(mb)
@@ -48,16 +50,32 @@ class InFlight(Generic[MB]):
     def oldest(self) -> MB:
         return self._flight[0]
 
+    def newest(self) -> MB:
+        return self._flight[-1]
+
+    def settle(self, mb: MB) -> None:
+        """`mb` is accounted before its tokens come (scheduling one step ahead): its
+        jobs may be scheduled again, while it stays in flight until `pop`."""
+        self._settled.add(id(mb))
+        self.busy.difference_update(job.job_id for job in mb.out.batch)
+
+    def settled(self, mb: MB) -> bool:
+        return id(mb) in self._settled
+
     def pop(self) -> MB:
         """The oldest micro-batch leaves the pipeline."""
         mb = self._flight.popleft()
-        self.busy.difference_update(job.job_id for job in mb.out.batch)
+        if id(mb) in self._settled:
+            self._settled.discard(id(mb))
+        else:
+            self.busy.difference_update(job.job_id for job in mb.out.batch)
         return mb
 
     def clear(self) -> list[MB]:
         """Empty the pipeline (its micro-batches are lost); returns them."""
         lost = list(self._flight)
         self._flight.clear()
+        self._settled.clear()
         self.busy.clear()
         return lost
 

@@ -173,7 +173,8 @@ class Scheduler:
 
     def remove(self, job: Job) -> None:
         """Forget a finished or aborted job; its blocks return once no copy touches them."""
-        self._jobs.pop(job.job_id, None)
+        if self._jobs.pop(job.job_id, None) is None:  # gone already: nothing to do
+            return
         self._partial.pop(job.job_id, None)
         if self.newest.get(job.owner) is job:
             del self.newest[job.owner]

@@ -64,10 +64,17 @@ def _counting(tok: ByteTokenizer) -> list[int]:
     return sizes
 
 
+class WindowedBytes(ByteTokenizer):
+    """The byte tokenizer without its one-id-at-a-time decoder: the windowed path, as
+    a HuggingFace tokenizer takes it."""
+
+    stream_decoder = None
+
+
 def test_ids_that_decode_to_nothing_are_passed_once_not_decoded_at_every_token():
     from fsd.tokenizer import IncrementalDetokenizer
 
-    tok = ByteTokenizer()
+    tok = WindowedBytes()
     detok = IncrementalDetokenizer(tok, list(b"hello"))
     sizes = _counting(tok)
     text = detok.add(ord("A")) + "".join(detok.add(300) for _ in range(200)) + detok.add(ord("B"))
@@ -75,10 +82,16 @@ def test_ids_that_decode_to_nothing_are_passed_once_not_decoded_at_every_token()
     assert max(sizes) <= IncrementalDetokenizer.WINDOW + 2  # not 200 skipped ids and more
 
 
-@given(st.lists(st.integers(32, 126), max_size=8), st.lists(st.integers(0, 511), max_size=60))
-def test_the_streamed_text_is_the_whole_decode(prompt, output):
+@given(
+    st.lists(st.integers(32, 126), max_size=8),
+    st.lists(st.integers(0, 511), max_size=60),
+    st.sampled_from([ByteTokenizer(), WindowedBytes()]),
+    st.booleans(),
+)
+def test_the_streamed_text_is_the_whole_decode(prompt, output, tok, skip):
     from fsd.tokenizer import IncrementalDetokenizer
 
-    detok = IncrementalDetokenizer(TOK, prompt)
+    detok = IncrementalDetokenizer(tok, prompt, skip_special_tokens=skip)
     streamed = "".join(detok.add(i) for i in output) + detok.flush()
-    assert streamed == TOK.decode(output)
+    assert streamed == tok.decode(output, skip_special_tokens=skip)
+    assert detok.text == streamed

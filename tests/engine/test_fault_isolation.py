@@ -36,9 +36,11 @@ def make_llm(tmp_path_factory, **options) -> LLM:
     return llm
 
 
-@pytest.fixture(scope="module")
-def llm(tmp_path_factory) -> LLM:
-    return make_llm(tmp_path_factory, max_batch_size=8)
+@pytest.fixture(scope="module", params=[False, True], ids=["in-step", "ahead"])
+def llm(tmp_path_factory, request) -> LLM:
+    """Each fault both ways: the next step scheduled after this one's tokens, or ahead
+    of them (fsd.engine.ahead: the model on a thread of its own here)."""
+    return make_llm(tmp_path_factory, max_batch_size=8, schedule_ahead=request.param)
 
 
 @pytest.fixture(scope="module")
@@ -78,12 +80,13 @@ def test_a_failing_draw_ends_that_job_only(llm, expected, monkeypatch, caplog):
     params[BAD] = SamplingParams(**{**SEEDED.__dict__, "seed": 8})
     ref = llm.generate(PROMPTS[BAD], params[BAD])[0].token_ids  # seeded: the same alone
     expected = [*expected[:BAD], ref, *expected[BAD + 1 :]]
-    real = Sampler._generator_for
+    real, draws = Sampler._generator_for, []
 
-    def generator_for(self, job_id, params):
-        job = llm.engine.get(job_id)
-        if job.prompt_token_ids == PROMPTS[BAD] and len(job.output_token_ids) == 2:
-            raise RuntimeError("injected draw fault")
+    def generator_for(self, job_id, params):  # its 3rd draw (counted: the model may run
+        if llm.engine.get(job_id).prompt_token_ids == PROMPTS[BAD]:  # ahead of the host)
+            draws.append(job_id)
+            if len(draws) == 3:
+                raise RuntimeError("injected draw fault")
         return real(self, job_id, params)
 
     monkeypatch.setattr(Sampler, "_generator_for", generator_for)
@@ -116,16 +119,19 @@ def test_a_failing_model_step_ends_that_job_only(llm, expected, monkeypatch, cap
     # the executor re-runs the rest (a seeded job among them draws exactly once).
     eng = llm.engine
     worker = eng.executor.worker
-    real = worker.step
+    real = worker.launch
     bad_prompt = PROMPTS[BAD]
 
-    def step(plan, hidden=None):
-        for job in map(eng.get, plan.job_ids):
-            if job.prompt_token_ids == bad_prompt and len(job.output_token_ids) == 2:
+    def launch(plan, hidden=None):
+        end = 0
+        for job_id, n in zip(plan.job_ids, plan.query_lens, strict=True):
+            end += n  # its last input: the position of its 2nd output token
+            bad = eng.get(job_id).prompt_token_ids == bad_prompt
+            if bad and plan.positions[end - 1] == len(bad_prompt) + 1:
                 raise ValueError("injected forward fault")
         return real(plan, hidden)
 
-    monkeypatch.setattr(worker, "step", step)
+    monkeypatch.setattr(worker, "launch", launch)
     caplog.set_level(logging.ERROR)
     outs = llm.generate(PROMPTS, PARAMS)
     assert len(outs[BAD].token_ids) == 2
@@ -192,9 +198,12 @@ def test_a_failing_step_accounting_keeps_the_deltas_already_made(llm, monkeypatc
     deltas = eng.step()
     monkeypatch.setattr(eng.scheduler, "update", real)
     ends = {d.job_id: d.output for d in deltas if d.output is not None}
-    assert ends[short.job_id].finish_reason == "length"  # finished before the fault
     assert ends[long.job_id].finish_reason == "error"
     assert "accounting the step failed" in ends[long.job_id].error
+    if eng.executor.ahead:  # accounted before its tokens came: none was made yet
+        assert ends[short.job_id].finish_reason == "error"
+    else:
+        assert ends[short.job_id].finish_reason == "length"  # finished before the fault
     assert_healthy(llm)
 
 
