@@ -8,11 +8,14 @@ For each model (random weights, fp16 on a GPU) and batch B at context C: the med
 decode step (`Engine.step` wall time; every CUDA graph bucket is captured when the
 engine starts, so no capture or compile is timed), its roofline (every weight read
 once plus the batch's KV read once, at the measured device-to-device copy bandwidth)
-and its breakdown: the GPU span (CUDA events from the start of `Worker.step` to the
+and its breakdown: the GPU span (CUDA events from the start of `Worker.launch` to the
 end of the head, which a replayed graph runs), the host's enqueue time
-(`Worker.step` entered to the draw given the logits: launches and staging, never a
-wait on the GPU) and the host time the GPU does not hide (step minus GPU span); and the kernels one eager step launches per
-layer (torch.profiler; the graph replays as many). Targets: batch 1 <= 1.5x its roofline, batch 32
+(`Worker.launch` entered to the draw given the logits: launches and staging, never a
+wait on the GPU) and the host time the GPU does not hide (step minus GPU span); and
+the kernels one eager step launches per layer (torch.profiler; the graph replays as
+many). Steps are scheduled one step ahead (the default on a GPU, fsd.engine.ahead);
+a row "in step" per model at batch 1 schedules each step after the last one's tokens,
+to show what scheduling ahead hides. Targets: batch 1 <= 1.5x its roofline, batch 32
 <= 2x. Writes bench/results/engine-gpu-<device>.json.
 """
 
@@ -67,7 +70,7 @@ class Breakdown:
         self.events: list[tuple] = []
         self._began = 0.0
         self._first = None
-        step, head = worker.step, worker._draw
+        step, head = worker.launch, worker._draw
 
         def timed_step(*args, **kwargs):
             self._began = time.perf_counter()
@@ -79,7 +82,7 @@ class Breakdown:
             self.events.append((self._first, self._event()))
             return head(*args, **kwargs)
 
-        worker.step, worker._draw = timed_step, timed_head
+        worker.launch, worker._draw = timed_step, timed_head
 
     def _event(self):
         if not self.cuda:
@@ -109,10 +112,10 @@ def kernels_per_layer(eng, layers: int) -> float:
     return len(launched) / layers
 
 
-def measure(model: str, batch: int, args, bw: float) -> dict:
+def measure(model: str, batch: int, args, bw: float, ahead: bool = True) -> dict:
     kw = {"dtype": "float16"} if args.device == "cuda" else {}
     llm = LLM(model, device=args.device, max_batch_size=max(batch, 1), num_gpu_blocks=args.blocks,
-              profile="opt-13b-h100", **kw)  # fmt: skip
+              profile="opt-13b-h100", schedule_ahead=ahead, **kw)  # fmt: skip
     eng = llm.engine
     worker = eng.executor.worker
     params = SamplingParams(max_tokens=args.steps + 8, ignore_eos=True)
@@ -136,7 +139,8 @@ def measure(model: str, batch: int, args, bw: float) -> dict:
     roof = 1e3 * read / (bw * 1e9)
     llm.close()
     return {
-        "model": model, "batch": batch, "context": args.context, "step_ms": step,
+        "model": model, "batch": batch, "scheduled": "ahead" if ahead else "in step",
+        "context": args.context, "step_ms": step,
         "roofline_ms": roof, "x_roofline": step / roof, "target_x": TARGET.get(batch),
         "gpu_span_ms": gpu, "enqueue_ms": 1e3 * statistics.median(parts.enqueue),
         "host_not_hidden_ms": step - gpu if parts.cuda else float("nan"),
@@ -158,17 +162,17 @@ def main() -> None:
     console = Console(width=160)
     device = torch.device(args.device)
     bw = copy_bandwidth(device)
-    rows = [
-        measure(m, b, args, bw)
-        for m in args.models.split(",")
-        for b in map(int, args.batches.split(","))
-    ]
+    rows = []
+    for m in args.models.split(","):
+        batches = list(map(int, args.batches.split(",")))
+        rows += [measure(m, b, args, bw) for b in batches]
+        rows.append(measure(m, batches[0], args, bw, ahead=False))
     title = f"decode step against its roofline ({bw:.0f} GB/s copy), context {args.context}: ms (median)"
     columns = (
-        "model | batch | step | roofline | x roofline | target | GPU span | enqueue | host not hidden | "
+        "model | batch | scheduled | step | roofline | x roofline | target | GPU span | enqueue | host not hidden | "
         "tokens/s | kernels/layer"
     )
-    cells = ("{model} | {batch} | {step_ms:.3f} | {roofline_ms:.3f} | {x_roofline:.2f} | {target_x} | "
+    cells = ("{model} | {batch} | {scheduled} | {step_ms:.3f} | {roofline_ms:.3f} | {x_roofline:.2f} | {target_x} | "
              "{gpu_span_ms:.3f} | {enqueue_ms:.3f} | {host_not_hidden_ms:.3f} | {tokens_per_s:.0f} | "
              "{kernels_per_layer:.1f}")  # fmt: skip
     console.print(table_of(title, columns, cells, rows, left=1))

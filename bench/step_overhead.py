@@ -7,12 +7,14 @@ Two tables. `AttentionMetadata.build`: the median time to lay out a batch of B
 decodes at context --context (block size 16), and of the same decodes beside one
 prefill of --context tokens. The step: the `tiny` preset decoding B jobs, each step
 timed (median) whole (`Engine.step`) and in parts: the model's forward
-(`forward_stage` and the head, `compute_logits`), the rest of `Worker.step` (layout,
+(`forward_stage` and the head, `compute_logits`), the rest of `Worker.launch` (layout,
 input tensors, sampling) and the rest of the engine (scheduler, plan, appending
 tokens). "not forward" is the host work a GPU step would have to hide; "host alone"
-times whole steps again with the forward returning its last output at once (the
-head and sampling still run), the host's work without the CPU forward sweeping its
-caches, as on a GPU. Writes
+times whole steps again with the forward and the head returning their last output
+at once (sampling still runs), the host's work without the CPU forward sweeping its
+caches, as on a GPU. "ahead" times whole steps of a second engine that schedules one
+step ahead (fsd.engine.ahead; on a CPU the model runs on a thread of its own): the
+host's work hidden behind the forward, the step near max(forward, host). Writes
 bench/results/step-overhead-<device>.json.
 """
 
@@ -67,7 +69,9 @@ class Timer:
             self.times.append(time.perf_counter() - start)
 
 
-def time_steps(batch: int, args) -> dict:
+def decoding(batch: int, args, ahead: bool) -> tuple[LLM, list]:
+    """An engine whose `batch` jobs all decode (prefills are spread over steps, so
+    jobs start apart: room for every timing)."""
     llm = LLM(
         "tiny",
         device=args.device,
@@ -75,11 +79,10 @@ def time_steps(batch: int, args) -> dict:
         num_host_blocks=0,
         max_batch_size=batch,
         profile="opt-13b-h100",  # a shipped cost model: no calibration at start
+        schedule_ahead=ahead,
     )
     eng = llm.engine
-    worker = eng.executor.worker
     llm.generate([1, 2, 3], SamplingParams(max_tokens=4))  # warm up
-    # prefills are spread over steps, so jobs start apart: room for both timings on all
     params = SamplingParams(max_tokens=3 * args.steps + 64, ignore_eos=True)
     jobs = [
         eng.add_request([(7 * i + k) % 200 + 1 for k in range(args.context)], params)
@@ -87,19 +90,34 @@ def time_steps(batch: int, args) -> dict:
     ]
     while not all(j.output_token_ids for j in jobs):
         eng.step()  # until every job decodes
-    step_t = Timer(worker, "step")
-    fwd_t = Timer(worker.model, "forward_stage")
-    head_t = Timer(worker.model, "compute_logits")  # the model's too (inside the graph on a GPU)
+    return llm, jobs
+
+
+def whole_steps(eng, steps: int, batch: int) -> list[float]:
     total = []
-    for _ in range(args.steps):
+    for _ in range(steps):
         start = time.perf_counter()
         eng.step()
         total.append(time.perf_counter() - start)
         assert eng.last_iteration.batch_size == batch, "a timed step was not the whole batch"
+    return total
+
+
+def time_steps(batch: int, args) -> dict:
+    llm, _ = decoding(batch, args, ahead=False)
+    eng = llm.engine
+    worker = eng.executor.worker
+    step_t = Timer(worker, "launch")
+    fwd_t = Timer(worker.model, "forward_stage")
+    head_t = Timer(worker.model, "compute_logits")  # the model's too (inside the graph on a GPU)
+    total = whole_steps(eng, args.steps, batch)
     med = statistics.median
     whole, wstep = med(total), med(step_t.times)
     fwd = med([a + b for a, b in zip(fwd_t.times, head_t.times, strict=True)])
     alone = host_alone(eng, worker, args.steps)
+    llm.close()
+    llm, _ = decoding(batch, args, ahead=True)
+    ahead = med(whole_steps(llm.engine, args.steps, batch))
     llm.close()
     return {
         "batch": batch,
@@ -109,27 +127,32 @@ def time_steps(batch: int, args) -> dict:
         "engine_rest_ms": 1e3 * (whole - wstep),
         "overhead_share": (whole - fwd) / whole,
         "host_alone_ms": 1e3 * alone,
+        "ahead_ms": 1e3 * ahead,
     }
 
 
 def host_alone(eng, worker, steps: int) -> float:
-    """Median seconds of a step whose forward returns its last output at once (same
-    shapes): the host's work alone, with caches the forward has not swept."""
-    forward, kept = worker.model.forward_stage, {}
+    """Median seconds of a step whose forward and head return their last output at once
+    (same shapes): the host's work alone, with caches the forward has not swept."""
+    model = worker.model
+    forward, head, kept = model.forward_stage, model.compute_logits, {}
 
-    def cached(ids, *args, **kwargs):
-        if ids.shape[0] not in kept:
-            kept[ids.shape[0]] = forward(ids, *args, **kwargs)
-        return kept[ids.shape[0]]
+    def cached(fn, key):
+        def call(x, *args, **kwargs):
+            if (key, x.shape[0]) not in kept:
+                kept[key, x.shape[0]] = fn(x, *args, **kwargs)
+            return kept[key, x.shape[0]]
 
-    worker.model.forward_stage = cached
+        return call
+
+    model.forward_stage, model.compute_logits = cached(forward, "f"), cached(head, "h")
     times = []
     for _ in range(steps):
         start = time.perf_counter()
         eng.step()
         times.append(time.perf_counter() - start)
-    worker.model.forward_stage = forward
-    assert len(kept) == 1, "the batch changed during the host-alone steps"
+    model.forward_stage, model.compute_logits = forward, head
+    assert len(kept) == 2, "the batch changed during the host-alone steps"
     return statistics.median(times[1:])
 
 
@@ -159,9 +182,9 @@ def main() -> None:
 
     steps = [time_steps(b, args) for b in batches]
     title = f"tiny decode step at context {args.context}, {args.threads} thread(s): ms (median)"
-    columns = "batch | step | forward | worker rest | engine rest | not forward | host alone"
+    columns = "batch | step | forward | worker rest | engine rest | not forward | host alone | ahead"
     cells = ("{batch} | {step_ms:.2f} | {forward_ms:.2f} | {worker_rest_ms:.2f} | "
-             "{engine_rest_ms:.2f} | {overhead_share:.0%} | {host_alone_ms:.3f}")  # fmt: skip
+             "{engine_rest_ms:.2f} | {overhead_share:.0%} | {host_alone_ms:.3f} | {ahead_ms:.2f}")  # fmt: skip
     console.print(table_of(title, columns, cells, steps))
     dev = torch.device(args.device)
     result = {

@@ -127,7 +127,7 @@ steps=(
     "setup|75|bash scripts/gpu-check.sh --setup-only --venv $venv$([ "$peers" = 1 ] || echo ' --no-peers')"
     "kernels|70|$py bench/kernels.py --quick --json $dir/kernels.json"
     "swap|35|$py bench/swap.py --json $dir/swap.json"
-    "engine-gpu|60|$py bench/engine_gpu.py --json $dir/engine-gpu.json"
+    "engine-gpu|90|$py bench/engine_gpu.py --json $dir/engine-gpu.json"
     "parity|60|$py -m pytest $pytest_args --junitxml=$dir/parity.xml tests/gpu/test_gpu_parity.py"
     "hf|70|$py bench/hf_compare.py --device cuda --dtype float16 --shape llama-1b --rounds 2 --new-tokens 32 --json $dir/hf.json"
     "gpu-tests|80|$py -m pytest $pytest_args --junitxml=$dir/gpu-tests.xml $gpu_tests"

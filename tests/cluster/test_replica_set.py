@@ -277,8 +277,11 @@ def test_the_fsd_router_sends_a_cached_prefix_back_to_the_replica_that_holds_it(
         first = face.admit(JobRequest(shared + [9], PARAMS)).job_id
         home = face.replica_of(first)
         run(face, [first])
-        until = time.monotonic() + 1.0  # the replicas push their states (with the cached
-        while time.monotonic() < until:  # blocks); their reports reach the face as they come
+        # the replicas push their states (with the cached blocks) as they come: until the
+        # router's view of the home replica names its six blocks (a loaded machine is slow)
+        until = time.monotonic() + 30.0
+        while len(face.chooser.router.views[home].index) < 6:
+            assert time.monotonic() < until, "the home replica's cached blocks never arrived"
             face.step()
         again = face.admit(JobRequest(shared + [10], PARAMS)).job_id
         assert face.replica_of(again) == home  # both idle: the cached prefix decides
