@@ -10,6 +10,7 @@ from __future__ import annotations
 import threading
 
 import pytest
+import torch
 
 from fsd import LLM, SamplingParams
 from fsd.config import EngineConfig
@@ -148,3 +149,29 @@ def test_part_of_a_plan_is_the_plan_of_those_jobs():
         part = sub_plan(whole, range(lo, hi))
         alone = build_plan(3, [jobs[whole.order[k]] for k in range(lo, hi)])
         assert part == alone
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("kv_policy", ["defer", "proactive"])
+def test_on_a_gpu_scheduling_ahead_changes_no_token(kv_policy):
+    """CUDA graphs, the Triton kernels, tokens fed from the device and (proactive) copies
+    beside the steps. One job per batch and quanta far below a step: jobs preempt each
+    other all the time, and every step has the same shapes in both runs (the same
+    kernels: the same tokens, bit for bit)."""
+    params = [
+        SamplingParams(max_tokens=30, ignore_eos=True, temperature=0.8 * (i % 2), seed=i)
+        for i in range(len(PROMPTS))
+    ]
+    options = dict(model="tiny", device="cuda", policy="sj-mlfq", kv_policy=kv_policy,
+                   num_gpu_blocks=12, num_host_blocks=64, max_batch_size=1, seed=5, q1=0.001,
+                   profile="opt-13b-a100")  # fmt: skip
+    runs = []
+    for ahead in (False, True):
+        llm = LLM(schedule_ahead=ahead, **options)
+        llm.engine.scheduler.observe_iteration = lambda *_: None  # type: ignore[method-assign]
+        outs = llm.generate(PROMPTS, params)
+        runs.append(([o.token_ids for o in outs], sum(o.preemptions for o in outs)))
+        llm.close()
+    assert runs[0][0] == runs[1][0]
+    assert runs[1][1] > 0
