@@ -137,7 +137,7 @@ START_FIELDS = (
     (CacheConfig, ("kv_policy", "num_gpu_blocks", "num_host_blocks")),
     (SchedConfig, ("max_batch_size", "prefill_chunk")),
     (CacheConfig, ("prefix_cache",)),
-    (ModelConfig, ("cuda_graphs", "device", "dtype", "threads")),
+    (ModelConfig, ("cuda_graphs", "schedule_ahead", "device", "dtype", "threads")),
     (ServerConfig, ("telemetry_hz", "stats_interval")),
     (SchedConfig, ("profile",)),
     (ServerConfig, ("state_dir", "http")),

@@ -76,6 +76,10 @@ def given_argv(ctx: typer.Context, skip: Collection[str] = ()) -> list[str]:
         value = ctx.params.get(param.name or "")
         if param.name in skip or value is None or param.param_type_name != "option":
             continue
+        if getattr(param, "is_flag", False) and isinstance(value, bool):  # --x / --no-x
+            names = param.opts if value else getattr(param, "secondary_opts", [])
+            argv += names[:1]
+            continue
         items = value if isinstance(value, list | tuple) else [value]  # a repeatable option
         for item in items:
             argv += [param.opts[0], str(item)]

@@ -93,6 +93,16 @@ def test_start_in_the_background_forwards_the_given_options_by_their_flags(tmp_p
         "--log-level": "info",
     }
     assert seen["wait"] == 7.0 and seen["cfg"].telemetry_hz == 2.5
+    # a boolean field goes as its own flag (--x or --no-x), and the child parses it so
+    flags = ["--no-cuda-graphs", "--schedule-ahead"]
+    out = CliRunner().invoke(app, ["start", *flags, "--state-dir", state])
+    assert out.exit_code == 0, out.output
+    assert "--no-cuda-graphs" in seen["argv"] and "--schedule-ahead" in seen["argv"]
+    import typer
+
+    start = typer.main.get_command(app).commands["start"]  # type: ignore[attr-defined]
+    child = start.make_context("start", ["--foreground", *seen["argv"]])
+    assert child.params["cuda_graphs"] is False and child.params["schedule_ahead"] is True
     bad = CliRunner().invoke(app, ["start", "--state-dir", state, "--wait", "0"])
     assert bad.exit_code == 2 and bad.stderr == "error: --wait must be > 0 seconds, got 0.0\n"
 
