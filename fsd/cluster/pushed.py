@@ -2,8 +2,8 @@
 each live job has made so far.
 
 Design: a question a replica answers between two of its steps makes the daemon wait
-for that step, one question after another (200 job lists took 20 s beside an honest
-stream with two replicas), and waits for ever on a replica that hangs. So each
+for that step, one question after another (docs/history.md), and waits for ever on a
+replica that hangs. So each
 replica pushes a view with its reports (`fsd.cluster.worker.View`: its snapshot and
 job table, at most `VIEW_EVERY` stale) and status, job lists and telemetry read the
 latest ones; and an abort is told, not asked: its answer is made here from the

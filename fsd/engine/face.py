@@ -97,9 +97,8 @@ class EngineFace:
 
         Built once per state of the engine (an iteration, or any event: an arrival, an
         abort, a retune) and the same list until the next (read it, never change it):
-        a client asking in a loop costs neither a walk nor a row per job (10,000 jobs
-        made each ListJobs 30 ms of the engine thread), and the server encodes one
-        reply per state. `waited` is as of the first asker since that state."""
+        a client asking in a loop costs neither a walk nor a row per job of the engine
+        thread's time, and the server encodes one reply per state. `waited` is as of the first asker since that state."""
         mark = self._mark()
         if self._rows is None or self._rows[0] != mark:
             now = time.time() if now is None else now
@@ -116,8 +115,8 @@ class EngineFace:
 
     def _drop_stale(self) -> None:
         """Forget the rows and ranks of a state the engine has left (each verb calls
-        this): kept until the next asker, they held ~400 B a job (the telemetry's job
-        table of 98,000 queued jobs: 40 MB) that nobody would read."""
+        this): kept until the next asker, they held a few hundred bytes a job of the
+        telemetry's job table that nobody would read."""
         rows, ranks = self._rows, self._rank_cache
         if rows is None and ranks is None:
             return

@@ -18,25 +18,23 @@ A chunk gets device blocks up to its own end only; its boundary is a preemption
 point like any iteration's. With chunking off the walk is exactly the one before it.
 
 Short jobs ahead (fsd's swap gate only): the gate lets no job without KV start while
-started work fills the device, which kept a 2-token job that ranked first waiting
-29 s behind 16 started 900-token jobs (issue P21). A job without KV that comes
-before every started job in the walk and has at most what decodes within the
-policy's waiting limit still to make (`express_tokens`: the time after which the
-policy promotes a job that never started, 8 SLOs for fsd), and less than every
-started job has left to its cap, starts past the room: it ends about when the policy
-would have lifted it anyway, so it sends a started job to host memory once at most,
-while the long new jobs that thrashed before the gate, and the identical jobs that
-took turns through host memory (P16), stay behind.
+started work fills the device, so a short job that ranks first could wait behind
+long started ones. A job without KV that comes before every started job in the walk
+and has at most what decodes within the policy's waiting limit still to make
+(`express_tokens`: the time after which the policy promotes a job that never
+started, 8 SLOs for fsd), and less than every started job has left to its cap,
+starts past the room: it ends about when the policy would have lifted it anyway, so
+it sends a started job to host memory once at most, while long new jobs and
+identical jobs, which would take turns through host memory, stay behind.
 
 Owners without started work (fsd's swap gate only): owners take turns inside a level
-(fair_share), but another client's started jobs still filled the batch, and its
-backlog taught the length predictor that 3-token prompts run long, so a 2-token job
-of a client with nothing running waited 28 iterations behind a ten-owner flood (in
-the daemon with 98,000 jobs queued: 1-7 s to its first token). A short job (as
+(fair_share), but another client's started jobs can still fill the batch, and its
+backlog can teach the length predictor that short prompts run long. A short job (as
 above) whose owner has no started job is found at the head of its level and walked
 first, one per owner and half a batch at most, past the admission room. With one
 owner (the simulator, the offline API) this adds nothing: an owner without started
-jobs means nothing started, and the walk's own order holds.
+jobs means nothing started, and the walk's own order holds. (The incidents behind
+both rules: docs/history.md.)
 
 The walk runs for every queued job every iteration: its state is plain attributes
 and its per-job steps are short methods. Under overload most queued jobs are waiting

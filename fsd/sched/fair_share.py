@@ -1,8 +1,7 @@
 """Fair sharing between owners inside each level: start-time fair queuing by job count.
 
 Why: FIFO inside a level lets one client's backlog push everyone else's jobs to the
-back: a client holding 90,000 jobs at Q1 put another's 2-token job behind all of them
-(202 s of waiting, issue P21). Each job is stamped with a round when it is placed at a
+back, behind all of its own (docs/history.md). Each job is stamped with a round when it is placed at a
 level: its owner's last round there + 1, or the level's virtual time when that is
 later (an owner idle at the level starts at the level's present, not at its past).
 A level is ordered by (round, queue_seq), so owners take turns job by job, and a
@@ -33,7 +32,7 @@ class TurnOrder:
 
     Why groups: placements arrive out of round order whenever owners send at different
     paces (a flood's connection ahead of another's), and a level kept as one ordered
-    dict had to be rebuilt (98,000 jobs: 57 ms, every 1/64 of the level). Here a
+    dict had to be rebuilt, linear in the level, every 1/64 of it. Here a
     placement is a dict insert (a new round: usually an append to `rounds`), leaving
     is a pop, and the order is read with C-level iterators."""
 

@@ -1,5 +1,5 @@
-"""Gittins-ranked levels (DESIGN §4): fsd's default from P11 until policies were judged
-by their worst validation point, where sj-mlfq does better (README, "Validation").
+"""Gittins-ranked levels (DESIGN §4): a policy kept for study; judged by their worst
+validation point, sj-mlfq and fsd do better (docs/scheduling.md, "Validation").
 
 Three rules, each with a reason rather than a fitted constant:
 

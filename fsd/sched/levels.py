@@ -215,7 +215,7 @@ class LevelQueue(LevelENST):
 
     def levels(self) -> list[LevelView]:
         return [
-            LevelView(i, q, tuple(self._level_ids(i)))  # (98,000 jobs: 10 times a second)
+            LevelView(i, q, tuple(self._level_ids(i)))  # (every job, each telemetry tick)
             for i, q in enumerate(self.quanta)
         ]
 

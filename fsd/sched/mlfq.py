@@ -144,9 +144,9 @@ class MLFQQueue(LevelQueue):
 
         Alpha is a count of SLOs, decode steps of the profile; on a machine slower than
         its profile (live cost, fsd.cost.calibration) a step takes `live_scale` times
-        as long, and so does alpha: unscaled, a CPU 25x slower than its profile promoted
-        a waiting job past the running ones within 3 iterations, and identical jobs took
-        turns (issue P16, tests/engine/test_identical_jobs.py).
+        as long, and so does alpha: else a slow machine would promote a waiting job
+        past the running ones within a few iterations, and identical jobs would take
+        turns (tests/engine/test_identical_jobs.py).
         """
         alpha = self.starve_limit if job.num_output_tokens else self.waiting_limit
         return job.starve_since + alpha * self.live_scale
@@ -262,10 +262,10 @@ class MLFQQueue(LevelQueue):
     def _fresh_caps(self) -> tuple[int, Job | None, int]:
         """The smallest max_tokens of a job waiting to start, its job, and the next
         smallest (0: none), so each job's comparison leaves itself out: one walk of
-        the queue (per job, 98,000 queued made an iteration 2 s), kept until a job
-        waiting to start arrives or leaves, or a job may have made its first token
-        (34 ms a walk at 98,000 jobs, which a flood paid every iteration). Tied
-        smallest caps need no holder: the next smallest is the same cap."""
+        the queue, not one per job, kept until a job waiting to start arrives or
+        leaves, or a job may have made its first token (a walk is linear in the queue,
+        which a flood would pay every iteration). Tied smallest caps need no holder:
+        the next smallest is the same cap."""
         if self._fresh is None:
             self._fresh = self._walk_fresh()
         return self._fresh

@@ -1,4 +1,4 @@
-"""Replicas behind a router (P19): N simulated engines, the daemon's routing code.
+"""Replicas behind a router: N simulated engines, the daemon's routing code.
 
 Each replica is an `EventLoop` with its own scheduler and block manager (the pools of
 one replica: the profile's, as a lone simulator has), on the same cost model. At
