@@ -172,7 +172,6 @@ class LocalExecutor(Executor):
         self._results: dict[int, StepResult | Callable[[], list[Any]]] = {}
         self._seq = 0
         self.tables = TableMirror()  # the worker keeps every table between steps
-        self._ended: list[str] = []  # jobs to forget, told the worker with the next plan
         ahead = config.model.schedule_ahead
         self.ahead = worker.device.type == "cuda" if ahead is None else ahead
         # scheduled ahead on a CPU, the model runs on a thread of its own: the host's
@@ -201,8 +200,6 @@ class LocalExecutor(Executor):
         self.swapper.start(list(async_ops))
         self._seq += 1
         plans = self._planned(list(batch), self._seq)
-        if plans:
-            self._ended = []  # (they travel with these plans)
         if not batch:
             self._results[self._seq] = StepResult([])
         elif self._thread is not None:  # the thread runs steps one after another, in order
@@ -219,7 +216,7 @@ class LocalExecutor(Executor):
         """The batch's plan, or (should laying a job out fail) the plans of its parts
         and the faults of the jobs that failed alone, in batch order."""
         try:
-            return [self.plan(seq, batch, forget=self._ended)] if batch else []
+            return [self.plan(seq, batch)] if batch else []
         except Exception as exc:  # noqa: BLE001 - reported per job
             for job in batch:  # the plan is lost: their tables go whole next time
                 self.tables.forget(job.job_id)
@@ -264,21 +261,16 @@ class LocalExecutor(Executor):
 
     def result(self, ticket: int, timeout: float | None = None) -> StepResult | None:
         result = self._results.pop(ticket)
-        step = result if isinstance(result, StepResult) else StepResult(result())
-        self._tell_ended()  # (the model thread may be idle now)
-        return step
+        return result if isinstance(result, StepResult) else StepResult(result())
 
     def forget(self, job_id: str) -> None:
-        """Told the worker now, or (while a model thread runs a step) with the next
-        plan, in order with the steps."""
+        """Told the worker now, or on the model thread once its last step is done (in
+        order with the steps: the next one may take the id anew)."""
         self.tables.forget(job_id)
-        self._ended.append(job_id)
-        self._tell_ended()
-
-    def _tell_ended(self) -> None:
-        if self._ended and (self._running is None or self._running.done()):
-            self.worker.forget(self._ended)
-            self._ended = []
+        if self._running is None:
+            self.worker.forget((job_id,))
+        else:  # (run at once if that step is done: the thread is idle then)
+            self._running.add_done_callback(lambda _: self.worker.forget((job_id,)))
 
 
 # a plan and what launching it gave (StepTokens, or the faults of sequences that

@@ -11,6 +11,8 @@ from __future__ import annotations
 import gc
 import tracemalloc
 
+import pytest
+
 from fsd import LLM, SamplingParams
 from fsd.engine import history as history_module
 from fsd.engine.events import EventLog
@@ -75,8 +77,10 @@ def test_the_work_history_allocates_nothing_per_job() -> None:
     assert len(history.steps) == MAX_STEPS and history.lengths()[-1] == (7, 3, True)
 
 
-def test_every_per_job_table_empties_when_the_jobs_end() -> None:
-    llm = LLM("tiny", num_gpu_blocks=64, num_host_blocks=64, max_batch_size=8, seed=0)
+@pytest.mark.parametrize("ahead", [False, True], ids=["in-step", "ahead"])
+def test_every_per_job_table_empties_when_the_jobs_end(ahead: bool) -> None:
+    llm = LLM("tiny", num_gpu_blocks=64, num_host_blocks=64, max_batch_size=8, seed=0,
+              schedule_ahead=ahead)  # fmt: skip
     engine = llm.engine
     engine.events.enabled = True
     params = [
@@ -94,9 +98,12 @@ def test_every_per_job_table_empties_when_the_jobs_end() -> None:
             if live:
                 engine.abort(live[-1].job_id)
     assert not engine.has_unfinished()
-    sampler = engine.executor.worker.sampler
+    worker = engine.executor.worker
+    if ahead:  # the model thread's last step done: what it had to forget, forgotten
+        engine.executor._thread.shutdown(wait=True)
     prefix = engine.blocks.prefix
-    assert not engine._jobs and not engine._text and not sampler._job_generators
+    assert not engine._jobs and not engine._text and not worker.sampler._job_generators
+    assert len(worker._tables) == 0
     assert not engine.scheduler.has_unfinished() and len(engine.scheduler.queue) == 0
     assert not engine.scheduler.queue._starve  # the starvation timers left with the jobs
     assert not prefix._chains and not prefix._attached

@@ -29,9 +29,9 @@ def outputs(ahead: bool, prompts, params, **options):
     eng.blocks.check()
     assert eng.blocks.device.num_free == eng.blocks.device.num_blocks
     assert not eng.has_unfinished() and not eng.scheduler.has_unfinished()
-    worker = eng.executor.worker  # every ended job forgotten there too
+    worker = eng.executor.worker
+    llm.close()  # (the model thread's last step done: what it had to forget, forgotten)
     assert not worker.sampler._job_generators and len(worker._tables) == 0
-    llm.close()
     return [(o.token_ids, o.text, o.finish_reason, len(o.token_times)) for o in outs]
 
 
