@@ -10,8 +10,8 @@ from fsd.engine.face import RECENT_ITERATIONS
 from fsd.engine.views import EngineSnapshot, SwapBytes, kv_info
 from fsd.kv.block_manager import KVStats
 from fsd.protocol_telemetry import PrefixInfo, ReplicaInfo
+from fsd.sched.decision import SchedulerStats
 from fsd.sched.queues import LevelView
-from fsd.sched.scheduler import SchedulerStats
 
 
 def merge_snapshots(snaps: Sequence[EngineSnapshot]) -> EngineSnapshot:

@@ -41,9 +41,9 @@ from fsd.jobs import FinishReason, Job, SamplingParams
 from fsd.kv.block_manager import BlockManager
 from fsd.kv.swap import SwapOp
 from fsd.sched.admission import RequestLimits, check_request, refuse_late_job
+from fsd.sched.decision import SchedulerOutput
 from fsd.sched.pipeline import InFlight
 from fsd.sched.registry import check_policies, make_scheduler
-from fsd.sched.scheduler import SchedulerOutput
 from fsd.sched.slo import default_slo
 
 log = logging.getLogger("fsd.engine")

@@ -17,7 +17,7 @@ from typing import Any
 
 from fsd.jobs import Job
 from fsd.kv.swap import SwapOp
-from fsd.sched.scheduler import SchedulerOutput
+from fsd.sched.decision import SchedulerOutput
 
 MAX_EVENTS = 65_536  # events an undrained log holds at most (a few hundred bytes each)
 

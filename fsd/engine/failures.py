@@ -31,8 +31,9 @@ from fsd.engine.executor import Executor, WorkerFailure
 from fsd.engine.output import JobFault, RequestOutput, StepDelta, describe
 from fsd.jobs import FinishReason, Job, KVLocation
 from fsd.kv.swap import SwapOp
+from fsd.sched.decision import SchedulerOutput
 from fsd.sched.pipeline import InFlight
-from fsd.sched.scheduler import Scheduler, SchedulerOutput
+from fsd.sched.scheduler import Scheduler
 
 if TYPE_CHECKING:
     from fsd.engine.detokenizer import JobDetokenizer

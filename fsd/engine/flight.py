@@ -19,7 +19,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from fsd.engine.output import JobFault
-from fsd.sched.scheduler import Scheduler, SchedulerOutput
+from fsd.sched.decision import SchedulerOutput
+from fsd.sched.scheduler import Scheduler
 
 
 @dataclass

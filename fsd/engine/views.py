@@ -17,7 +17,7 @@ from fsd.engine.output import IterationStats, StepDelta
 from fsd.jobs import Job, SamplingParams
 from fsd.kv.block_manager import KVStats
 from fsd.protocol_telemetry import JobInfo, KVInfo, PrefixInfo, ReplicaInfo, RouteInfo
-from fsd.sched.scheduler import SchedulerStats
+from fsd.sched.decision import SchedulerStats
 
 
 @dataclass(frozen=True)

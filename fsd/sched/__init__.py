@@ -6,8 +6,8 @@ class (`settings`), the level-queue family's rules each policy sets (`rules`): t
 level-queue family on `levels` (levels, FIFO inside, entry level, ENST in `enst`) with
 the paper's MLFQ (`mlfq`) and the Gittins-ranked queue (`gittins_queue`, ranking by
 `ranks` of the output `lengths` learned) as siblings. The batch walk (`batch`), eviction
-for room (`eviction`), the scheduler that ties them to a KV policy (`scheduler`),
-and the rules the engine, the simulator and the scenario injector share: admission
+for room (`eviction`), the scheduler that ties them to a KV policy (`scheduler`), what
+it decides and shows (`decision`: a leaf the engine and telemetry read), and the rules the engine, the simulator and the scenario injector share: admission
 (`admission`), retune validation (`retune`), the default SLO (`slo`), the
 micro-batches in flight of a pipeline (`pipeline`). Iteration time is fsd.cost's.
 
@@ -28,7 +28,7 @@ _EXPORTS = {
     "make_scheduler": "fsd.sched.registry",
     "resolve_policy": "fsd.sched.registry",
     "Scheduler": "fsd.sched.scheduler",
-    "SchedulerOutput": "fsd.sched.scheduler",
+    "SchedulerOutput": "fsd.sched.decision",
 }
 __all__ = sorted(_EXPORTS)
 

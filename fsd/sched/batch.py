@@ -54,7 +54,8 @@ from fsd.jobs import Job, JobStatus, KVLocation
 from fsd.sched.admission import first_admission_free
 
 if TYPE_CHECKING:
-    from fsd.sched.scheduler import Scheduler, SchedulerOutput
+    from fsd.sched.decision import SchedulerOutput
+    from fsd.sched.scheduler import Scheduler
 
 _DEVICE, _HOST, _NONE = KVLocation.DEVICE, KVLocation.HOST, KVLocation.NONE
 

@@ -17,7 +17,7 @@ from fsd.kv.block_manager import BlockManager
 from fsd.kv.policies import KVPolicy
 
 if TYPE_CHECKING:
-    from fsd.sched.scheduler import SchedulerOutput
+    from fsd.sched.decision import SchedulerOutput
 
 
 class Evictor:

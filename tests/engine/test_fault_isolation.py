@@ -19,7 +19,7 @@ from fsd import LLM, SamplingParams
 from fsd.cost import CostModel
 from fsd.engine.sampler import Sampler
 from fsd.errors import ConfigError
-from fsd.sched.scheduler import SchedulerOutput
+from fsd.sched.decision import SchedulerOutput
 
 PROMPTS = [[5, 6, 7], [9] * 12, [1, 2, 3, 4, 5], [200, 3, 64]]
 GREEDY = SamplingParams(max_tokens=8, ignore_eos=True)

@@ -29,7 +29,8 @@ from hypothesis.stateful import (
 from fsd.jobs import Job, KVLocation, SamplingParams
 from fsd.kv.block_manager import BlockManager
 from fsd.kv.swap import SwapOp
-from fsd.sched.scheduler import Scheduler, SchedulerOutput
+from fsd.sched.decision import SchedulerOutput
+from fsd.sched.scheduler import Scheduler
 from tests.sched import harness
 from tests.sched.harness import drive, job_specs, make_jobs, scheduler
 
