@@ -5,7 +5,7 @@ client: a 2-token SDK request every 0.5 s and, when the daemon serves HTTP, a 2-
 POST /v1/completions every 0.5 s.
 
 The stall is the longest gap between two consecutive snapshots' own `time`: the
-daemon stamps a snapshot on its engine loop thread (`fsd.server.telemetry`) every
+daemon stamps a snapshot on its engine loop thread (`fsd.server.publish.telemetry`) every
 1 / telemetry_hz (0.1 s here), so a gap of G seconds is a loop that did not come
 round for G seconds, whenever the snapshot reached this reader.
 """

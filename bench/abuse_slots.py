@@ -26,9 +26,9 @@ from abuse_cases import Ctx
 
 from fsd import protocol as P
 from fsd.client import Client, CurveKeys
-from fsd.server import zmtp
 from fsd.server.security import generate_keys
-from fsd.server.slots import IDLE_AFTER
+from fsd.server.transport import zmtp
+from fsd.server.transport.slots import IDLE_AFTER
 from tests.server.daemon_proc import start_daemon
 from tests.server.test_budgets import metric
 

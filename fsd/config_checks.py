@@ -53,7 +53,7 @@ def loopback_host(host: str) -> bool:
 
 def check_http(cfg: Any) -> None:
     """A ServerConfig's HTTP settings: the address (loopback unless http_allow_remote),
-    the connection deadlines and the request-body budget (fsd.server.http_limits)."""
+    the connection deadlines and the request-body budget (fsd.server.http.limits)."""
     if cfg.http is not None:
         host, _ = parse_http_address(cfg.http)
         if not cfg.http_allow_remote and not loopback_host(host):

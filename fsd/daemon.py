@@ -138,7 +138,7 @@ def _serve_on(face: Any, cfg: ServerConfig) -> Any:
     """EngineService(face, cfg), with a bind failure as one DaemonError line."""
     import zmq
 
-    from fsd.server.service import EngineService
+    from fsd.server.loop.service import EngineService
 
     try:
         return EngineService(face, cfg)

@@ -102,7 +102,7 @@ _SHARED_MAX = 256  # distinct settings kept; past it the table starts again
 
 def shared_params(params: SamplingParams) -> SamplingParams:
     """The one object of parameters equal to `params` (frozen, so jobs may share it):
-    98,000 jobs sent with the same settings hold one, not 98,000 (~180 B each).
+    a flood of jobs sent with the same settings holds one, not one per job.
     A temperature of -0.0 stays apart from 0.0 (equal, but shown otherwise)."""
     key = (params, math.copysign(1.0, params.temperature))
     kept = _SHARED_PARAMS.get(key)

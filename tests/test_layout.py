@@ -87,12 +87,53 @@ FORBIDDEN = {
     "fsd/models": ("fsd.engine", "fsd.sched", "fsd.kv", "fsd.server", "fsd.console", "fsd.sim"),
     # replicas: engines behind one face; the server reaches them through it alone
     "fsd/cluster": ("fsd.server", "fsd.console", "fsd.sim"),
+    # the daemon's network side: torch-free, the engine through its face alone
+    "fsd/server": (
+        "torch", "fsd.engine", "fsd.console", "fsd.kv", "fsd.sim", "fsd.models", "fsd.layers",
+        "fsd.kernels", "fsd.router", "fsd.cluster", "fsd.cost",
+    ),
 }  # fmt: skip
 
 # exceptions to FORBIDDEN: of the engine, the twin reads its torch-free step history;
 # the engine's face hands out the twin's snapshot of its state, taken where the state
 # lives (a replica's process), so the twin never reaches into a live engine
-ALLOWED = {"fsd/twin": ("fsd.engine.history",), "fsd/engine": ("fsd.twin.snapshot",)}
+# the engine's face and what it hands out (outputs, events, read-only views) reach the server
+ALLOWED = {
+    "fsd/twin": ("fsd.engine.history",),
+    "fsd/engine": ("fsd.twin.snapshot",),
+    "fsd/server": ("fsd.engine.face", "fsd.engine.output", "fsd.engine.events", "fsd.engine.views"),
+}
+
+# the rooms of fsd/server (each `__init__` says why): all that each may import of fsd.
+# The modules directly in fsd/server are what the rooms share; they import no room.
+_SHARED = (
+    "fsd.server.audit", "fsd.server.listen", "fsd.server.log_limits", "fsd.server.loop_thread",
+)  # fmt: skip
+ROOM_MAY_IMPORT = {
+    # the gates and everything per connection: the wire's bytes, no engine, no job
+    "fsd/server/transport": (
+        "fsd.server.transport", *_SHARED, "fsd.config", "fsd.credentials", "fsd.errors",
+        "fsd.protocol",
+    ),
+    # what the daemon says of the engine's state: telemetry, /metrics, the stats log
+    "fsd/server/publish": (
+        "fsd.server.publish", "fsd.engine", "fsd.sched.scheduler", "fsd.metrics", "fsd.protocol",
+        "fsd.config",
+    ),
+    # the OpenAI-compatible API: an SDK client of the daemon's own ROUTER (fsd.client)
+    "fsd/server/http": (
+        "fsd.server.http", "fsd.server.publish", *_SHARED, "fsd.client", "fsd.engine",
+        "fsd.tokenizer", "fsd.jobs", "fsd.config", "fsd.config_checks", "fsd.errors",
+    ),
+    # the service loop: it builds the other rooms and drives the engine through its face
+    "fsd/server/loop": (
+        "fsd.server", "fsd.engine", "fsd.sched.admission", "fsd.sched.retune", "fsd.twin.forward",
+        "fsd.twin.worker", "fsd.workload", "fsd.protocol", "fsd.protocol_preview", "fsd.jobs",
+        "fsd.metrics", "fsd.config", "fsd.errors", "fsd.printable", "fsd.version",
+    ),
+}  # fmt: skip
+SERVER_ROOMS = tuple(f"fsd.server.{Path(room).name}" for room in ROOM_MAY_IMPORT)
+MAX_SERVER_MODULES = 12  # directly in fsd/server, __init__ included; the rest in rooms
 
 # the console talks to the daemon over the wire only
 CONSOLE_MAY_IMPORT = (
@@ -121,6 +162,29 @@ def test_a_package_imports_nothing_its_rules_forbid(package: str) -> None:
         package,
         lambda name: _under(name, FORBIDDEN[package]) and not _under(name, allowed),
     )
+    assert not bad, "\n".join(bad)
+
+
+@pytest.mark.parametrize("room", sorted(ROOM_MAY_IMPORT))
+def test_a_server_room_imports_only_what_its_rules_allow(room: str) -> None:
+    bad = _bad_imports(
+        room, lambda name: name.startswith("fsd") and not _under(name, ROOM_MAY_IMPORT[room])
+    )
+    assert not bad, "\n".join(bad)
+
+
+def test_the_server_modules_beside_the_rooms_import_no_room_and_stay_few() -> None:
+    shared = sorted((ROOT / "fsd/server").glob("*.py"))
+    assert len(shared) <= MAX_SERVER_MODULES, [p.name for p in shared]
+    assert {p.parent.name for p in (ROOT / "fsd/server").glob("*/__init__.py")} == {
+        Path(room).name for room in ROOM_MAY_IMPORT
+    }, "a room of fsd/server without its rules in ROOM_MAY_IMPORT"
+    bad = [
+        f"{path.relative_to(ROOT)} imports {name}"
+        for path in shared
+        for name in sorted(_imports(path))
+        if _under(name, SERVER_ROOMS)
+    ]
     assert not bad, "\n".join(bad)
 
 

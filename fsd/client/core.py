@@ -121,7 +121,7 @@ class ClientCore:
             return []
         self._hello_due = False
         # (with the token: a daemon whose connections are all taken reads it to let
-        # the operator into its reserved ones, fsd.server.slots)
+        # the operator into its reserved ones, fsd.server.transport.slots)
         return [check_frame(P.encode(P.Hello(session=self.session, token=self.token)))]
 
     def next_req_id(self) -> str:

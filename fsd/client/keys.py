@@ -76,7 +76,8 @@ def connect(
     """A socket of `kind` connected to `endpoint`: linger 0, CURVE client with keys."""
     sock = ctx.socket(kind)
     sock.setsockopt(zmq.LINGER, 0)
-    if kind == zmq.DEALER:  # its own id: libzmq then never makes one up for it (fsd.server.zmtp)
+    # its own id: libzmq then never makes one up for it (fsd.server.transport.zmtp)
+    if kind == zmq.DEALER:
         sock.setsockopt(zmq.ROUTING_ID, b"fsd-" + secrets.token_bytes(12))
     apply_curve(sock, keys)
     try:

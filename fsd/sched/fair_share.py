@@ -11,7 +11,7 @@ the offline API) gets rounds that grow with queue_seq: exactly the FIFO it had.
 
 The rounds decide the order between jobs of one level only; levels, quanta,
 promotion and demotion stay the policy's. Owners are opaque names (`Job.owner`; the
-daemon's is the caller's identity, fsd.server.admission); None is one owner.
+daemon's is the caller's identity, fsd.server.loop.job_admission); None is one owner.
 """
 
 from __future__ import annotations

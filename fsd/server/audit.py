@@ -4,7 +4,7 @@ A control action changes the daemon for everyone (retune, drain, undrain, shutdo
 inject) or ends someone's job (abort). Once the daemon has done it, one INFO line on
 the `fsd.audit` logger says what was done, with what (the changes, the job id, the
 burst), and by whom: the caller's role, its session (the daemon's own number for
-it, the same for every request of one client, `fsd.server.clients`) and its CURVE
+it, the same for every request of one client, `fsd.server.loop.clients`) and its CURVE
 key when it has one. A refused request gets no line: nothing changed, and its caller
 heard why. No log line names a routing id: where one must be told apart (a dropped
 reply) `connection_tag` gives a short keyed hash of it instead.
@@ -38,7 +38,7 @@ def who(caller: Caller) -> str:
 
 
 def session_number(ident: bytes) -> str:
-    """'3' for the session key b"s3" (`fsd.server.clients`); a tag for anything else."""
+    """'3' for the session key b"s3" (`fsd.server.loop.clients`); a tag for anything else."""
     if ident[:1] == b"s" and ident[1:].isdigit():
         return ident[1:].decode()
     return connection_tag(ident)

@@ -1,15 +1,13 @@
 """Collecting garbage and giving freed heap back to the system once the daemon goes idle.
 
 Request handling leaves reference cycles that only Python's full collection frees; left to its
-own thresholds that runs rarely, and mid-step, so a daemon after a burst holds
-hundreds of KB of such garbage per thousand requests (measured for P20: traced
-memory climbing about 500 B/request for minutes, then falling back at the next full
-collection). Here a full collection runs when the loop has gone idle instead.
+own thresholds that runs rarely, and mid-step, so a daemon after a burst holds that
+garbage for minutes (docs/history.md). Here a full collection runs when the loop has
+gone idle instead.
 
 glibc's malloc keeps the memory of freed objects in its arenas for reuse; after a
 burst of requests a long-lived daemon's RSS then stays at the burst's peak although
-the objects are gone (about 20 MB after 10,000 requests, measured for P20), which
-reads as a leak to an operator and to a soak test. `malloc_trim(0)` returns the free
+the objects are gone, which reads as a leak to an operator and to a soak test. `malloc_trim(0)` returns the free
 pages; it costs a few milliseconds, so it runs only once the loop has been idle for
 `settle` (1 s) after work, at most once per idle spell and per `min_interval` (2 s):
 under 1% of an idle second. Elsewhere than glibc it is a no-op.

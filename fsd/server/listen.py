@@ -3,8 +3,8 @@
 With its open-files limit reached, a listening socket stays readable (a connection
 waits) while every accept() fails with EMFILE. asyncio's accept loop then logs a
 traceback per attempt ("socket.accept() out of system resource"), up to `backlog`
-of them per wakeup, each scheduling another retry: 1100 idle HTTP connections under a
-limit of 1024 cost a core and 61 MB of log in 20 s. A `GuardedListener` (the gate's
+of them per wakeup, each scheduling another retry: a core spent and the log flooded
+(docs/history.md). A `GuardedListener` (the gate's
 and the HTTP server's listening sockets) answers for itself instead:
 
 * out of descriptors, it closes a spare descriptor it keeps, accepts each waiting
@@ -14,7 +14,7 @@ and the HTTP server's listening sockets) answers for itself instead:
   error once per wakeup, pauses accepting for a second (its own retry), and its
   traceback is dropped (`quiet_accept_errors`);
 * before refusing, it asks every server that registered its idle connections
-  (`add_reclaimer`: the HTTP server's, `fsd.server.http_idle`) to close its oldest
+  (`add_reclaimer`: the HTTP server's, `fsd.server.http.idle`) to close its oldest
   idle ones: on its own loop the waiting connections are then taken on the next pass
   (the closed descriptors are free by then), so an idle flood churns among itself
   and a new client that speaks is served; another loop's are closed soon after, and

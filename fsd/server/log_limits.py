@@ -3,8 +3,8 @@
 `OnceLog` logs each distinct failure once with its traceback (the service's).
 
 A peer that sends malformed HTTP requests, or opens connections until the daemon runs
-out of file descriptors, could otherwise write a line (or a traceback) per attempt:
-61 MB of log in 20 s was seen. `Throttle` lets one line through per `interval`
+out of file descriptors, could otherwise write a line (or a traceback) per attempt.
+`Throttle` lets one line through per `interval`
 seconds and counts the ones it held back into the next. `BadRequestLog` turns
 aiohttp's "Error handling request" (an 800-byte traceback echoing the request line)
 into one short line naming the peer and the parser's reason, throttled.

@@ -1,6 +1,6 @@
 """The preview worker process's first act: take as little CPU from serving as it can.
 
-`fsd.server.preview` starts the twin in a spawned process with `setup_worker` as its
+`fsd.server.loop.preview` starts the twin in a spawned process with `setup_worker` as its
 initializer. It asks numeric libraries for one thread (effective where numpy is not
 loaded yet; a daemon run as `python -m fsd.cli` has its main module, and numpy with
 it, imported into the child first, and then OpenBLAS's idle pool stays, unused by the

@@ -19,7 +19,7 @@ from fsd.engine.views import JobRequest
 from fsd.errors import FsdError, PromptTooLongError, SettingError, UnknownJobError
 from fsd.jobs import SamplingParams
 from fsd.metrics import SLOWindow
-from fsd.server.telemetry import wire_snapshot
+from fsd.server.publish.telemetry import wire_snapshot
 
 CONFIG = dict(model="tiny", device="cpu", num_gpu_blocks=64, profile="opt-13b-a100", threads=1)
 PARAMS = SamplingParams(max_tokens=8, ignore_eos=True, temperature=0.0)
@@ -200,7 +200,7 @@ class Recording(LeastLive):
 
 def test_the_affinity_key_reaches_the_router_from_the_sdk_and_http():
     from fsd.client.base import build_submit
-    from fsd.server.openai_schema import parse_completion
+    from fsd.server.http.openai_schema import parse_completion
 
     assert build_submit("r", "hi", None, {}, (), "user-42").affinity == "user-42"
     assert parse_completion({"prompt": "x", "user": "user-7"}, "tiny").user == "user-7"

@@ -21,7 +21,7 @@ from fsd.console.top.screens import JobDetailScreen
 from fsd.errors import ConfigError
 from fsd.logfile import PrintableFormatter
 from fsd.printable import check_name, shown, unprintable
-from fsd.server.control import check_tags
+from fsd.server.loop.control import check_tags
 from tests.console.test_top_app import sync, text_of
 from tests.console.test_top_data import job, snap
 

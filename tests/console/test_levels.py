@@ -20,7 +20,7 @@ from fsd.engine.face import EngineFace
 from fsd.engine.views import job_info
 from fsd.jobs import SamplingParams
 from fsd.metrics import SLOWindow
-from fsd.server.telemetry import build_snapshot, wire_event
+from fsd.server.publish.telemetry import build_snapshot, wire_event
 from tests.sched.harness import COST
 
 

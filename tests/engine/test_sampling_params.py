@@ -16,8 +16,8 @@ from fsd.engine.output import JobFault
 from fsd.engine.sampler import Sampler
 from fsd.errors import ConfigError
 from fsd.jobs import GREEDY_BELOW, MAX_TEMPERATURE, SamplingParams
-from fsd.server.openai_errors import APIError
-from fsd.server.openai_schema import parse_completion
+from fsd.server.http.openai_errors import APIError
+from fsd.server.http.openai_schema import parse_completion
 
 NAN, INF = float("nan"), float("inf")
 

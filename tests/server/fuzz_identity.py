@@ -30,7 +30,7 @@ import zmq
 
 from fsd import protocol as P
 from fsd.client import Client
-from fsd.server import zmtp
+from fsd.server.transport import zmtp
 
 LIBZMQ_FIRST_ID = 0x6B8B4567
 HONEST_TOKENS = 12

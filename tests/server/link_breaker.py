@@ -14,18 +14,18 @@ import threading
 import time
 
 from fsd.cli import app
-from fsd.server import http_links
+from fsd.server.http import links
 
-_pools: list[tuple[http_links.LinkPool, asyncio.AbstractEventLoop]] = []
-_made = http_links.LinkPool.__post_init__
+_pools: list[tuple[links.LinkPool, asyncio.AbstractEventLoop]] = []
+_made = links.LinkPool.__post_init__
 
 
-def _track(pool: http_links.LinkPool) -> None:
+def _track(pool: links.LinkPool) -> None:
     _made(pool)
     _pools.append((pool, asyncio.get_running_loop()))
 
 
-def _break(pool: http_links.LinkPool) -> None:
+def _break(pool: links.LinkPool) -> None:
     link = max(pool.links, key=lambda li: li.busy)
     link.client._sock.close(linger=0)  # type: ignore[union-attr]
 
@@ -40,6 +40,6 @@ def _watch(path: str) -> None:
 
 
 if __name__ == "__main__":
-    http_links.LinkPool.__post_init__ = _track  # type: ignore[method-assign]
+    links.LinkPool.__post_init__ = _track  # type: ignore[method-assign]
     threading.Thread(target=_watch, args=(os.environ["FSD_BREAK_LINK"],), daemon=True).start()
     app()

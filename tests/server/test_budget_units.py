@@ -6,10 +6,10 @@ from __future__ import annotations
 import random
 
 from fsd import protocol as P
-from fsd.server import frames as F
-from fsd.server import zmtp
-from fsd.server.ledger import FRAME_COST, InboundLedger, cost
-from fsd.server.msgpack_peek import prefix_field, prefix_req_id
+from fsd.server.transport import frames as F
+from fsd.server.transport import zmtp
+from fsd.server.transport.ledger import FRAME_COST, InboundLedger, cost
+from fsd.server.transport.msgpack_peek import prefix_field, prefix_req_id
 
 
 def _cut(stream: bytes, cuts: list[int]) -> list[F.Head | bytes]:

@@ -16,8 +16,8 @@ import zmq.auth
 
 from fsd import protocol as P
 from fsd.client import CurveKeys
-from fsd.server import zmtp
 from fsd.server.security import generate_keys
+from fsd.server.transport import zmtp
 from tests.server.daemon_proc import Daemon, free_port, pool_config, raw, start_daemon
 
 MIB = 1 << 20

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from fsd.errors import ConfigError, ModelLoadError
-from fsd.server.chat_template import PLAIN_TEMPLATE, ChatTemplate, normalize_messages
+from fsd.server.http.chat_template import PLAIN_TEMPLATE, ChatTemplate, normalize_messages
 
 CHATML = (
     "{{ bos_token }}{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}{{ eos_token }}"

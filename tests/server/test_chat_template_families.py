@@ -15,7 +15,7 @@ import json
 import pytest
 
 from fsd.errors import ConfigError
-from fsd.server.chat_template import ChatTemplate
+from fsd.server.http.chat_template import ChatTemplate
 from fsd.tokenizer import HFTokenizer
 from tests.models.hf_fixtures import MISTRAL_SPECIALS, QWEN_SPECIALS, make_tokenizer_json
 

@@ -1,6 +1,6 @@
 """Connection slots cannot be hoarded, against a real daemon: idle and stuck connections
 make room for newcomers, a peer has a share, and the operator always gets in
-(`fsd.server.slots`, `fsd.server.probation`)."""
+(`fsd.server.transport.slots`, `fsd.server.transport.probation`)."""
 
 from __future__ import annotations
 
@@ -15,10 +15,10 @@ import pytest
 import zmq
 
 from fsd import protocol as P
-from fsd.server import zmtp
-from fsd.server.gate import Gate
-from fsd.server.relay import Limits
-from fsd.server.slots import IDLE_AFTER
+from fsd.server.transport import zmtp
+from fsd.server.transport.gate import Gate
+from fsd.server.transport.relay import Limits
+from fsd.server.transport.slots import IDLE_AFTER
 from tests.server.daemon_proc import Daemon, pool_config, start_daemon
 from tests.server.test_identity import collect, dealer
 

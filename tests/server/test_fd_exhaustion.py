@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from fsd.server.gate import connection_cap
+from fsd.server.transport.gate import connection_cap
 from tests.server.daemon_proc import free_port, start_daemon
 
 LIMIT = 128

@@ -10,10 +10,10 @@ from types import SimpleNamespace
 
 import zmq
 
-from fsd.server import zmtp
-from fsd.server.gate import Gate
-from fsd.server.relay import Limits
-from fsd.server.service import EngineService
+from fsd.server.loop.service import EngineService
+from fsd.server.transport import zmtp
+from fsd.server.transport.gate import Gate
+from fsd.server.transport.relay import Limits
 
 
 def _gate(tmp: Path) -> tuple[Gate, zmq.Socket, zmq.Socket]:

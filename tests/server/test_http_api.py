@@ -20,13 +20,13 @@ from fsd.client import Completion
 from fsd.config import ServerConfig
 from fsd.config_file import build_configs
 from fsd.errors import ConfigError
-from fsd.server.chat_template import PLAIN_TEMPLATE, ChatTemplate
-from fsd.server.http_api import Backend, build_app
-from fsd.server.http_limits import BodyBudget
-from fsd.server.http_links import LinkPool
-from fsd.server.http_server import exposure_warning
-from fsd.server.openai_errors import from_fsd_error
-from fsd.server.prom import MetricsCollector
+from fsd.server.http.api import Backend, build_app
+from fsd.server.http.chat_template import PLAIN_TEMPLATE, ChatTemplate
+from fsd.server.http.limits import BodyBudget
+from fsd.server.http.links import LinkPool
+from fsd.server.http.openai_errors import from_fsd_error
+from fsd.server.http.server import exposure_warning
+from fsd.server.publish.prom import MetricsCollector
 from fsd.tokenizer import ByteTokenizer
 from tests.server.daemon_proc import daemon_fixture
 

@@ -1,5 +1,5 @@
 """What HTTP connections send before a request of theirs starts is bounded, per
-connection and in all (`fsd.server.http_heads`), against a real daemon."""
+connection and in all (`fsd.server.http.heads`), against a real daemon."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from fsd.server.http_heads import HEAD_BYTES
+from fsd.server.http.heads import HEAD_BYTES
 from tests.server.daemon_proc import free_port, pool_config, start_daemon
 
 

@@ -24,11 +24,11 @@ from fsd.client import DaemonUnavailable
 from fsd.config import ServerConfig
 from fsd.errors import UnknownJobError
 from fsd.metrics import SLOWindow
-from fsd.server.clients import ClientBook
-from fsd.server.http_api import build_app
-from fsd.server.http_links import LinkPool
+from fsd.server.http.api import build_app
+from fsd.server.http.links import LinkPool
+from fsd.server.loop.clients import ClientBook
+from fsd.server.loop.job_routing import JobRouter
 from fsd.server.roles import Caller
-from fsd.server.routing import JobRouter
 from tests.server.daemon_proc import daemon_fixture
 from tests.server.test_http_api import offline_backend
 

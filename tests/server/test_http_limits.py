@@ -1,6 +1,6 @@
 """HTTP read deadlines and the request-body budget (issue P21, item 2), in process.
 
-The head deadline is aiohttp's keep-alive timer (fsd.server.http_limits): the first
+The head deadline is aiohttp's keep-alive timer (fsd.server.http.limits): the first
 tests pin that behaviour of aiohttp, and fail loudly if a release drops it.
 """
 
@@ -14,8 +14,8 @@ from contextlib import asynccontextmanager
 from aiohttp.test_utils import TestServer
 
 from fsd.config import ServerConfig
-from fsd.server.http_api import Backend, build_app
-from fsd.server.http_limits import BodyBudget, runner_options
+from fsd.server.http.api import Backend, build_app
+from fsd.server.http.limits import BodyBudget, runner_options
 from tests.server.test_http_api import offline_backend
 
 Conn = tuple[asyncio.StreamReader, asyncio.StreamWriter]

@@ -19,7 +19,7 @@ import openai
 
 from fsd.client import DaemonUnavailable, RequestError
 from fsd.errors import FsdError
-from fsd.server.http_links import LinkPool, link_failed
+from fsd.server.http.links import LinkPool, link_failed
 from tests.server.daemon_proc import free_port, start_daemon
 
 CONFIG = "[cache]\nnum_gpu_blocks = 200\n[server]\nclient_timeout = 3.0\n"

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from fsd import protocol as P
 from fsd.config import ServerConfig
-from fsd.server.clients import _GONE_KEPT, ClientBook
-from fsd.server.frontend import Frontend
+from fsd.server.loop.clients import _GONE_KEPT, ClientBook
+from fsd.server.loop.frontend import Frontend
 
 
 def test_a_frame_read_after_its_connection_closed_speaks_for_its_session():
@@ -73,7 +73,7 @@ def test_a_turn_reads_until_its_time_is_up_while_the_engine_waits(monkeypatch):
     after at least one message; idle (a wait), it reads up to the count bound."""
     import zmq
 
-    import fsd.server.frontend as frontend
+    import fsd.server.loop.frontend as frontend
 
     class Router:
         def __init__(self, waiting: int) -> None:

@@ -11,7 +11,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from fsd import protocol as P
 from fsd.engine.output import RequestOutput
-from fsd.server.prom import MetricsCollector
+from fsd.server.publish.prom import MetricsCollector
 from tests.server.daemon_proc import Daemon, daemon_fixture
 from tests.wire_samples import job_row, kv_info, slo_info
 

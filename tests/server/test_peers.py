@@ -1,4 +1,4 @@
-"""Who a connection's peer is (`fsd.server.peers`): a local user, whatever the socket."""
+"""Who a connection's peer is (`fsd.server.transport.peers`): a local user, whatever the socket."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from fsd.server.peers import peer_of
+from fsd.server.transport.peers import peer_of
 
 
 def _pair(family: int, addr) -> tuple[socket.socket, socket.socket, socket.socket]:

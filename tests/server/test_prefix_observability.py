@@ -24,9 +24,9 @@ from fsd.client import Completion
 from fsd.console.cli import app as fsctl_app
 from fsd.engine.face import EngineFace
 from fsd.metrics import SLOWindow
-from fsd.server.prom import MetricsCollector
-from fsd.server.routing import finished_message
-from fsd.server.telemetry import build_snapshot
+from fsd.server.loop.job_routing import finished_message
+from fsd.server.publish.prom import MetricsCollector
+from fsd.server.publish.telemetry import build_snapshot
 from tests.server.daemon_proc import Daemon, daemon_fixture
 from tests.server.test_metrics import samples, snapshot
 from tests.wire_samples import PREFIX, job_row

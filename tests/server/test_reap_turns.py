@@ -8,8 +8,8 @@ from fsd.config import ServerConfig
 from fsd.engine.output import RequestOutput
 from fsd.errors import UnknownJobError
 from fsd.metrics import SLOWindow
-from fsd.server.clients import Caller, ClientBook
-from fsd.server.routing import ABORTS_PER_TURN, JobRouter
+from fsd.server.loop.clients import Caller, ClientBook
+from fsd.server.loop.job_routing import ABORTS_PER_TURN, JobRouter
 
 
 class _Face:

@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 import zmq
 
-from fsd.server import zmtp
-from fsd.server.gate import Gate
-from fsd.server.inbound import MAX_COMMAND
-from fsd.server.ledger import InboundLedger, cost
-from fsd.server.relay import Limits
+from fsd.server.transport import zmtp
+from fsd.server.transport.gate import Gate
+from fsd.server.transport.inbound import MAX_COMMAND
+from fsd.server.transport.ledger import InboundLedger, cost
+from fsd.server.transport.relay import Limits
 
 HELLO = zmtp.greeting() + zmtp.ready([(b"Socket-Type", b"DEALER")])
 

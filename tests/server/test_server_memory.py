@@ -11,12 +11,12 @@ from fsd import protocol as P
 from fsd.config import ServerConfig
 from fsd.engine.output import RequestOutput, StepDelta
 from fsd.metrics import Finish, SLOWindow
-from fsd.server import prom
-from fsd.server.clients import _OUTBOX_EXTRA, ClientBook
-from fsd.server.prom import MetricsCollector
+from fsd.server.loop.clients import _OUTBOX_EXTRA, ClientBook
+from fsd.server.loop.job_routing import JobRouter
+from fsd.server.loop.service import OnceLog
+from fsd.server.publish import prom
+from fsd.server.publish.prom import MetricsCollector
 from fsd.server.roles import Caller
-from fsd.server.routing import JobRouter
-from fsd.server.service import OnceLog
 
 
 def _output(job_id: str, t: float = 1.0) -> RequestOutput:

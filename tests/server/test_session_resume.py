@@ -1,5 +1,5 @@
 """A session that resumes gets every result of its jobs that finished while it was
-away (fsd.server.clients: a result is held whatever the session's live jobs, within
+away (fsd.server.loop.clients: a result is held whatever the session's live jobs, within
 max_held_result_bytes, and the Welcome names what it could not keep)."""
 
 from __future__ import annotations

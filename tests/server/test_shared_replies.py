@@ -5,8 +5,8 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from fsd import protocol as P
-from fsd.server import frontend as frontend_mod
-from fsd.server.control import ControlHandler
+from fsd.server.loop import frontend as frontend_mod
+from fsd.server.loop.control import ControlHandler
 
 
 class _Router:

@@ -1,11 +1,11 @@
-"""The connection table's decisions (`fsd.server.slots`): a share per peer, the
+"""The connection table's decisions (`fsd.server.transport.slots`): a share per peer, the
 stuck and the longest idle closed for newcomers, the operator's reserve."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from fsd.server.slots import HANDSHAKE_GRACE, IDLE_AFTER, ConnectionTable, Slot, Verdict
+from fsd.server.transport.slots import HANDSHAKE_GRACE, IDLE_AFTER, ConnectionTable, Slot, Verdict
 
 
 class Clock:

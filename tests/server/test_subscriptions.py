@@ -1,5 +1,5 @@
 """A telemetry subscriber holds at most a few KB of the PUB: only subscriptions to
-the telemetry's topics pass the gate (`fsd.server.subscriptions`)."""
+the telemetry's topics pass the gate (`fsd.server.transport.subscriptions`)."""
 
 from __future__ import annotations
 
@@ -15,9 +15,9 @@ import zmq
 
 from fsd import protocol as P
 from fsd.config import ServerConfig
-from fsd.server import zmtp
-from fsd.server.gates import telemetry_gate, tune_pub
-from fsd.server.subscriptions import MAX_DROPPED, MAX_SUBSCRIPTIONS, SubscriptionFrames
+from fsd.server.transport import zmtp
+from fsd.server.transport.endpoints import telemetry_gate, tune_pub
+from fsd.server.transport.subscriptions import MAX_DROPPED, MAX_SUBSCRIPTIONS, SubscriptionFrames
 
 TOPICS = (P.TOPIC_SNAPSHOT, P.TOPIC_EVENT)
 

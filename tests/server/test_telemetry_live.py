@@ -22,7 +22,7 @@ from fsd.engine.core import Engine
 from fsd.engine.face import EngineFace
 from fsd.jobs import SamplingParams
 from fsd.metrics import SLOWindow
-from fsd.server.telemetry import build_snapshot
+from fsd.server.publish.telemetry import build_snapshot
 from tests.console.conftest import RECORDING
 from tests.costs import linear_cost
 

@@ -1,6 +1,6 @@
 """The job table's pacing: its share of the engine thread stays under the budget."""
 
-from fsd.server.telemetry import JobTablePacer
+from fsd.server.publish.telemetry import JobTablePacer
 
 
 def test_a_cheap_table_goes_out_in_every_snapshot():

@@ -18,7 +18,7 @@ from fsd.console import cli_format as fmt
 from fsd.engine.face import EngineFace
 from fsd.jobs import SamplingParams
 from fsd.metrics import SLOWindow
-from fsd.server.telemetry import build_snapshot
+from fsd.server.publish.telemetry import build_snapshot
 from tests.wire_samples import job_row
 
 PROMPT = list(range(5, 205))  # 200 tokens: 13 chunks of 16

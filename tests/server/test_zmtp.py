@@ -1,4 +1,4 @@
-"""The gate's handshake checks (fsd.server.zmtp): what passes, what is refused, and
+"""The gate's handshake checks (fsd.server.transport.zmtp): what passes, what is refused, and
 that the peer's routing id never reaches libzmq, however the bytes are split."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import struct
 
 import pytest
 
-from fsd.server import zmtp
+from fsd.server.transport import zmtp
 
 GATE_ID = b"c\x00\x00\x00\x00\x00\x00\x00\x07"
 

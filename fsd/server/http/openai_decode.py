@@ -12,7 +12,7 @@ import json
 import math
 from typing import Any
 
-from fsd.server.openai_errors import bad_request, clip
+from fsd.server.http.openai_errors import bad_request, clip
 
 # the integers msgpack (the daemon's wire format) can carry: a bigger one could not
 # travel to the engine, so it is refused where it is read

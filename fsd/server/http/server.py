@@ -7,7 +7,7 @@ other client's. Telemetry reaches /metrics through a tap on the publisher and
 finished jobs through `job_finished`, both queue puts; the HTTP thread does the rest.
 
 HTTP users do not share one fate:
-- requests spread over a pool of engine links (`http_links`, 4 sessions); a link
+- requests spread over a pool of engine links (`links`, 4 sessions); a link
   that fails at the connection level is retired and replaced, and only the
   requests on it fail (503, in-band for a started stream);
 - a link has no timeout, so no slow call ever resets it: each request has its own
@@ -19,12 +19,12 @@ HTTP users do not share one fate:
 - a job whose HTTP client left is aborted by its id whenever it did not finish, also
   when its handle ended in an error (`LinkPool.abandon`).
 
-Slow peers hold neither connections nor memory (`http_limits`): a connection gets
+Slow peers hold neither connections nor memory (`limits`): a connection gets
 `http_header_timeout` for each request head (aiohttp's keep-alive timer, also the
 idle keep-alive limit), a body `http_body_timeout` (then 408, the connection closed,
 its partial body freed), and the bodies being read hold `http_max_inflight_bytes`
 at most across connections (then 503 with Retry-After). Out of file descriptors, the
-oldest idle connections are closed to take new ones (`http_idle`).
+oldest idle connections are closed to take new ones (`idle`).
 """
 
 from __future__ import annotations
@@ -44,17 +44,17 @@ from fsd.config_checks import loopback_host, parse_http_address
 from fsd.engine.face import EngineFace
 from fsd.engine.output import RequestOutput
 from fsd.errors import ConfigError
-from fsd.server.chat_template import ChatTemplate
-from fsd.server.http_api import Backend, build_app
-from fsd.server.http_heads import HEAD_BYTES, CountedSite, HeadBytes
-from fsd.server.http_idle import IdleConnections
-from fsd.server.http_limits import BodyBudget, runner_options
-from fsd.server.http_links import LinkPool
+from fsd.server.http.api import Backend, build_app
+from fsd.server.http.chat_template import ChatTemplate
+from fsd.server.http.heads import HEAD_BYTES, CountedSite, HeadBytes
+from fsd.server.http.idle import IdleConnections
+from fsd.server.http.limits import BodyBudget, runner_options
+from fsd.server.http.links import LinkPool
 from fsd.server.listen import add_reclaimer, tcp_listeners
 from fsd.server.log_limits import http_server_logger
 from fsd.server.loop_thread import LoopThread
-from fsd.server.prom import MetricsCollector
-from fsd.server.telemetry import Publisher
+from fsd.server.publish.prom import MetricsCollector
+from fsd.server.publish.telemetry import Publisher
 
 log = logging.getLogger("fsd.http")
 
@@ -153,7 +153,7 @@ class HttpFrontend(LoopThread):
         # a shadow shares the daemon's context, which inproc endpoints need
         ctx = zmq.asyncio.Context.shadow(self._ctx.underlying)
         # a link never times out, so it never resets and never leaves its jobs behind;
-        # a request that waits too long is answered 503 by the route (http_api)
+        # a request that waits too long is answered 503 by the route (api)
         links = LinkPool(
             lambda: AsyncClient(self._inproc, timeout=math.inf, context=ctx, token=self._token)
         )
@@ -183,9 +183,9 @@ class HttpFrontend(LoopThread):
         app = build_app(backend, cfg.max_frame_bytes, idle)
         # the engine has drained by the time this stops: open streams get a second, not 60.
         # handler_cancellation: a request whose client disconnects has its handler
-        # cancelled, which aborts its job (http_api._serve), streaming or not.
+        # cancelled, which aborts its job (api._serve), streaming or not.
         # auto_decompress off: request bodies are taken as sent, as vLLM's server takes
-        # them (http_api answers 415 to a Content-Encoding). aiohttp's decoders bring
+        # them (api answers 415 to a Content-Encoding). aiohttp's decoders bring
         # nothing an OpenAI client uses, and a risk: a truncated deflate body arriving
         # after its headers left the handler waiting for ever (aiohttp 3.14).
         # logger: a malformed request is one short throttled line (log_limits)

@@ -13,7 +13,7 @@ from fsd.engine.face import EngineFace
 from fsd.engine.output import RequestOutput, StepDelta
 from fsd.errors import UnknownJobError
 from fsd.metrics import Finish, SLOWindow
-from fsd.server.clients import ClientBook, ClientState
+from fsd.server.loop.clients import ClientBook, ClientState
 
 log = logging.getLogger("fsd.server")
 

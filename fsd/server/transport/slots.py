@@ -4,7 +4,7 @@ Design: a table of `cap` connections that anyone may fill is a lock-out anyone c
 cause (4,096 connections that finish their handshake and say nothing kept every
 client out, the operator too). So:
 
-* each peer (`fsd.server.peers`: a remote address, a local user) holds at most
+* each peer (`fsd.server.transport.peers`: a remote address, a local user) holds at most
   `per_peer` connections;
 * when the table (or a peer's share) is full, a connection that makes no use of its
   slot is closed for the newcomer: first one still in its handshake after
@@ -43,7 +43,7 @@ class Verdict(enum.Enum):
 
 
 class Connection(Protocol):
-    """What the table sees of a connection (`fsd.server.relay.Relay`)."""
+    """What the table sees of a connection (`fsd.server.transport.relay.Relay`)."""
 
     ready: bool  # its handshake ended
     active: float  # when it last did something (monotonic)

@@ -201,7 +201,7 @@ class Publisher:
     def __init__(
         self, ctx: zmq.Context, endpoint: str, configure: Any = None, tune: Any = None
     ) -> None:
-        """Bind `endpoint` (the telemetry gate's private path, `fsd.server.gates`);
+        """Bind `endpoint` (the telemetry gate's private path, `fsd.server.transport.endpoints`);
         `configure` sets CURVE up, `tune` the socket's queues."""
         # an item is one message, or one iteration's events with their converter
         self._queue: queue.Queue[tuple[bytes, Any, Callable[[Any], msgspec.Struct] | None] | None]

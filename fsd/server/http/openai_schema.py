@@ -20,7 +20,7 @@ from typing import Any
 
 from fsd.errors import ConfigError
 from fsd.jobs import MAX_SEED, MAX_TEMPERATURE, SamplingParams
-from fsd.server.openai_errors import APIError, bad_request, clip, show
+from fsd.server.http.openai_errors import APIError, bad_request, clip, show
 
 INT64_MAX = 2**63 - 1  # the bound of the integer parameters (vLLM's torch.long range)
 

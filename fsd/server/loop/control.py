@@ -26,11 +26,11 @@ from fsd.errors import (
     UnknownJobError,
 )
 from fsd.printable import check_name
-from fsd.server.admission import Admission, Ask, synthetic_ask
 from fsd.server.audit import audit, settings
-from fsd.server.clients import ClientBook
-from fsd.server.injector import ScenarioInjector
-from fsd.server.preview import PreviewRunner
+from fsd.server.loop.clients import ClientBook
+from fsd.server.loop.injector import ScenarioInjector
+from fsd.server.loop.job_admission import Admission, Ask, synthetic_ask
+from fsd.server.loop.preview import PreviewRunner
 from fsd.server.roles import OPERATOR, Caller
 
 MAX_REQ_ID = 256  # characters of a client's request id
@@ -207,7 +207,7 @@ class ControlHandler:
         self.send(caller.ident, P.Ack(what="retune", detail={"config": config.to_dict()}))
 
     def on_preview(self, caller: Caller, msg: P.Preview) -> None:
-        """What-if: answered with a PreviewReply once the twin has run (fsd.server.preview)."""
+        """What-if: answered with a PreviewReply once the twin has run (fsd.server.loop.preview)."""
         self.previews.submit(caller, msg)
 
     def on_status(self, caller: Caller, msg: P.Status) -> None:

@@ -1,8 +1,8 @@
 """A request connection's frames on their way to the daemon's ROUTER, within the budget.
 
-After the handshake (`fsd.server.zmtp`) each frame is cut as it streams
-(`fsd.server.frames`) and its bytes are counted in the inbound ledger
-(`fsd.server.ledger`), per connection and in all, before it passes. A frame that does
+After the handshake (`fsd.server.transport.zmtp`) each frame is cut as it streams
+(`fsd.server.transport.frames`) and its bytes are counted in the inbound ledger
+(`fsd.server.transport.ledger`), per connection and in all, before it passes. A frame that does
 not fit:
 
 * under NULL is refused: its body streams to nowhere (never held whole) and a
@@ -28,11 +28,11 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from fsd.server import frames as F
-from fsd.server import zmtp
 from fsd.server.audit import connection_tag
-from fsd.server.ledger import InboundLedger, cost
 from fsd.server.log_limits import Throttle
+from fsd.server.transport import frames as F
+from fsd.server.transport import zmtp
+from fsd.server.transport.ledger import InboundLedger, cost
 
 log = logging.getLogger("fsd.server")
 
@@ -44,7 +44,7 @@ _CLOSED = Throttle()  # ... and about connections closed for their commands
 
 @dataclass(frozen=True)
 class Budget:
-    """What a request connection's frames are held to (`fsd.server.relay.Limits`)."""
+    """What a request connection's frames are held to (`fsd.server.transport.relay.Limits`)."""
 
     curve: bool
     ledger: InboundLedger | None  # None: not counted (a gate built without a budget)

@@ -5,12 +5,12 @@ request that is refused and a request whose handler fails are each answered with
 `Error` (and a failure is logged), and the service's loop goes on.
 
 Bytes: each message's bytes go back to the inbound ledger as it is read
-(`fsd.server.ledger`; the gate counted them on the way in), and an empty socket
+(`fsd.server.transport.ledger`; the gate counted them on the way in), and an empty socket
 settles the ledger's drift. A frame the gate refused arrives as its stand-in
-(`fsd.server.frames`) and is answered `Error` "overloaded" (or "too-large") with the
+(`fsd.server.transport.frames`) and is answered `Error` "overloaded" (or "too-large") with the
 request's `req_id` when its first bytes hold one. A turn stops reading once its
 replies reach `_TURN_REPLY_BYTES`, so the gate can move them (and drop a client that
-does not read them, `fsd.server.relay`) before more are made.
+does not read them, `fsd.server.transport.relay`) before more are made.
 """
 
 from __future__ import annotations
@@ -27,17 +27,17 @@ from fsd import protocol as P
 from fsd.config import ServerConfig
 from fsd.errors import FsdError
 from fsd.server.audit import connection_tag
-from fsd.server.clients import ClientBook, ClientState
-from fsd.server.frames import parse_standin
-from fsd.server.ledger import InboundLedger
-from fsd.server.msgpack_peek import prefix_req_id
+from fsd.server.loop.clients import ClientBook, ClientState
 from fsd.server.roles import Authorizer, Caller
+from fsd.server.transport.frames import parse_standin
+from fsd.server.transport.ledger import InboundLedger
+from fsd.server.transport.msgpack_peek import prefix_req_id
 
 log = logging.getLogger("fsd.server")
 
 _MAX_MESSAGES_PER_TURN = 1000  # then run an iteration, so a flood cannot starve the engine
-# and no longer while the engine has work: a turn of 1000 submits with 98,000 jobs
-# queued took 0.25-0.5 s, and a short job needs about three iterations to finish
+# and no longer while the engine has work: a turn of submits into a long queue is slow,
+# and a short job needs about three iterations to finish
 _TURN_SECONDS = 0.1
 # ZeroMQ drops a bigger frame and the peer's connection without a word (a memory
 # guard); frames between max_frame_bytes and this still get an `Error` "too-large"

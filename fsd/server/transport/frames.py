@@ -1,8 +1,8 @@
 """ZMTP frames after the handshake, cut as they stream, and the stand-in for a refused one.
 
-The gate (`fsd.server.gate`) counts the bytes of every client frame it passes to the
+The gate (`fsd.server.transport.gate`) counts the bytes of every client frame it passes to the
 daemon's ROUTER and refuses those that do not fit the inbound budget
-(`fsd.server.ledger`), without ever holding a frame whole: `FrameCutter` turns a
+(`fsd.server.transport.ledger`), without ever holding a frame whole: `FrameCutter` turns a
 connection's bytes into a `Head` per frame (its flags, its size, its header bytes
 and the first few bytes of its body) followed by the body in pieces as they arrive.
 
@@ -23,7 +23,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
-from fsd.server.zmtp import FLAG_COMMAND, FLAG_LONG, FLAG_MORE
+from fsd.server.transport.zmtp import FLAG_COMMAND, FLAG_LONG, FLAG_MORE
 
 PEEK = 8  # body bytes a Head carries: enough for a command's name
 CURVE_OVERHEAD = 33  # "\x07MESSAGE" + nonce (8) + tag (16) + flags (1)

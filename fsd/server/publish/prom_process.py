@@ -85,7 +85,7 @@ _BUDGET_COUNTERS = {"fsd_inbound_refused_frames", "fsd_inbound_refused_bytes",
 
 
 class BudgetCounters(Collector):
-    """What the gates refused, dropped and hold (`fsd.server.gates.budget_figures`),
+    """What the gates refused, dropped and hold (`fsd.server.transport.endpoints.budget_figures`),
     read at each scrape; a name `NAME:ENDPOINT` is NAME labelled with its endpoint."""
 
     def __init__(self, model_name: str, read: Callable[[], dict[str, float]]) -> None:

@@ -1,22 +1,22 @@
 """The gate: a daemon's public endpoint, in front of its ROUTER (or telemetry PUB) socket.
 
 Design: libzmq lets a peer choose its routing id, and a ROUTER that meets a chosen
-id equal to one it generated aborts the process (`fsd.server.zmtp`). So libzmq never
+id equal to one it generated aborts the process (`fsd.server.transport.zmtp`). So libzmq never
 listens where peers can reach it: the ROUTER binds an `ipc://` path inside a folder
 only the daemon's user may enter, and this gate listens on the public endpoint
 (tcp:// or ipc://), relays each connection's bytes to that path, and on the way
 replaces the routing id in the handshake with one it issues (`c` + a 64-bit
 counter: unique per connection, never reused). A routing id therefore names one
 connection and nothing else; who a caller is comes from its session or CURVE key
-(`fsd.server.clients`).
+(`fsd.server.loop.clients`).
 
-It also holds the connection table (`fsd.server.slots`): a share per peer, slots
+It also holds the connection table (`fsd.server.transport.slots`): a share per peer, slots
 that make no use of themselves closed for newcomers, and a reserve only the operator
-reaches (`fsd.server.probation`); a newcomer refused gets an `Error`
+reaches (`fsd.server.transport.probation`); a newcomer refused gets an `Error`
 "too-many-connections" (NULL; under CURVE it is closed). The file-descriptor limit
 is raised to what the kernel allows at start; out of descriptors even so, its
 listener refuses without spinning (`fsd.server.listen`).
-Each connection is relayed by a `fsd.server.relay.Relay` on the gate's own thread,
+Each connection is relayed by a `fsd.server.transport.relay.Relay` on the gate's own thread,
 within byte budgets: client frames are counted in the inbound ledger and refused
 (NULL: a stand-in answered "overloaded") or held back (CURVE: TCP backpressure) when
 it is full; the upstream socket is read as fast as it writes into a per-connection
@@ -27,7 +27,7 @@ so the gate does not know which route is whose (only bytes are counted, which ho
 alike). Closed connections are reported through `on_close(routing_id, why)` on the
 gate's thread, `why` saying why the gate dropped it for its unread replies (None: it
 closed, or the gate closed it for room: its session may resume). The same gate fronts
-the telemetry PUB (`fsd.server.gates`), admitting SUB and XSUB peers.
+the telemetry PUB (`fsd.server.transport.endpoints`), admitting SUB and XSUB peers.
 """
 
 from __future__ import annotations
@@ -48,16 +48,16 @@ from urllib.parse import urlsplit
 from fsd import protocol as P
 from fsd.credentials import same_token
 from fsd.errors import ConfigError
-from fsd.server import zmtp
 from fsd.server.audit import connection_tag
 from fsd.server.listen import raise_fd_limit, tcp_listeners, unix_listener
 from fsd.server.log_limits import Throttle
 from fsd.server.loop_thread import LoopThread
-from fsd.server.msgpack_peek import prefix_field, prefix_req_id
-from fsd.server.peers import peer_of
-from fsd.server.probation import FirstRequest, read_first, refuse
-from fsd.server.relay import Backlogs, Limits, Relay
-from fsd.server.slots import ConnectionTable, Slot, Verdict
+from fsd.server.transport import zmtp
+from fsd.server.transport.msgpack_peek import prefix_field, prefix_req_id
+from fsd.server.transport.peers import peer_of
+from fsd.server.transport.probation import FirstRequest, read_first, refuse
+from fsd.server.transport.relay import Backlogs, Limits, Relay
+from fsd.server.transport.slots import ConnectionTable, Slot, Verdict
 
 log = logging.getLogger("fsd.server")
 
@@ -92,7 +92,7 @@ def operator_reserve(cap: int) -> int:
 
 class Gate(LoopThread):
     """Relays the public endpoint to the upstream socket's private `ipc://` path
-    (module doc); `limits`: its connections' peers and budgets (`fsd.server.relay`)."""
+    (module doc); `limits`: its connections' peers and budgets (`fsd.server.transport.relay`)."""
 
     def __init__(
         self,
@@ -113,7 +113,7 @@ class Gate(LoopThread):
         self.max_connections = cap = connection_cap(max_connections, raise_fd_limit()[1])
         self.table = ConnectionTable(cap, max_per_peer or cap, operator_reserve(cap))
         self.operator_token: str | None = None  # set once the daemon has made it
-        # the daemon's own user on this machine (`fsd.server.peers`): it can read the
+        # the daemon's own user on this machine (`fsd.server.transport.peers`): it can read the
         # token anyway, so it reaches the reserve without showing it
         self.local_operator = f"uid:{os.getuid()}"
         self.on_close = on_close
@@ -263,8 +263,9 @@ class Gate(LoopThread):
     async def _probation(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, peer: str, why: str
     ) -> None:
-        """No room for a client: the operator may take a reserved slot (`fsd.server.slots`),
-        known by its user on this machine or by its token in its first request."""
+        """No room for a client: the operator may take a reserved slot
+        (`fsd.server.transport.slots`), known by its user on this machine or by its token
+        in its first request."""
         if peer == self.local_operator:
             if self.table.may_reserve():
                 await self._relay(reader, writer, peer, operator=True)

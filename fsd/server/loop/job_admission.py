@@ -20,7 +20,7 @@ from fsd.engine.face import EngineFace
 from fsd.engine.views import Admitted, JobRequest
 from fsd.errors import FsdError
 from fsd.jobs import SamplingParams
-from fsd.server.clients import ClientBook
+from fsd.server.loop.clients import ClientBook
 from fsd.server.roles import Caller
 from fsd.workload.prompts import random_prompt
 

@@ -29,7 +29,7 @@ from typing import Any
 from aiohttp import web
 
 from fsd.config import ServerConfig
-from fsd.server.openai_errors import APIError, bad_request
+from fsd.server.http.openai_errors import APIError, bad_request
 
 RETRY_AFTER_S = 1  # what a client refused for the byte budget is told to wait
 
@@ -102,7 +102,7 @@ def _busy() -> BodyError:
 async def read_body(request: web.Request, budget: BodyBudget) -> bytes:
     """The whole body, within the budget's deadline and byte budget."""
     encoding = request.headers.get("Content-Encoding", "identity").strip().lower()
-    if encoding not in ("", "identity"):  # the server does not decompress (http_server)
+    if encoding not in ("", "identity"):  # the server does not decompress (server)
         raise APIError(
             415,
             f"fsd takes request bodies uncompressed, not with Content-Encoding: {encoding[:40]}",

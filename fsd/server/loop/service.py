@@ -11,9 +11,9 @@ the loop's other duties are answered or logged, and the loop goes on. Each reque
 is checked against the sender's role (`fsd.server.roles`) and the job caps first.
 
 The loop's parts live beside it: `frontend` reads and answers the ROUTER socket,
-`clients` keeps who is connected and whose each job is, `routing` sends tokens and
-results to their owners, `telemetry` publishes snapshots and events, and `control`
-answers each request type.
+`clients` keeps who is connected and whose each job is, `job_routing` sends tokens and
+results to their owners and `control` answers each request type; the telemetry
+(`fsd.server.publish.telemetry`) publishes snapshots and events.
 """
 
 from __future__ import annotations
@@ -35,22 +35,22 @@ from fsd.engine.output import RequestOutput
 from fsd.errors import ConfigError
 from fsd.jobs import JobStatus
 from fsd.metrics import SLOWindow
-from fsd.server.admission import Admission
-from fsd.server.clients import ClientBook, ClientState
-from fsd.server.control import ControlHandler
-from fsd.server.frontend import FRAME_SLACK, Frontend
-from fsd.server.gate import Gate, unpredictable_ids
-from fsd.server.gates import budget_figures, request_gate, telemetry_gate, tune_pub, tune_router
 from fsd.server.heap_trim import IdleTrim
-from fsd.server.injector import ScenarioInjector
-from fsd.server.ledger import InboundLedger
 from fsd.server.log_limits import OnceLog  # (tests import it from here)
-from fsd.server.preview import PreviewRunner
+from fsd.server.loop.clients import ClientBook, ClientState
+from fsd.server.loop.control import ControlHandler
+from fsd.server.loop.frontend import FRAME_SLACK, Frontend
+from fsd.server.loop.injector import ScenarioInjector
+from fsd.server.loop.job_admission import Admission
+from fsd.server.loop.job_routing import JobRouter
+from fsd.server.loop.preview import PreviewRunner
+from fsd.server.publish.stats_log import StatsLog
+from fsd.server.publish.telemetry import Publisher, TelemetryPump
 from fsd.server.roles import Authorizer
-from fsd.server.routing import JobRouter
 from fsd.server.security import Security
-from fsd.server.stats_log import StatsLog
-from fsd.server.telemetry import Publisher, TelemetryPump
+from fsd.server.transport import endpoints
+from fsd.server.transport.gate import Gate, unpredictable_ids
+from fsd.server.transport.ledger import InboundLedger
 from fsd.version import __version__
 
 log = logging.getLogger("fsd.server")
@@ -83,10 +83,10 @@ class EngineService:
         # engine-thread seconds in model steps and in telemetry (what telemetry costs)
         self.step_seconds = 0.0
         self.telemetry_seconds = 0.0
-        self.http = None  # the OpenAI-compatible API and /metrics (fsd.server.http_server)
+        self.http = None  # the OpenAI-compatible API and /metrics (fsd.server.http.server)
         self.ctx = zmq.Context()
         self.security: Security | None = None
-        self.gate: Gate | None = None  # requests (fsd.server.gates)
+        self.gate: Gate | None = None  # requests (fsd.server.transport.endpoints)
         self.telemetry_gate: Gate | None = None
         self.ledger: InboundLedger | None = None  # bytes of requests in flight
         # closed connections (gate thread): routing id, why the gate dropped it (or None)
@@ -108,24 +108,24 @@ class EngineService:
         unpredictable_ids()  # before the ROUTER exists: its made-up ids start from rand()
         self.router = self.ctx.socket(zmq.ROUTER)
         self.router.setsockopt(zmq.LINGER, 0)
-        tune_router(self.router)
+        endpoints.tune_router(self.router)
         self.router.setsockopt(zmq.MAXMSGSIZE, cfg.max_frame_bytes + FRAME_SLACK)
         configure = self.security.configure()
         if configure is not None:
             configure(self.router)
         if cfg.endpoint.startswith("inproc://"):  # in-process peers only: nothing to guard
             self.router.bind(cfg.endpoint)
-        else:  # peers reach the ROUTER through the gate alone (fsd.server.gate)
+        else:  # peers reach the ROUTER through the gate alone (fsd.server.transport.gate)
             on_close = lambda rid, why: self._closed.append((rid, why))  # noqa: E731
-            self.gate = request_gate(cfg, self.security.enabled, on_close, FRAME_SLACK)
+            self.gate = endpoints.request_gate(cfg, self.security.enabled, on_close, FRAME_SLACK)
             self.ledger = self.gate.limits.ledger
             self.router.bind(self.gate.upstream)
             self.gate.start()
         self._binding = telemetry = cfg.telemetry_endpoint
         if not telemetry.startswith("inproc://"):  # subscribers through a gate too
-            self.telemetry_gate = telemetry_gate(cfg, self.security.enabled)
+            self.telemetry_gate = endpoints.telemetry_gate(cfg, self.security.enabled)
             telemetry = self.telemetry_gate.upstream
-        self.publisher = Publisher(self.ctx, telemetry, configure, tune_pub)
+        self.publisher = Publisher(self.ctx, telemetry, configure, endpoints.tune_pub)
         if self.telemetry_gate is not None:
             self.telemetry_gate.start()
         self.telemetry = TelemetryPump(self.face, self.slo, cfg, self.publisher)
@@ -148,7 +148,7 @@ class EngineService:
             self.ledger,
         )
         if cfg.http is not None:
-            from fsd.server.http_server import HttpFrontend
+            from fsd.server.http.server import HttpFrontend
 
             self._binding = f"http://{cfg.http}"
             self.http = HttpFrontend(
@@ -156,7 +156,7 @@ class EngineService:
             )
             self.routing.taps.append(self.http.job_finished)  # /metrics histograms
             self.http.metrics.add_collector(
-                lambda: budget_figures(self.ledger, self.gate, self.telemetry_gate)
+                lambda: endpoints.budget_figures(self.ledger, self.gate, self.telemetry_gate)
             )
             self.http.start()
 
@@ -243,7 +243,7 @@ class EngineService:
         self._guarded("stats", self.stats.stepped, stepped)
 
     def _reap(self) -> None:
-        """Silent sessions lose their jobs and their scenarios (fsd.server.routing)."""
+        """Silent sessions lose their jobs and their scenarios (fsd.server.loop.job_routing)."""
         heard = self.frontend.caught_up  # silence counts while the daemon listened
         if self.gate is not None:  # and while the gate relayed
             heard = min(heard, self.gate.heard_until)
@@ -288,7 +288,7 @@ class EngineService:
         """An `Error` for a refusal (stable code) or a failure (code "internal")."""
         self.frontend.send_error(ident, exc, req_id)
 
-    # ---- jobs (see fsd.server.clients and fsd.server.routing) -----------------------
+    # ---- jobs (see fsd.server.loop.clients and fsd.server.loop.job_routing) -----------
 
     @property
     def clients(self) -> dict[bytes, ClientState]:

@@ -3,7 +3,7 @@
 Design: a job belongs to a session, never to a routing id. A session is made the
 first time a connection speaks and gets an internal key that never leaves the
 daemon (`Caller.ident`); its connection (the routing id the gate issued, see
-`fsd.server.gate`) only says where its replies go now. A client that says `Hello`
+`fsd.server.transport.gate`) only says where its replies go now. A client that says `Hello`
 learns the session's secret and may move the session to a new connection by
 presenting it; a request that carries a secret must carry its connection's.
 Under CURVE a session also belongs to the key ZAP authenticated (the User-Id of

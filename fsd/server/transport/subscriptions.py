@@ -21,10 +21,10 @@ import logging
 import time
 from collections.abc import Iterable
 
-from fsd.server import frames as F
 from fsd.server.audit import connection_tag
-from fsd.server.inbound import MAX_COMMAND
 from fsd.server.log_limits import Throttle
+from fsd.server.transport import frames as F
+from fsd.server.transport.inbound import MAX_COMMAND
 
 log = logging.getLogger("fsd.server")
 
@@ -43,7 +43,7 @@ def _may_subscribe(head: F.Head) -> bool:
 
 class SubscriptionFrames:
     """Passes one subscriber's subscriptions to known `topics` (module doc); `feed`
-    as `fsd.server.inbound.RequestFrames.feed`."""
+    as `fsd.server.transport.inbound.RequestFrames.feed`."""
 
     def __init__(self, rid: bytes, topics: Iterable[bytes], curve: bool) -> None:
         self.rid = rid

@@ -4,16 +4,16 @@ Requests: the ROUTER binds a private `ipc://` path behind a `Gate` that admits D
 and REQ peers, counts inbound bytes in the `InboundLedger` and bounds each connection's
 unsent replies (`max_client_backlog_bytes`, all of them `max_backlog_bytes`).
 Telemetry: the PUB binds another private path behind a gate that admits SUB and XSUB
-peers, passes only subscriptions to the telemetry's topics (`fsd.server.subscriptions`)
+peers, passes only subscriptions to the telemetry's topics (`fsd.server.transport.subscriptions`)
 and bounds each subscriber's unsent messages (`max_subscriber_backlog_bytes`): a
 subscriber that does not read is dropped, and the PUB never queues for it. Both gates
-keep a connection table (`fsd.server.slots`: `max_connections`, a share per peer, the
+keep a connection table (`fsd.server.transport.slots`: `max_connections`, a share per peer, the
 operator's reserve). An
 `inproc://` endpoint has no gate (in-process peers only). Under CURVE the handshake
 passes through the gates unchanged, so the sockets' own CURVE setup still applies.
 
 Counters: `budget_figures` gives /metrics what the gates refused and dropped
-(`fsd.server.prom_process.BudgetCounters`).
+(`fsd.server.publish.prom_process.BudgetCounters`).
 """
 
 from __future__ import annotations
@@ -24,10 +24,10 @@ import zmq
 
 from fsd import protocol as P
 from fsd.config import ServerConfig
-from fsd.server import zmtp
-from fsd.server.gate import Gate
-from fsd.server.ledger import SMALL_FRAME, InboundLedger, cost
-from fsd.server.relay import Limits
+from fsd.server.transport import zmtp
+from fsd.server.transport.gate import Gate
+from fsd.server.transport.ledger import SMALL_FRAME, InboundLedger, cost
+from fsd.server.transport.relay import Limits
 
 # the ROUTER's queues in messages, per connection: bytes are bounded by the gate, so
 # these only cap the count of small messages (a client pipelining 10,000 submits

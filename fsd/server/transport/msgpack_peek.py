@@ -2,7 +2,7 @@
 
 The gate sees a frame's first bytes before the frame is whole (or ever passes): a
 refused frame's stand-in names its `req_id`, and a connection past the table's room
-for clients shows whether it carries the operator's `token` (`fsd.server.gate`).
+for clients shows whether it carries the operator's `token` (`fsd.server.transport.gate`).
 Requests are maps of a few entries ("type", then the request's fields); this walks
 the entries it can read whole, skipping values of any kind (nested maps and arrays
 too, to a small depth), and gives up on anything cut short. It never raises, whatever

@@ -5,7 +5,7 @@ Design: libzmq's ROUTER takes the routing id a peer announces in its handshake
 the made-up ids come from a counter, so a peer that claims the counter's next values
 makes libzmq abort the whole process (an assertion in `add_out_pipe`), and a peer
 that claims a departed connection's id inherits what the daemon knew of it. The
-gate (`fsd.server.gate`) runs every connection through `Handshake` before libzmq
+gate (`fsd.server.transport.gate`) runs every connection through `Handshake` before libzmq
 sees a byte: only ZMTP 3.x greetings with the daemon's mechanism pass, and under
 NULL the READY command's `Identity` is replaced by an id the gate issued (unique
 per connection, never empty, never starting with 0x00, never reused), so libzmq
@@ -85,7 +85,7 @@ class Handshake:
     `feed` returns the bytes that may go on to libzmq now (possibly none yet) and
     raises HandshakeRefused when the connection must be closed. After the handshake
     part it returns what it is given unchanged. `feed_split` returns the handshake's
-    bytes and the frames after it apart (the gate counts those, `fsd.server.frames`).
+    bytes and the frames after it apart (the gate counts those, `fsd.server.transport.frames`).
     `peers`: the socket types that may connect.
     """
 

@@ -6,7 +6,7 @@ handshake; libzmq must not see a connection that may yet be refused. So under NU
 the gate answers the handshake itself (greeting and READY, as libzmq's ROUTER would)
 and reads the first message frame's first bytes (`read_first`). An operator's
 connection then goes to libzmq whole: what the gate read is sent upstream first and
-libzmq's own greeting and READY are kept from the client (`fsd.server.relay.Relay`'s
+libzmq's own greeting and READY are kept from the client (`fsd.server.transport.relay.Relay`'s
 `spliced`). Anyone else gets `Error` "too-many-connections" naming its `req_id`, then
 the connection closes (`refuse`). Under CURVE nothing can be read: refusal.
 """
@@ -18,8 +18,8 @@ import contextlib
 from dataclasses import dataclass
 
 from fsd import protocol as P
-from fsd.server import frames as F
-from fsd.server import zmtp
+from fsd.server.transport import frames as F
+from fsd.server.transport import zmtp
 
 PROBATION_WAIT = 2.0  # seconds a connection on probation has to send its first request
 REFUSE_WAIT = 2.0  # seconds a refused connection may take to read its Error

@@ -1,11 +1,11 @@
 """One gate connection: the client's bytes to libzmq, libzmq's to the client, each bounded.
 
 Inbound (client to daemon): the handshake is checked and its routing id replaced
-(`fsd.server.zmtp`) within `HANDSHAKE_TIMEOUT` of the connection's start, under CURVE
+(`fsd.server.transport.zmtp`) within `HANDSHAKE_TIMEOUT` of the connection's start, under CURVE
 as under NULL (there the handshake ends when the daemon's READY passes: a peer
 without an admitted key never sees one). Then a request connection's frames pass
-within the inbound budget (`fsd.server.inbound`) and a subscriber's only as
-subscriptions to the telemetry's topics (`fsd.server.subscriptions`). What a
+within the inbound budget (`fsd.server.transport.inbound`) and a subscriber's only as
+subscriptions to the telemetry's topics (`fsd.server.transport.subscriptions`). What a
 connection passes in one read goes upstream in one write.
 
 Outbound (daemon to client): libzmq's side is read as fast as it comes, so its pipe
@@ -15,7 +15,7 @@ closed), and all connections' together past the gate's total drop the largest
 (`Backlogs`). This counts bytes only, so it holds alike under NULL and CURVE.
 
 `active` is when the connection last did something (a message frame in, bytes out):
-the connection table (`fsd.server.slots`) closes the longest idle ones for room.
+the connection table (`fsd.server.transport.slots`) closes the longest idle ones for room.
 A connection ends `dropped` (its replies piled up: its session's jobs are aborted)
 or `closed` (for room or its handshake deadline: its session may resume).
 """
@@ -29,10 +29,10 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
-from fsd.server import zmtp
-from fsd.server.inbound import Budget, RequestFrames
-from fsd.server.ledger import InboundLedger
-from fsd.server.subscriptions import SubscriptionFrames
+from fsd.server.transport import zmtp
+from fsd.server.transport.inbound import Budget, RequestFrames
+from fsd.server.transport.ledger import InboundLedger
+from fsd.server.transport.subscriptions import SubscriptionFrames
 
 log = logging.getLogger("fsd.server")
 
@@ -114,7 +114,7 @@ class Backlogs:
 class Relay:
     """Relays one client connection to the upstream socket's path (module doc).
 
-    `spliced`: the gate answered the client's handshake itself (`fsd.server.gate`'s
+    `spliced`: the gate answered the client's handshake itself (`fsd.server.transport.gate`'s
     probation): its checked handshake goes upstream first, then the bytes that
     followed it as frames; libzmq's own handshake is kept from the client."""
 

@@ -10,9 +10,9 @@ stream has started (status 200 sent), an error arrives as a last SSE event
 A client that disconnects gets its job aborted, streaming or not: the server runs
 with aiohttp's handler cancellation, so the handler of a request whose connection
 closed is cancelled wherever it waits, and `_serve` aborts the job it leaves behind.
-Each request runs on one of a few engine links (`http_links`); a link that fails
+Each request runs on one of a few engine links (`links`); a link that fails
 fails only the requests on it (503), and is replaced. Bodies are read under a
-deadline and a byte budget shared by all connections (`http_limits`).
+deadline and a byte budget shared by all connections (`limits`).
 
 Nothing a body holds answers 500: it is decoded strictly (`openai_decode.decode_body`)
 and checked field by field, and whatever fsd cannot take is a 4xx. A 500 means fsd
@@ -34,15 +34,15 @@ from aiohttp import web
 from fsd.client import AsyncJobHandle, Completion, DaemonUnavailable, RequestError
 from fsd.errors import ConfigError
 from fsd.jobs import SamplingParams
-from fsd.server import openai_response as reply
-from fsd.server import openai_schema as oa
-from fsd.server.chat_template import ChatTemplate, normalize_messages
-from fsd.server.http_idle import IdleConnections
-from fsd.server.http_limits import BodyBudget, BodyError, read_body
-from fsd.server.http_links import LINK_ERRORS, Link, LinkPool, link_failed
-from fsd.server.openai_decode import decode_body
-from fsd.server.openai_errors import APIError, bad_request, from_fsd_error, job_failed
-from fsd.server.prom import CONTENT_TYPE, MetricsCollector
+from fsd.server.http import openai_response as reply
+from fsd.server.http import openai_schema as oa
+from fsd.server.http.chat_template import ChatTemplate, normalize_messages
+from fsd.server.http.idle import IdleConnections
+from fsd.server.http.limits import BodyBudget, BodyError, read_body
+from fsd.server.http.links import LINK_ERRORS, Link, LinkPool, link_failed
+from fsd.server.http.openai_decode import decode_body
+from fsd.server.http.openai_errors import APIError, bad_request, from_fsd_error, job_failed
+from fsd.server.publish.prom import CONTENT_TYPE, MetricsCollector
 from fsd.tokenizer import Tokenizer
 
 log = logging.getLogger("fsd.http")

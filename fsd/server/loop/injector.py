@@ -40,8 +40,8 @@ from fsd.errors import (
 )
 from fsd.sched.admission import RequestLimits, check_request
 from fsd.sched.retune import plan_retune
-from fsd.server.admission import Admission, synthetic_ask
 from fsd.server.audit import audit, settings
+from fsd.server.loop.job_admission import Admission, synthetic_ask
 from fsd.server.roles import Caller
 from fsd.workload.feed import TimelineFeed
 from fsd.workload.scenario import INLINE, Scenario, parse_scenario

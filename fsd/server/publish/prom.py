@@ -36,9 +36,9 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, g
 
 from fsd import protocol as P
 from fsd.engine.output import RequestOutput
-from fsd.server.prom_defs import EVENT_COUNTERS, RequestMetrics
-from fsd.server.prom_gauges import SnapshotGauges
-from fsd.server.prom_process import BudgetCounters, ProcessGauges
+from fsd.server.publish.prom_defs import EVENT_COUNTERS, RequestMetrics
+from fsd.server.publish.prom_gauges import SnapshotGauges
+from fsd.server.publish.prom_process import BudgetCounters, ProcessGauges
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST  # the format generate_latest writes
 

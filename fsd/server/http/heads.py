@@ -1,6 +1,6 @@
 """The bytes HTTP connections sent that no request handler has taken yet, bounded.
 
-A request body is read within its byte budget (`fsd.server.http_limits`), but a head
+A request body is read within its byte budget (`fsd.server.http.limits`), but a head
 is aiohttp's to hold while it arrives (up to 128 headers of 8 KB each): per connection
 aiohttp bounds it, over thousands of connections nothing would. So the bytes of each
 head are counted as they arrive, until its blank line (the body that follows is

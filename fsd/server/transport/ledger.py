@@ -1,6 +1,6 @@
 """The inbound budget: bytes of client frames the gate passed on and the daemon has not read.
 
-The gate (`fsd.server.gate`, its own thread) asks `take` before it passes a frame to
+The gate (`fsd.server.transport.gate`, its own thread) asks `take` before it passes a frame to
 the ROUTER; the Frontend (the engine thread) gives each message's bytes back as it
 reads it (`give_back`). What is held is bounded by `limit`, all connections together:
 
