@@ -19,6 +19,7 @@ Counters: `budget_figures` gives /metrics what the gates refused and dropped
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import zmq
 
@@ -65,14 +66,7 @@ def request_gate(
         max_frame=cfg.max_frame_bytes,
         max_curve_frame=cfg.max_frame_bytes + slack,
     )
-    return Gate(
-        cfg.endpoint,
-        limits=limits,
-        max_connections=cfg.max_connections,
-        max_per_peer=cfg.max_connections_per_peer,
-        max_backlog=cfg.max_backlog_bytes,
-        on_close=on_close,
-    )
+    return _gate(cfg, cfg.endpoint, limits, on_close=on_close)
 
 
 def telemetry_gate(cfg: ServerConfig, curve: bool) -> Gate:
@@ -83,13 +77,18 @@ def telemetry_gate(cfg: ServerConfig, curve: bool) -> Gate:
         cfg.max_subscriber_backlog_bytes,
         topics=frozenset({P.TOPIC_SNAPSHOT, P.TOPIC_EVENT}),
     )
+    return _gate(cfg, cfg.telemetry_endpoint, limits, name="telemetry")
+
+
+def _gate(cfg: ServerConfig, endpoint: str, limits: Limits, **more: Any) -> Gate:
+    """A gate with the daemon's connection table: its size, a peer's share, backlogs."""
     return Gate(
-        cfg.telemetry_endpoint,
+        endpoint,
         limits=limits,
         max_connections=cfg.max_connections,
         max_per_peer=cfg.max_connections_per_peer,
         max_backlog=cfg.max_backlog_bytes,
-        name="telemetry",
+        **more,
     )
 
 
