@@ -84,10 +84,10 @@ class DrawnTokens:
         for part, (tokens, _) in enumerate(parts):
             rows = [row for p, row in take if p == part]
             if rows:
-                src = torch.zeros(len(rows), dtype=torch.long, device=device)
-                if tokens is not None:
-                    src = tokens[upload(np.asarray(rows, dtype=np.int64), device)]
-                picks.append(src)
+                if tokens is None:  # every row of that part failed: its jobs end anyway
+                    picks.append(torch.zeros(len(rows), dtype=torch.long, device=device))
+                else:
+                    picks.append(tokens[upload(np.asarray(rows, dtype=np.int64), device)])
         # parts are walked in order above, so `take` sorted by part matches `where`
         order = sorted(range(len(take)), key=lambda k: take[k][0])
         dst = dst[upload(np.asarray(order, dtype=np.int64), device)] if len(picks) > 1 else dst
