@@ -79,12 +79,13 @@ def _lazy_exports(tree: ast.Module) -> set[str]:
     return set()
 
 
-def imports_of(module: str, path: Path, known: set[str]) -> set[str]:
-    """The modules (of `known`, or outside names as written) that `module` imports."""
+def imports_of(module: str, path: Path, known: set[str], typed: bool = False) -> set[str]:
+    """The modules (of `known`, or outside names as written) that `module` imports
+    (`typed`: those under `if TYPE_CHECKING:` too)."""
     tree = ast.parse(path.read_text(), str(path))
     is_package = path.name == "__init__.py"
     names: set[str] = set(_lazy_exports(tree))
-    for node in _runtime_nodes(tree):
+    for node in ast.walk(tree) if typed else _runtime_nodes(tree):
         if isinstance(node, ast.Import):
             names.update(a.name for a in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -96,11 +97,12 @@ def imports_of(module: str, path: Path, known: set[str]) -> set[str]:
     return names
 
 
-def graph() -> dict[str, set[str]]:
-    """Module -> the modules of the three trees it imports at run time."""
+def graph(typed: bool = False) -> dict[str, set[str]]:
+    """Module -> the modules of the three trees it imports at run time (`typed`: for
+    type hints too)."""
     files = module_files()
     known = set(files)
-    return {m: imports_of(m, p, known) & known for m, p in files.items()}
+    return {m: imports_of(m, p, known, typed) & known for m, p in files.items()}
 
 
 def circles(edges: dict[str, set[str]]) -> list[list[str]]:

@@ -12,6 +12,7 @@ package's lazy `_EXPORTS` map):
 
 - no import circle: no strongly connected component of more than one module. Two
   modules that need each other are one module, or a third holds what both need.
+  Counting type-only imports too, no knot but the one known (`TYPED_KNOTS`).
 - nothing imports upward: a module never imports an ancestor package's `__init__`,
   i.e. `fsd.engine.core` imports neither `fsd` nor `fsd.engine` itself (`from fsd
   import __version__`, `from fsd.engine import Engine`), only modules: `from
@@ -216,6 +217,20 @@ def test_no_import_circle() -> None:
     queue and rules, so the scheduler never imports the registry back)."""
     found = circles(_graph())
     assert not found, "\n".join(" <-> ".join(c) for c in found)
+
+
+# the one knot left when type hints count: the batch walk and admission read the
+# Scheduler (and the registry names it) until the walk takes a context of its own
+TYPED_KNOTS = [
+    ["fsd.sched.admission", "fsd.sched.batch", "fsd.sched.registry", "fsd.sched.scheduler"]
+]
+
+
+def test_no_new_import_circle_when_type_hints_count() -> None:
+    """Type-only imports (under `if TYPE_CHECKING:`) run no code, but a reader still
+    meets the knot: none but the known one."""
+    found = circles(graph(typed=True))
+    assert found == TYPED_KNOTS, "\n".join(" <-> ".join(c) for c in found)
 
 
 def test_nothing_imports_an_ancestor_package() -> None:

@@ -20,15 +20,43 @@ known without the token, so such a job ends at `settle` and is never scheduled p
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from fsd.engine.executor import StepResult
 from fsd.engine.flight import MicroBatch
 from fsd.engine.output import JobFault, StepDelta, describe
-from fsd.jobs import PENDING
+from fsd.jobs import PENDING, Job
 
 if TYPE_CHECKING:
-    from fsd.engine.core import Engine
+    from fsd.engine.events import EventLog
+    from fsd.sched.decision import SchedulerOutput
+    from fsd.sched.pipeline import InFlight
+    from fsd.sched.scheduler import Scheduler
+
+
+class Engine(Protocol):
+    """What scheduling ahead uses of the engine (fsd.engine.core.Engine): its step's
+    parts, its bookkeeping and its failure paths (fsd.engine.failures)."""
+
+    scheduler: Scheduler
+    events: EventLog
+    eos_ids: frozenset[int]
+    max_model_len: int
+    measure_cost: bool
+    _jobs: dict[str, Job]
+    _flight: InFlight[MicroBatch]
+
+    def _copies_ended(self) -> list[StepDelta]: ...
+    def _submit_next(self) -> list[StepDelta] | None: ...
+    def _collect(self, wait: bool) -> list[StepDelta]: ...
+    def _idle(self, deltas: list[StepDelta]) -> None: ...
+    def _emit(self, job: Job, token: int, now: float) -> StepDelta: ...
+    def _iterated(self, mb: MicroBatch, now: float) -> None: ...
+    def _job_fault(self, job: Job, fault: JobFault, now: float) -> StepDelta: ...
+    def _fail(self, job: Job, reason: str, now: float) -> StepDelta: ...
+    def _micro_batch_failed(
+        self, out: SchedulerOutput, what: str, exc: Exception, copies: bool = False
+    ) -> list[StepDelta]: ...
 
 
 def step_ahead(engine: Engine) -> list[StepDelta]:

@@ -21,7 +21,23 @@ from fsd.kv.swap import SwapOp
 if TYPE_CHECKING:
     from fsd.config import CacheConfig
     from fsd.cost import CostModel
-    from fsd.kv.policies import ArrivalEstimate
+
+
+_EMA = 0.1  # weight of the newest arrival in the blocks-per-new-job estimate
+
+
+class ArrivalEstimate:
+    """Device blocks a typical new job needs (an EMA over arrivals), for the reserve.
+
+    Kept by the scheduler across policy changes, so a retune to `proactive` starts
+    with a warm estimate.
+    """
+
+    def __init__(self) -> None:
+        self.blocks_per_job = 1.0
+
+    def observe(self, num_blocks: int) -> None:
+        self.blocks_per_job += _EMA * (num_blocks - self.blocks_per_job)
 
 
 class SwapGate:

@@ -7,8 +7,8 @@ from typing import TYPE_CHECKING
 
 from fsd.errors import ConfigError
 from fsd.kv.block_manager import BlockManager
+from fsd.kv.planner import ArrivalEstimate
 from fsd.kv.policies import (
-    ArrivalEstimate,
     DeferPolicy,
     KVPolicy,
     ProactivePolicy,

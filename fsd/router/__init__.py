@@ -28,7 +28,8 @@ from fsd.lazy import lazy_exports
 
 _EXPORTS = {
     **dict.fromkeys(("DEFAULT_ROUTER", "ROUTERS", "check_router", "make_router"), "fsd.router.registry"),
-    **dict.fromkeys(("Decision", "RouteRequest", "Router", "prompt_names"), "fsd.router.router"),
+    **dict.fromkeys(("Decision", "Router", "prompt_names"), "fsd.router.router"),
+    "RouteRequest": "fsd.router.request",
     **dict.fromkeys(("ReplicaState", "StateBuilder"), "fsd.router.state"),
 }  # fmt: skip
 __all__ = sorted(_EXPORTS)

@@ -30,7 +30,7 @@ from fsd.sched.levels import entry_level
 
 if TYPE_CHECKING:
     from fsd.cost import CostModel
-    from fsd.router.router import RouteRequest
+    from fsd.router.request import RouteRequest
 
 # the weight of the KV-room term (tuned on bench/replicas.py's tuning set)
 ROOM_WEIGHT = 1.0

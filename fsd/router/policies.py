@@ -31,7 +31,7 @@ from fsd.router.view import ReplicaView
 if TYPE_CHECKING:
     from fsd.config import ClusterConfig
     from fsd.cost import CostModel
-    from fsd.router.router import RouteRequest
+    from fsd.router.request import RouteRequest
 
 Pick = tuple[int, str, Estimate | None]  # replica, reason, the estimate if one was made
 

@@ -18,21 +18,12 @@ from dataclasses import dataclass
 from fsd.kv.events import chain_names
 from fsd.router.estimate import pending_of
 from fsd.router.policies import RouterPolicy
+from fsd.router.request import RouteRequest
 from fsd.router.state import ReplicaState
 from fsd.router.view import ReplicaView
 
 RECENT = 256  # decisions kept with their reasons
 TIMED = 8192  # decision times kept for the P99
-
-
-@dataclass(frozen=True)
-class RouteRequest:
-    """What the router reads of a request."""
-
-    request_id: str
-    prompt_len: int
-    names: tuple[int, ...] = ()  # its full prompt blocks' content names (`prompt_names`)
-    session: str | None = None  # requests of one session prefer one replica (fsd)
 
 
 @dataclass(frozen=True)

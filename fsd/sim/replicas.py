@@ -45,7 +45,8 @@ from fsd.kv.events import chain_names
 from fsd.protocol_telemetry import PrefixInfo
 from fsd.router.rebalance import REBALANCE_EVERY, plan_rebalance
 from fsd.router.registry import check_router, make_router
-from fsd.router.router import Router, RouteRequest
+from fsd.router.request import RouteRequest
+from fsd.router.router import Router
 from fsd.router.state import StateBuilder
 from fsd.sched.registry import make_scheduler
 from fsd.sim.engine import SimResult, Simulator, check_done
