@@ -24,6 +24,7 @@ from fsd.config import ClusterConfig, EngineConfig, ServerConfig
 from fsd.config_checks import parse_http_address
 from fsd.credentials import token_path
 from fsd.daemon_control import DRAIN_TIMEOUT, START_TIMEOUT, start_background, stop
+from fsd.engine.face_protocol import Face
 from fsd.logfile import LOG_FORMAT, log_handler
 from fsd.pidfile import DaemonError, PidLock, probe_pidfile, read_pidfile, state_files
 
@@ -103,7 +104,7 @@ def check_addresses(cfg: ServerConfig) -> None:
                 raise DaemonError(bind_error(f"http://{cfg.http}", exc)) from None
 
 
-def _load(engine_cfg: EngineConfig, cluster: ClusterConfig) -> Any:
+def _load(engine_cfg: EngineConfig, cluster: ClusterConfig) -> Face:
     """The engine's face, its model loaded and its cost model known (logged); with
     several replicas, theirs behind one face (fsd.cluster), routed by `cluster.router`."""
     from fsd.engine.core import Engine
@@ -134,7 +135,7 @@ def _load(engine_cfg: EngineConfig, cluster: ClusterConfig) -> Any:
     return EngineFace(engine, events=True)
 
 
-def _serve_on(face: Any, cfg: ServerConfig) -> Any:
+def _serve_on(face: Face, cfg: ServerConfig) -> Any:
     """EngineService(face, cfg), with a bind failure as one DaemonError line."""
     import zmq
 

@@ -98,11 +98,14 @@ FORBIDDEN = {
 # exceptions to FORBIDDEN: of the engine, the twin reads its torch-free step history;
 # the engine's face hands out the twin's snapshot of its state, taken where the state
 # lives (a replica's process), so the twin never reaches into a live engine
-# the engine's face and what it hands out (outputs, events, read-only views) reach the server
+# the engine's face as a type and what it hands out (outputs, events, read-only views)
+# reach the server, not the engine's face itself (the daemon builds that)
 ALLOWED = {
     "fsd/twin": ("fsd.engine.history",),
     "fsd/engine": ("fsd.twin.snapshot",),
-    "fsd/server": ("fsd.engine.face", "fsd.engine.output", "fsd.engine.events", "fsd.engine.views"),
+    "fsd/server": (
+        "fsd.engine.face_protocol", "fsd.engine.output", "fsd.engine.events", "fsd.engine.views",
+    ),
 }
 
 # the rooms of fsd/server (each `__init__` says why): all that each may import of fsd.

@@ -5,7 +5,7 @@ Owns: sockets and who may do what over them, in four rooms, each a package whose
 the imports to it):
 
 - `loop`: the service loop (`loop.service`), which drives the engine through its face
-  alone (`fsd.engine.face.EngineFace`) and builds the other rooms: the ROUTER's
+  alone (`fsd.engine.face_protocol.Face`) and builds the other rooms: the ROUTER's
   messages (`frontend`), whose each job is (`clients`), tokens and results to them
   (`job_routing`), the one way a job enters the engine (`job_admission`), requests
   answered (`control`), scenarios played (`injector`) and what-if previews (`preview`);
@@ -24,8 +24,8 @@ the service loop); `log_limits` bounds the log lines a client can cause; `audit`
 logs control actions by who asked (`roles`: who may do what); `security` is CURVE
 and the loopback rule; `heap_trim` gives freed heap back once the daemon idles.
 
-May import: fsd.engine (its face and what the face hands out: outputs, events,
-read-only views), fsd.sched, fsd.workload, fsd.twin (the preview's process),
+May import: fsd.engine (its face's type, `face_protocol`, and what a face hands out:
+outputs, events, read-only views), fsd.sched, fsd.workload, fsd.twin (the preview's process),
 fsd.client and fsd.tokenizer (the HTTP room), fsd.protocol, fsd.protocol_preview,
 fsd.jobs, fsd.metrics, fsd.config, fsd.config_checks, fsd.credentials, fsd.statedir,
 fsd.printable, fsd.version, fsd.errors. Never torch, the console, fsd.kv, fsd.sim,

@@ -267,6 +267,16 @@ def test_an_idle_replica_takes_waiting_jobs_from_a_busy_one():
         face.close()
 
 
+def test_the_replica_set_has_the_face_the_daemon_is_typed_for():
+    from fsd.engine.face_protocol import Face
+
+    face = start_replicas(EngineConfig.from_kwargs(**CONFIG), 2, in_process=True)
+    try:
+        assert isinstance(face, Face)
+    finally:
+        face.close()
+
+
 def test_the_fsd_router_sends_a_cached_prefix_back_to_the_replica_that_holds_it():
     from fsd.config import ClusterConfig
 

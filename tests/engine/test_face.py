@@ -94,3 +94,12 @@ def test_a_light_snapshot_and_the_level_counts_agree_with_the_rows(face):
     while face.busy():
         face.step()
     assert face.level_counts() == {}
+
+
+def test_the_face_has_the_shape_the_daemon_is_typed_for(face):
+    """Every member of `Face` (the daemon's one view of an engine) is on EngineFace;
+    tests/cluster/test_replica_set.py checks the replica set's face the same way."""
+    from fsd.engine.face_protocol import Face
+
+    assert isinstance(face, Face)
+    assert not isinstance(object(), Face)  # (the check can fail)

@@ -41,7 +41,7 @@ from aiohttp import web
 from fsd.client import AsyncClient
 from fsd.config import ServerConfig
 from fsd.config_checks import loopback_host, parse_http_address
-from fsd.engine.face import EngineFace
+from fsd.engine.face_protocol import Face
 from fsd.engine.output import RequestOutput
 from fsd.errors import ConfigError
 from fsd.server.http.api import Backend, build_app
@@ -62,7 +62,7 @@ _PUMP_INTERVAL = 0.5  # seconds between applying queued telemetry to the metrics
 _START_TIMEOUT = 30.0
 
 
-def served_name(cfg: ServerConfig, face: EngineFace) -> str:
+def served_name(cfg: ServerConfig, face: Face) -> str:
     """served_model_name, else the model as configured ("tiny", "/models/opt-125m")."""
     return cfg.served_model_name or face.info.model
 
@@ -96,7 +96,7 @@ class HttpFrontend(LoopThread):
     def __init__(
         self,
         cfg: ServerConfig,
-        face: EngineFace,
+        face: Face,
         ctx: zmq.Context,
         router: zmq.Socket,
         publisher: Publisher,

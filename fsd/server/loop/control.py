@@ -16,7 +16,7 @@ import numpy as np
 
 from fsd import protocol as P
 from fsd.config import ServerConfig
-from fsd.engine.face import EngineFace
+from fsd.engine.face_protocol import Face
 from fsd.engine.output import RequestOutput
 from fsd.errors import (
     ConfigError,
@@ -59,7 +59,7 @@ class ControlHandler:
 
     def __init__(
         self,
-        face: EngineFace,
+        face: Face,
         send: Send,
         book: ClientBook,
         admission: Admission,

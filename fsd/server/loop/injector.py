@@ -28,7 +28,7 @@ import numpy as np
 
 from fsd import protocol as P
 from fsd.config import CacheConfig, SchedConfig
-from fsd.engine.face import EngineFace
+from fsd.engine.face_protocol import Face
 from fsd.engine.output import RequestOutput
 from fsd.errors import (
     ConfigError,
@@ -85,7 +85,7 @@ class ScenarioInjector:
 
     def __init__(
         self,
-        face: EngineFace,
+        face: Face,
         admission: Admission,
         send: Callable[[bytes | None, P.Reply], None],
         send_error: Callable[[bytes, BaseException, str | None], None],

@@ -16,7 +16,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from fsd.engine.face import EngineFace
+from fsd.engine.face_protocol import Face
 from fsd.engine.views import Admitted, JobRequest
 from fsd.errors import FsdError
 from fsd.jobs import SamplingParams
@@ -49,7 +49,7 @@ class Ask:
 class Admission:
     """Admits jobs for their owners (module doc)."""
 
-    def __init__(self, face: EngineFace, book: ClientBook, draining: Callable[[], bool]) -> None:
+    def __init__(self, face: Face, book: ClientBook, draining: Callable[[], bool]) -> None:
         self.face = face
         self.book = book
         self.draining = draining

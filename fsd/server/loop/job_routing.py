@@ -9,7 +9,7 @@ from collections import defaultdict, deque
 from collections.abc import Callable
 
 from fsd import protocol as P
-from fsd.engine.face import EngineFace
+from fsd.engine.face_protocol import Face
 from fsd.engine.output import RequestOutput, StepDelta
 from fsd.errors import UnknownJobError
 from fsd.metrics import Finish, SLOWindow
@@ -27,7 +27,7 @@ class JobRouter:
 
     def __init__(
         self,
-        face: EngineFace,
+        face: Face,
         book: ClientBook,
         send: Callable[[bytes | None, P.Reply], None],
         slo: SLOWindow,

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fsd import protocol as P
-from fsd.engine.face import EngineFace
+from fsd.engine.face_protocol import Face
 from fsd.errors import ConfigError, OverloadedError, SettingError
 from fsd.protocol_preview import MAX_HORIZON, MAX_SEEDS
 from fsd.sched.retune import plan_retune
@@ -68,7 +68,7 @@ class PreviewRunner:
     """The daemon's one running preview and its worker process."""
 
     def __init__(
-        self, face: EngineFace, send: Callable[[bytes | None, P.Reply], None], slo: float
+        self, face: Face, send: Callable[[bytes | None, P.Reply], None], slo: float
     ) -> None:
         """`slo`: the per-token latency target previews score against (seconds)."""
         self.face = face

@@ -30,7 +30,7 @@ import zmq
 
 from fsd import protocol as P
 from fsd.config import ServerConfig
-from fsd.engine.face import EngineFace
+from fsd.engine.face_protocol import Face
 from fsd.engine.output import RequestOutput
 from fsd.errors import ConfigError
 from fsd.jobs import JobStatus
@@ -61,10 +61,10 @@ class EngineService:
     """Serves one engine, or N replicas behind one face (fsd.cluster), on a ROUTER
     (requests) and a PUB (telemetry) socket."""
 
-    def __init__(self, face: EngineFace, cfg: ServerConfig) -> None:
+    def __init__(self, face: Face, cfg: ServerConfig) -> None:
         """Bind the sockets (and the HTTP port); ConfigError naming the address if one
         cannot be bound, with everything opened so far closed again. `face`: all the
-        loop sees of the engine (an `EngineFace`, or a `ReplicaSetFace`: the same surface)."""
+        loop sees of the engine (a `Face`: an `EngineFace` or a `ReplicaSetFace`)."""
         self.face = face
         self.cfg = cfg
         self.failures = OnceLog()

@@ -22,7 +22,7 @@ from collections import Counter
 from collections.abc import Callable
 
 from fsd.engine.events import EngineEvent, wire_level
-from fsd.engine.face import EngineFace
+from fsd.engine.face_protocol import Face
 from fsd.engine.views import EngineSnapshot, Stepped
 
 log = logging.getLogger("fsd.server")
@@ -34,7 +34,7 @@ class StatsLog:
     """The loop's stats duty: `stepped` after each step, `tick` every pass."""
 
     def __init__(
-        self, face: EngineFace, interval: float, clock: Callable[[], float] = time.monotonic
+        self, face: Face, interval: float, clock: Callable[[], float] = time.monotonic
     ) -> None:
         """`interval`: seconds between two lines (0: none)."""
         self.face = face

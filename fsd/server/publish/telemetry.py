@@ -21,7 +21,7 @@ import zmq
 from fsd import protocol as P
 from fsd.config import ServerConfig
 from fsd.engine.events import EngineEvent, wire_level
-from fsd.engine.face import EngineFace
+from fsd.engine.face_protocol import Face
 from fsd.engine.output import IterationStats
 from fsd.engine.views import EngineSnapshot, kv_info
 from fsd.metrics import SLOWindow
@@ -49,7 +49,7 @@ def sched_info(stats: SchedulerStats) -> P.SchedInfo:
 
 
 def build_snapshot(
-    face: EngineFace, slo: SLOWindow, seq: int, now: float, with_jobs: bool = True
+    face: Face, slo: SLOWindow, seq: int, now: float, with_jobs: bool = True
 ) -> P.Snapshot:
     """The observable state of the engine at `now`; the job table only if `with_jobs`.
 
@@ -142,7 +142,7 @@ class TelemetryPump:
     """The loop's telemetry duty: events in batches, snapshots every 1 / telemetry_hz."""
 
     def __init__(
-        self, face: EngineFace, slo: SLOWindow, cfg: ServerConfig, publisher: Publisher
+        self, face: Face, slo: SLOWindow, cfg: ServerConfig, publisher: Publisher
     ) -> None:
         self.face = face
         self.slo = slo
