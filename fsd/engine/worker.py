@@ -228,8 +228,6 @@ class Worker:
         is queued on the device and nothing waits for it until `values` is read."""
         assert self.model is not None and self.pool is not None
         dev, bs = self.device, self.pool.block_size
-        if plan.forget:
-            self.forget(plan.forget)
         if plan.table_starts:  # the tables' changes: the rest is here from earlier steps
             tables, widths = self._tables.update(plan)
             layout = HostLayout.build(plan.query_lens, plan.context_lens, tables, bs, widths)
