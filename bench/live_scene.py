@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/live_scene.py                       # the default policy
     .venv/bin/python bench/live_scene.py --policy sj-mlfq,fcfs --live-cost both
-    .venv/bin/python bench/live_scene.py --set demote_rule=always --set preempt_threshold=0
+    .venv/bin/python bench/live_scene.py --set fsd.demote=always --set fsd.threshold=0
     .venv/bin/python bench/live_scene.py --profile-error 100   # profile 100x too fast
     .venv/bin/python bench/live_scene.py --threads 1           # one torch thread
 
@@ -18,7 +18,8 @@ The engine's cost model is calibrated once (the quick start-up profile) and shar
 every run. `--profile-error F` divides it by F: the profile then predicts iterations
 F times faster than they run, as one taken on an idle machine does on a busy one.
 `--live-cost on|off|both`: service charged in measured seconds (fsd.cost.calibration)
-or in the profile's. `--set KEY=VALUE`: any scheduling or KV setting (fsd.toml names).
+or in the profile's. `--set KEY=VALUE`: any scheduling or KV setting (fsd.toml names; a policy's own
+rule as POLICY.FIELD, e.g. fsd.alpha=50, alphas in SLOs).
 
 Prints a table and writes JSON (default bench/results/live_scene.json).
 """

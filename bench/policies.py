@@ -11,8 +11,8 @@ a decode step (171 ms/token), requests clipped to OPT's 2048-token context. Metr
 are per-token latency (end-to-end / output tokens) in ms: avg and p95.
 
 Sections:
-  main    fcfs, priority, mlfq, sj-mlfq, gittins (`default`), the paper's sj-mlfq rules,
-          sj-mlfq with demote_rule = "always", and srpt on the Azure conversation
+  main    every policy (fsd the default), sj-mlfq without admission control (the
+          paper's), fsd with fsd.demote = "always", and srpt on the Azure conversation
           trace at several time scales and on synthetic ShareGPT / Alpaca / prefill-heavy workloads, Poisson and bursty
           Gamma arrivals (CV 4, 8, 16), ShareGPT with outputs capped at 20, and
           scenarios/gamma-bursts.toml (a capped burst that starts the run);
@@ -47,7 +47,7 @@ import json
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import numpy as np
@@ -61,6 +61,7 @@ from fsd.config import CacheConfig, SchedConfig  # noqa: E402
 from fsd.cost.profiles import load_profile  # noqa: E402
 from fsd.sched.chunking import prefill_budget  # noqa: E402
 from fsd.sched.registry import DEFAULT_POLICY, POLICIES  # noqa: E402
+from fsd.sched.rules import MAX_ALPHA_SLOS, PaperRules  # noqa: E402
 from fsd.sched.slo import default_slo  # noqa: E402
 from fsd.sim.capacity import max_context_of  # noqa: E402
 from fsd.sim.runner import RunSpec, map_tasks, run_many  # noqa: E402
@@ -219,42 +220,39 @@ TUNING_CASES = (
 )
 
 
-def paper_rules(step: float) -> dict:
-    """sj-mlfq as the paper specifies it: alpha = the SLO, starved jobs to Q1, prefill
-    charged as service, no admission control, always demote at a quantum's end, any
-    higher job preempts."""
-    return {
-        "starve_limit": 10 * step,
-        "starve_limit_waiting": 10 * step,
-        "preempt_threshold": 0,
-        "starve_promote": "top",
-        "charge_prefill": True,
-        "admit_fraction": 1.0,
-        "demote_rule": "always",
-    }
+# the paper runs no admission control (sj-mlfq's rules are the paper's own already)
+NO_ADMISSION = {"admit_fraction": 1.0}
+
+
+def paper_rules(policy: str = DEFAULT_POLICY) -> dict:
+    """The paper's rules (sj-mlfq's own settings, fsd.sched.rules.PaperRules) as
+    `policy`'s settings, and no admission control: alpha = the SLO, starved jobs to
+    Q1, prefill charged as service, always demote at a quantum's end, any higher job
+    preempts, no swap gate."""
+    paper = PaperRules()
+    own = {f"{policy}.{f.name}": getattr(paper, f.name) for f in fields(paper)}
+    return {**own, **NO_ADMISSION}
 
 
 def tuning_variants(step: float) -> dict[str, dict]:
-    """fsd's rule changes one at a time, then settings reachable by configuration."""
-    slo = 10 * step
+    """fsd's rule changes one at a time (its own settings, alphas in SLOs), then
+    settings reachable by configuration; each a `base_spec` keyword set for fsd."""
     return {
         "fsd default": {},
-        "paper rules": paper_rules(step),
-        "promote to Q1 (top)": {"starve_promote": "top"},
-        "a=SLO": {"starve_limit": slo, "starve_limit_waiting": slo},
-        "a=10xSLO": {"starve_limit": 10 * slo, "starve_limit_waiting": 10 * slo},
-        "waiting a=100xSLO": {"starve_limit_waiting": 100 * slo},
-        "waiting a=15xSLO": {"starve_limit_waiting": 15 * slo},
-        "no preemption threshold": {"preempt_threshold": 0},
-        "preemption threshold 1": {"preempt_threshold": 1},
-        "prefill charged": {"charge_prefill": True},
-        "always demote": {"demote_rule": "always"},
-        "no admission control": {"admit_fraction": 1.0},
-        "promote=entry": {"starve_promote": "entry"},
-        "no promotion": {
-            "starve_limit": 86_400.0,
-            "starve_limit_waiting": 86_400.0,
-        },  # one day: never
+        "paper rules": paper_rules(),
+        "promote to Q1 (top)": {"fsd.promote": "top"},
+        "a=SLO": {"fsd.alpha": 1.0, "fsd.waiting_alpha": 1.0},
+        "a=10xSLO": {"fsd.alpha": 10.0, "fsd.waiting_alpha": 10.0},
+        "waiting a=100xSLO": {"fsd.waiting_alpha": 100.0},
+        "waiting a=15xSLO": {"fsd.waiting_alpha": 15.0},
+        "no preemption threshold": {"fsd.threshold": 0},
+        "preemption threshold 1": {"fsd.threshold": 1},
+        "prefill charged": {"fsd.charge_prefill": True},
+        "always demote": {"fsd.demote": "always"},
+        "no swap gate": {"fsd.swap_gate": False},
+        "no admission control": NO_ADMISSION,
+        "promote=entry": {"fsd.promote": "entry"},
+        "no promotion": {"fsd.alpha": MAX_ALPHA_SLOS, "fsd.waiting_alpha": MAX_ALPHA_SLOS},
         "q1=4 steps": {"q1": 4 * step},
         "ratio=4": {"quantum_ratio": 4.0},
         "levels=12": {"num_levels": 12},
@@ -272,11 +270,15 @@ class Study:
 
 
 def base_spec(label: str, policy: str, kv: str = "proactive", **opts) -> RunSpec:
+    """`opts`: SchedConfig and CacheConfig fields by name, and policies' own settings
+    as POLICY.FIELD (`**{"fsd.demote": "always"}`)."""
     # The policy study (README, "Scheduling results") runs whole prefills, as it did
     # before chunked prefill; the chunks section sets prefill_chunk itself.
     opts.setdefault("prefill_chunk", 0)
     cache_keys = {"reserve_min_jobs", "reserve_top_levels", "admit_fraction"}
-    sched = SchedConfig(policy=policy, **{k: v for k, v in opts.items() if k not in cache_keys})
+    own = {k: v for k, v in opts.items() if "." in k}
+    plain = {k: v for k, v in opts.items() if k not in own and k not in cache_keys}
+    sched = SchedConfig(policy=policy, policy_settings=own, **plain)
     cache = CacheConfig(kv_policy=kv, **{k: v for k, v in opts.items() if k in cache_keys})
     return RunSpec(label, sched, cache)
 
@@ -288,9 +290,9 @@ def load(case: Case, quick: bool, ctx: int | None, seed: int = 0) -> Workload:
 def run_main(study: Study, cost, ctx) -> None:
     specs = [base_spec(p, p) for p in POLICIES]
     # the paper's own rules beside fsd's default, to show what the rule changes buy
-    specs.insert(4, base_spec("sj-mlfq (paper)", "sj-mlfq", **paper_rules(cost.min_iteration_time)))
+    specs.insert(4, base_spec("sj-mlfq (paper)", "sj-mlfq", **NO_ADMISSION))
     # fsd's default minus the Gittins demotion rule (always demote at a quantum's end)
-    specs.insert(5, base_spec("sj-mlfq (always demote)", "sj-mlfq", demote_rule="always"))
+    specs.insert(5, base_spec("fsd (always demote)", DEFAULT_POLICY, **{"fsd.demote": "always"}))
     out = {}
     for case in CASES:
         w = load(case, study.quick, ctx)
@@ -328,7 +330,8 @@ def run_tuning(study: Study, cost, ctx) -> None:
         case = next(c for c in CASES if c.name == name)
         w = load(case, study.quick, ctx)
         specs = [
-            base_spec(label, "sj-mlfq", **opts) for label, opts in tuning_variants(step).items()
+            base_spec(label, DEFAULT_POLICY, **opts)
+            for label, opts in tuning_variants(step).items()
         ]
         specs.append(base_spec("fcfs", "fcfs"))
         specs.append(base_spec("srpt", "srpt"))

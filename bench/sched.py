@@ -6,8 +6,8 @@
 Setup per case: the opt-13b-a100 profile and its device pool (3531 blocks of 16
 tokens; host 4x), kv policy proactive, max batch 32, `n` ShareGPT-shaped jobs queued
 at t=0, with the Gittins demotion rule primed by 256 finished lengths (a daemon that
-has run a while); `sj-mlfq/always` is sj-mlfq demoting at every quantum's end, the
-busier path. After a warm-up (so that jobs have started, been preempted and swapped), each
+has run a while); `fsd/always` is fsd demoting at every quantum's end (its
+`fsd.demote` setting; sj-mlfq's own rule), the busier path. After a warm-up (so that jobs have started, been preempted and swapped), each
 timed iteration is `schedule(now)` + `update(out, now)`; the model step between them
 (one token per batched job, copies ending at the next boundary) is not timed, and a
 new job replaces each finished one so the queue stays at `n`. Goals: <= 0.2 ms at 1k
@@ -53,9 +53,10 @@ class Case:
         cache = CacheConfig(kv_policy=kv_policy)
         pools = size_pools(self.cost, cache)
         self.blocks = BlockManager(pools.device, cache.block_size, pools.host)
-        name, _, rule = policy.partition("/")  # "sj-mlfq/always": that demote rule
+        name, _, rule = policy.partition("/")  # "fsd/always": that demote rule
+        own = {f"{name}.demote": rule} if rule else {}
         sched_cfg = SchedConfig(
-            policy=name, prefill_chunk=0, **({"demote_rule": rule} if rule else {})
+            policy=name, prefill_chunk=0, policy_settings=own
         )  # whole prefills, as the README's figures were measured
         self.sched = make_scheduler(sched_cfg, cache, self.blocks, self.cost)
         rng = np.random.default_rng(seed)
@@ -148,7 +149,7 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     ap.add_argument("--jobs", default="1000,10000", help="queue sizes")
-    ap.add_argument("--policies", default=",".join([*POLICIES, "sj-mlfq/always"]))
+    ap.add_argument("--policies", default=",".join([*POLICIES, "fsd/always"]))
     ap.add_argument("--warmup", type=int, default=100)
     ap.add_argument("--iters", type=int, default=300)
     ap.add_argument("--budget", type=float, default=10.0, help="seconds of timing per case at most")

@@ -17,7 +17,7 @@ against FCFS's, and its P99 TTFT against FCFS's. The targets (issue P11): captur
 at every load, P99 TTFT <= 0.5x FCFS's at >= 80% load on the prefill-dominated
 workloads. Ablations switch one rule of the default (fsd) to the paper's at a time:
 a rule is kept only if the validation set is worse without it. `sj-mlfq` is the
-paper's policy as written (fsd.sched.rules.PAPER_RULES). `worst_case` judges a candidate by
+paper's policy as written (fsd.sched.rules.PaperRules). `worst_case` judges a candidate by
 its worst point (regret against the best non-oracle candidate there) and lists the
 points that miss P16's targets.
 """
@@ -166,19 +166,26 @@ CASES = [
     ),
 ]
 
-# the default's rules, each switched to the paper's alone (SchedConfig settings)
+# the default's rules (fsd.sched.rules.FsdRules), each switched to the paper's alone
 ABLATIONS = {
-    "no swap gate": {"swap_gate": False},
-    "demote always": {"demote_rule": "always"},
-    "threshold 0": {"preempt_threshold": 0},
+    "alpha 1": {"alpha": 1.0},
+    "waiting alpha off": {"waiting_alpha": 0.0},
+    "promote top": {"promote": "top"},
     "charge prefill": {"charge_prefill": True},
+    "demote always": {"demote": "always"},
+    "threshold 0": {"threshold": 0},
+    "no swap gate": {"swap_gate": False},
+    "no express": {"express": False},
+    "no owner leads": {"owner_leads": False},
 }
 DEFAULT = "fsd"
 
 
-def spec(label: str, policy: str, **settings: object) -> RunSpec:
-    # fsd's defaults throughout: chunked prefill from the SLO, proactive KV
-    return RunSpec(label, SchedConfig(policy=policy, **settings), CacheConfig())  # type: ignore[arg-type]
+def spec(label: str, policy: str, **rules: object) -> RunSpec:
+    """`rules`: the policy's own settings by field name. fsd's defaults throughout:
+    chunked prefill from the SLO, proactive KV."""
+    own = {f"{policy}.{k}": v for k, v in rules.items()}
+    return RunSpec(label, SchedConfig(policy=policy, policy_settings=own), CacheConfig())
 
 
 def candidates(ablate: bool) -> list[RunSpec]:

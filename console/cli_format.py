@@ -15,6 +15,7 @@ from fsd.config import CacheConfig, SchedConfig
 from fsd.console.top.forms import FormError, parse_quanta, parse_seconds
 from fsd.errors import ConfigError
 from fsd.printable import shown
+from fsd.sched.registry import settings_types
 
 _WORDS = {"true": True, "yes": True, "on": True, "false": False, "no": False, "off": False}
 
@@ -42,24 +43,34 @@ def parse_value(text: str) -> Any:
     return parse_scalar(text)
 
 
-SECONDS_KEYS = frozenset(
-    {"quanta", "q1", "starve_limit", "starve_limit_waiting"}
-)  # settings measured in seconds
-# on/off settings (prefix_cache, charge_prefill): a word such as true or off, nothing else
+RETUNE_SECONDS = frozenset({"quanta", "q1"})  # retunable settings measured in seconds
+# and the effective alphas telemetry shows in seconds (a policy's alpha is set in SLOs)
+SECONDS_KEYS = RETUNE_SECONDS | {"starve_limit", "starve_limit_waiting"}
+
+
+def _bools(config: type) -> set[str]:
+    return {f.name for f in dataclasses.fields(config) if f.type in ("bool", bool)}
+
+
+# on/off settings (prefix_cache, fsd.swap_gate): a word such as true or off, nothing else
 BOOL_KEYS = frozenset(
-    f.name
-    for config in (CacheConfig, SchedConfig)
-    for f in dataclasses.fields(config)
-    if f.type in ("bool", bool)
+    {name for config in (CacheConfig, SchedConfig) for name in _bools(config)}
+    | {
+        f"{policy}.{name}"
+        for policy, own in settings_types().items()
+        if own is not None
+        for name in _bools(own)
+    }
 )
 
 
 def parse_assignments(items: list[str]) -> dict[str, Any]:
     """['policy=fcfs', 'quanta=10ms,20ms'] → {'policy': 'fcfs', 'quanta': [0.01, 0.02]}.
 
-    Durations (SECONDS_KEYS) take a unit as the console's retune form does: 0.01, 10ms,
-    250us, 1.5s; quanta is a list, or none. `KEY=none` resets an optional setting.
-    On/off settings (BOOL_KEYS) take true/false, yes/no or on/off.
+    Durations (RETUNE_SECONDS) take a unit as the console's retune form does: 0.01,
+    10ms, 250us, 1.5s; quanta is a list, or none. `KEY=none` resets an optional setting.
+    On/off settings (BOOL_KEYS) take true/false, yes/no or on/off. A policy's own
+    setting is `POLICY.FIELD` (`fsd.alpha=50`: alphas are in SLOs, not seconds).
     """
     changes: dict[str, Any] = {}
     for item in items:
@@ -67,7 +78,7 @@ def parse_assignments(items: list[str]) -> dict[str, Any]:
         key = key.strip()
         if not sep or not key:
             raise ConfigError(f"expected KEY=VALUE, got {item!r}")
-        if key in SECONDS_KEYS:
+        if key in RETUNE_SECONDS:
             changes[key] = _seconds(key, value)
         elif key in BOOL_KEYS:
             changes[key] = parse_bool(key, value)
@@ -102,9 +113,13 @@ def injected_summary(ids: list[str], tag: str, show: int = 8) -> str:
 
 
 def find_setting(config: dict[str, Any], key: str) -> tuple[bool, Any]:
-    """A key of a (possibly sectioned) config dict: its top level first, then sections."""
+    """A key of a (possibly sectioned) config dict: its top level first, then sections;
+    a policy's own setting (`fsd.alpha`) among the `policy_settings` pairs."""
     if key in config:
         return True, config[key]
+    for pair in config.get("policy_settings") or ():
+        if isinstance(pair, list | tuple) and len(pair) == 2 and pair[0] == key:
+            return True, pair[1]
     for value in config.values():
         if isinstance(value, dict):
             found, inner = find_setting(value, key)

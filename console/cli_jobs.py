@@ -184,7 +184,7 @@ def retune(
         found, value = fmt.find_setting(config, key)
         value = value if found else requested
         shown = ",".join(map(str, value)) if isinstance(value, list | tuple) else value
-        shown = "none (the default)" if shown is None else shown
+        shown = "none (the default)" if shown is None or value == [] else shown
         typer.echo(f"{key} = {shown}")
 
 

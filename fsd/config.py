@@ -137,27 +137,6 @@ class SchedConfig:
     q1: float | None = doc(None, "Top-level quantum, s (default: a decode step).")
     quantum_ratio: float = doc(2.0, "q(k+1) / q(k).")
     quanta: tuple[float, ...] | None = None  # explicit per-level quanta (strictly increasing)
-    # The settings below default to None: the policy's own. `fsd` (the default policy)
-    # departs from the paper's skip-join MLFQ (`sj-mlfq`, faithful to its section 4) on
-    # each; each policy declares its own values, and why (fsd.sched.rules).
-    starve_limit: float | None = doc(None, "Alpha, s: a started job waiting this long moves up.")
-    starve_limit_waiting: float | None = doc(None, "Alpha for jobs not yet started, s.")
-    starve_promote: str | None = doc(
-        None, "Where starved jobs go: up1 (one level up), top (Q1) or entry (its skip-join level)."
-    )
-    # skip-join already placed the job by its prefill time: the quantum there is for decoding
-    charge_prefill: bool | None = doc(None, "Charge a prefill as attained service.")
-    demote_rule: str | None = doc(
-        None, "At a quantum's end: always demote, or gittins (keep the level while learned "
-        "lengths say the job is closer to done than a fresh one)."
-    )
-    preempt_threshold: int | None = doc(
-        None, "Levels the running jobs rank above their own (a waiting job preempts from above)."
-    )
-    # off: ENST swaps keep a reserve for arrivals (fsd.kv.planner.SwapGate)
-    swap_gate: bool | None = doc(
-        None, "Start work only while it fits the device; swap only when it pays."
-    )
     # refuse (error "overloaded") a request whose predicted per-token latency on arrival
     # exceeds this many SLOs (Scheduler.predicted_latency); None: never refuse (default)
     refuse_late: float | None = None
@@ -180,14 +159,10 @@ class SchedConfig:
         """Types, then ranges: every value a retune may set has a lower and an upper bound."""
         object.__setattr__(self, "policy_settings", setting_pairs(self.policy_settings))
         check_types(self)
-        for name in ("q1", "quantum_ratio", "starve_limit", "starve_limit_waiting", "refuse_late"):
+        for name in ("q1", "quantum_ratio", "refuse_late"):
             finite(name, getattr(self, name))
         if self.quanta is not None:
             object.__setattr__(self, "quanta", check_quanta(self.quanta))
-        if self.starve_promote is not None:
-            choice("starve_promote", self.starve_promote, ("up1", "top", "entry"))
-        if self.demote_rule is not None:
-            choice("demote_rule", self.demote_rule, ("always", "gittins"))
         if not 1 <= self.num_levels <= MAX_LEVELS:
             raise ConfigError(f"num_levels must be in 1..{MAX_LEVELS}, got {self.num_levels}")
         if self.q1 is not None and self.q1 <= 0:
@@ -205,18 +180,10 @@ class SchedConfig:
                 "the last quantum: use fewer levels or a smaller ratio"
             )
         at_most("quantum_ratio", self.quantum_ratio, MAX_QUANTUM_RATIO)
-        for name in ("starve_limit", "starve_limit_waiting"):
-            value = getattr(self, name)
-            if value is not None and value <= 0:
-                raise ConfigError(f"{name} (alpha) must be > 0 seconds, got {value}")
-            at_most(name, value, MAX_SECONDS, " seconds (one day)")
         if self.refuse_late is not None and not 0 < self.refuse_late <= MAX_REFUSE_SLOS:
             raise ConfigError(
                 f"refuse_late must be in (0, {MAX_REFUSE_SLOS}] SLOs, got {self.refuse_late}"
             )
-        # a threshold of (levels - 1) already lifts every running job to Q1
-        if self.preempt_threshold is not None:
-            int_range("preempt_threshold", self.preempt_threshold, 0, MAX_LEVELS, " levels")
         int_range("max_batch_size", self.max_batch_size, 1, MAX_BATCH_SIZE)
         int_range("max_batch_tokens", self.max_batch_tokens, 1, MAX_BATCH_TOKENS)
         if self.prefill_chunk is not None:

@@ -25,7 +25,7 @@ from fsd.console.cli import app as fsctl_app
 from fsd.console.play import PlayOptions
 from fsd.jobs import SamplingParams
 from fsd.kv.registry import KV_POLICIES
-from fsd.sched.registry import POLICIES, engine_policy
+from fsd.sched.registry import POLICIES, engine_policy, policy_setting_notes, setting_names
 from fsd.sim.cli import SIM_CACHE, SIM_SCHED
 
 # (app, command path, the dataclasses its options set, first match wins: `seed` of
@@ -50,6 +50,16 @@ OWN_DEFAULTS = {
     ("simulate", "profile"): "the simulator needs a cost model: a shipped profile",
     ("simulate", "max_batch_tokens"): "None: the config's default or the longest request",
 }
+# the MLFQ policies' rules (fsd.sched.rules), and a few where fsd departs from the paper
+RULES = ("alpha", "waiting_alpha", "promote", "charge_prefill", "demote", "threshold",
+         "swap_gate", "express", "owner_leads")  # fmt: skip
+DEPARTURES = [
+    ("alpha", "100.0", "1.0"),
+    ("promote", "up1", "top"),
+    ("demote", "gittins", "always"),
+    ("threshold", "3", "0"),
+    ("swap_gate", "True", "False"),
+]
 # options that leave the value to the config (its file, then its default): None
 CONFIG_DECIDES = {("stop", "state_dir"), ("status", "state_dir"), ("", "state_dir")}
 
@@ -130,9 +140,7 @@ def test_the_checks_cover_the_options_that_matter():
         "block_size",
         "quantum_ratio",
         "num_levels",
-        "starve_promote",
-        "demote_rule",
-        "preempt_threshold",
+        "policy_settings",
         "admit_fraction",
         "reserve_min_jobs",
         "reserve_top_levels",
@@ -187,14 +195,30 @@ def test_simulate_options_are_generated_from_the_config_fields():
     """`fsd simulate` sets SchedConfig and CacheConfig fields by name, each option generated
     from its field: a setting added to a slice is an option with no line of the command."""
     opts = options(fsd_app, ("simulate",))
-    assert "starve_limit" in SIM_SCHED and "kv_policy" in SIM_CACHE
+    assert "policy_settings" in SIM_SCHED and "kv_policy" in SIM_CACHE
     for cls, names in ((SchedConfig, SIM_SCHED), (CacheConfig, SIM_CACHE)):
         for name in names:
             assert name in opts, name
             help_line = cls.__dataclass_fields__[name].metadata["help"]
             if name not in ("max_batch_tokens", "kv_policy"):  # their help names more
                 assert opts[name].help.startswith(help_line), name
-    assert "fsd 100 x the SLO" in opts["starve_limit"].help  # the policies' own values
+    for gone in ("starve_limit", "starve_promote", "demote_rule", "preempt_threshold"):
+        assert gone not in opts, gone  # the policies' own rules: --policy-settings
+
+
+@pytest.mark.parametrize("path", [("simulate",), ("start",)])
+def test_the_policy_settings_help_names_each_rule_with_every_policys_value(path):
+    """The MLFQ policies' rules are their own settings (`--policy-settings fsd.demote=always`,
+    a toml's [sched.fsd] table): the option's help lists each, with its default."""
+    help_text = options(fsd_app, path)["policy_settings"].help
+    assert policy_setting_notes()["policy_settings"] in help_text
+    for name in setting_names():
+        assert f"{name} (default " in help_text, name
+    for rule in RULES:
+        assert f"fsd.{rule} (default " in help_text and f"sj-mlfq.{rule} (default " in help_text
+    for rule, fsd, paper in DEPARTURES:
+        assert f"fsd.{rule} (default {fsd})" in help_text, rule
+        assert f"sj-mlfq.{rule} (default {paper})" in help_text, rule
 
 
 def test_simulate_limit_help_says_what_runs_without_it(tmp_path):

@@ -15,6 +15,7 @@ from fsd.config import (
     ServerConfig,
 )
 from fsd.config_file import build_configs
+from fsd.sched.rules import FsdRules
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "fsd.example.toml"
 SECTIONS = {
@@ -24,6 +25,7 @@ SECTIONS = {
     "parallel": ParallelConfig,
     "server": ServerConfig,
     "cluster": config.ClusterConfig,
+    "sched.fsd": FsdRules,  # the default policy's own rules (commented: its defaults)
 }
 
 
@@ -31,7 +33,7 @@ def documented() -> dict[str, set[str]]:
     keys: dict[str, set[str]] = {}
     section = None
     for line in EXAMPLE.read_text().splitlines():
-        if m := re.match(r"\[(\w+)\]", line):
+        if m := re.match(r"#?\s*\[([\w.-]+)\]", line):  # [sched.fsd]: a policy's table
             section = m.group(1)
             keys[section] = set()
         elif section and (m := re.match(r"#?\s*(\w+)\s*=", line)):
@@ -51,3 +53,13 @@ def test_the_example_loads_and_equals_the_defaults():
     assert engine.sched == SchedConfig() and engine.cache == CacheConfig()
     assert engine.model == ModelConfig() and server == ServerConfig()
     assert cluster == config.ClusterConfig()
+
+
+def test_the_examples_fsd_table_shows_fsds_defaults_and_loads(tmp_path):
+    text = EXAMPLE.read_text().split("# [sched.fsd]\n", 1)[1].split("\n\n", 1)[0]
+    table = "[sched]\n[sched.fsd]\n" + "\n".join(ln.removeprefix("# ") for ln in text.splitlines())
+    toml = tmp_path / "fsd.toml"
+    toml.write_text(table)
+    engine, _, _ = build_configs(toml)
+    shown = dict(engine.sched.policy_settings)
+    assert shown == {f"fsd.{f.name}": f.default for f in dataclasses.fields(FsdRules)}

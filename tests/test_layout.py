@@ -222,10 +222,9 @@ def test_no_import_circle() -> None:
     assert not found, "\n".join(" <-> ".join(c) for c in found)
 
 
-# the one knot left when type hints count: the batch walk and admission read the
-# Scheduler (and the registry names it) until the walk takes a context of its own
+# the one knot left when type hints count: the overload refusal reads the Scheduler
 TYPED_KNOTS = [
-    ["fsd.sched.admission", "fsd.sched.batch", "fsd.sched.registry", "fsd.sched.scheduler"]
+    ["fsd.sched.admission", "fsd.sched.batch", "fsd.sched.estimates", "fsd.sched.scheduler"]
 ]
 
 

@@ -185,3 +185,29 @@ def test_fsctl_retune_lists_every_retunable_key():
     missing = [k for k in keys if not re.search(rf"\b{k}\b", text)]
     assert not missing, f"fsctl(1)'s retune section lacks: {missing}"
     assert POLICY_SETTINGS and "POLICY.FIELD" in text
+
+
+def test_fsd_toml_states_each_mlfq_rule_with_fsds_and_the_papers_value():
+    """[sched.fsd]: every rule of fsd (fsd.sched.rules), with fsd's and sj-mlfq's values."""
+    import dataclasses
+
+    from fsd.sched.rules import FsdRules, PaperRules
+
+    raw = (ROOT / "man" / manual.PAGES["fsd.toml"]).read_text()
+    stated = {
+        key: (fsd, paper)
+        for key, fsd, paper in re.findall(
+            r'^\.BR (\w+) " \(fsd (.+), sj\\-mlfq (.+)\)"$', raw, re.M
+        )
+    }
+
+    def toml(value: object) -> str:
+        if isinstance(value, bool):
+            return str(value).lower()
+        return "\\(dq" + value + "\\(dq" if isinstance(value, str) else repr(value)
+
+    code = {
+        f.name: (toml(getattr(FsdRules(), f.name)), toml(getattr(PaperRules(), f.name)))
+        for f in dataclasses.fields(FsdRules)
+    }
+    assert stated == code

@@ -26,7 +26,7 @@ from textual.widgets import Footer, Static
 from textual.worker import get_current_worker
 
 from fsd import protocol as P
-from fsd.console.cli_format import find_setting, injected_summary
+from fsd.console.cli_format import SECONDS_KEYS, find_setting, injected_summary
 from fsd.console.top import forms, panels, render
 from fsd.console.top.data import TopState, TopView
 from fsd.console.top.dialogs import Forbidden, InjectScreen, RetuneScreen, forbidden
@@ -293,7 +293,7 @@ class TopApp(App[None]):
             if isinstance(value, list | tuple):
                 value = ",".join(forms.fmt_seconds(v) for v in value)
             elif isinstance(value, float):
-                value = forms.fmt_seconds(value) if key != "quantum_ratio" else f"{value:g}"
+                value = forms.fmt_seconds(value) if key in SECONDS_KEYS else f"{value:g}"
             shown.append(f"{key}={value}")
         return "retuned: " + " ".join(shown)
 

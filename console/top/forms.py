@@ -15,6 +15,8 @@ from typing import Any
 
 from fsd import protocol as P
 from fsd.config import MAX_LEVELS, MAX_QUANTUM_RATIO, MAX_RESERVE_JOBS, MAX_SECONDS
+from fsd.errors import ConfigError
+from fsd.sched.registry import settings_types
 
 _PER_SECOND = {"": 1.0, "s": 1.0, "ms": 1e3, "us": 1e6, "µs": 1e6}  # divide: 9/1e3 == 0.009
 _SECONDS = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[-+]?[0-9]+)?)\s*(s|ms|us|µs)?\s*$", re.I)
@@ -85,6 +87,39 @@ def parse_fraction(field: str, text: str) -> float:
     return _parse_number(field, text, lambda v: 0 < v <= 1, "in (0, 1]")
 
 
+def alpha_setting(policy: str) -> str | None:
+    """The policy's own alpha (`fsd.alpha`, in SLOs); None for a policy without one."""
+    own = settings_types().get(policy)
+    if own is None or "alpha" not in {f.name for f in dataclasses.fields(own)}:
+        return None
+    return f"{policy}.alpha"
+
+
+def current_alpha(policy: str, settings: Any) -> float | None:
+    """The policy's alpha in SLOs: as `settings` (the config's `policy_settings`
+    pairs) set it, else the policy's own default; None for a policy without one."""
+    name = alpha_setting(policy)
+    if name is None:
+        return None
+    for pair in settings or ():
+        if isinstance(pair, list | tuple) and len(pair) == 2 and pair[0] == name:
+            try:
+                return float(pair[1])
+            except (TypeError, ValueError):
+                break
+    return float(settings_types()[policy].__dataclass_fields__["alpha"].default)  # type: ignore[union-attr]
+
+
+def parse_alpha(field: str, text: str, policy: str) -> float:
+    """An alpha in SLOs for `policy`, checked by the policy's own settings (its bound)."""
+    value = _parse_number(field, text, lambda v: v > 0 and math.isfinite(v), "> 0 SLOs")
+    try:
+        settings_types()[policy](alpha=value)  # type: ignore[misc]
+    except ConfigError as exc:
+        raise FormError(field, str(exc).removeprefix("alpha ")) from None
+    return value
+
+
 def fmt_seconds(x: float) -> str:
     """Seconds as the form shows them: '2.464ms', '1.5s'."""
     return f"{x * 1e3:.4g}ms" if x < 1 else f"{x:.4g}s"
@@ -92,7 +127,8 @@ def fmt_seconds(x: float) -> str:
 
 @dataclass(frozen=True)
 class RetuneForm:
-    """The retune dialog's fields, as text. `mode` picks explicit quanta or q1 × ratio."""
+    """The retune dialog's fields, as text. `mode` picks explicit quanta or q1 × ratio;
+    `alpha` is the form's policy's own (`fsd.alpha`), in SLOs."""
 
     mode: str = "ratio"  # "quanta" | "ratio"
     quanta: str = ""
@@ -113,18 +149,19 @@ class RetuneForm:
         eff = config.get("effective", {})
         quanta = eff.get("quanta") or sched.get("quanta") or []
         q1 = sched.get("q1") or (quanta[0] if quanta else None)
-        alpha = sched.get("starve_limit") or eff.get("starve_limit")
         policy = sched.get("policy", "")
+        policy = eff.get("policy") if policy == "default" and eff.get("policy") else policy
+        alpha = current_alpha(policy, sched.get("policy_settings"))
         return cls(
             mode="quanta" if sched.get("quanta") else "ratio",
             quanta=",".join(fmt_seconds(q) for q in quanta),
             q1=fmt_seconds(q1) if q1 else "",
             ratio=f"{sched.get('quantum_ratio', 2.0):g}",
-            alpha=fmt_seconds(alpha) if alpha else "",
+            alpha=f"{alpha:g}" if alpha is not None else "",
             k=str(cache.get("reserve_min_jobs", 4)),
             k_prime=str(cache.get("reserve_top_levels", 2)),
             admit=f"{cache.get('admit_fraction', 0.9):g}",
-            policy=eff.get("policy") if policy == "default" and eff.get("policy") else policy,
+            policy=policy,
             kv_policy=cache.get("kv_policy", ""),
         )
 
@@ -138,7 +175,9 @@ class RetuneForm:
             out["quantum_ratio"] = parse_ratio("ratio", self.ratio)
         else:
             raise FormError("mode", f"unknown mode {self.mode!r}")
-        out["starve_limit"] = parse_seconds("alpha", self.alpha) if self.alpha.strip() else None
+        alpha = alpha_setting(self.policy)
+        if alpha is not None and self.alpha.strip():  # (a policy without one: no alpha)
+            out[alpha] = parse_alpha("alpha", self.alpha, self.policy)
         out["reserve_min_jobs"] = parse_int("K", self.k, 0, MAX_RESERVE_JOBS)
         out["reserve_top_levels"] = parse_int("K'", self.k_prime, 0, MAX_LEVELS)
         out["admit_fraction"] = parse_fraction("admit", self.admit)
@@ -149,8 +188,12 @@ def retune_changes(form: RetuneForm, current: RetuneForm) -> dict[str, Any]:
     """The settings `form` changes relative to `current` (both as the dialog holds them).
 
     Switching from explicit quanta to q1 × ratio clears the quanta, or they would
-    keep overriding q1. Raises FormError for a bad field or when nothing changed.
+    keep overriding q1. The alpha is sent only when edited (a policy switched to keeps
+    its own). Raises FormError for a bad field or when nothing changed.
     """
+    edited = form.alpha.strip() != current.alpha.strip()
+    if edited and form.alpha.strip() and alpha_setting(form.policy) is None:
+        raise FormError("alpha", f"policy {form.policy or '(none)'} has no alpha; clear it")
     new = form.values()
     # Compare with the current form read the same way, so untouched fields never count.
     try:
@@ -158,6 +201,8 @@ def retune_changes(form: RetuneForm, current: RetuneForm) -> dict[str, Any]:
     except FormError:
         old = {}
     changes = {k: v for k, v in new.items() if v is not None and old.get(k) != v}
+    if not edited:
+        changes = {k: v for k, v in changes.items() if k != alpha_setting(form.policy)}
     if form.mode == "ratio" and current.mode == "quanta":
         changes["quanta"] = None
         changes.setdefault("quantum_ratio", new["quantum_ratio"])

@@ -261,11 +261,17 @@ def config_panel(view: TopView) -> RenderableType:
 
 
 def _config_value(value: Any, seconds: bool = False) -> str:
+    if isinstance(value, list | tuple) and value and all(_is_pair(v) for v in value):
+        return " ".join(f"{name}={_config_value(v)}" for name, v in value)  # policy_settings
     if isinstance(value, list | tuple):
         return ",".join(_config_value(v, seconds) for v in value)
     if isinstance(value, float):
         return duration(value) if seconds else f"{value:.4g}"
     return "-" if value is None else str(value)
+
+
+def _is_pair(value: Any) -> bool:
+    return isinstance(value, list | tuple) and len(value) == 2 and isinstance(value[0], str)
 
 
 # ---- the job table -----------------------------------------------------------------

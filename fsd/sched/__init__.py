@@ -1,15 +1,17 @@
 """Scheduling (pure Python, no torch): queue policies, batch formation, ENST, live retune.
 
-Owns: which jobs run each iteration. The queue policies, one class per policy behind
-`JobQueue` (`queues`), named in `registry`; each policy's own settings declared on its
-class (`settings`), the level-queue family's rules each policy sets (`rules`): the
-level-queue family on `levels` (levels, FIFO inside, entry level, ENST in `enst`) with
-the paper's MLFQ (`mlfq`) and the Gittins-ranked queue (`gittins_queue`, ranking by
-`ranks` of the output `lengths` learned) as siblings. The batch walk (`batch`), eviction
-for room (`eviction`), the scheduler that ties them to a KV policy (`scheduler`), what
-it decides and shows (`decision`: a leaf the engine and telemetry read), and the rules the engine, the simulator and the scenario injector share: admission
-(`admission`), retune validation (`retune`), the default SLO (`slo`), the
-micro-batches in flight of a pipeline (`pipeline`). Iteration time is fsd.cost's.
+Owns: which jobs run each iteration. A policy is one entry of `registry`: its queue
+class (`queues`: fcfs, priority, srpt; the level family on `levels` with ENST in
+`enst`: the MLFQs of `mlfq`, and the Gittins-ranked queue of `gittins_queue`, ranking
+by `ranks` of the output `lengths` learned) and one frozen settings class, its rules
+(`rules` for the MLFQ family; `settings` reads every policy's `POLICY.FIELD`). The
+batch walk (`batch`) in the order `leads` gives (with the swap gate's express lane and
+owners' leads), eviction for room (`eviction`), the scheduler that ties them to a KV
+policy (`scheduler`) and its estimates (`estimates`: ENST, predicted latency), what it
+decides and shows (`decision`: a leaf the engine and telemetry read). The rules the
+engine, the simulator and the scenario injector share: admission (`admission`),
+retune validation (`retune`), the SLO (`slo`), chunked prefill's budget (`chunking`),
+the micro-batches in flight of a pipeline (`pipeline`). Iteration time is fsd.cost's.
 
 May import: fsd.kv, fsd.cost, fsd.jobs, fsd.config, fsd.config_checks, fsd.errors, numpy. Never torch,
 nor fsd.engine, fsd.server, fsd.sim or the console: the same code runs in the engine

@@ -1,138 +1,83 @@
 """Batch formation: one walk of the queue in priority order (DESIGN §3, "Batch").
 
-A job is taken when it is ready (not moving, not in a micro-batch in flight), its
-new tokens fit the iteration's token budget, and its KV is (or can be made) wholly
-on the device as the KV policy allows. Admission caps what jobs without KV may
-claim, in priority order, so a lower job cannot take a higher one's share. The walk
-also collects host jobs to bring in (`wanted`: the batch would have taken them now;
-`upcoming`: next in line after a full batch) for the KV policy's copies.
+For each job in the order `fsd.sched.leads` gives: consider it (ready, not moving,
+and within the admission room unless it may pass it), chunk its prefill to what the
+iteration has left, then grow its device blocks, evicting lower jobs' KV as the KV
+policy allows. Admission caps what jobs without KV may claim, in priority order, so
+a lower job cannot take a higher one's share. The walk also collects host jobs to
+bring in (`wanted`: the batch would have taken them now; `upcoming`: next in line
+after a full batch) for the KV policy's copies.
 
-With chunked prefill (a prefill budget: `prefill_chunk`, or derived from the SLO by
-fsd.sched.chunking) an iteration carries at most that many prompt tokens in all, and no more than the token budget leaves once every decode
-that can still join has its token (decodes first: Sarathi-Serve's stall-free
-batching). The walk hands them out in priority order: a prefill takes what is left,
-as a chunk if its prompt does not fit. Why a budget per iteration, not per job: a
-burst of long prompts would otherwise put one chunk of each into the same step, and
-the running decodes would wait for all of them (bench/policies.py --chunks, burst).
-A chunk gets device blocks up to its own end only; its boundary is a preemption
-point like any iteration's. With chunking off the walk is exactly the one before it.
+With chunked prefill an iteration carries at most `prefill_budget` prompt tokens in
+all, and no more than the token budget leaves once every decode that can still join
+has its token (decodes first, as Sarathi-Serve's stall-free batching): a burst of
+long prompts must not put one chunk of each into the same step. A chunk gets device
+blocks up to its own end only; its boundary is a preemption point like any
+iteration's. With chunking off the walk is exactly the one before it.
 
-Short jobs ahead (fsd's swap gate only): the gate lets no job without KV start while
-started work fills the device, so a short job that ranks first could wait behind
-long started ones. A job without KV that comes before every started job in the walk
-and has at most what decodes within the policy's waiting limit still to make
-(`express_tokens`: the time after which the policy promotes a job that never
-started, 8 SLOs for fsd), and less than every started job has left to its cap,
-starts past the room: it ends about when the policy would have lifted it anyway, so
-it sends a started job to host memory once at most, while long new jobs and
-identical jobs, which would take turns through host memory, stay behind.
-
-Owners without started work (fsd's swap gate only): owners take turns inside a level
-(fair_share), but another client's started jobs can still fill the batch, and its
-backlog can teach the length predictor that short prompts run long. A short job (as
-above) whose owner has no started job is found at the head of its level and walked
-first, one per owner and half a batch at most, past the admission room. With one
-owner (the simulator, the offline API) this adds nothing: an owner without started
-jobs means nothing started, and the walk's own order holds. (The incidents behind
-both rules: docs/history.md.)
-
-The walk runs for every queued job every iteration: its state is plain attributes
-and its per-job steps are short methods. Under overload most queued jobs are waiting
-prompts over the admission room; the loop passes over them itself, with no call and
-nothing changed, exactly as considering them would (bit-identical decisions:
-tests/sched/test_walk_early_stop.py holds it to the walk that considers every job).
+The walk runs for every queued job every iteration: under overload most are waiting
+prompts over the admission room, and the loop passes over them itself, with no call
+and nothing changed, exactly as considering them would (tests/sched/
+test_walk_early_stop.py holds it to the walk that considers every job).
 """
 
 from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Callable, Collection, Iterable, Iterator
-from typing import TYPE_CHECKING
+from collections.abc import Collection, Iterable, Iterator, Mapping
+from dataclasses import dataclass
 
+from fsd.cost import CostModel
 from fsd.jobs import Job, JobStatus, KVLocation
+from fsd.kv.block_manager import BlockManager
+from fsd.kv.policies import KVPolicy
 from fsd.sched.admission import first_admission_free
-
-if TYPE_CHECKING:
-    from fsd.sched.decision import SchedulerOutput
-    from fsd.sched.scheduler import Scheduler
+from fsd.sched.decision import SchedulerOutput
+from fsd.sched.eviction import Evictor
+from fsd.sched.leads import LOOK_AHEAD, first_for, leads_now, owner_leads
+from fsd.sched.queues import JobQueue
+from fsd.sched.rules import WalkRules
 
 _DEVICE, _HOST, _NONE = KVLocation.DEVICE, KVLocation.HOST, KVLocation.NONE
+# host jobs the KV policy is asked to bring in, in batches: the next batch's and one more
+WANTED_BATCHES = 2
 
 
-def walk_order(sched: Scheduler, admit_room: float) -> Iterable[Job]:
-    """The jobs to walk, in priority order.
+@dataclass(frozen=True)
+class WalkContext:
+    """What one iteration's walk reads: the scheduler's parts, never the scheduler."""
 
-    When admission lets no job without KV start, only the jobs holding KV can run;
-    with a long queue of waiting jobs (10k) sorting those few beats walking the
-    whole queue past thousands of jobs that would all be skipped.
-    """
-    if admit_room < 1:
-        on_device, on_host = sched.blocks.on_device, sched.blocks.on_host
-        if 4 * (len(on_device) + len(on_host)) < len(sched):
-            started = sorted(
-                itertools.chain(on_device.values(), on_host.values()),  # type: ignore[arg-type]
-                key=sched.queue.key,
-            )
-            return itertools.chain(_leads(sched), started)
-    return sched.queue.ordered()
-
-
-def express_tokens(sched: Scheduler) -> int:
-    """Tokens a short job ahead may still have to make (module doc): what decodes
-    within the policy's waiting limit; 0 without the swap gate or a waiting limit."""
-    _, _, waiting = sched.queue.limits()
-    step, _ = sched.cost.decode_line()
-    if not sched.gated or not waiting or step <= 0:
-        return 0
-    return int(waiting / step)
-
-
-def _express_now(sched: Scheduler) -> tuple[int, set[str | None]]:
-    """`express_tokens`, and fewer than any started job has left to its cap; and the
-    owners of the started jobs (when that bound is not 0)."""
-    bound, owners = express_tokens(sched), set()
-    if bound:
-        blocks = sched.blocks
-        for job in itertools.chain(blocks.on_device.values(), blocks.on_host.values()):
-            bound = min(bound, job.max_output - job.num_output_tokens - 1)  # type: ignore[attr-defined]
-            owners.add(job.owner)  # type: ignore[attr-defined]
-    return bound, owners
-
-
-def _leads(sched: Scheduler) -> list[Job]:
-    """The jobs without KV that come before every started job, of the first few of the
-    queue's order (a flood's level is not walked past them)."""
-    leads = []
-    for job in itertools.islice(sched.queue.ordered(), 4 * sched.config.max_batch_size):
-        if job.kv is not _NONE:
-            break
-        leads.append(job)
-    return leads
-
-
-def _first_for(job: Job, key: Callable[[Job], tuple]) -> Callable[[Job], tuple]:
-    """`key`, but `job` ranks above every job (what it may evict is any lower one)."""
-    return lambda j: (-math.inf,) if j is job else key(j)
+    queue: JobQueue
+    blocks: BlockManager
+    kv_policy: KVPolicy
+    evictor: Evictor
+    cost: CostModel
+    rules: WalkRules
+    max_batch_size: int
+    max_batch_tokens: int
+    prefill_budget: int  # prompt tokens one iteration may carry (0: whole prefills)
+    admit_room: float  # blocks jobs without KV may still take
+    newest: Mapping[str | None, Job]  # each owner's latest live job
 
 
 class BatchWalk:
     """The state of one iteration's walk and the batch it builds."""
 
-    def __init__(self, sched: Scheduler, out: SchedulerOutput, busy: Collection[str]) -> None:
-        self.sched = sched
+    def __init__(self, ctx: WalkContext, out: SchedulerOutput, busy: Collection[str]) -> None:
+        self.ctx = ctx
         self.out = out
-        self.blocks = sched.blocks
-        self.kv_policy = sched.kv_policy
-        self.limit = sched.config.max_batch_size
+        self.blocks = blocks = ctx.blocks
+        self.limit = ctx.max_batch_size
         # protected from eviction: this batch and the micro-batches still in flight
         self.batch_ids: set[str] = set(busy)
-        self.budget = self.budget_all = sched.config.max_batch_tokens
-        self.admit_room = sched.admission_room()
-        self.first_free = first_admission_free(self.blocks)  # nothing started yet
-        self.lead = True  # no started job walked yet: a short job may start (module doc)
-        self.express, self.started_owners = _express_now(sched)
-        self.lead_ids: set[str] = set()  # the owners' leads walked first (`_owner_leads`)
+        self.budget = self.budget_all = ctx.max_batch_tokens
+        self.admit_room = ctx.admit_room
+        self.first_free = first_admission_free(blocks)  # nothing started yet
+        self.lead = True  # no started job walked yet: the express lane is open
+        self.leads = leads_now(ctx.queue, ctx.cost, blocks, ctx.rules)
+        self.started_owners = set(self.leads.started_owners)  # grows as jobs start
+        self.lead_ids: set[str] = set()  # the owners' leads walked first
         # a job without KV of this many tokens or more cannot be admitted now
         self._skip_at = math.inf if self.first_free else _skip_threshold(
             self.admit_room, self.blocks.block_size
@@ -145,12 +90,12 @@ class BatchWalk:
         self.batch_cost = 0.0  # sum(j.last_cost for j in batch): each job's iteration alone
         self.prefills = 0
         self._too_big = 0  # prefills passed over for the token budget
-        self._step0, self._per_ctx = sched.cost.decode_line()  # decode alone: step0 + per_ctx*ctx
-        self.chunk = sched.prefill_budget  # 0: whole prefills
+        self._step0, self._per_ctx = ctx.cost.decode_line()  # decode alone: step0 + per_ctx*ctx
+        self.chunk = ctx.prefill_budget  # 0: whole prefills
         self.prefill_left = self.chunk  # prompt tokens this iteration may still carry
         # a smaller piece is not worth a step (unless one iteration holds no more)
-        self.min_chunk = min(sched.cache.block_size, self.budget_all)
-        self.prefix = self.blocks.prefix.enabled
+        self.min_chunk = min(blocks.block_size, self.budget_all)
+        self.prefix = blocks.prefix.enabled
         # decodes that may still join (chunks leave them their tokens): at most a batch
         ready = itertools.islice(self._ready_decodes(busy), self.limit) if self.chunk else ()
         self.decodes_left = sum(1 for _ in ready)
@@ -203,51 +148,31 @@ class BatchWalk:
         """Decodes first: the walk ended (prompts past the budget) before reaching some
         ready decodes; they join in priority order (at most a device's worth to sort)."""
         ready = list(self._ready_decodes(self.batch_ids))
-        for job in sorted(ready, key=self.sched.queue.key):
+        for job in sorted(ready, key=self.ctx.queue.key):
             if self.taken >= self.limit or not self.budget:
                 return
             self._consider(job)
 
     def _look_past_full(self, rest: Iterator[Job]) -> None:
         """After a full batch, note the host jobs to bring in next: those among the next
-        4 x max_batch_size jobs of the walk (any kind counts), at most a batch of them."""
+        LOOK_AHEAD batches' worth of the walk (any kind counts), at most a batch of them."""
         limit, upcoming = self.limit, self.upcoming
-        for job in itertools.islice(rest, 4 * limit):
+        for job in itertools.islice(rest, LOOK_AHEAD * limit):
             if len(upcoming) >= limit:
                 return
             if job.kv is _HOST:
                 upcoming.append(job)
 
     def _owner_leads(self) -> list[Job]:
-        """Short jobs without KV whose owner has no started job, from the head of each
-        level, in priority order, one per owner and half a batch at most (started work
-        keeps the rest): walked first (module doc). None when nothing started (the
-        walk's own order then holds) or without the swap gate."""
-        owners, express = self.started_owners, self.express
-        if not owners or not express:
-            return []
-        # where a job of such an owner waits: its level's head (its turn), or anywhere
-        # for its latest job (an owner whose jobs finished has turns of its own at the
-        # level, behind a flood's queued jobs that never run there)
-        heads = itertools.chain(self.sched.queue.heads(4 * self.limit), self.sched.newest.values())
-        found = [
-            job for job in heads if job.kv is _NONE and job.owner not in owners
-            and job.max_output - job.num_output_tokens <= express
-        ]  # fmt: skip
-        leads: dict[str | None, Job] = {}  # an owner's first, half a batch at most
-        for job in sorted(found, key=self.sched.queue.key):
-            if len(leads) >= max(1, self.limit // 2):
-                break
-            leads.setdefault(job.owner, job)
-        self.lead_ids = {job.job_id for job in leads.values()}
-        return list(leads.values())
+        """The owners' leads (fsd.sched.leads), walked first."""
+        ctx = self.ctx
+        leads = owner_leads(ctx.queue, ctx.newest.values(), self.leads, self.limit)
+        self.lead_ids = {job.job_id for job in leads}
+        return leads
 
     def _short_lead(self, job: Job) -> bool:
-        """A job without KV ahead of every started one, or whose owner has none, short
-        enough to start past the admission room (module doc)."""
-        if not (self.lead or job.owner not in self.started_owners):
-            return False
-        return job.max_output - job.num_output_tokens <= self.express
+        """A job without KV that may start past the admission room (fsd.sched.leads)."""
+        return self.leads.may_pass(job, self.lead, self.started_owners)
 
     def _consider(self, job: Job) -> bool:
         """Take `job` if it can run now; False when the walk should end."""
@@ -293,8 +218,8 @@ class BatchWalk:
         # token it has; a prompt queued before max_batch_tokens was lowered): it runs
         # alone rather than never.
         if step > self.budget and (self.taken or step <= self.budget_all) or not step:
-            self._too_big += 1
-            return self._too_big <= 4 * self.limit  # the budget is spent: stop walking
+            self._too_big += 1  # the budget is spent once LOOK_AHEAD batches of them are
+            return self._too_big <= LOOK_AHEAD * self.limit
         if kv is _HOST and not self._bring_in(job):
             return True
         if self._grow(job, job.num_computed_tokens + step):
@@ -313,9 +238,9 @@ class BatchWalk:
 
     def _bring_in(self, job: Job) -> bool:
         """A host job's KV comes back now (synchronously), or later by the policy's plan."""
-        if self.kv_policy.defers_host_jobs:
+        if self.ctx.kv_policy.defers_host_jobs:
             self.wanted.append(job)
-            self.wanted_full = len(self.wanted) >= 2 * self.limit
+            self.wanted_full = len(self.wanted) >= WANTED_BATCHES * self.limit
             return False
         # defer and recompute hold host jobs only after a live retune from a swapping
         # policy, and must bring them back
@@ -336,22 +261,21 @@ class BatchWalk:
         return True
 
     def _make_room(self, job: Job, need: int) -> bool:
-        key = self.sched.queue.key
-        if job.job_id in self.lead_ids:  # an owner's lead may send any started job out
-            key = _first_for(job, key)
-        return self.sched.evictor.make_room(
-            job, need, self.kv_policy, key, self.batch_ids, self.evicted, self.out
+        ctx = self.ctx
+        key = first_for(job, ctx.queue.key) if job.job_id in self.lead_ids else ctx.queue.key
+        return ctx.evictor.make_room(
+            job, need, ctx.kv_policy, key, self.batch_ids, self.evicted, self.out
         )
 
     def _share(self, start: int, step: int) -> float:
         """prefill(start + step) - prefill(start): the chunk's part of the whole prefill."""
-        prefill = self.sched.cost.prefill_time
+        prefill = self.ctx.cost.prefill_time
         return prefill(start + step) - (prefill(start) if start else 0.0)
 
     def _take(self, job: Job, step: int, new_tokens: int, num_tokens: int) -> None:
         if step > 1:
             start = job.num_computed_tokens
-            c = self.sched.cost.job_iteration_time(step, start + step)
+            c = self.ctx.cost.job_iteration_time(step, start + step)
             # the job's service: a chunk's share of its whole prefill, so chunks add up to
             # exactly what the whole prefill would have been charged (c for a whole one)
             job.last_cost = c if step == new_tokens == num_tokens else self._share(start, step)

@@ -9,21 +9,9 @@ Service is charged in profiled iteration time, so placement and demotion are
 deterministic. Starvation: a job that has waited `starve_limit` since it last ran
 moves up; ENST combines that promotion clock with the work queued above the job.
 
-Two policies share this class. `sj-mlfq` is the paper's, faithful to its section 4:
-alpha = the SLO, starved jobs to Q1, every iteration charged, demotion at each
-quantum's end, no threshold. `fsd`, the default, departs from it where the tuning
-workloads said so (fsd.sched.rules.FSD_RULES, each with its reason):
-- promotion one level up ("up1") with alpha = 100 x the SLO: the paper's move to Q1
-  with alpha = the SLO turns an overloaded MLFQ into round robin.
-- a prefill is not charged at the skip-join level (skip-join placed the job by it).
-- at a quantum's end a job keeps its level while the Gittins index of its output so
-  far (fsd.sched.lengths) is above a fresh job's: always demoting alike outputs is
-  round robin. Before enough jobs finished, the max_tokens caps decide
-  (fsd.sched.lengths, "Cold start").
-- a job that has not started is promoted after alpha_waiting = 8 x the SLO.
-- the last batch's jobs rank `preempt_threshold` (3) levels above their own, so
-  near-equal jobs stop taking turns through host memory.
-- the swap gate (fsd.kv.planner.SwapGate, set by the scheduler).
+Three policies share this class, each with its rules (fsd.sched.rules): `sj-mlfq`,
+the paper's section 4 as written; `fsd`, the default, with each of its departures
+from the paper a setting of its own; and plain `mlfq`, every job entering Q1.
 """
 
 from __future__ import annotations

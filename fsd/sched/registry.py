@@ -17,15 +17,10 @@ from fsd.errors import ConfigError
 from fsd.sched import settings as S
 from fsd.sched.gittins_queue import GittinsQueue
 from fsd.sched.mlfq import MLFQQueue
-from fsd.sched.queues import FCFSQueue, JobQueue, PriorityQueue, SRPTQueue
-from fsd.sched.rules import (
-    PolicyRules,
-    quanta_for,
-    rule_notes,
-    rules_of,
-    starve_limit_for,
-    waiting_limit_for,
-)
+from fsd.sched.queues import JobQueue
+from fsd.sched.rules import FsdRules, MLFQRules, PaperRules, WalkRules, quanta_for
+from fsd.sched.slo import default_slo
+from fsd.sched.sorted_queues import FCFSQueue, PriorityQueue, SRPTQueue
 
 if TYPE_CHECKING:
     from fsd.config import CacheConfig, SchedConfig
@@ -42,32 +37,25 @@ Build = Callable[[str, "SchedConfig", "CostModel", Any], JobQueue]
 
 @dataclass(frozen=True)
 class Policy:
-    """A queue policy: its class, and how a config builds it (default: the class
-    called with the cost model, and its settings object if it declares one)."""
+    """A queue policy: its queue class, its own frozen settings class (None: it has
+    none), and how a config builds its queue (default: the class called with the cost
+    model, and its settings object if it declares one)."""
 
     queue: type[JobQueue]
+    settings: type | None = None
     build: Build | None = None
 
-    def make(self, name: str, config: SchedConfig, cost: CostModel) -> JobQueue:
-        own = S.own_settings(config.policy_settings, name, S.settings_type(self.queue))
+    def make(self, name: str, config: SchedConfig, cost: CostModel) -> tuple[JobQueue, WalkRules]:
+        """The policy's queue for `config`, and what the batch walk reads of its rules."""
+        own = S.own_settings(config.policy_settings, name, self.settings)
+        walk = own.walk() if hasattr(own, "walk") else WalkRules()
         if self.build is not None:
-            return self.build(name, config, cost, own)
-        return self.queue(cost) if own is None else self.queue(cost, own)  # type: ignore[call-arg]
+            return self.build(name, config, cost, own), walk
+        return (self.queue(cost) if own is None else self.queue(cost, own)), walk  # type: ignore[call-arg]
 
 
-def _mlfq(name: str, config: SchedConfig, cost: CostModel, _own: Any) -> JobQueue:
-    rules = rules_for(config)
-    queue = MLFQQueue(
-        cost,
-        quanta_for(config, cost),
-        starve_limit_for(config, cost, rules),
-        skip_join=name != "mlfq",
-        promote_to=rules.starve_promote,
-        charge_prefill=rules.charge_prefill,
-        demote_rule=rules.demote_rule,
-        waiting_limit=waiting_limit_for(config, cost, rules),
-        preempt_threshold=rules.preempt_threshold,
-    )
+def _mlfq(name: str, config: SchedConfig, cost: CostModel, rules: Any) -> JobQueue:
+    queue = MLFQQueue(cost, quanta_for(config, cost), **rules.queue_args(default_slo(cost)))
     queue.name = name
     return queue
 
@@ -79,10 +67,10 @@ def _gittins(name: str, config: SchedConfig, cost: CostModel, own: Any) -> JobQu
 POLICY_TABLE: dict[str, Policy] = {
     "fcfs": Policy(FCFSQueue),
     "priority": Policy(PriorityQueue),
-    "fsd": Policy(MLFQQueue, _mlfq),
-    "sj-mlfq": Policy(MLFQQueue, _mlfq),
-    "mlfq": Policy(MLFQQueue, _mlfq),
-    "gittins": Policy(GittinsQueue, _gittins),
+    "fsd": Policy(MLFQQueue, FsdRules, _mlfq),
+    "sj-mlfq": Policy(MLFQQueue, PaperRules, _mlfq),  # the paper's section 4 as written
+    "mlfq": Policy(MLFQQueue, MLFQRules, _mlfq),  # kept for study: a textbook baseline
+    "gittins": Policy(GittinsQueue, GittinsQueue.Settings, _gittins),  # kept for study
     "srpt": Policy(SRPTQueue),  # the simulator's oracle: true output lengths
 }
 POLICIES = tuple(POLICY_TABLE)
@@ -106,7 +94,7 @@ def engine_policy(name: str) -> str:
 
 def settings_types() -> dict[str, type | None]:
     """Each policy's settings class (None: it declares none)."""
-    return {name: S.settings_type(p.queue) for name, p in POLICY_TABLE.items()}
+    return {name: p.settings for name, p in POLICY_TABLE.items()}
 
 
 def setting_names() -> tuple[str, ...]:
@@ -125,20 +113,19 @@ def check_policies(sched: SchedConfig, cache: CacheConfig, *, engine: bool = Tru
     check_kv_policy(cache.kv_policy)
 
 
-def rules_for(config: SchedConfig) -> PolicyRules:
-    """The rules of `config`'s policy, with every setting the config gives applied."""
-    return rules_of(config, resolve_policy(config.policy))
-
-
 def policy_setting_notes() -> dict[str, str]:
-    """Each SchedConfig setting's note for a command's help (every policy's own value
-    of it), and the policies' own settings for `policy_settings`."""
-    return {**rule_notes(), "policy_settings": f"({S.settings_help(settings_types())})"}
+    """The note for `policy_settings` in a command's help: every policy's own settings."""
+    return {"policy_settings": f"({S.settings_help(settings_types())})"}
+
+
+def make_policy(config: SchedConfig, cost: CostModel) -> tuple[JobQueue, WalkRules]:
+    """`config`'s policy: its queue, and what the batch walk reads of its rules."""
+    name = resolve_policy(config.policy)
+    return POLICY_TABLE[name].make(name, config, cost)
 
 
 def make_queue(config: SchedConfig, cost: CostModel) -> JobQueue:
-    name = resolve_policy(config.policy)
-    return POLICY_TABLE[name].make(name, config, cost)
+    return make_policy(config, cost)[0]
 
 
 def make_scheduler(
@@ -146,4 +133,4 @@ def make_scheduler(
 ) -> Scheduler:
     from fsd.sched.scheduler import Scheduler
 
-    return Scheduler(config, cache, blocks, cost, make_queue, rules_for)
+    return Scheduler(config, cache, blocks, cost, make_policy)

@@ -18,21 +18,22 @@ from fsd.cost import CostModel
 from fsd.cost.calibration import LiveCost
 from fsd.jobs import Job, JobStatus, KVLocation
 from fsd.kv.block_manager import BlockManager
-from fsd.kv.planner import SwapGate
-from fsd.kv.policies import PlanInputs
 from fsd.kv.prefix import CopyBeatsRecompute
 from fsd.kv.registry import ArrivalEstimate, make_kv_policy
 from fsd.kv.swap import SwapOp
-from fsd.sched.admission import admission_room, predicted_latency
-from fsd.sched.batch import BatchWalk, walk_order
+from fsd.sched.admission import admission_room
+from fsd.sched.batch import BatchWalk, WalkContext
 from fsd.sched.chunking import prefill_budget
+from fsd.sched.copies import plan_inputs
 from fsd.sched.decision import SchedulerOutput, SchedulerStats
+from fsd.sched.estimates import Estimates
 from fsd.sched.eviction import Evictor
+from fsd.sched.leads import walk_order
 from fsd.sched.queues import JobQueue
 
 if TYPE_CHECKING:
     from fsd.config import CacheConfig, SchedConfig
-    from fsd.sched.registry import PolicyRules
+    from fsd.sched.rules import WalkRules
 
 
 class Scheduler:
@@ -44,18 +45,16 @@ class Scheduler:
         cache: CacheConfig,
         blocks: BlockManager,
         cost: CostModel,
-        make_queue: Callable[[SchedConfig, CostModel], JobQueue],
-        rules_of: Callable[[SchedConfig], PolicyRules],
+        make_policy: Callable[[SchedConfig, CostModel], tuple[JobQueue, WalkRules]],
     ) -> None:
-        """`make_queue` and `rules_of` come from the policy registry (make_scheduler):
-        the policy's queue and its rules for a config, given, not looked up here."""
+        """`make_policy` comes from the policy registry (make_scheduler): a config's
+        queue and what the walk reads of its rules, given, not looked up here."""
         self.config = config
         self.cache = cache
         self.blocks = blocks
         self.cost = cost
-        self._make_queue, self._rules_of = make_queue, rules_of
-        self.queue = make_queue(config, cost)
-        self.gated = rules_of(config).swap_gate  # fsd's swap gate and admission (SwapGate)
+        self._make_policy = make_policy
+        self.queue, self.rules = make_policy(config, cost)
         # prompt tokens one iteration may carry (0: whole prefills)
         self.prefill_budget = prefill_budget(config.prefill_chunk, cost, cache.block_size)
         self.arrivals = ArrivalEstimate()
@@ -63,14 +62,11 @@ class Scheduler:
         self.evictor = Evictor(blocks)
         self._prefix_settings(cache)
         self._jobs: dict[str, Job] = {}
-        # ENST of the latest decision, built on first use (most iterations need none)
-        self._enst_for: tuple[float, int] = (0.0, 1)
-        self._enst_built: Callable[[Job], float] | None = None
+        self.estimates = Estimates(cost)
         # jobs whose iteration came back since the last decision (with pipelining, the
         # batch before this one may still be in flight: it is not the one to compare)
         self._returned: set[str] = set()
         self._last_batch_cost = cost.min_iteration_time
-        self._partial: dict[str, Job] = {}  # partly prefilled jobs (chunked prefill)
         self.newest: dict[str | None, Job] = {}  # each owner's latest live job (batch.py)
         # service is charged in measured seconds: the profile x what iterations really
         # take here (the engine reports them; the simulator never does: scale stays 1.0)
@@ -95,12 +91,6 @@ class Scheduler:
         # a host run comes back by copy when that beats recomputing it (both on the profile)
         prefix.worth_copy = CopyBeatsRecompute(cost, bs)
 
-    def __getstate__(self) -> dict[str, object]:
-        # picklable for the what-if twin (fsd.twin): the ENST closure is rebuilt on use
-        state = self.__dict__.copy()
-        state["_enst_built"] = None
-        return state
-
     def add(self, job: Job, now: float) -> None:
         self._jobs[job.job_id] = self.newest[job.owner] = job
         if not job.num_computed_tokens:  # skip-join places it by the prefill it will do
@@ -114,7 +104,7 @@ class Scheduler:
         """Forget a finished or aborted job; its blocks return once no copy touches them."""
         if self._jobs.pop(job.job_id, None) is None:  # gone already: nothing to do
             return
-        self._partial.pop(job.job_id, None)
+        self.estimates.partial.pop(job.job_id, None)
         if self.newest.get(job.owner) is job:
             del self.newest[job.owner]
         self.queue.remove(job)
@@ -143,7 +133,7 @@ class Scheduler:
         config = None if config == self.config else config  # the same settings: a no-op
         cache = None if cache == self.cache else cache
         # what can fail comes before the first change: a refused retune changes nothing
-        fresh = None if config is None else self._make_queue(config, self.cost)
+        fresh, rules = (None, self.rules) if config is None else self._make_policy(config, self.cost)
         if cache is not None:
             self.cache = cache
             self._prefix_settings(cache)
@@ -151,7 +141,7 @@ class Scheduler:
         if config is None or fresh is None:  # (both or neither)
             return
         old, self.config = self.queue, config
-        self.gated = self._rules_of(config).swap_gate
+        self.rules = rules
         self.prefill_budget = prefill_budget(config.prefill_chunk, self.cost, self.cache.block_size)
         if fresh.name == old.name and old.adopt(fresh):
             return
@@ -173,11 +163,18 @@ class Scheduler:
         known = self._jobs
         self.queue.set_running(known[i] for i in self._returned if i in known)
         # 1. walk the queue in priority order, taking ready jobs until the batch is full
-        walk = BatchWalk(self, out, busy)
-        walk.run(walk_order(self, math.inf if walk.first_free else walk.admit_room))
+        walk = BatchWalk(self._walk_context(), out, busy)
+        room = math.inf if walk.first_free else walk.admit_room
+        limit = self.config.max_batch_size
+        walk.run(walk_order(self.queue, self.blocks, len(self), room, limit))
         # 2. the KV policy's asynchronous copies beside the step
-        self._enst_for, self._enst_built = (now, self.config.max_batch_size), None
-        for op in self.kv_policy.plan(self._plan_inputs(walk)):
+        self.estimates.decided(now, self.config.max_batch_size)
+        top = (self.cache.reserve_top_levels, self.config.max_batch_size)
+        inputs = plan_inputs(
+            walk, self.queue, self.blocks, self.cost, self._enst, self._last_batch_cost,
+            self.rules.swap_gate, top,
+        )  # fmt: skip
+        for op in self.kv_policy.plan(inputs):
             out.record(op)
         # 3. the jobs that ran last time and not now are preempted
         self._mark_preempted(out, walk.batch_ids, busy)
@@ -190,30 +187,13 @@ class Scheduler:
         ) / max(getattr(self.cost, "pipeline_stages", 1), 1)
         return out
 
-    def _plan_inputs(self, walk: BatchWalk) -> PlanInputs:
-        batch_ids = walk.batch_ids
-        on_device = self.blocks.on_device
-        movable = (j for j in on_device.values() if j.job_id not in batch_ids)
-        return PlanInputs(
-            walk.wanted,
-            walk.upcoming,
-            self.new_jobs_in_top_levels,
-            self._enst,
-            lambda: self.queue.largest_enst_first(
-                movable,  # type: ignore[arg-type]
-                on_device.keys() - batch_ids,
-                self._enst,
-            ),
-            self._last_batch_cost,
-            self._swap_gate,
-        )
-
-    def _swap_gate(self) -> SwapGate | None:
-        """fsd's rule: a job goes to host memory only when that pays (None: off)."""
-        if not self.gated:
-            return None
-        step = max(self._last_batch_cost, self.cost.min_iteration_time)
-        return SwapGate.over(self.blocks, self.queue.tokens_left, step, self.cost.swap_time)
+    def _walk_context(self) -> WalkContext:
+        config = self.config
+        return WalkContext(
+            self.queue, self.blocks, self.kv_policy, self.evictor, self.cost, self.rules,
+            config.max_batch_size, config.max_batch_tokens, self.prefill_budget,
+            self.admission_room(), self.newest,
+        )  # fmt: skip
 
     def _mark_preempted(
         self, out: SchedulerOutput, batch_ids: set[str], busy: Collection[str]
@@ -232,31 +212,17 @@ class Scheduler:
         """Blocks that jobs without KV may still take this iteration (fsd.sched.admission)."""
         # a block of growth per batch slot, but no more than a quarter of a small pool
         headroom = min(self.config.max_batch_size, self.blocks.device.num_blocks // 4)
-        headroom = headroom if self.gated else None
+        headroom = headroom if self.rules.swap_gate else None
         return admission_room(self.blocks, self.cache.admit_fraction, headroom)
 
     @property
     def _enst(self) -> Callable[[Job], float]:
-        if self._enst_built is None:
-            self._enst_built = self.queue.enst_fn(*self._enst_for, self._pending_prefills())
-        return self._enst_built
-
-    def _pending_prefills(self) -> list[tuple[Job, float]]:
-        """Each partly prefilled job and the seconds of prefill it has left."""
-        chunk = self.cost.chunk_time
-        pending = []
-        for job in self._partial.values():
-            done, new = job.num_computed_tokens, job.num_new_tokens
-            if done and new > 1:  # (not: its KV was dropped since)
-                pending.append((job, chunk(new, done)))
-        return pending
+        return self.estimates.enst(self.queue)
 
     def predicted_latency(self, job: Job, now: float) -> float:
         """Seconds per output token a queued job is predicted to see (the overload
         refusal compares it with the SLO: fsd.sched.admission)."""
-        return predicted_latency(
-            self.queue, self.cost, job, now, self.config.max_batch_size, self._pending_prefills()
-        )
+        return self.estimates.latency(self.queue, job, now, self.config.max_batch_size)
 
     def enst_of(self, job: Job) -> float:
         """The job's ENST under the latest scheduling decision (O(1))."""
@@ -266,16 +232,6 @@ class Scheduler:
         """Store every started job's ENST on it (for telemetry)."""
         for job in self._jobs.values():
             job.enst = self._enst(job) if job.kv is not KVLocation.NONE else None
-
-    def new_jobs_in_top_levels(self) -> int:
-        """Jobs without KV yet in the top K' queue levels (the burst predictor).
-
-        Only these will need fresh blocks; counting stops at one batch's worth, since
-        no more than that can start in the next iteration.
-        """
-        return self.queue.new_jobs_in_top_levels(
-            self.cache.reserve_top_levels, self.config.max_batch_size
-        )
 
     def stats(self, with_levels: bool = True) -> SchedulerStats:
         """The policy's figures; `with_levels` False leaves the levels' job lists out
@@ -326,10 +282,7 @@ class Scheduler:
                 ran.append((job, job.last_cost * scale))
                 self._returned.add(job.job_id)
                 if job.step_tokens > 1:  # a prefill or a chunk of one
-                    if job.num_new_tokens > 1:  # it stopped short of the prompt's end
-                        self._partial[job.job_id] = job
-                    else:
-                        self._partial.pop(job.job_id, None)
+                    self.estimates.prefilled(job)
         self.queue.live_scale = scale  # what the charged seconds are in profile seconds
         if out.recomputed:
             self.queue.dropped(out.recomputed)

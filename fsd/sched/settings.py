@@ -20,11 +20,6 @@ from fsd.errors import ConfigError
 _TRUE, _FALSE = ("true", "on", "yes", "1"), ("false", "off", "no", "0")
 
 
-def settings_type(queue: type) -> type | None:
-    """The frozen dataclass of a queue class's own settings (None: it has none)."""
-    return getattr(queue, "Settings", None)
-
-
 def declared(types: Mapping[str, type | None]) -> dict[str, tuple[str, dataclasses.Field]]:
     """`POLICY.FIELD` -> (policy, field) for every policy's every setting."""
     return {

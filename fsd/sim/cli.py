@@ -32,7 +32,8 @@ DEFAULT_PROFILE = "opt-13b-a100"
 
 
 # the config fields `fsd simulate` sets, each an option generated from its field (a
-# policy's setting added to SchedConfig is an option here with no line changed)
+# field added to SchedConfig is an option here with no line changed; a policy's own
+# settings, its rules among them, go through --policy-settings POLICY.FIELD=VALUE)
 SIM_SCHED = field_names(SchedConfig, skip=("policy", "quanta", "refuse_late", "profile"))
 SIM_CACHE = field_names(CacheConfig, skip=("gpu_memory_utilization", "cpu_kv_bytes", "host_kv_bytes"))
 SIM_CLUSTER = field_names(ClusterConfig)  # replicas behind a router (fsd.sim.replicas)

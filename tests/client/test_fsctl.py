@@ -100,21 +100,26 @@ def test_retune_parses_values(daemon):
     result = fsctl(daemon, "retune", "policy=fcfs", "quanta=0.01,0.02,0.04")
     assert result.exit_code == 0, result.output
     assert result.stdout == "policy = fcfs\nquanta = 0.01,0.02,0.04\n"
-    units = fsctl(daemon, "retune", "policy=sj-mlfq", "quanta=none", "q1=5ms",
-                  "starve_limit=1.5s", "starve_limit_waiting=150ms", "preempt_threshold=2")  # fmt: skip
+    units = fsctl(daemon, "retune", "policy=sj-mlfq", "quanta=none", "q1=5ms", "fsd.alpha=50",
+                  "sj-mlfq.waiting_alpha=1.5", "sj-mlfq.threshold=2", "fsd.swap_gate=off")  # fmt: skip
     assert units.exit_code == 0, units.output
     assert units.stdout.splitlines() == [
         "policy = sj-mlfq",
         "quanta = none (the default)",
         "q1 = 0.005",
-        "starve_limit = 1.5",
-        "starve_limit_waiting = 0.15",
-        "preempt_threshold = 2",
+        "fsd.alpha = 50",  # a policy's own: alphas in SLOs, each retunable alone
+        "sj-mlfq.waiting_alpha = 1.5",
+        "sj-mlfq.threshold = 2",
+        "fsd.swap_gate = False",
     ]
-    reset = fsctl(daemon, "retune", "policy=default", "q1=none", "starve_limit=none",
-                  "starve_limit_waiting=none")  # fmt: skip
+    reset = fsctl(daemon, "retune", "policy=default", "q1=none", "policy_settings=none")
     assert reset.exit_code == 0, reset.output
     assert "q1 = none (the default)" in reset.stdout
+    assert "policy_settings = none (the default)" in reset.stdout  # each policy's own rules
+    seconds = fsctl(daemon, "retune", "fsd.alpha=1.5s")  # SLOs, not a duration
+    assert seconds.exit_code == 2 and "fsd.alpha must be float, got '1.5s'" in seconds.stderr
+    gone = fsctl(daemon, "retune", "starve_limit=1.5")  # the alpha in seconds is no more
+    assert gone.exit_code == 2 and "unknown setting starve_limit" in gone.stderr
     bad_unit = fsctl(daemon, "retune", "q1=5 parsecs")
     assert bad_unit.exit_code == 2
     assert bad_unit.stderr == "error: q1: '5 parsecs' is not a duration (e.g. 0.01, 10ms, 250us)\n"

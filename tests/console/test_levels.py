@@ -27,11 +27,10 @@ from tests.sched.harness import COST
 @pytest.fixture(scope="module")
 def engine():
     # explicit quanta of 10 iterations and more: a 4-token prompt joins Q1; with the
-    # "always" rule the job drops to Q2 after its 10th iteration
+    # "always" rule (sj-mlfq's) the job drops to Q2 after its 10th iteration
     config = EngineConfig.from_kwargs(
-        model="tiny", device="cpu", num_gpu_blocks=64, quanta=(10.0, 20.0, 40.0),
-        policy="sj-mlfq", demote_rule="always", preempt_threshold=0,
-    )  # fmt: skip
+        model="tiny", device="cpu", num_gpu_blocks=64, quanta=(10.0, 20.0, 40.0), policy="sj-mlfq"
+    )
     e = Engine(config, cost=COST)
     e.events.enabled = True
     yield e

@@ -89,7 +89,9 @@ def test_fsctl_watch_prints_the_hit_rate(recording):
 )
 def test_retune_reads_prefix_cache_as_a_bool(text, value):
     assert fmt.parse_assignments([f"prefix_cache={text}"]) == {"prefix_cache": value}
-    assert fmt.parse_assignments([f"charge_prefill={text}"]) == {"charge_prefill": value}
+    # and a policy's own on/off settings, by their POLICY.FIELD names
+    assert fmt.parse_assignments([f"fsd.charge_prefill={text}"]) == {"fsd.charge_prefill": value}
+    assert fmt.parse_assignments([f"sj-mlfq.swap_gate={text}"]) == {"sj-mlfq.swap_gate": value}
 
 
 @pytest.mark.parametrize("text", ["1", "0", "maybe", "", "true,false", "none"])

@@ -102,13 +102,13 @@ async def test_retune_validates_then_changes_the_daemons_config(daemon):
         assert app.screen is dialog
         # a good change reaches the daemon and its answer is shown
         dialog.query_one("#policy").value = "sj-mlfq"
-        fill(dialog, k_prime="3", alpha="750ms")
+        fill(dialog, k_prime="3", alpha="2.5")  # the policy's own alpha, in SLOs
         await pilot.press("ctrl+s")
         await wait_for(pilot, lambda: not isinstance(app.screen, RetuneScreen))
-        assert "reserve_top_levels=3" in message(app) and "starve_limit=750ms" in message(app)
+        assert "reserve_top_levels=3" in message(app) and "sj-mlfq.alpha=2.5" in message(app)
     status = daemon.snapshot().config
     assert status["cache"]["reserve_top_levels"] == 3
-    assert status["sched"]["starve_limit"] == pytest.approx(0.75)
+    assert ["sj-mlfq.alpha", pytest.approx(2.5)] in status["sched"]["policy_settings"]
 
 
 @sync

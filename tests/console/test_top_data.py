@@ -147,12 +147,14 @@ def test_durations_accept_units(text, seconds):
         ("quanta", {"mode": "quanta", "quanta": "4ms,2ms"}, "strictly increasing"),
         ("q1", {"q1": "fast"}, "not a duration"),
         ("ratio", {"ratio": "0.5"}, "must be > 1"),
-        ("alpha", {"alpha": "-1"}, "not a duration"),
+        ("alpha", {"alpha": "-1"}, "must be > 0 SLOs, got -1"),
+        ("alpha", {"alpha": "10ms"}, "'10ms' is not a number"),
         ("K", {"k": "-1"}, "must be in [0, 65536], got -1"),
         ("K", {"k": str(2**62)}, f"must be in [0, 65536], got {2**62}"),
         ("K'", {"k_prime": "257"}, "must be in [0, 256], got 257"),
         ("ratio", {"ratio": "5000"}, "must be <= 1000, got 5000"),
-        ("alpha", {"alpha": "90000s"}, "must be <= 86400s (one day)"),
+        ("alpha", {"alpha": "2e6"}, "must be in (0, 1e+06] SLOs, got 2000000.0"),
+        ("alpha", {"alpha": "5", "policy": "fcfs"}, "policy fcfs has no alpha; clear it"),
         ("quanta", {"mode": "quanta", "quanta": "1ms,2e9"}, "must be <= 86400s (one day)"),
         ("K'", {"k_prime": "x"}, "not a whole number"),
         ("admit", {"admit": "1.5"}, "must be in (0, 1]"),
@@ -160,7 +162,7 @@ def test_durations_accept_units(text, seconds):
     ],
 )
 def test_bad_retune_fields_are_named(field, kw, message):
-    current = forms.RetuneForm(q1="2ms", alpha="1s")
+    current = forms.RetuneForm(q1="2ms", alpha="100", policy="fsd")
     with pytest.raises(forms.FormError) as err:
         forms.retune_changes(_replace(current, **kw), current)
     assert err.value.field == field and message in err.value.message
@@ -168,12 +170,14 @@ def test_bad_retune_fields_are_named(field, kw, message):
 
 def test_retune_assignments_reset_to_the_default_with_none_quanta_included():
     # quanta=none puts back the levels that q1 and quantum_ratio derive
-    assert fmt.parse_assignments(["quanta=none", "q1=None", "starve_limit=none"]) == {
-        "quanta": None, "q1": None, "starve_limit": None,
-    }  # fmt: skip
+    assert fmt.parse_assignments(["quanta=none", "q1=None"]) == {"quanta": None, "q1": None}
     assert fmt.parse_assignments(["quanta=1ms,2ms"]) == {"quanta": [0.001, 0.002]}
-    with pytest.raises(ConfigError, match=r"starve_limit: must be <= 86400s \(one day\)"):
-        fmt.parse_assignments(["starve_limit=1e9"])
+    with pytest.raises(ConfigError, match=r"q1: must be <= 86400s \(one day\)"):
+        fmt.parse_assignments(["q1=1e9"])
+    # a policy's alpha is a count of SLOs: a plain number, no unit
+    assert fmt.parse_assignments(["fsd.alpha=50", "mlfq.alpha=2.5"]) == {
+        "fsd.alpha": 50, "mlfq.alpha": 2.5,
+    }  # fmt: skip
 
 
 def _replace(form: forms.RetuneForm, **kw) -> forms.RetuneForm:
@@ -190,17 +194,38 @@ def test_retune_sends_only_what_changed():
     }
     current = forms.RetuneForm.from_config(config)
     assert current.policy == "sj-mlfq" and current.q1 == "2ms" and current.mode == "ratio"
+    assert current.alpha == "1"  # sj-mlfq's own alpha, in SLOs
     with pytest.raises(forms.FormError, match="nothing changed"):
         forms.retune_changes(current, current)
-    changed = _replace(current, k_prime="3", policy="fcfs", alpha="50ms")
+    changed = _replace(current, k_prime="3", alpha="50")
     assert forms.retune_changes(changed, current) == {
-        "reserve_top_levels": 3, "policy": "fcfs", "starve_limit": pytest.approx(0.05)
+        "reserve_top_levels": 3, "sj-mlfq.alpha": 50.0
     }  # fmt: skip
+    # another policy keeps its own alpha unless the field is edited
+    assert forms.retune_changes(_replace(current, policy="fsd"), current) == {"policy": "fsd"}
+    assert forms.retune_changes(_replace(current, policy="fsd", alpha="20"), current) == {
+        "policy": "fsd", "fsd.alpha": 20.0
+    }  # fmt: skip
+    assert forms.retune_changes(_replace(current, policy="fcfs"), current) == {"policy": "fcfs"}
     assert current.admit == "0.9"  # absent from the config: the code's default
     admit = _replace(current, admit="0.2")
     assert forms.retune_changes(admit, current) == {"admit_fraction": 0.2}
     explicit = _replace(current, mode="quanta", quanta="1ms, 3ms, 9ms")
     assert forms.retune_changes(explicit, current) == {"quanta": [0.001, 0.003, 0.009]}
+
+
+def test_the_forms_alpha_is_the_running_policys_own_in_slos():
+    def form(policy: str, settings: list) -> forms.RetuneForm:
+        config = {"sched": {"policy": "default", "policy_settings": settings},
+                  "effective": {"policy": policy, "starve_limit": 5.0}}  # fmt: skip
+        return forms.RetuneForm.from_config(config)
+
+    assert form("fsd", [["fsd.alpha", 50.0], ["mlfq.alpha", 2.0]]).alpha == "50"
+    assert form("fsd", [["fsd.alpha", "7.5"]]).alpha == "7.5"  # a command line's text
+    assert form("fsd", [["sj-mlfq.alpha", 3.0]]).alpha == "100"  # fsd's own default
+    assert form("gittins", []).alpha == ""  # no alpha: nothing to show or send
+    gittins = form("gittins", [])
+    assert forms.retune_changes(_replace(gittins, k="7"), gittins) == {"reserve_min_jobs": 7}
 
 
 def test_leaving_explicit_quanta_clears_them():
@@ -265,7 +290,7 @@ def test_over_the_slo_is_highlighted():
 def test_config_keys_line_up_with_a_gap_before_every_value():
     state = TopState()
     config = {
-        "sched": {"policy": "default", "starve_limit": 2.5},
+        "sched": {"policy": "default", "q1": 2.5},
         "cache": {"gpu_memory_utilization": 0.85, "kv_policy": "proactive"},
     }
     state.apply(snap(1.0, [[]], [], config=config))
@@ -278,6 +303,13 @@ def test_config_keys_line_up_with_a_gap_before_every_value():
     }
     assert len(starts) == 1  # every value in one column
     assert lines[2].startswith(" gpu_memory_utilization ")
+
+
+def test_the_config_panel_shows_policy_settings_as_assignments():
+    state = TopState()
+    config = {"sched": {"policy_settings": [["fsd.alpha", 50.0], ["fsd.demote", "always"]]}}
+    state.apply(snap(1.0, [[]], [], config=config))
+    assert "fsd.alpha=50 fsd.demote=always" in render.config_panel(state.view()).plain
 
 
 # ---- the feed ----------------------------------------------------------------------

@@ -242,7 +242,7 @@ def _long_beside_decodes(profile, kv_policy: str):
     llm = LLM(
         "tiny-opt",
         policy="fsd",  # fsd's rules less the swap gate: the long job must be preempted
-        swap_gate=False,
+        **{"fsd.swap_gate": False},
         kv_policy=kv_policy,
         dtype="float32",
         prefill_chunk=16,
@@ -352,10 +352,8 @@ def test_jobs_preempted_after_their_first_tokens_resume_in_chunks(profile, churn
     llm = make(
         profile,
         16,
-        policy="sj-mlfq",
+        policy="sj-mlfq",  # demotion at every quantum's end, no preemption threshold
         kv_policy=kv_policy,
-        demote_rule="always",
-        preempt_threshold=0,
         num_gpu_blocks=14,
         max_batch_size=4,
     )
@@ -528,7 +526,6 @@ def test_every_iteration_with_a_chunk_carries_every_running_decode(profile):
         "tiny-opt",
         policy="mlfq",
         quanta=(1e-9, 2e-9, 4e-9, 8e-9),
-        preempt_threshold=0,
         dtype="float32",
         prefill_chunk=48,
         max_batch_tokens=48,
@@ -583,7 +580,6 @@ def test_a_burst_of_new_prompts_does_not_stall_the_running_decodes(profile):
         32,
         policy="mlfq",
         quanta=(1e-9, 2e-9, 4e-9, 8e-9),
-        preempt_threshold=0,
         max_batch_tokens=64,
         max_batch_size=4,
     )

@@ -95,8 +95,7 @@ def test_shared_blocks_under_preemption_and_swapping_match(uncached_long, kv_pol
     blocks are preempted, swapped out (or dropped) and resume."""
     llm = LLM(
         "tiny",
-        policy="sj-mlfq",
-        demote_rule="always",
+        policy="sj-mlfq",  # demoted at every quantum's end
         kv_policy=kv_policy,
         num_gpu_blocks=30,
         num_host_blocks=128,

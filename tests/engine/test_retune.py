@@ -32,7 +32,7 @@ def test_retuning_policy_quanta_alpha_and_kv_policy_mid_run_changes_no_token():
     base = LLM("tiny", policy="fcfs", num_gpu_blocks=256).generate(PROMPTS, PARAMS)
     llm = LLM("tiny", policy="sj-mlfq", num_gpu_blocks=12, num_host_blocks=64, max_batch_size=3)
     retunes = {
-        2: {"quanta": (0.001, 0.002, 0.004), "starve_limit": 0.5},
+        2: {"quanta": (0.001, 0.002, 0.004), "sj-mlfq.alpha": 50.0},
         5: {"policy": "fcfs", "kv_policy": "recompute"},
         9: {"policy": "mlfq", "q1": 0.01, "quantum_ratio": 3.0, "kv_policy": "reactive"},
         14: {"policy": "sj-mlfq", "max_batch_size": 2, "reserve_min_jobs": 2},
@@ -41,6 +41,7 @@ def test_retuning_policy_quanta_alpha_and_kv_policy_mid_run_changes_no_token():
     assert run_with_retunes(llm, retunes) == [o.token_ids for o in base]
     cfg = llm.engine.config
     assert cfg.sched.policy == "sj-mlfq" and cfg.sched.max_batch_size == 2
+    assert dict(cfg.sched.policy_settings) == {"sj-mlfq.alpha": 50.0}  # kept across policies
     assert cfg.cache.kv_policy == "reactive" and cfg.cache.reserve_min_jobs == 2
     assert cfg.cache.admit_fraction == llm.engine.scheduler.cache.admit_fraction == 0.3
 
@@ -63,7 +64,11 @@ def test_same_policy_retune_keeps_levels_and_clips_removed_ones():
         ({"policy": "lottery"}, "unknown policy"),
         ({"policy": "srpt"}, "simulator only"),
         ({"quanta": (2.0, 1.0)}, "strictly increasing"),
-        ({"starve_limit": 0}, "alpha"),
+        ({"fsd.alpha": 0}, r"fsd setting alpha must be in \(0, 1e\+06\] SLOs, got 0"),
+        ({"fsd.threshold": 300}, r"fsd setting threshold must be in \[0, 256\] levels"),
+        ({"fsd.promote": "down"}, "fsd setting promote must be one of"),
+        ({"fsd.alpah": 5}, r"unknown setting fsd.alpah \(did you mean fsd.alpha\?\)"),
+        ({"starve_limit": 5}, "unknown setting starve_limit"),
         ({"kv_policy": "magic"}, "kv_policy"),
         ({"admit_fraction": 0}, "admit_fraction"),
         ({"block_size": 8}, "cannot retune block_size while running: fixed when"),

@@ -17,6 +17,7 @@ from fsd.config import EngineConfig
 from fsd.engine.plan import build_plan, sub_plan
 from fsd.errors import ConfigError
 from fsd.jobs import PENDING
+from fsd.sched.rules import MAX_ALPHA_SLOS
 
 PROMPTS = [[(i * 13 + k) % 250 + 1 for k in range(n)] for i, n in enumerate([3, 40, 1, 17, 64, 9])]
 
@@ -57,8 +58,9 @@ def test_every_kind_of_ending_and_sampling_gives_the_same_outputs_ahead():
 def test_preemption_and_swaps_ahead_change_no_token(kv_policy):
     params = SamplingParams(max_tokens=40, ignore_eos=True)
     alone = [outputs(False, [p], params)[0][0] for p in PROMPTS]
-    options = dict(policy="sj-mlfq", kv_policy=kv_policy, num_host_blocks=64, max_batch_size=4,
-                   demote_rule="always", starve_limit=86400.0, starve_limit_waiting=86400.0)  # fmt: skip
+    options = {"policy": "sj-mlfq", "kv_policy": kv_policy, "num_host_blocks": 64,
+               "max_batch_size": 4, "sj-mlfq.alpha": MAX_ALPHA_SLOS,
+               "sj-mlfq.waiting_alpha": MAX_ALPHA_SLOS}  # fmt: skip
     llm = LLM("tiny", seed=5, schedule_ahead=True, **{**options, "num_gpu_blocks": 14})
     llm.engine.scheduler.observe_iteration = lambda *_: None  # type: ignore[method-assign]
     outs = llm.generate(PROMPTS, params)

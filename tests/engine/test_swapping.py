@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from fsd import LLM, SamplingParams
+from fsd.sched.rules import MAX_ALPHA_SLOS
 
 PROMPTS = [
     [(i * 13 + k) % 250 + 1 for k in range(n)] for i, n in enumerate([3, 40, 1, 17, 64, 9, 30])
@@ -19,7 +20,7 @@ def small_pool(kv_policy: str, **options: object) -> LLM:
     Service is charged in the profile's seconds and nothing starves within the run,
     so the preemptions come from the quanta alone, not from how busy the machine is
     (wall-clock promotions once left the defer case without a single drop)."""
-    options = {"starve_limit": 86400.0, "starve_limit_waiting": 86400.0, **options}
+    options = {"sj-mlfq.alpha": MAX_ALPHA_SLOS, "sj-mlfq.waiting_alpha": MAX_ALPHA_SLOS, **options}
     llm = LLM(
         "tiny",
         policy="sj-mlfq",
@@ -41,9 +42,9 @@ def alone() -> list[list[int]]:
 
 @pytest.mark.parametrize("kv_policy", ["defer", "recompute", "reactive", "proactive"])
 def test_sj_mlfq_under_a_small_device_pool_matches_each_prompt_run_alone(alone, kv_policy):
-    # demotion at every quantum's end (a fresh Gittins rule keeps alike jobs in place)
-    # is the churn that forces preemption here
-    llm = small_pool(kv_policy, demote_rule="always")
+    # sj-mlfq's demotion at every quantum's end (a fresh Gittins rule would keep alike
+    # jobs in place) is the churn that forces preemption here
+    llm = small_pool(kv_policy)
     outs = llm.generate(PROMPTS, PARAMS)
     assert [o.token_ids for o in outs] == alone
     assert sum(o.preemptions for o in outs) > 0
@@ -142,7 +143,7 @@ def test_a_sync_swap_out_into_host_blocks_a_swap_in_just_left_copies_after_it():
 def test_a_failed_async_copy_fails_its_job_only(alone, monkeypatch):
     from fsd.engine.swapper import Swapper
 
-    llm = small_pool("proactive", demote_rule="always")
+    llm = small_pool("proactive")
     real = Swapper._copy
     doomed: list[str] = []
 
@@ -174,7 +175,7 @@ def test_steps_go_on_while_a_proactive_copy_is_held_and_the_tokens_do_not_change
 
     from fsd.engine.swap_staging import Staging
 
-    llm = small_pool("proactive", demote_rule="always", prefix_cache=False)
+    llm = small_pool("proactive", prefix_cache=False)
     eng = llm.engine
     real, held, go = Staging.copy, threading.Event(), threading.Event()
 

@@ -276,10 +276,10 @@ def watch(sched: Scheduler, chunk: int, max_batch_tokens: int) -> list[int]:
 def test_property_chunked_prefill_conserves_blocks_and_finishes_everything(
     specs, policy, kv, chunk, batch, device, delay, max_batch_tokens
 ):
+    # (mlfq and sj-mlfq demote at every quantum's end, with no preemption threshold)
     s = harness.property_scheduler(
-        policy, kv, device, batch, demote_rule="always", preempt_threshold=0,
-        prefill_chunk=chunk, max_batch_tokens=max_batch_tokens,
-    )  # fmt: skip
+        policy, kv, device, batch, prefill_chunk=chunk, max_batch_tokens=max_batch_tokens
+    )
     assert s.blocks.block_size == BS
     # a prompt and its output must fit the device pool (admission's rule, drive_all); with
     # chunking, a prompt need not fit one iteration's token budget
@@ -304,8 +304,6 @@ def test_many_random_arrivals_with_aborts_mid_prefill(kv):
         host=120,
         max_batch_size=6,
         block_size=BS,
-        demote_rule="always",
-        preempt_threshold=0,
         prefill_chunk=12,
         max_batch_tokens=32,
     )

@@ -46,11 +46,11 @@ def alone(profile_path) -> dict[str, list[list[int]]]:
 def test_sharded_tokens_equal_one_device_under_preemption_and_swapping(
     ray_cluster, cpu_llm, alone, model, tp, pp, kv_policy
 ):
-    # demotion churn forces the preemption and swapping
+    # demotion churn (sj-mlfq's rule) forces the preemption and swapping
     # every byte out comes back in (test_prefix_sharded has the cache)
     with cpu_llm(
-        model, tp=tp, pp=pp, policy="sj-mlfq", demote_rule="always", kv_policy=kv_policy,
-        prefix_cache=False, **SMALL_POOL,
+        model, tp=tp, pp=pp, policy="sj-mlfq", kv_policy=kv_policy, prefix_cache=False,
+        **SMALL_POOL,
     ) as llm:
         outs = llm.generate(PROMPTS, PARAMS)
         assert [o.token_ids for o in outs] == alone[model]
@@ -119,10 +119,11 @@ def test_sharded_chunked_prefill_under_preemption_equals_one_device_unchunked(
 ):
     """Chunks beside demotion churn on 14 blocks: half-prefilled jobs are swapped out or
     dropped (with pp = 2, while other micro-batches are in flight) and resume."""
-    # fsd's rules less the swap gate: the preemption churn this needs
+    # fsd's rules less the swap gate, demoting always, no threshold: the churn this needs
+    churn = {"fsd.swap_gate": False, "fsd.demote": "always", "fsd.threshold": 0}
     with cpu_llm(
-        "tiny-opt", tp=tp, pp=pp, policy="fsd", swap_gate=False, demote_rule="always",
-        preempt_threshold=0, kv_policy=kv_policy, prefill_chunk=16, **SMALL_POOL,
+        "tiny-opt", tp=tp, pp=pp, policy="fsd", kv_policy=kv_policy, prefill_chunk=16,
+        **churn, **SMALL_POOL,
     ) as llm:
         outs = llm.generate(CHUNK_PROMPTS, CHUNK_PARAMS)
         assert [o.token_ids for o in outs] == unchunked

@@ -52,11 +52,15 @@ def scheduler(
     block_size: int = 4,
     cost: CostModel = COST,
     admit_fraction: float = 0.9,
+    rules: dict | None = None,
     **sched_kw,
 ) -> Scheduler:
+    """`rules`: the policy's own settings by field name (`{"demote": "always"}`)."""
     blocks = BlockManager(device, block_size, host)
     cache = CacheConfig(block_size=block_size, kv_policy=kv_policy, admit_fraction=admit_fraction)
-    return make_scheduler(SchedConfig(policy=policy, **sched_kw), cache, blocks, cost)
+    own = {f"{policy}.{k}": v for k, v in (rules or {}).items()}
+    config = SchedConfig(policy=policy, policy_settings=own, **sched_kw)
+    return make_scheduler(config, cache, blocks, cost)
 
 
 def property_scheduler(

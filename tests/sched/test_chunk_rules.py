@@ -62,12 +62,12 @@ def test_chunks_leave_every_ready_decode_its_token():
 
 def test_chunks_change_no_level_or_service_whether_prefill_is_charged_or_not():
     # the chunks of a prompt are charged their shares of the whole prefill: under
-    # charge_prefill they add up to exactly the whole one's charge, otherwise to nothing
+    # sj-mlfq.charge_prefill they add up to exactly the whole one's charge, otherwise to nothing
     for charge in (False, True):
         seen = []
         for chunk in (0, 32):
             sched = scheduler("sj-mlfq", device=512, block_size=4, prefill_chunk=chunk,
-                              charge_prefill=charge)  # fmt: skip
+                              rules={"charge_prefill": charge})  # fmt: skip
             job = make_jobs([(100, 3)])[0]
             sched.add(job, 0.0)
             charged, steps = 0.0, 0

@@ -9,7 +9,6 @@ import random
 import pytest
 
 from fsd.jobs import Job, SamplingParams
-from fsd.sched.batch import BatchWalk
 from fsd.sched.mlfq import MLFQQueue
 from tests.sched.harness import drive, make_jobs, scheduler
 from tests.sched.test_mlfq import QUANTA, cost, run_once
@@ -153,11 +152,14 @@ def test_another_clients_short_job_is_not_held_behind_a_backlog():
     assert fifo - 30 > 10 * (fair - 30), (fair, fifo)
 
 
-def _flood_then(short: list[tuple[str, int]], arrive: int, every: int = 0) -> dict[str, int]:
+def _flood_then(
+    short: list[tuple[str, int]], arrive: int, every: int = 0, leads: bool = True
+) -> dict[str, int]:
     """Ten owners' 100 long jobs each fill device and batch under fsd's gate; `short`
     ((owner, tokens) jobs) arrive from iteration `arrive`, `every` iterations apart:
-    the iterations each of them waited for its first token."""
-    sched = scheduler("fsd", device=64, host=256, block_size=16, max_batch_size=8)
+    the iterations each of them waited for its first token (`leads`: fsd.owner_leads)."""
+    sched = scheduler("fsd", device=64, host=256, block_size=16, max_batch_size=8,
+                      rules={"owner_leads": leads})  # fmt: skip
     flood = []
     for c in range(10):
         for job in make_jobs([(3, 900)] * 100, prefix=f"f{c}-"):
@@ -182,11 +184,10 @@ def _flood_then(short: list[tuple[str, int]], arrive: int, every: int = 0) -> di
 
 
 @pytest.mark.parametrize("arrive", [50, 200])
-def test_a_client_with_nothing_running_gets_its_short_job_in_at_once(arrive, monkeypatch):
+def test_a_client_with_nothing_running_gets_its_short_job_in_at_once(arrive):
     # the flood's started jobs hold the batch and the device; bob holds nothing
     assert _flood_then([("bob", 2)], arrive)["s0"] <= 2
-    monkeypatch.setattr(BatchWalk, "_owner_leads", lambda self: [])
-    assert _flood_then([("bob", 2)], arrive)["s0"] > 5  # what the turns alone gave
+    assert _flood_then([("bob", 2)], arrive, leads=False)["s0"] > 5  # what turns alone gave
 
 
 def test_owners_leads_are_one_each_and_never_long():
@@ -202,4 +203,3 @@ def test_a_client_sending_one_short_job_after_another_is_served_each_time():
     # which never run there; its latest job is found wherever it waits
     first = _flood_then([("bob", 2)] * 30, 50, every=10)
     assert max(first.values()) <= 2, first
-

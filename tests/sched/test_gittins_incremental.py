@@ -58,7 +58,8 @@ def policies(monkeypatch: pytest.MonkeyPatch) -> None:
     queues = dict(registry.POLICY_TABLE)
     for name, cls in (("gittins-full-relevel", FullRelevel), ("gittins-plain-order", PlainOrder)):
         queues[name] = registry.Policy(
-            cls, lambda _name, config, cost, _own, cls=cls: cls(cost, quanta_for(config, cost))
+            cls,
+            build=lambda _name, config, cost, _own, cls=cls: cls(cost, quanta_for(config, cost)),
         )
     monkeypatch.setattr(registry, "POLICY_TABLE", queues)
     monkeypatch.setattr(registry, "POLICIES", tuple(queues))

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from fsd.config import SchedConfig
+from fsd.config import CacheConfig, SchedConfig
 from fsd.errors import ConfigError
 from fsd.jobs import FinishReason, Job, SamplingParams
 from fsd.sched.lengths import OutputLengthIndex
 from fsd.sched.mlfq import MLFQQueue
+from fsd.sched.registry import check_policies
 from tests.sched.test_mlfq import QUANTA, cost, run_once
 
 
@@ -160,8 +161,8 @@ def test_the_always_rule_and_naive_mlfq_ignore_the_lengths():
 
 
 def test_unknown_demote_rule_is_refused():
-    with pytest.raises(ConfigError, match="demote_rule"):
-        SchedConfig(demote_rule="never")
+    with pytest.raises(ConfigError, match="fsd setting demote must be one of"):
+        check_policies(SchedConfig(policy_settings={"fsd.demote": "never"}), CacheConfig())
     with pytest.raises(ValueError, match="demote_rule"):
         MLFQQueue(cost(), QUANTA, 100.0, demote_rule="never")
 

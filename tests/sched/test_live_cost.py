@@ -122,9 +122,10 @@ def iterations_per_level(sched: Scheduler, slowdown: float | None, n: int) -> di
 
 
 def test_a_100x_slower_machine_charges_100x_and_long_jobs_sink_100x_sooner():
-    # demote_rule "always": the quantum's end alone decides (no learned lengths yet)
-    plain = iterations_per_level(scheduler("fsd", cost=UNIT, demote_rule="always", device=512), None, 300)
-    sched = scheduler("fsd", cost=UNIT, demote_rule="always", device=512)
+    # fsd.demote "always": the quantum's end alone decides (no learned lengths yet)
+    always = {"demote": "always"}
+    plain = iterations_per_level(scheduler("fsd", cost=UNIT, rules=always, device=512), None, 300)
+    sched = scheduler("fsd", cost=UNIT, rules=always, device=512)
     slow = iterations_per_level(sched, 100.0, 300)
     assert sched.live_cost.scale == pytest.approx(100.0)
     assert sched.stats().live_cost == pytest.approx(100.0)
@@ -145,7 +146,8 @@ def test_a_100x_slower_machine_charges_100x_and_long_jobs_sink_100x_sooner():
 
 
 def test_the_charge_is_the_prediction_times_the_scale():
-    sched = scheduler("fsd", cost=UNIT, demote_rule="always", num_levels=2, quanta=(1000.0, 2000.0))
+    sched = scheduler("fsd", cost=UNIT, rules={"demote": "always"}, num_levels=2,
+                      quanta=(1000.0, 2000.0))  # fmt: skip
     job = long_job()
     sched.add(job, 0.0)
     for i in range(3):  # the prefill (not charged at the skip-join level), two decodes

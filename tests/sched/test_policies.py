@@ -8,9 +8,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fsd.config import SchedConfig
+from fsd.config import CacheConfig, SchedConfig
 from fsd.errors import ConfigError
 from fsd.sched import resolve_policy
+from fsd.sched.registry import check_policies
+from fsd.sched.rules import MAX_ALPHA_SLOS
 from tests.sched.harness import (
     drive,
     drive_all,
@@ -22,6 +24,14 @@ from tests.sched.harness import (
 
 POLICIES = ["fcfs", "priority", "mlfq", "sj-mlfq", "fsd", "gittins", "srpt"]
 KV = ["defer", "recompute", "reactive", "proactive"]
+RULED = ("sj-mlfq", "fsd")  # the policies with a demotion rule and a preemption threshold
+NEVER = MAX_ALPHA_SLOS  # an alpha no run reaches: no promotion
+
+
+def churn(policy: str) -> dict | None:
+    """Demotion at every quantum's end, no preemption threshold (sj-mlfq's own rules):
+    the churn that forces preemption and swapping."""
+    return {"demote": "always", "threshold": 0} if policy in RULED else None
 
 
 def test_fcfs_batch_one_runs_jobs_to_completion_in_arrival_order():
@@ -36,9 +46,7 @@ def test_sj_mlfq_lets_a_short_job_pass_a_long_one(rule):
         "sj-mlfq",
         max_batch_size=1,
         quanta=(1.0, 2.0, 4.0, 8.0),
-        starve_limit=86_400.0,  # a day: no promotion in these runs
-        demote_rule=rule,
-        preempt_threshold=0,
+        rules={"alpha": NEVER, "demote": rule},  # no promotion in these runs
     )
     for n in [2] * 24 + [60] * 8:  # gittins learned a heavy tail: outliving 2 tokens is bad news
         s.queue.lengths.observe(n)
@@ -54,9 +62,7 @@ def test_a_running_job_is_preempted_only_by_a_job_far_enough_ahead(threshold, fi
         "sj-mlfq",
         max_batch_size=1,
         quanta=(1.0, 2.0, 4.0, 8.0),
-        starve_limit=86_400.0,  # a day: no promotion in these runs
-        demote_rule="always",
-        preempt_threshold=threshold,
+        rules={"alpha": NEVER, "threshold": threshold},  # no promotion in these runs
     )
     jobs = make_jobs([(4, 40), (4, 3)])
     run = drive(s, jobs)
@@ -66,7 +72,7 @@ def test_a_running_job_is_preempted_only_by_a_job_far_enough_ahead(threshold, fi
 
 def test_a_fresh_gittins_queue_runs_alike_jobs_first_come_first_served():
     # nothing finished yet: a job that has generated tokens keeps its place (cold start)
-    s = scheduler("fsd", max_batch_size=1, quanta=(1.0, 2.0, 4.0, 8.0), starve_limit=86_400.0)
+    s = scheduler("fsd", max_batch_size=1, quanta=(1.0, 2.0, 4.0, 8.0), rules={"alpha": NEVER})
     run = drive(s, make_jobs([(4, 20), (4, 20), (4, 20)]))
     assert run.finished == ["j0", "j1", "j2"]
     assert all(b == ["j0"] for b in run.batches[:20])
@@ -91,11 +97,7 @@ def test_unknown_policy_is_refused_with_the_choices():
 @pytest.mark.parametrize("kv", KV)
 @pytest.mark.parametrize("policy", POLICIES)
 def test_small_device_pool_every_policy_and_kv_policy_finishes_everything(policy, kv):
-    # demote at every quantum's end, no preemption threshold: the churn that forces
-    # preemption and swapping
-    s = scheduler(
-        policy, kv, device=12, host=64, max_batch_size=3, demote_rule="always", preempt_threshold=0
-    )
+    s = scheduler(policy, kv, device=12, host=64, max_batch_size=3, rules=churn(policy))
     jobs = make_jobs([(6, 9), (3, 14), (9, 4), (2, 11), (7, 7), (4, 3)])
     arrivals = {j.job_id: 2 * i for i, j in enumerate(jobs)}
     run = drive(s, jobs, arrivals, copy_delay=2)
@@ -124,8 +126,8 @@ def test_property_blocks_conserved_all_finish_no_deadlock(
     specs, policy, kv, batch, device, delay, learned, threshold
 ):
     # learned: output lengths that prime the Gittins demotion rule (None: always demote)
-    rule = "always" if learned is None else "gittins"
-    s = property_scheduler(policy, kv, device, batch, demote_rule=rule, preempt_threshold=threshold)
+    rules = {"demote": "always" if learned is None else "gittins", "threshold": threshold}
+    s = property_scheduler(policy, kv, device, batch, rules=rules if policy in RULED else None)
     lengths = getattr(s.queue, "lengths", None)  # MLFQ queues only
     if lengths is not None:
         for n in learned or ():
@@ -136,14 +138,25 @@ def test_property_blocks_conserved_all_finish_no_deadlock(
 def test_config_errors_name_the_field():
     with pytest.raises(ConfigError, match="strictly increasing"):
         SchedConfig(quanta=(1.0, 1.0))
-    with pytest.raises(ConfigError, match="alpha"):
-        SchedConfig(starve_limit=0)
-    with pytest.raises(ConfigError, match="starve_limit_waiting"):
-        SchedConfig(starve_limit_waiting=-1.0)
-    with pytest.raises(
-        ConfigError, match=r"preempt_threshold must be in \[0, 256\] levels, got -1"
-    ):
-        SchedConfig(preempt_threshold=-1)
+
+
+@pytest.mark.parametrize(
+    ("setting", "value", "words"),
+    [
+        ("fsd.alpha", 0, r"fsd setting alpha must be in \(0, 1e\+06\] SLOs, got 0"),
+        ("sj-mlfq.alpha", 2e6, r"sj-mlfq setting alpha must be in \(0, 1e\+06\] SLOs"),
+        ("fsd.waiting_alpha", -1.0, r"fsd setting waiting_alpha must be in \(0, 1e\+06\]"),
+        ("fsd.threshold", -1, r"fsd setting threshold must be in \[0, 256\] levels, got -1"),
+        ("fsd.promote", "up2", "fsd setting promote must be one of"),
+        ("mlfq.promote", "down", "mlfq setting promote must be one of"),
+        ("fsd.demote", "never", "fsd setting demote must be one of"),
+        ("fsd.charge_prefill", "maybe", "fsd.charge_prefill must be bool"),
+    ],
+)
+def test_a_bad_policy_setting_is_refused_by_name(setting, value, words):
+    # the policy's settings check themselves, whichever policy runs
+    with pytest.raises(ConfigError, match=words):
+        check_policies(SchedConfig(policy_settings={setting: value}), CacheConfig())
 
 
 @pytest.mark.parametrize(("fraction", "e_starts"), [(1.0, 1), (0.5, 10)])
@@ -151,7 +164,7 @@ def test_admission_holds_new_jobs_while_started_ones_fill_the_share(fraction, e_
     # 4 jobs of 7 blocks (28 tokens) start first; e (8 blocks) arrives at iteration 1.
     # Under admit_fraction 0.5 of 64 blocks, 28 + 8 > 32: e waits for the four to
     # finish (their 10th token is at iteration 9), though the device has room.
-    s = scheduler("sj-mlfq", device=64, host=0, admit_fraction=fraction, starve_limit=86_400.0)
+    s = scheduler("sj-mlfq", device=64, host=0, admit_fraction=fraction, rules={"alpha": NEVER})
     jobs = make_jobs([(28, 10)] * 4 + [(28, 2)])
     run = drive(s, jobs, arrivals={"j4": 1})
     first = next(i for i, b in enumerate(run.batches) if "j4" in b)
@@ -167,9 +180,7 @@ def test_admission_never_refuses_a_job_when_nothing_else_holds_kv():
 def test_busy_jobs_are_not_ready_not_preempted_and_keep_their_kv():
     # pipeline parallelism: a micro-batch in flight holds its jobs until it returns
     def run(busy: set[str]):
-        s = scheduler(
-            "sj-mlfq", kv_policy="reactive", device=52, host=64, block_size=4, preempt_threshold=0
-        )
+        s = scheduler("sj-mlfq", kv_policy="reactive", device=52, host=64, block_size=4)
         a, b = make_jobs([(200, 10), (12, 10)])  # a: 50 blocks, level 2; b: 3 blocks, level 1
         s.add(a, 0.0)
         first = s.schedule(0.0)
@@ -194,8 +205,6 @@ def test_retuning_away_from_proactive_brings_every_host_job_back(to):
         kv_policy="proactive",
         device=16,
         max_batch_size=1,
-        demote_rule="always",
-        preempt_threshold=0,
     )
     jobs = make_jobs([(12, 20)] * 4)
     on_host: list[str] = []

@@ -16,8 +16,8 @@ from fsd.cost.profiles import load_profile
 from fsd.errors import ConfigError, SettingError
 from fsd.sched import registry
 from fsd.sched.gittins_queue import GittinsQueue
-from fsd.sched.queues import FCFSQueue
 from fsd.sched.retune import plan_retune
+from fsd.sched.sorted_queues import FCFSQueue
 from fsd.sim.runner import RunSpec
 from fsd.workload import gamma, length_model, synthetic
 from tests.sched.harness import make_jobs, scheduler
@@ -43,7 +43,7 @@ class ToyQueue(FCFSQueue):
 
 @pytest.fixture
 def toy(monkeypatch: pytest.MonkeyPatch) -> None:
-    table = {**registry.POLICY_TABLE, "toy": registry.Policy(ToyQueue)}  # the one line
+    table = {**registry.POLICY_TABLE, "toy": registry.Policy(ToyQueue, ToySettings)}  # the one line
     monkeypatch.setattr(registry, "POLICY_TABLE", table)
     monkeypatch.setattr(registry, "POLICIES", tuple(table))
 

@@ -61,7 +61,7 @@ def test_every_per_job_table_is_empty_once_the_jobs_ended_or_were_aborted() -> N
     run = drive(sched, jobs, arrivals, before=abort_some)
     assert aborted and len(run.finished) + len(aborted) == len(jobs)
     blocks, prefix = sched.blocks, sched.blocks.prefix
-    assert not sched.has_unfinished() and not sched._partial and len(sched.queue) == 0
+    assert not sched.has_unfinished() and not sched.estimates.partial and len(sched.queue) == 0
     assert not prefix._chains and not prefix._attached
     assert not blocks.on_device and not blocks.on_host and not blocks._owners and not blocks.moving
     # the prefix cache's names: one per block a tier still holds, no more

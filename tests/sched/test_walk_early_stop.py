@@ -24,6 +24,8 @@ from fsd.sched.registry import POLICIES
 from fsd.sched.scheduler import Scheduler
 from tests.sched.harness import drive, make_jobs, scheduler
 
+ALPHAS = ("mlfq", "sj-mlfq", "fsd")  # the policies with an alpha: 0.5 SLOs, promotion often
+
 
 class FullWalk(BatchWalk):
     """The reference: every candidate goes through `_consider` until the batch is full;
@@ -148,7 +150,7 @@ def test_the_look_past_a_full_batch_counts_the_jobs_that_cannot_start(waiting, u
 def test_every_decision_matches_the_full_walk(specs, policy, kv_policy, admit, limit, chunk):
     s = scheduler(policy, kv_policy=kv_policy, device=32, host=48, block_size=4,
                   admit_fraction=admit, max_batch_size=limit, prefill_chunk=chunk,
-                  starve_limit=5.0)  # fmt: skip
+                  rules={"alpha": 0.5} if policy in ALPHAS else None)  # fmt: skip
     jobs = make_jobs([(p, o) for p, o, _ in specs])
     arrivals = {j.job_id: a for j, (_, _, a) in zip(jobs, specs, strict=True)}
     run = drive(s, jobs, arrivals, before=lambda it, now: _same_as_full_walk(s))

@@ -72,10 +72,11 @@ RETUNABLE = [
     "q1",
     "quantum_ratio",
     "num_levels",
-    "starve_limit",
+    "fsd.alpha",  # a policy's own settings: each retunable alone
     "max_batch_size",
     "max_batch_tokens",
-    "preempt_threshold",
+    "fsd.threshold",
+    "sj-mlfq.demote",
     "kv_policy",
     "reserve_min_jobs",
     "admit_fraction",

@@ -68,13 +68,13 @@ def test_a_live_job_shows_in_its_level_while_it_runs(daemon):
 
 def test_retune_and_abort_get_audit_lines_naming_the_role(daemon):
     with daemon.client() as op:
-        op.retune(starve_limit=5.0, quanta=[0.01, 0.02])
+        op.retune(quanta=[0.01, 0.02], **{"fsd.alpha": 5.0})
     with daemon.client(operator=False) as client:
         job = client.submit([1, 2, 3], max_tokens=LONG, ignore_eos=True)
         job_id = job.job_id
         client.abort(job_id)
     retune = wait_for(daemon, "audit: retune")
-    assert "quanta=0.01,0.02" in retune and "starve_limit=5.0" in retune
+    assert "quanta=0.01,0.02" in retune and "fsd.alpha=5.0" in retune
     operator = re.search(r"by operator \(session (\d+)\)$", retune)
     assert operator, retune
     abort = wait_for(daemon, f"audit: abort job {job_id}")

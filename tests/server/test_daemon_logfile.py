@@ -69,7 +69,7 @@ def test_a_background_daemons_log_is_0600_and_rotates_with_its_stderr(tmp_path):
         token = find_operator_token(ep, state)
         with Client(ep, timeout=10, token=token) as op:
             for i in range(120):  # an audit line each: ~12 KB of log
-                op.retune(starve_limit=float(i + 1))
+                op.retune(**{"fsd.alpha": float(i + 1)})
         assert len(logs_of(logfile)) > 2  # rotated, more than once
         for p in logs_of(logfile):
             assert stat.S_IMODE(p.stat().st_mode) == 0o600, p

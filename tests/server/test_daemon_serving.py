@@ -76,7 +76,8 @@ def reply(s: zmq.Socket) -> P.Reply:
         ([P.encode(P.GetJob(job_id="job-none"))], "unknown-job"),
         ([P.Retune(changes={"quanta": [2.0, 1.0]})], "invalid-setting"),
         ([P.Retune(changes={"warp": 9})], "invalid-setting"),
-        ([P.Retune(changes={"preempt_threshold": {"x": [1]}})], "invalid-setting"),
+        ([P.Retune(changes={"fsd.threshold": {"x": [1]}})], "invalid-setting"),
+        ([P.Retune(changes={"fsd.alpha": 0})], "invalid-setting"),
         ([P.Inject(burst=P.Burst(count=0, input_len=1, output_len=1))], "invalid"),
         ([P.Inject(burst=P.Burst(count=1, input_len=10**9, output_len=1))], "prompt-too-long"),
         (
@@ -189,8 +190,9 @@ def test_a_silent_client_loses_its_jobs_and_their_blocks(daemon):
 
 def test_retune_inject_list_and_get_job(daemon):
     with daemon.client() as c:
-        cfg = c.retune(policy="mlfq", starve_limit=0.5, quanta=[0.01, 0.02, 0.04])
+        cfg = c.retune(policy="mlfq", quanta=[0.01, 0.02, 0.04], **{"mlfq.alpha": 50.0})
         assert cfg["sched"]["policy"] == "mlfq"
+        assert ["mlfq.alpha", 50.0] in cfg["sched"]["policy_settings"]
         ids = c.inject(burst=(5, 8, 20))
         assert len(ids) == 5
         listed = {j.job_id: j for j in c.jobs()}
@@ -198,7 +200,7 @@ def test_retune_inject_list_and_get_job(daemon):
         info = c.job(some)
         assert info.tags == ["injected"] and info.prompt_tokens == 8
         assert c.status().policy == "mlfq"
-        c.retune(policy="default", quanta=None, starve_limit=None)
+        c.retune(policy="default", quanta=None, policy_settings=None)
     snap = wait_idle(daemon)
     assert snap.kv.device_used == 0
 

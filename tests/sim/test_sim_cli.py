@@ -65,14 +65,17 @@ def test_synthetic_bursty_workload_with_settings(tmp_path):
     r = run(
         "--arrival", "gamma", "--rate", "2", "--cv", "4", "--lengths", "alpaca",
         "--limit", "150", "--policies", "sj-mlfq", "--kv-policy", "reactive",
-        "--starve-promote", "entry", "--num-gpu-blocks", "64", "--max-batch-size", "8",
+        "--policy-settings", "sj-mlfq.promote=entry", "--policy-settings", "sj-mlfq.alpha=2",
+        "--num-gpu-blocks", "64", "--max-batch-size", "8",
         "--seed", "3", "--kv-sample", "1.0", "--json", str(out),
     )  # fmt: skip
     assert r.exit_code == 0, r.output
     data = json.loads(out.read_text())
     row = data["policies"]["sj-mlfq"]
     assert row["num_gpu_blocks"] == 64 and row["kv_policy"] == "reactive"
-    assert data["sched"]["starve_promote"] == "entry" and data["workload"]["cv"] == 4.0
+    settings = dict(map(tuple, data["sched"]["policy_settings"]))
+    assert settings == {"sj-mlfq.alpha": "2", "sj-mlfq.promote": "entry"}
+    assert data["workload"]["cv"] == 4.0
     assert row["kv_series"] and len(row["kv_series"][0]) == 4
 
 
