@@ -131,7 +131,7 @@ ROOM_MAY_IMPORT = {
     ),
     # the service loop: it builds the other rooms and drives the engine through its face
     "fsd/server/loop": (
-        "fsd.server", "fsd.engine", "fsd.sched.admission", "fsd.sched.retune", "fsd.twin.forward",
+        "fsd.server", "fsd.engine", "fsd.admission", "fsd.sched.retune", "fsd.twin.forward",
         "fsd.twin.worker", "fsd.workload", "fsd.protocol", "fsd.protocol_preview", "fsd.jobs",
         "fsd.metrics", "fsd.config", "fsd.errors", "fsd.printable", "fsd.version",
     ),
@@ -222,10 +222,10 @@ def test_no_import_circle() -> None:
     assert not found, "\n".join(" <-> ".join(c) for c in found)
 
 
-# the one knot left when type hints count: the batch walk and admission read the
+# the one knot left when type hints count: the batch walk reads the
 # Scheduler (and the registry names it) until the walk takes a context of its own
 TYPED_KNOTS = [
-    ["fsd.sched.admission", "fsd.sched.batch", "fsd.sched.registry", "fsd.sched.scheduler"]
+    ["fsd.sched.batch", "fsd.sched.registry", "fsd.sched.scheduler"]
 ]
 
 
