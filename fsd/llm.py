@@ -6,10 +6,10 @@ import logging
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from fsd.admission import JobRequest
 from fsd.config import ClusterConfig, EngineConfig
 from fsd.engine.core import Engine
 from fsd.engine.output import RequestOutput, StepDelta
-from fsd.engine.views import JobRequest
 from fsd.jobs import SamplingParams
 
 log = logging.getLogger("fsd.llm")

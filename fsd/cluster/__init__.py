@@ -6,7 +6,7 @@ Owns: where each replica runs (`handles`: Ray actors or threads of this process;
 (`face`, with `merge` for their snapshots). Which replica takes a request is the
 router's (`face.Chooser`).
 
-May import: fsd.engine, fsd.sched, fsd.kv, fsd.models (the tokenizer), fsd.config,
-fsd.errors, fsd.jobs, fsd.protocol_telemetry. Never fsd.server, fsd.console or
+May import: fsd.admission, fsd.engine, fsd.sched, fsd.kv, fsd.models (the tokenizer),
+fsd.config, fsd.errors, fsd.jobs, fsd.protocol_telemetry. Never fsd.server, fsd.console or
 fsd.sim: the server reaches the replicas through the face alone.
 """

@@ -1,11 +1,11 @@
 """N replicas behind the engine's one face: the daemon serves them as it serves one.
 
 Design. `ReplicaSetFace` has `EngineFace`'s surface (fsd.engine.face), so the server
-is the same code for one replica or many. An admission is checked here by the engine's
-own rules (`prompt_ids`, `check_stop_ids`, `check_request`: every replica has the
-same model and limits), named here (job ids are the daemon's, unique across
-replicas), placed by the router and queued on its replica without waiting for it:
-the client hears Accepted at once. `step` collects what the replicas produced since
+is the same code for one replica or many. A request is admitted here, once
+(`fsd.admission.admit`: tokenized and checked under limits every replica allows),
+named here (job ids are the daemon's, unique across replicas), placed by the router
+and queued on its replica as admitted (the replica's engine trusts it) without
+waiting for it: the client hears Accepted at once. `step` collects what the replicas produced since
 the last look (they step on their own, in parallel). Status, job lists and telemetry
 read the views replicas push, and an abort is told, answered at once from what the
 job made so far (`fsd.cluster.pushed`); a verb that needs an answer (retune, a move,
@@ -27,20 +27,19 @@ from collections import deque
 from collections.abc import Sequence, Set
 from typing import Any, Protocol
 
+from fsd.admission import JobRequest, RequestLimits, admit, strictest
 from fsd.cluster.handles import Replicas
 from fsd.cluster.merge import merge_snapshots, replica_infos
 from fsd.cluster.moves import Moves
-from fsd.cluster.placement import Pending, Placement
+from fsd.cluster.placement import Placement
 from fsd.cluster.pushed import Progress, Views
 from fsd.cluster.worker import ReplicaDown, Report
 from fsd.config import EngineConfig
 from fsd.engine.events import MAX_EVENTS, EngineEvent
 from fsd.engine.output import RequestOutput, StepDelta
-from fsd.engine.prompts import check_stop_ids, prompt_ids
-from fsd.engine.views import Admitted, EngineSnapshot, JobRequest, Stepped
+from fsd.engine.views import Admitted, EngineSnapshot, Stepped
 from fsd.errors import FsdError, SettingError, UnknownJobError
 from fsd.protocol_telemetry import JobInfo, RouteInfo
-from fsd.sched.admission import RequestLimits, check_request
 from fsd.sched.retune import RETUNABLE, plan_retune
 from fsd.tokenizer import Tokenizer
 
@@ -78,7 +77,10 @@ class ReplicaSetFace:
         self.replicas = replicas
         self.chooser = chooser
         self.info = fixed[0].info
-        self.limits: RequestLimits = fixed[0].limits  # every replica's (one model, one config)
+        # what a request is admitted under: what every replica allows (they may be
+        # retuned apart); each replica's own, as of its latest retune
+        self._limits = {i: f.limits for i, f in enumerate(fixed)}
+        self.limits: RequestLimits = strictest(list(self._limits.values()))
         self.config: EngineConfig = fixed[0].config  # the first replica's live one
         self.replica_configs = [f.config for f in fixed]  # each one's (retunes may differ)
         self.tokenizer = tokenizer
@@ -166,17 +168,16 @@ class ReplicaSetFace:
     # ---- the verbs -------------------------------------------------------------------
 
     def admit(self, request: JobRequest) -> Admitted:
-        """Check, name and place one request (module doc); FsdError if refused."""
-        r = request
-        check_stop_ids(r.params, self.info.vocab_size)
-        ids = prompt_ids(r.prompt, self.tokenizer, self.info.vocab_size)
-        check_request(len(ids), r.params.max_tokens, self.limits, r.clip)
+        """Admit, name and place one request (module doc); FsdError if refused."""
+        r = admit(request, self.limits, self.tokenizer, self.info.vocab_size)
         job_id = r.job_id or f"job-r{next(_job_ids)}"
         if job_id in self.jobs_at.owner:
             raise FsdError(f"request id {job_id!r} is already in use")
         arrival = time.time() if r.arrival is None else r.arrival
-        self._place(job_id, Pending(ids, r.params, arrival, tuple(r.tags), r.affinity, r.owner))
-        return Admitted(job_id, len(ids))
+        # held until it starts (a replica's death places it again): its ids, not its text
+        placed = dataclasses.replace(r, prompt=r.ids, job_id=job_id, arrival=arrival, tags=tuple(r.tags))
+        self._place(job_id, placed)
+        return Admitted(job_id, len(r.ids))
 
     def abort(self, job_id: str) -> RequestOutput:
         index = self.jobs_at.owner.get(job_id)
@@ -201,6 +202,8 @@ class ReplicaSetFace:
             plan_retune(live.sched, live.cache, changes)  # SettingError: none changed
         for i in targets:
             self.replica_configs[i] = self.replicas.call(i, "retune", changes)
+            self._limits[i] = self.replicas.call(i, "fixed").limits
+        self.limits = strictest(list(self._limits.values()))
         self.config = self.replica_configs[targets[0] if replica is not None else self._first_up()]
         return self.config
 
@@ -286,24 +289,16 @@ class ReplicaSetFace:
 
     # ---- placing jobs ----------------------------------------------------------------
 
-    def _place(self, job_id: str, pending: Pending) -> None:
+    def _place(self, job_id: str, request: JobRequest) -> None:
         """Send a job to the router's replica, or to another one that is up."""
         targets = self.moves.targets()
         avoid = {i for i in range(len(self.replicas)) if i not in targets}
-        index, why = self.chooser.choose(job_id, pending.ids, pending.affinity, avoid)
+        index, why = self.chooser.choose(job_id, request.ids, request.affinity, avoid)
         tried: set[int] = set()
         while True:
             if index in self.moves.targets():
                 try:
-                    self.replicas.admit(
-                        index,
-                        pending.ids,
-                        pending.params,
-                        job_id,
-                        pending.arrival,
-                        pending.tags,
-                        pending.owner,
-                    )
+                    self.replicas.admit(index, request)
                     break
                 except ReplicaDown:
                     pass
@@ -313,8 +308,8 @@ class ReplicaSetFace:
                 raise ReplicaError("no replica is up: " + "; ".join(self.replicas.down.values()))
             index = min(left, key=self.jobs_at.count)
             why = f"replica {min(tried)} is down or draining: the least-loaded one that is up"
-        self.jobs_at.place(job_id, index, pending)
-        self.progress.placed(job_id, pending.arrival)
+        self.jobs_at.place(job_id, index, request)
+        self.progress.placed(job_id, request.arrival or 0.0)
         self.decisions = [*self.decisions[1 - ROUTES_KEPT :], (time.time(), job_id, index, why)]
 
     def _lose(self, index: int, why: str) -> list[StepDelta]:
@@ -326,9 +321,9 @@ class ReplicaSetFace:
             _ended(j, f"replica {index} failed ({why}); the job had started there and its KV was lost")
             for j in ended
         ]
-        for job_id, pending in again:
+        for job_id, request in again:
             try:
-                self._place(job_id, pending)
+                self._place(job_id, request)
             except ReplicaError as exc:
                 out.append(_ended(job_id, str(exc)))
         return out

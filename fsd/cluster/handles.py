@@ -33,11 +33,11 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from concurrent.futures import wait as wait_futures
 from typing import Any
 
+from fsd.admission import JobRequest
 from fsd.cluster.groups import ReplicaGroups, ReplicaShape
 from fsd.cluster.worker import Fixed, ReplicaDown, ReplicaWorker, Report
 from fsd.config import EngineConfig
 from fsd.errors import FsdError
-from fsd.jobs import SamplingParams
 
 log = logging.getLogger("fsd.cluster")
 _CALLS_AT_ONCE = 4  # an actor's concurrent calls: a poll, a call, an admission
@@ -74,12 +74,9 @@ class Replicas(ABC):
 
     # ---- the doors ---------------------------------------------------------------------
 
-    def admit(
-        self, index: int, ids: Sequence[int], params: SamplingParams, job_id: str,
-        arrival: float, tags: Sequence[str], owner: str | None = None,
-    ) -> None:  # fmt: skip
-        args = (list(ids), params, job_id, arrival, list(tags), owner)
-        self._guard(index, self._admit, index, *args)
+    def admit(self, index: int, request: JobRequest) -> None:
+        """Queue an admitted request (named, its arrival set) on replica `index`."""
+        self._guard(index, self._admit, index, request)
 
     def call(self, index: int, name: str, *args: Any) -> Any:
         """A verb on one replica (ReplicaDown if it is down, dies or hangs now)."""
@@ -159,8 +156,8 @@ class Replicas(ABC):
         """A fresh worker for replica `index` (its model loads there)."""
 
     @abstractmethod
-    def _admit(self, index: int, *args: Any) -> None:
-        """Queue a checked request on replica `index` (`ReplicaWorker.admit`'s args)."""
+    def _admit(self, index: int, request: JobRequest) -> None:
+        """Queue an admitted request on replica `index` (`ReplicaWorker.admit`)."""
 
     @abstractmethod
     def _call(self, index: int, name: str, *args: Any) -> Any:
@@ -232,8 +229,8 @@ class LocalReplicas(Replicas):
     def _spawn(self, index: int) -> ReplicaWorker:
         return ReplicaWorker(self.configs[index], index, self.routed)
 
-    def _admit(self, index: int, *args: Any) -> None:
-        self.workers[index].admit(*args)
+    def _admit(self, index: int, request: JobRequest) -> None:
+        self.workers[index].admit(request)
 
     def _call(self, index: int, name: str, *args: Any) -> Any:
         try:
@@ -318,8 +315,8 @@ class RayReplicas(Replicas):
             lines = _lines(exc)
             raise FsdError(f"a replica failed to start: {lines[-1] if lines else exc}") from None
 
-    def _admit(self, index: int, *args: Any) -> None:
-        self.workers[index].admit.remote(*args)
+    def _admit(self, index: int, request: JobRequest) -> None:
+        self.workers[index].admit.remote(request)
         self._sent[index] += 1
 
     def _call(self, index: int, name: str, *args: Any) -> Any:

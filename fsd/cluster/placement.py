@@ -1,27 +1,13 @@
 """Which replica holds each live job, and what a replica's death does to its jobs.
 
-A job that has not produced a token yet keeps its request (`Pending`): if its replica
+A job that has not produced a token yet keeps its admitted request: if its replica
 dies, it is placed again elsewhere and its client sees nothing but a later start. A
 job that had started is ended with the error: its KV died with the replica.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from fsd.jobs import SamplingParams
-
-
-@dataclass(frozen=True)
-class Pending:
-    """What placing a job again takes: its checked prompt, sampling and arrival."""
-
-    ids: list[int]
-    params: SamplingParams
-    arrival: float
-    tags: tuple[str, ...]
-    affinity: str | None
-    owner: str | None = None
+from fsd.admission import JobRequest
 
 
 class Placement:
@@ -30,11 +16,11 @@ class Placement:
 
     def __init__(self) -> None:
         self.owner: dict[str, int] = {}
-        self.pending: dict[str, Pending] = {}
+        self.pending: dict[str, JobRequest] = {}
 
-    def place(self, job_id: str, index: int, pending: Pending) -> None:
+    def place(self, job_id: str, index: int, request: JobRequest) -> None:
         self.owner[job_id] = index
-        self.pending[job_id] = pending
+        self.pending[job_id] = request
 
     def started(self, job_id: str) -> None:
         """It produced a token: it can no longer move without its KV."""
@@ -44,7 +30,7 @@ class Placement:
         self.owner.pop(job_id, None)
         self.pending.pop(job_id, None)
 
-    def lost(self, index: int) -> tuple[list[tuple[str, Pending]], list[str]]:
+    def lost(self, index: int) -> tuple[list[tuple[str, JobRequest]], list[str]]:
         """A replica died: (its jobs to place again, its started jobs to end)."""
         jobs = [j for j, i in self.owner.items() if i == index]
         again = [(j, self.pending[j]) for j in jobs if j in self.pending]

@@ -4,10 +4,10 @@ the daemon's commands between two steps, so the daemon never waits for a step.
 Design. A replica lives in a Ray actor (or in process: tests, and one machine without
 Ray). Its thread owns the engine (`EngineFace`); the daemon reaches it through three
 doors, each safe from any thread:
-- `admit`: fire and forget. The daemon has already checked the request (the same
-  rules, `fsd.cluster.admission`) and named the job, so it answers its client at once;
-  a refusal here (a late job refused, a degraded engine) comes back in a report and
-  the daemon ends the job with that error;
+- `admit`: fire and forget. The daemon has already admitted the request
+  (`fsd.admission`: tokenized and checked once, which this engine trusts) and named
+  the job, so it answers its client at once; a refusal here (a late job refused, a
+  degraded engine) comes back in a report and the daemon ends the job with that error;
 - `tell`: a verb without an answer (abort), queued like an admission;
 - `call`: a verb whose answer the daemon needs (retune, the twin's history, a move),
   applied between two steps: it waits at most one step;
@@ -25,21 +25,20 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
+from fsd.admission import JobRequest, RequestLimits
 from fsd.config import EngineConfig
 from fsd.cost import CostModel
 from fsd.engine.core import Engine
 from fsd.engine.events import EngineEvent
 from fsd.engine.face import EngineFace
 from fsd.engine.output import IterationStats, StepDelta
-from fsd.engine.views import EngineInfo, EngineSnapshot, JobRequest
+from fsd.engine.views import EngineInfo, EngineSnapshot
 from fsd.errors import FsdError
-from fsd.jobs import SamplingParams
-from fsd.sched.admission import RequestLimits
 
 log = logging.getLogger("fsd.cluster")
 IDLE_WAIT = 0.05  # seconds an idle replica waits for a command before looking again
@@ -138,20 +137,11 @@ class ReplicaWorker:
     def fixed(self) -> Fixed:
         return self.call("fixed")
 
-    def admit(
-        self,
-        ids: Sequence[int],
-        params: SamplingParams,
-        job_id: str,
-        arrival: float,
-        tags: Sequence[str] = (),
-        owner: str | None = None,
-    ) -> None:
-        """Queue a checked request (refusals come back in a report)."""
+    def admit(self, request: JobRequest) -> None:
+        """Queue an admitted request (refusals come back in a report)."""
         self._check_open()
         with self._arrived:
-            args = (list(ids), params, job_id, arrival, tuple(tags), owner)
-            self._commands.put(("admit", args, None))
+            self._commands.put(("admit", (request,), None))
             self._received += 1
             self._arrived.notify_all()
 
@@ -268,22 +258,14 @@ class ReplicaWorker:
             raise FsdError(f"no replica verb {name!r}")
         return verbs[name]
 
-    def _admit(
-        self,
-        ids: list[int],
-        params: SamplingParams,
-        job_id: str,
-        arrival: float,
-        tags: tuple,
-        owner: str | None = None,
-    ) -> None:
+    def _admit(self, request: JobRequest) -> None:
+        """Queue it as admitted by the daemon (the engine trusts it: fsd.admission)."""
         self._taken += 1
         self._changed = True
         try:
-            request = JobRequest(ids, params, job_id, arrival, tags, owner=owner)
             self.face.admit(request)
         except FsdError as exc:
-            self._add(refused=[Refusal(job_id, exc.code, str(exc))])
+            self._add(refused=[Refusal(request.job_id or "", exc.code, str(exc))])
 
     def _step(self) -> None:
         stepped = self.face.step()

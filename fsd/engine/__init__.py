@@ -13,9 +13,9 @@ step history the what-if twin reads (`history`: arrivals, lengths, iteration tim
 torch-free); and the profiler that measures iterations (`profiler`; `fsd.cost.fit`
 fits the cost model to them).
 
-May import: `fsd.sched`, `fsd.kv`, `fsd.models`, `fsd.layers`, `fsd.kernels`,
-`fsd.jobs`, `fsd.config`, `fsd.errors` and the shared leaves (`fsd.cost`,
-`fsd.tokenizer`). Never `fsd.server` or the console: the daemon drives the engine,
+May import: `fsd.admission` (whether a request is accepted), `fsd.sched`, `fsd.kv`,
+`fsd.models`, `fsd.layers`, `fsd.kernels`, `fsd.jobs`, `fsd.config`, `fsd.errors` and
+the shared leaves (`fsd.cost`, `fsd.tokenizer`). Never `fsd.server` or the console: the daemon drives the engine,
 not the other way round; nor `fsd.twin`, which reads the engine's `history`, except
 `fsd.twin.snapshot`: the face (`face`, the one surface the daemon uses) hands out the
 twin's snapshot of its state, taken where that state lives.

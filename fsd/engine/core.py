@@ -22,6 +22,7 @@ from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
+from fsd.admission import JobRequest, RequestLimits, admit, refuse_late
 from fsd.config import EngineConfig
 from fsd.cost import CostModel
 from fsd.engine.ahead import resolve, step_ahead
@@ -35,12 +36,10 @@ from fsd.engine.history import WorkHistory
 from fsd.engine.live_settings import logged, retuned
 from fsd.engine.output import IterationStats, JobFault, RequestOutput, StepDelta, describe
 from fsd.engine.profiler import calibrate
-from fsd.engine.prompts import check_stop_ids, prompt_ids
 from fsd.errors import ConfigError, OverloadedError, UnknownJobError
 from fsd.jobs import FinishReason, Job, SamplingParams
 from fsd.kv.block_manager import BlockManager
 from fsd.kv.swap import SwapOp
-from fsd.sched.admission import RequestLimits, check_request, refuse_late_job
 from fsd.sched.decision import SchedulerOutput
 from fsd.sched.pipeline import InFlight
 from fsd.sched.registry import check_policies, make_scheduler
@@ -98,7 +97,7 @@ class Engine(EngineFailures):
 
     @property
     def limits(self) -> RequestLimits:
-        """What bounds one request here now (fsd.sched.admission)."""
+        """What bounds one request here now (fsd.admission)."""
         return RequestLimits(
             self.max_model_len,
             self.config.sched.max_batch_tokens,
@@ -118,42 +117,45 @@ class Engine(EngineFailures):
         clip: bool = True,
         owner: str | None = None,  # whose job (the turns of fsd.sched.fair_share)
     ) -> Job:
-        """Validate and queue one request; raise a clear FsdError on bad input (`clip`
+        """Admit and queue one request; raise a clear FsdError on bad input (`clip`
         False: a max_tokens past the context is refused, not cut to it)."""
+        params = SamplingParams() if params is None else params
+        return self.enqueue(JobRequest(prompt, params, request_id, arrival_time, tags, clip, owner=owner))
+
+    def enqueue(self, request: JobRequest) -> Job:
+        """Queue one request: admitted here (fsd.admission) unless it already was where
+        it entered (a replica's, by the cluster face), which this engine trusts."""
         if self._refusing:
             raise WorkerFailure(f"the engine is not serving: {self.degraded}")
-        params = SamplingParams() if params is None else params
-        if not isinstance(params, SamplingParams):
-            raise ConfigError(f"params must be a SamplingParams, got {type(params).__name__}")
-        check_stop_ids(params, self.loaded.arch.vocab_size)
-        ids = prompt_ids(prompt, self.tokenizer, self.loaded.arch.vocab_size)
-        max_output = check_request(len(ids), params.max_tokens, self.limits, clip)
-        if request_id is not None and request_id in self._jobs:
-            raise ConfigError(f"request id {request_id!r} is already in use")
+        vocab, r = self.loaded.arch.vocab_size, request
+        r = r if r.admitted else admit(r, self.limits, self.tokenizer, vocab)
+        if r.job_id is not None and r.job_id in self._jobs:
+            raise ConfigError(f"request id {r.job_id!r} is already in use")
         job = Job(
-            prompt_token_ids=ids,
-            params=params,
-            prompt=prompt if isinstance(prompt, str) else None,
-            arrival_time=time.time() if arrival_time is None else arrival_time,
-            max_output=max_output,
-            tags=tuple(tags),
-            owner=owner,
+            prompt_token_ids=list(r.ids),
+            params=r.params,
+            prompt=r.prompt if isinstance(r.prompt, str) else None,
+            arrival_time=time.time() if r.arrival is None else r.arrival,
+            max_output=r.max_output,
+            tags=tuple(r.tags),
+            owner=r.owner,
         )
-        if request_id is not None:
-            job.job_id = request_id
+        if r.job_id is not None:
+            job.job_id = r.job_id
         self.scheduler.add(job, job.arrival_time)
         self._refuse_if_late(job)
         self._jobs[job.job_id] = job  # its detokenizer comes with its first token (`_append`)
         self.history.arrived(job.arrival_time)
-        self.events.add(job.arrival_time, "arrive", job, prompt_tokens=len(ids), level=job.level)
+        self.events.add(job.arrival_time, "arrive", job, prompt_tokens=len(r.ids), level=job.level)
         return job
 
     def _refuse_if_late(self, job: Job) -> None:
         """With refuse_late set, take back a job just queued whose predicted per-token
-        latency misses the SLO by that factor, and say so (fsd.sched.admission)."""
-        late, now = self.config.sched.refuse_late, time.time()
-        try:
-            refuse_late_job(self.scheduler, job, now, late, default_slo(self.cost))
+        latency misses the SLO by that factor, and say so (fsd.admission)."""
+        late, now, sched = self.config.sched.refuse_late, time.time(), self.scheduler
+        try:  # (the prediction walks the queue: made only with refuse_late set)
+            per_token = 0.0 if late is None else sched.predicted_latency(job, now)
+            refuse_late(per_token, len(sched), late, default_slo(self.cost))
         except OverloadedError:
             self.scheduler.remove(job)
             self.refused_late += 1

@@ -17,25 +17,17 @@ import itertools
 import time
 from typing import Any
 
+from fsd.admission import JobRequest, RequestLimits
 from fsd.config import EngineConfig
 from fsd.cost import CostModel
 from fsd.engine.core import Engine
 from fsd.engine.events import EngineEvent
 from fsd.engine.migration import MovedJob, bring_in, take_out
 from fsd.engine.output import RequestOutput
-from fsd.engine.views import (
-    Admitted,
-    EngineInfo,
-    EngineSnapshot,
-    JobRequest,
-    Stepped,
-    SwapBytes,
-    job_info,
-)
+from fsd.engine.views import Admitted, EngineInfo, EngineSnapshot, Stepped, SwapBytes, job_info
 from fsd.errors import SettingError
 from fsd.jobs import JobStatus
 from fsd.protocol_telemetry import JobInfo
-from fsd.sched.admission import RequestLimits
 from fsd.sched.slo import default_slo
 from fsd.tokenizer import Tokenizer
 from fsd.twin.snapshot import TwinSnapshot, take_snapshot
@@ -79,7 +71,7 @@ class EngineFace:
 
     @property
     def limits(self) -> RequestLimits:
-        """What bounds one request here now (fsd.sched.admission)."""
+        """What bounds one request here now (fsd.admission)."""
         return self._engine.limits
 
     # ---- the jobs ----------------------------------------------------------------
@@ -204,17 +196,9 @@ class EngineFace:
     # ---- the verbs ---------------------------------------------------------------
 
     def admit(self, request: JobRequest) -> Admitted:
-        """Validate and queue one request (`Engine.add_request`); FsdError if refused."""
-        r = request
-        job = self._engine.add_request(
-            r.prompt,
-            r.params,
-            request_id=r.job_id,
-            arrival_time=r.arrival,
-            tags=r.tags,
-            clip=r.clip,
-            owner=r.owner,
-        )
+        """Admit (fsd.admission) and queue one request (`Engine.enqueue`); FsdError if
+        refused. One admitted where it entered (by the cluster face) is queued as it is."""
+        job = self._engine.enqueue(request)
         self._drop_stale()
         return Admitted(job.job_id, job.num_prompt_tokens)
 

@@ -11,12 +11,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
+    from fsd.admission import JobRequest, RequestLimits
     from fsd.config import EngineConfig
     from fsd.engine.events import EngineEvent
     from fsd.engine.output import RequestOutput
-    from fsd.engine.views import Admitted, EngineInfo, EngineSnapshot, JobRequest, Stepped
+    from fsd.engine.views import Admitted, EngineInfo, EngineSnapshot, Stepped
     from fsd.protocol_telemetry import JobInfo
-    from fsd.sched.admission import RequestLimits
     from fsd.tokenizer import Tokenizer
 
 

@@ -8,13 +8,12 @@ boundary (a replica in another process answers with the same values).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from fsd.config import EngineConfig
 from fsd.engine.events import wire_level
 from fsd.engine.output import IterationStats, StepDelta
-from fsd.jobs import Job, SamplingParams
+from fsd.jobs import Job
 from fsd.kv.block_manager import KVStats
 from fsd.protocol_telemetry import JobInfo, KVInfo, PrefixInfo, ReplicaInfo, RouteInfo
 from fsd.sched.decision import SchedulerStats
@@ -94,22 +93,6 @@ class EngineSnapshot:
     jobs: list[JobInfo] | None = None
     replicas: list[ReplicaInfo] | None = None  # several replicas (fsd.cluster): each one
     routes: list[RouteInfo] | None = None  # and the router's recent decisions
-
-
-@dataclass(frozen=True)
-class JobRequest:
-    """One request for the face to admit: the prompt (text or token ids), its sampling,
-    and how to take it (`clip` False: a max_tokens past the context is refused, not
-    cut to it; `affinity`: with several replicas, the router keeps one key's jobs together)."""
-
-    prompt: str | Sequence[int]
-    params: SamplingParams
-    job_id: str | None = None  # None: the engine names it
-    arrival: float | None = None  # None: now
-    tags: Sequence[str] = ()
-    clip: bool = True
-    affinity: str | None = None
-    owner: str | None = None  # whose job: owners take turns in a level (fsd.sched.fair_share)
 
 
 @dataclass(frozen=True)

@@ -221,7 +221,7 @@ class Scheduler:
 
     def predicted_latency(self, job: Job, now: float) -> float:
         """Seconds per output token a queued job is predicted to see (the overload
-        refusal compares it with the SLO: fsd.sched.admission)."""
+        refusal compares it with the SLO: fsd.admission)."""
         return self.estimates.latency(self.queue, job, now, self.config.max_batch_size)
 
     def enst_of(self, job: Job) -> float:

@@ -25,7 +25,7 @@ logs control actions by who asked (`roles`: who may do what); `security` is CURV
 and the loopback rule; `heap_trim` gives freed heap back once the daemon idles.
 
 May import: fsd.engine (its face's type, `face_protocol`, and what a face hands out:
-outputs, events, read-only views), fsd.sched, fsd.workload, fsd.twin (the preview's process),
+outputs, events, read-only views), fsd.admission, fsd.sched, fsd.workload, fsd.twin (the preview's process),
 fsd.client and fsd.tokenizer (the HTTP room), fsd.protocol, fsd.protocol_preview,
 fsd.jobs, fsd.metrics, fsd.config, fsd.config_checks, fsd.credentials, fsd.statedir,
 fsd.printable, fsd.version, fsd.errors. Never torch, the console, fsd.kv, fsd.sim,

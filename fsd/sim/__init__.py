@@ -4,10 +4,10 @@ Owns: simulated time. Jobs (`job`), the event loop (`engine`), the metrics of a 
 (`metrics`), pool sizing (`capacity`), batches of runs and sweeps (`runner`,
 `sweep`), replicas behind a router (`replicas`) and `fsd simulate` (`cli`). It differs from the engine only in where time
 comes from: admission, token append and stop, the SLO and the pipeline's in-flight
-jobs are the shared rules of fsd.sched and fsd.jobs.
+jobs are the shared rules of fsd.admission, fsd.sched and fsd.jobs.
 
-May import: fsd.sched, fsd.kv, fsd.router, fsd.cost, fsd.jobs, fsd.workload,
-fsd.metrics, fsd.config, fsd.errors. Never torch, fsd.engine, fsd.server or the console.
+May import: fsd.admission, fsd.sched, fsd.kv, fsd.router, fsd.cost, fsd.jobs,
+fsd.workload, fsd.metrics, fsd.config, fsd.errors. Never torch, fsd.engine, fsd.server or the console.
 Exports load lazily, so `fsd.sim.cli` (imported by the `fsd` command line) stays cheap.
 """
 

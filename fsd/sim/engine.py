@@ -28,11 +28,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from fsd.admission import RequestLimits, check_request
 from fsd.config import CacheConfig, SchedConfig, check_prefill_chunk
 from fsd.cost import CostModel
 from fsd.errors import FsdError
 from fsd.kv.block_manager import BlockManager
-from fsd.sched.admission import NO_CONTEXT_LIMIT, RequestLimits, check_request
+from fsd.sched.admission import NO_CONTEXT_LIMIT
 from fsd.sched.chunking import prefill_budget
 from fsd.sched.registry import check_policies, make_scheduler
 from fsd.sched.scheduler import Scheduler

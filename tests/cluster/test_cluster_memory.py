@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import time
 
+from fsd.admission import JobRequest
 from fsd.cluster import face as cluster_face
 from fsd.cluster.start import start_replicas
 from fsd.config import EngineConfig
-from fsd.engine.views import JobRequest
 from fsd.jobs import SamplingParams
 
 CONFIG = dict(model="tiny", device="cpu", num_gpu_blocks=64, profile="opt-13b-a100", threads=1)

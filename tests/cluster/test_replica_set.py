@@ -10,12 +10,12 @@ import msgspec
 import pytest
 
 from fsd import protocol as P
+from fsd.admission import JobRequest
 from fsd.cluster.face import LeastLive, ReplicaSetFace
 from fsd.cluster.start import cpu_share, start_replicas
 from fsd.config import EngineConfig
 from fsd.engine.core import Engine
 from fsd.engine.face import EngineFace
-from fsd.engine.views import JobRequest
 from fsd.errors import FsdError, PromptTooLongError, SettingError, UnknownJobError
 from fsd.jobs import SamplingParams
 from fsd.metrics import SLOWindow

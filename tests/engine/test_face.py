@@ -7,10 +7,10 @@ import pickle
 
 import pytest
 
+from fsd.admission import JobRequest
 from fsd.config import EngineConfig
 from fsd.engine.core import Engine
 from fsd.engine.face import EngineFace
-from fsd.engine.views import JobRequest
 from fsd.errors import UnknownJobError
 from fsd.jobs import SamplingParams
 from tests.sched.harness import COST

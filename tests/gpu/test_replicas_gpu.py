@@ -14,10 +14,10 @@ import time
 import pytest
 import torch
 
+from fsd.admission import JobRequest
 from fsd.config import EngineConfig
 from fsd.engine.core import Engine
 from fsd.engine.migration import bring_in, take_out
-from fsd.engine.views import JobRequest
 from fsd.errors import ConfigError
 from fsd.jobs import JobStatus, KVLocation, SamplingParams
 

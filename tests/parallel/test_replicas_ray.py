@@ -7,11 +7,11 @@ import time
 
 import pytest
 
+from fsd.admission import JobRequest
 from fsd.cluster.start import start_replicas
 from fsd.config import EngineConfig
 from fsd.engine.core import Engine
 from fsd.engine.face import EngineFace
-from fsd.engine.views import JobRequest
 from fsd.errors import UnknownJobError
 from fsd.jobs import SamplingParams
 from tests.cluster.test_replica_set import CONFIG, PARAMS, PROMPTS, run

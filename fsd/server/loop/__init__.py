@@ -9,7 +9,7 @@ into the engine, `preview` runs what-if previews in the twin's process.
 
 May import: every room of fsd.server (the service builds the gates, the HTTP
 frontend and the publishers) and the modules beside them; of the engine its face
-and what it hands out; fsd.sched.admission and fsd.sched.retune, fsd.workload,
+and what it hands out; fsd.admission, fsd.sched.retune, fsd.workload,
 fsd.twin.forward and fsd.twin.worker, fsd.protocol, fsd.protocol_preview, fsd.jobs,
 fsd.metrics, fsd.config, fsd.errors, fsd.printable, fsd.version. No room imports
 the loop.

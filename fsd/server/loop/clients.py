@@ -28,8 +28,9 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from fsd import protocol as P
+from fsd.admission import check_room
 from fsd.config import ServerConfig
-from fsd.errors import FsdError, OverloadedError
+from fsd.errors import FsdError
 from fsd.server.roles import Caller
 
 _OUTBOX_EXTRA = 64  # answers other than results kept for a detached session
@@ -303,16 +304,8 @@ class ClientBook:
         jobs over all its connections and sessions, else its session's) or the
         daemon's (`live` now)."""
         mine = self._live_by.get(caller.identity, 0)
-        if mine + count > self.cfg.max_client_jobs:
-            who = "CURVE key" if caller.user_id is not None else "session"
-            raise OverloadedError(
-                f"this client ({who}) has {mine} live jobs; max_client_jobs is "
-                f"{self.cfg.max_client_jobs}"
-            )
-        if live + count > self.cfg.max_jobs:
-            raise OverloadedError(
-                f"the daemon holds {live} live jobs; max_jobs is {self.cfg.max_jobs}"
-            )
+        who = "CURVE key" if caller.user_id is not None else "session"
+        check_room(count, mine, live, self.cfg.max_client_jobs, self.cfg.max_jobs, who)
 
     def silent_since(self, limit: float) -> list[tuple[bytes, ClientState]]:
         """The sessions not heard from since `limit` (a wall time)."""

@@ -15,13 +15,13 @@ from typing import Any, Protocol
 import numpy as np
 
 from fsd import protocol as P
+from fsd.admission import JobRequest, check_request
 from fsd.config import ServerConfig
 from fsd.engine.face_protocol import Face
 from fsd.engine.output import RequestOutput
 from fsd.errors import (
     ConfigError,
     ForbiddenError,
-    PromptTooLongError,
     SettingError,
     UnknownJobError,
 )
@@ -29,7 +29,7 @@ from fsd.printable import check_name
 from fsd.server.audit import audit, settings
 from fsd.server.loop.clients import ClientBook
 from fsd.server.loop.injector import ScenarioInjector
-from fsd.server.loop.job_admission import Admission, Ask, synthetic_ask
+from fsd.server.loop.job_admission import Admission, synthetic_ask
 from fsd.server.loop.preview import PreviewRunner
 from fsd.server.roles import OPERATOR, Caller
 
@@ -109,9 +109,16 @@ class ControlHandler:
         if msg.affinity is not None:
             check_label("affinity", msg.affinity, P.MAX_AFFINITY_CHARS)
         prompt = msg.prompt if msg.prompt is not None else msg.prompt_token_ids
-        ask = Ask(prompt, msg.sampling.params(), msg.tags, req_id=msg.req_id, affinity=msg.affinity)  # type: ignore[arg-type]
         # a client's max_tokens past the context is refused, naming the limit (HTTP too)
-        [job] = self.admission.admit(caller.relayed(msg.owner), [ask], clip=False)
+        request = JobRequest(
+            prompt,  # type: ignore[arg-type]
+            msg.sampling.params(),
+            tags=msg.tags,
+            clip=False,
+            affinity=msg.affinity,
+            req_id=msg.req_id,
+        )
+        [job] = self.admission.take(caller.relayed(msg.owner), [request])
         self.send(
             caller.ident,
             P.Accepted(
@@ -139,8 +146,7 @@ class ControlHandler:
         )
 
     def on_inject(self, caller: Caller, msg: P.Inject) -> None:
-        if self.life.draining:
-            raise ConfigError("the daemon is draining; it accepts no new jobs")
+        self.admission.check_open()
         check_label("tag", msg.tag, MAX_TAG)
         if msg.scenario is not None:
             if msg.burst is not None:
@@ -157,19 +163,14 @@ class ControlHandler:
             raise ConfigError(f"burst count must be in [1, {cap}] (max_burst), got {b.count}")
         if b.input_len < 1 or b.output_len < 1:
             raise ConfigError(f"burst lengths must be >= 1, got {b.input_len} and {b.output_len}")
-        context = self.face.info.max_model_len
-        if b.input_len >= context:  # before building the prompts
-            raise PromptTooLongError(
-                f"burst input_len {b.input_len} does not fit the model's "
-                f"{context}-token context"
-            )
+        check_request(b.input_len, b.output_len, self.face.limits)  # before the prompts
         self.book.check_room(caller, b.count, self.face.live())  # before the prompts too
         vocab = self.face.info.vocab_size
         asks = [
             synthetic_ask(self._rng, vocab, b.input_len, b.output_len, msg.tag)
             for _ in range(b.count)
         ]
-        ids = [job.job_id for job in self.admission.admit(caller, asks, stream=False)]
+        ids = [job.job_id for job in self.admission.take(caller, asks, stream=False)]
         span = f"{ids[0]}..{ids[-1]}" if len(ids) > 1 else ids[0]
         detail = f"{b.count} jobs of {b.input_len}+{b.output_len} tokens, tag {msg.tag} ({span})"
         audit(caller, "inject", detail)

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from fsd import protocol as P
+from fsd.admission import RequestLimits, check_open, check_request
 from fsd.config import CacheConfig, SchedConfig
 from fsd.engine.face_protocol import Face
 from fsd.engine.output import RequestOutput
@@ -38,7 +39,6 @@ from fsd.errors import (
     SettingError,
     UnknownJobError,
 )
-from fsd.sched.admission import RequestLimits, check_request
 from fsd.sched.retune import plan_retune
 from fsd.server.audit import audit, settings
 from fsd.server.loop.job_admission import Admission, synthetic_ask
@@ -58,7 +58,7 @@ SOURCE = INLINE  # how errors name an injected scenario
 class Limits:
     """What a scenario is checked against: a frozen copy of the engine's limits."""
 
-    request: RequestLimits  # what bounds one job (fsd.sched.admission)
+    request: RequestLimits  # what bounds one job (fsd.admission)
     sched: SchedConfig  # the settings a scripted retune changes
     cache: CacheConfig
 
@@ -198,9 +198,10 @@ class ScenarioInjector:
                 log.exception("checking an injected scenario failed")
                 self.send_error(p.owner.ident, exc, p.req_id)
                 continue
-            if self.admission.draining():
-                draining = ConfigError("the daemon is draining; it accepts no new jobs")
-                self.send_error(p.owner.ident, draining, p.req_id)
+            try:
+                check_open(self.admission.draining())
+            except FsdError as exc:
+                self.send_error(p.owner.ident, exc, p.req_id)
                 continue
             if not self.connected(p.owner.ident):
                 continue  # the client went away while we checked
@@ -223,9 +224,9 @@ class ScenarioInjector:
     ) -> None:
         feed = owned.feed
         vocab = self.face.info.vocab_size
-        ask = synthetic_ask(owned.rng, vocab, prompt_len, output_len, feed.tag, job_id, when)
+        request = synthetic_ask(owned.rng, vocab, prompt_len, output_len, feed.tag, job_id, when)
         try:
-            self.admission.admit(owned.owner, [ask], stream=False)
+            self.admission.admit(owned.owner, [request], stream=False)
         except FsdError as exc:  # checked up front; a retune or the caps may refuse it now
             log.warning("scenario job %s not admitted: %s", job_id, exc)
             self.send(owned.owner.ident, not_run(job_id, f"not admitted: {exc}"))
