@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import contextlib
 import sys
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Optional, TypeVar
 
 import msgspec
 import typer
@@ -21,9 +22,20 @@ from fsd.console.cli_target import target_of
 from fsd.console.preview_format import preview_lines
 from fsd.errors import FsdError
 
+T = TypeVar("T")
+
 
 def _json(obj: object) -> None:
     typer.echo(msgspec.json.encode(obj).decode())
+
+
+def _print(reply: T, json: bool, lines: Callable[[T], Iterable[str]]) -> None:
+    """A reply as JSON, or as the `lines` the terminal reads."""
+    if json:
+        _json(reply)
+    else:
+        for line in lines(reply):
+            typer.echo(line)
 
 
 def status(
@@ -33,11 +45,7 @@ def status(
     """Show the daemon's model, policy, load and health."""
     with friendly(), target_of(ctx).client() as c:
         reply = c.status()
-    if json:
-        _json(reply)
-    else:
-        for line in fmt.status_lines(reply):
-            typer.echo(line)
+    _print(reply, json, fmt.status_lines)
 
 
 def submit(
@@ -123,11 +131,7 @@ def job(
     """Show one job in detail."""
     with friendly(), target_of(ctx).client() as c:
         info = c.job(job_id)
-    if json:
-        _json(info)
-    else:
-        for line in fmt.job_lines(info):
-            typer.echo(line)
+    _print(info, json, fmt.job_lines)
 
 
 def abort(

@@ -109,6 +109,7 @@ async def _play(
     token: str | None = None,
     label: str | None = None,
 ) -> PlayResult:
+    """Play `timeline` against the daemon while recording its telemetry."""
     records = [
         JobRecord(i, a.origin, a.time, a.prompt_len, a.output_len)
         for i, a in enumerate(timeline.arrivals)
@@ -117,12 +118,8 @@ async def _play(
     live: dict[int, Any] = {}
     actions: list[dict[str, Any]] = []
     async with AsyncClient(endpoint, timeout=timeout, curve=curve, token=token) as client:
-        # no daemon: DaemonUnavailable now, not at the first job; and the context each
-        # job is clipped to, as the injector and the simulator clip them
-        context = (await client.status()).max_model_len or None
-        for rec in records:
-            p, o = clip_lengths(np.array([rec.prompt_len]), np.array([rec.output_len]), context)
-            rec.prompt_len, rec.output_len = int(p[0]), int(o[0])
+        # no daemon: DaemonUnavailable now, not at the first job; and the context
+        _clip(records, (await client.status()).max_model_len or None)
         tel = AsyncTelemetryClient(telemetry_endpoint, curve=curve)
         stop = asyncio.Event()
         tel_task = asyncio.create_task(record(tel, tlog, stop))
@@ -160,11 +157,29 @@ async def _play(
                 stop.set()
                 await tel_task
                 tel.close()
+    return _result(timeline, records, tlog, started, actions, opts.slo)
+
+
+def _clip(records: list[JobRecord], context: int | None) -> None:
+    """Clip each job to the daemon's `context`, as the injector and the simulator do."""
+    for rec in records:
+        p, o = clip_lengths(np.array([rec.prompt_len]), np.array([rec.output_len]), context)
+        rec.prompt_len, rec.output_len = int(p[0]), int(o[0])
+
+
+def _result(
+    timeline: Timeline,
+    records: list[JobRecord],
+    tlog: TelemetryLog,
+    started: float,
+    actions: list[dict[str, Any]],
+    slo: float | None,
+) -> PlayResult:
+    """The played jobs with their latency split and summary (`slo`: the daemon's if None)."""
     wall = time.time() - started
     split_latency(records, tlog.iterations, tlog.swap_in)
-    slo = opts.slo if opts.slo is not None else tlog.slo
     result = PlayResult(timeline.name, timeline, records, tlog, started, wall, actions)
-    result.summary = summarize(records, slo)
+    result.summary = summarize(records, slo if slo is not None else tlog.slo)
     return result
 
 

@@ -51,9 +51,7 @@ class JobRecord:
 
     @property
     def latency(self) -> float | None:
-        if self.finish is None or self.arrival is None:
-            return None
-        return self.finish - self.arrival
+        return _since(self.arrival, self.finish)
 
     @property
     def per_token_latency(self) -> float | None:
@@ -62,9 +60,7 @@ class JobRecord:
 
     @property
     def ttft(self) -> float | None:
-        if self.first_token is None or self.arrival is None:
-            return None
-        return self.first_token - self.arrival
+        return _since(self.arrival, self.first_token)
 
     @property
     def tpot(self) -> float | None:
@@ -87,6 +83,11 @@ class JobRecord:
             tpot=self.tpot,
         )
         return d
+
+
+def _since(start: float | None, end: float | None) -> float | None:
+    """Seconds from `start` to `end` (None: either is unknown)."""
+    return None if start is None or end is None else end - start
 
 
 def split_latency(

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from typing import Annotated, Any, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 from rich.console import Console
@@ -38,6 +38,9 @@ from fsd.router.registry import ROUTERS
 from fsd.sched.registry import POLICIES, engine_policy, policy_setting_notes
 from fsd.sim.cli import simulate_command
 
+if TYPE_CHECKING:
+    from fsd.engine.output import RequestOutput
+
 app = typer.Typer(help="fsd: a FastServe-style LLM serving daemon.", no_args_is_help=True)
 err = Console(stderr=True)
 
@@ -63,6 +66,9 @@ START_OWN_OPTIONS = ("foreground", "config", "log_level", "wait")
 _MODEL_HELP = "Preset name or local HuggingFace directory."
 _DEVICE_HELP = f"{one_of(DEVICES)}."
 _DTYPE_HELP = f"{one_of(DTYPES)}."
+# the daemon `fsd stop` and `fsd status` address, and where its files are
+DaemonEndpoint = Annotated[str, typer.Option(help="The daemon's endpoint.")]
+StateDir = Annotated[Optional[str], typer.Option(help="Where its pidfile and operator token are.")]  # noqa: UP045
 
 
 @app.command()
@@ -118,13 +124,19 @@ def generate(
         finally:
             if llm is not None:
                 llm.close()
-    if stats and final is not None and final.ttft is not None and final.latency is not None:
+    if final is not None:
+        _finish_generation(final, stats)
+
+
+def _finish_generation(final: RequestOutput, stats: bool) -> None:
+    """Print the timings to stderr when asked; exit with the error of a failed job."""
+    if stats and final.ttft is not None and final.latency is not None:
         n = len(final.token_ids)
         err.print(
             f"{n} tokens, finish={final.finish_reason}, ttft={final.ttft * 1e3:.1f} ms, "
             f"total={final.latency * 1e3:.1f} ms, {n / max(final.latency, 1e-9):.1f} tok/s"
         )
-    if final is not None and final.finish_reason == "error":
+    if final.finish_reason == "error":
         fail(f"the job failed: {final.error}")
 
 
@@ -194,9 +206,9 @@ def start(
 
 @app.command()
 def stop(
-    endpoint: Annotated[str, typer.Option(help="The daemon's endpoint.")] = default_of(ServerConfig, "endpoint"),
+    endpoint: DaemonEndpoint = default_of(ServerConfig, "endpoint"),
     timeout: Annotated[float, typer.Option(help="Seconds in-flight jobs get to finish.")] = 30.0,
-    state_dir: Annotated[Optional[str], typer.Option(help="Where its pidfile and operator token are.")] = None,  # noqa: UP045
+    state_dir: StateDir = None,
     server_key: ServerKey = None,
     client_key: ClientKey = None,
 ) -> None:
@@ -218,9 +230,9 @@ def stop(
 
 @app.command()
 def status(
-    endpoint: Annotated[str, typer.Option(help="The daemon's endpoint.")] = default_of(ServerConfig, "endpoint"),
+    endpoint: DaemonEndpoint = default_of(ServerConfig, "endpoint"),
     timeout: Annotated[float, typer.Option(help="Seconds to wait for an answer.")] = 5.0,
-    state_dir: Annotated[Optional[str], typer.Option(help="Where its pidfile and operator token are.")] = None,  # noqa: UP045
+    state_dir: StateDir = None,
     server_key: ServerKey = None,
     client_key: ClientKey = None,
 ) -> None:

@@ -19,30 +19,12 @@ tl: Any = None  # triton.language, bound on first use
 
 
 def attend(
-    q,
-    q_pos,
-    start,
-    end,
-    table,
-    k_base,
-    v_base,
-    scale_log2,
-    stride_btn,
-    stride_kb,
-    stride_ks,
-    stride_kd,
-    stride_vb,
-    stride_vs,
-    stride_vd,
-    ROWS: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    UPCAST: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
+    q, q_pos, start, end, table, k_base, v_base, scale_log2,
+    stride_btn, stride_kb, stride_ks, stride_kd, stride_vb, stride_vs, stride_vd,
+    ROWS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_N: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
     USE_DOT: tl.constexpr = True,
-):
+):  # fmt: skip
     """Online softmax of the ``ROWS`` rows of ``q`` over one sequence's keys ``start ..< end``.
 
     ``table`` is the sequence's block-table row, ``k_base`` and ``v_base`` the caches at
@@ -75,24 +57,15 @@ def attend(
             kv_mask = n_mask[:, None]
         else:
             kv_mask = n_mask[:, None] & d_mask[None, :]
-        k = _load_tile(k_base, krow, offs_d, stride_kd, kv_mask, UPCAST)
-        if USE_DOT:
-            s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)  # [ROWS, N]
-        else:
-            s = _rows_dot(q, k, ROWS, BLOCK_N)
-        s = s * scale_log2
-        if q_pos is None:  # noqa: SIM108
-            visible = n_mask[None, :]
-        else:  # causal; key 0 is visible to every row, so the first tile leaves m_i finite
-            visible = (pos[None, :] <= q_pos[:, None]) & n_mask[None, :]
-        s = tl.where(visible, s, float("-inf"))
+        k = load_tile(k_base, krow, offs_d, stride_kd, kv_mask, UPCAST)
+        s = _scores(q, k, pos, q_pos, n_mask, scale_log2, ROWS, BLOCK_N, DOT_PRECISION, USE_DOT)
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
 
         vrow = block.to(tl.int64) * stride_vb + (pos % BLOCK_SIZE) * stride_vs
-        v = _load_tile(v_base, vrow, offs_d, stride_vd, kv_mask, UPCAST)
+        v = load_tile(v_base, vrow, offs_d, stride_vd, kv_mask, UPCAST)
         if USE_DOT:
             pv = tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
         else:
@@ -100,6 +73,28 @@ def attend(
         acc = acc * alpha[:, None] + pv
         m_i = m_new
     return acc, m_i, l_i
+
+
+def _scores(q, k, pos, q_pos, n_mask, scale_log2, ROWS: tl.constexpr, BLOCK_N: tl.constexpr,
+            DOT_PRECISION: tl.constexpr, USE_DOT: tl.constexpr):  # fmt: skip
+    """A tile's scores [ROWS, BLOCK_N] in the log2 domain, ``-inf`` where a row may not
+    see the key: past the range's end, or (with ``q_pos``) past the row's own position."""
+    if USE_DOT:
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)  # [ROWS, N]
+    else:
+        s = _rows_dot(q, k, ROWS, BLOCK_N)
+    s = s * scale_log2
+    if q_pos is None:  # noqa: SIM108
+        visible = n_mask[None, :]
+    else:  # causal; key 0 is visible to every row, so the first tile leaves m_i finite
+        visible = (pos[None, :] <= q_pos[:, None]) & n_mask[None, :]
+    return tl.where(visible, s, float("-inf"))
+
+
+def normalised(acc, l_i):
+    """``attend``'s output divided by its running sum (a row that saw no key stays 0)."""
+    l_safe = tl.where(l_i > 0.0, l_i, 1.0)
+    return acc / l_safe[:, None]
 
 
 def _tile_blocks(table, tile, pos, end, n_mask, stride_btn, BLOCK_SIZE: tl.constexpr,
@@ -143,15 +138,16 @@ def _rows_weighted(p, v, ROWS: tl.constexpr, BLOCK_D: tl.constexpr):
     return out
 
 
-def _load_tile(base, rows, offs_d, stride_d, mask, UPCAST: tl.constexpr):
-    """A [N, BLOCK_D] K or V tile (row offsets ``rows``), in fp32 when ``UPCAST``."""
+def load_tile(base, rows, offs_d, stride_d, mask, UPCAST: tl.constexpr):
+    """A [N, BLOCK_D] tile of q, K or V (row offsets ``rows``), in fp32 when ``UPCAST``."""
     tile = tl.load(base + rows[:, None] + offs_d[None, :] * stride_d, mask=mask, other=0.0)
     if UPCAST:
         tile = tile.to(tl.float32)
     return tile
 
 
-_HELPERS = ("attend", "_tile_blocks", "_rows_dot", "_rows_weighted", "_load_tile")
+_HELPERS = ("attend", "_scores", "normalised", "_tile_blocks", "_rows_dot", "_rows_weighted")
+_HELPERS += ("load_tile",)
 
 
 def jit_loader(

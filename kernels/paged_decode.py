@@ -57,50 +57,16 @@ tl: Any = None  # triton.language, bound on first use
 
 
 def _decode_split_kernel(
-    Q,
-    K_CACHE,
-    V_CACHE,
-    BLOCK_TABLES,
-    CONTEXT_LENS,
-    O_PART,
-    LSE_PART,
-    OUT,
-    scale_log2,
-    chunk,
-    stride_qb,
-    stride_qh,
-    stride_qd,
-    stride_kb,
-    stride_ks,
-    stride_kh,
-    stride_kd,
-    stride_vb,
-    stride_vs,
-    stride_vh,
-    stride_vd,
-    stride_btb,
-    stride_btn,
-    stride_pb,
-    stride_ph,
-    stride_ps,
-    stride_pd,
-    stride_lb,
-    stride_lh,
-    stride_ls,
-    stride_ob,
-    stride_oh,
-    stride_od,
-    HEAD_DIM: tl.constexpr,
-    GROUP: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr,
-    BLOCK_G: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    UPCAST: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
-    DIRECT: tl.constexpr,
-    USE_DOT: tl.constexpr,
-):
+    Q, K_CACHE, V_CACHE, BLOCK_TABLES, CONTEXT_LENS, O_PART, LSE_PART, OUT, scale_log2, chunk,
+    stride_qb, stride_qh, stride_qd, stride_kb, stride_ks, stride_kh, stride_kd,
+    stride_vb, stride_vs, stride_vh, stride_vd, stride_btb, stride_btn,
+    stride_pb, stride_ph, stride_ps, stride_pd, stride_lb, stride_lh, stride_ls,
+    stride_ob, stride_oh, stride_od,
+    HEAD_DIM: tl.constexpr, GROUP: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_G: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, UPCAST: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, DIRECT: tl.constexpr, USE_DOT: tl.constexpr,
+):  # fmt: skip
+    """Stage 1: the GROUP query heads of one KV head over one split of a sequence's keys."""
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -113,14 +79,9 @@ def _decode_split_kernel(
         offs_d = tl.arange(0, BLOCK_D)
         heads = kv_head * GROUP + offs_g
         g_mask = offs_g < GROUP
-        d_mask = offs_d < HEAD_DIM
-        q = tl.load(
-            Q + seq * stride_qb + heads[:, None] * stride_qh + offs_d[None, :] * stride_qd,
-            mask=g_mask[:, None] & d_mask[None, :],
-            other=0.0,
-        )
-        if UPCAST:
-            q = q.to(tl.float32)
+        out_mask = g_mask[:, None] & (offs_d < HEAD_DIM)[None, :]
+        q = device.load_tile(Q + seq * stride_qb, heads * stride_qh, offs_d, stride_qd, out_mask,
+                             UPCAST)  # fmt: skip
 
         table = BLOCK_TABLES + seq.to(tl.int64) * stride_btb
         k_base = K_CACHE + kv_head * stride_kh
@@ -131,9 +92,7 @@ def _decode_split_kernel(
             BLOCK_G, HEAD_DIM, BLOCK_SIZE, BLOCK_D, BLOCK_N, UPCAST, DOT_PRECISION, USE_DOT,
         )  # fmt: skip
 
-        out_mask = g_mask[:, None] & d_mask[None, :]
-        l_safe = tl.where(l_i > 0.0, l_i, 1.0)
-        out = acc / l_safe[:, None]
+        out = device.normalised(acc, l_i)
         if (ctx <= chunk) | DIRECT:  # its only chunk: the result itself
             tl.store(
                 OUT + seq * stride_ob + heads[:, None] * stride_oh + offs_d[None, :] * stride_od,
@@ -141,7 +100,7 @@ def _decode_split_kernel(
                 mask=out_mask,
             )
         else:
-            lse = tl.where(l_i > 0.0, m_i + tl.log2(l_safe), float("-inf"))
+            lse = tl.where(l_i > 0.0, m_i + tl.log2(tl.where(l_i > 0.0, l_i, 1.0)), float("-inf"))
             part = O_PART + seq * stride_pb + split * stride_ps
             tl.store(
                 part + heads[:, None] * stride_ph + offs_d[None, :] * stride_pd, out, mask=out_mask

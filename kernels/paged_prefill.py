@@ -29,42 +29,15 @@ tl: Any = None  # triton.language, bound on first use
 
 
 def _prefill_kernel(
-    Q,
-    K_CACHE,
-    V_CACHE,
-    BLOCK_TABLES,
-    CONTEXT_LENS,
-    QUERY_START_LOC,
-    OUT,
-    scale_log2,
-    num_q_tiles,
-    stride_qt,
-    stride_qh,
-    stride_qd,
-    stride_kb,
-    stride_ks,
-    stride_kh,
-    stride_kd,
-    stride_vb,
-    stride_vs,
-    stride_vh,
-    stride_vd,
-    stride_btb,
-    stride_btn,
-    stride_ot,
-    stride_oh,
-    stride_od,
-    HEAD_DIM: tl.constexpr,
-    GROUP: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr,
-    BLOCK_G: tl.constexpr,
-    BLOCK_Q: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    UPCAST: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
-):
+    Q, K_CACHE, V_CACHE, BLOCK_TABLES, CONTEXT_LENS, QUERY_START_LOC, OUT, scale_log2, num_q_tiles,
+    stride_qt, stride_qh, stride_qd, stride_kb, stride_ks, stride_kh, stride_kd,
+    stride_vb, stride_vs, stride_vh, stride_vd, stride_btb, stride_btn,
+    stride_ot, stride_oh, stride_od,
+    HEAD_DIM: tl.constexpr, GROUP: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_G: tl.constexpr,
+    BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+    UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):  # fmt: skip
+    """One tile of a sequence's queries (positions x grouped heads) over its cached keys."""
     q_tile = num_q_tiles - 1 - tl.program_id(0)  # late (longest) tiles first
     seq = tl.program_id(1)
     kv_head = tl.program_id(2)
@@ -79,18 +52,11 @@ def _prefill_kernel(
     g = rows % BLOCK_G
     offs_d = tl.arange(0, BLOCK_D)
     heads = kv_head * GROUP + g
-    row_mask = (q_idx < q_len) & (g < GROUP)
-    d_mask = offs_d < HEAD_DIM
+    mask = ((q_idx < q_len) & (g < GROUP))[:, None] & (offs_d < HEAD_DIM)[None, :]
     q_pos = ctx - q_len + q_idx  # absolute positions
 
     tok = (q_begin + q_idx).to(tl.int64)
-    q = tl.load(
-        Q + tok[:, None] * stride_qt + heads[:, None] * stride_qh + offs_d[None, :] * stride_qd,
-        mask=row_mask[:, None] & d_mask[None, :],
-        other=0.0,
-    )
-    if UPCAST:
-        q = q.to(tl.float32)
+    q = device.load_tile(Q, tok * stride_qt + heads * stride_qh, offs_d, stride_qd, mask, UPCAST)
 
     # Keys up to the tile's last valid query position; nothing for a tile past q_len.
     last = tl.minimum(first + BLOCK_Q, q_len)
@@ -105,12 +71,10 @@ def _prefill_kernel(
         BLOCK_M, HEAD_DIM, BLOCK_SIZE, BLOCK_D, BLOCK_N, UPCAST, DOT_PRECISION,
     )  # fmt: skip
 
-    l_safe = tl.where(l_i > 0.0, l_i, 1.0)
-    out = acc / l_safe[:, None]
     tl.store(
         OUT + tok[:, None] * stride_ot + heads[:, None] * stride_oh + offs_d[None, :] * stride_od,
-        out.to(OUT.dtype.element_ty),
-        mask=row_mask[:, None] & d_mask[None, :],
+        device.normalised(acc, l_i).to(OUT.dtype.element_ty),
+        mask=mask,
     )
 
 
@@ -157,21 +121,12 @@ def paged_prefill(
         return out
 
     consts = attention_constants(q, k_cache, block_n)
-    block_g = next_pow2(consts["GROUP"])
-    block_q = max(1, next_pow2(max(16, block_m)) // block_g)
-    block_q = min(block_q, max(1, next_pow2(max_query_len)))  # short chunks: smaller tiles
-    if block_q * block_g < 16:
-        block_q = -(-16 // block_g)  # tl.dot needs at least 16 rows
+    block_g, block_q = _query_tile(consts["GROUP"], block_m, max_query_len)
     num_q_tiles = -(-max_query_len // block_q)
 
     (kernel,) = _kernels()
-    args = attention_args(
-        (q, k_cache, v_cache, block_tables, context_lens),
-        (query_start_loc, out),
-        scale,
-        num_q_tiles,
-        strided=(out,),
-    )
+    caches = (q, k_cache, v_cache, block_tables, context_lens)
+    args = attention_args(caches, (query_start_loc, out), scale, num_q_tiles, strided=(out,))
     kernel[(num_q_tiles, num_seqs, num_kv_heads)](
         *args,
         **consts,
@@ -182,3 +137,14 @@ def paged_prefill(
         num_stages=num_stages,
     )
     return out
+
+
+def _query_tile(group: int, block_m: int, max_query_len: int) -> tuple[int, int]:
+    """(grouped heads, query positions) per tile: about ``block_m`` rows, fewer positions
+    for short chunks, and at least the 16 rows ``tl.dot`` needs."""
+    block_g = next_pow2(group)
+    block_q = max(1, next_pow2(max(16, block_m)) // block_g)
+    block_q = min(block_q, max(1, next_pow2(max_query_len)))
+    if block_q * block_g < 16:
+        block_q = -(-16 // block_g)
+    return block_g, block_q

@@ -23,37 +23,14 @@ tl: Any = None  # triton.language, bound on first use
 
 
 def _rope_store_kernel(
-    Q,
-    K,
-    V,
-    POS,
-    COS_SIN,
-    Q_OUT,
-    K_CACHE,
-    V_CACHE,
-    SLOTS,
-    stride_qt,
-    stride_qh,
-    stride_kt,
-    stride_kh,
-    stride_vt,
-    stride_vh,
-    stride_ot,
-    stride_oh,
-    stride_cs,
-    stride_kcb,
-    stride_kcs,
-    stride_kch,
-    stride_vcb,
-    stride_vcs,
-    stride_vch,
-    num_heads,
-    num_kv_heads,
-    HALF: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr,
-    BLOCK_H: tl.constexpr,
+    Q, K, V, POS, COS_SIN, Q_OUT, K_CACHE, V_CACHE, SLOTS,
+    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
+    stride_cs, stride_kcb, stride_kcs, stride_kch, stride_vcb, stride_vcs, stride_vch,
+    num_heads, num_kv_heads,
+    HALF: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_H: tl.constexpr,
     BLOCK_HALF: tl.constexpr,
-):
+):  # fmt: skip
+    """One token: its q heads rotated into Q_OUT, its k (rotated) and v into their slot."""
     tok = tl.program_id(0).to(tl.int64)
     offs_h = tl.arange(0, BLOCK_H)
     offs_d = tl.arange(0, BLOCK_HALF)
@@ -68,8 +45,7 @@ def _rope_store_kernel(
     q_at = Q + tok * stride_qt + offs_h[:, None] * stride_qh + offs_d[None, :]
     q1, q2 = _rotate(q_at, HALF, c, s, q_mask, dt)
     out_at = Q_OUT + tok * stride_ot + offs_h[:, None] * stride_oh + offs_d[None, :]
-    tl.store(out_at, q1, mask=q_mask)
-    tl.store(out_at + HALF, q2, mask=q_mask)
+    _store_halves(out_at, q1, q2, HALF, q_mask)
 
     slot = tl.load(SLOTS + tok)
     if slot >= 0:  # a padding row writes no K/V
@@ -79,14 +55,18 @@ def _rope_store_kernel(
         k1, k2 = _rotate(K + tok * stride_kt + offs_h[:, None] * stride_kh + offs_d[None, :], HALF,
                          c, s, kv_mask, dt)  # fmt: skip
         kdst = K_CACHE + block * stride_kcb + offset * stride_kcs + offs_h[:, None] * stride_kch
-        tl.store(kdst + offs_d[None, :], k1.to(K_CACHE.dtype.element_ty), mask=kv_mask)
-        tl.store(kdst + HALF + offs_d[None, :], k2.to(K_CACHE.dtype.element_ty), mask=kv_mask)
+        _store_halves(kdst + offs_d[None, :], k1, k2, HALF, kv_mask)
         vsrc = V + tok * stride_vt + offs_h[:, None] * stride_vh + offs_d[None, :]
         vdst = V_CACHE + block * stride_vcb + offset * stride_vcs + offs_h[:, None] * stride_vch
         v1 = tl.load(vsrc, mask=kv_mask)
         v2 = tl.load(vsrc + HALF, mask=kv_mask)
-        tl.store(vdst + offs_d[None, :], v1.to(V_CACHE.dtype.element_ty), mask=kv_mask)
-        tl.store(vdst + HALF + offs_d[None, :], v2.to(V_CACHE.dtype.element_ty), mask=kv_mask)
+        _store_halves(vdst + offs_d[None, :], v1, v2, HALF, kv_mask)
+
+
+def _store_halves(at, x1, x2, HALF: tl.constexpr, mask):
+    """Store the two halves of the heads at ``at`` (rows: heads), cast to its dtype."""
+    tl.store(at, x1.to(at.dtype.element_ty), mask=mask)
+    tl.store(at + HALF, x2.to(at.dtype.element_ty), mask=mask)
 
 
 def _rotate(at, HALF: tl.constexpr, c, s, mask, dt: tl.constexpr):
@@ -100,7 +80,7 @@ def _rotate(at, HALF: tl.constexpr, c, s, mask, dt: tl.constexpr):
     return (x1c - x2s).to(dt), (x2c + x1s).to(dt)
 
 
-_kernels = device.jit_loader(globals(), "_rope_store_kernel", helpers=("_rotate",))
+_kernels = device.jit_loader(globals(), "_rope_store_kernel", helpers=("_rotate", "_store_halves"))
 
 
 def rope_store(

@@ -36,12 +36,10 @@ from __future__ import annotations
 
 import dataclasses
 import sys
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from fsd.cost.hardware import GB, GPU, GPUS, MODELS, ModelShape
+from fsd.cost.hardware import GB, GPU, ModelShape, resolve
 from fsd.cost.model import CostModel
 from fsd.cost.stages import split_layers
 from fsd.errors import ConfigError
@@ -73,31 +71,6 @@ GPU_MEMORY_UTILIZATION = 0.9  # what the engine gives to weights + KV by default
 # default). The OPT profiles predate it and keep none: their numbers stay as published.
 ACTIVATION_TOKENS = 4096
 RESERVES_ACTIVATIONS = frozenset(name for name in SHIPPED if name.startswith("llama"))
-
-
-@dataclass(frozen=True)
-class Layout:
-    """Where the model runs: tp GPUs per stage, pp stages."""
-
-    tp: int = 1
-    pp: int = 1
-
-    @property
-    def num_gpus(self) -> int:
-        return self.tp * self.pp
-
-
-def _named(value: Any, known: Mapping[str, Any], what: str) -> Any:
-    """`value` itself, or the entry of `known` it names (ConfigError listing them)."""
-    if not isinstance(value, str):
-        return value
-    if value not in known:
-        raise ConfigError(f"unknown {what} {value!r}; known: {', '.join(known)}")
-    return known[value]
-
-
-def _resolve(model: str | ModelShape, gpu: str | GPU) -> tuple[ModelShape, GPU]:
-    return _named(model, MODELS, "model shape"), _named(gpu, GPUS, "GPU")
 
 
 def _check_layout(shape: ModelShape, gpu: GPU, tp: int, pp: int) -> None:
@@ -148,7 +121,7 @@ def plan_stages(
     LM head: a tied one is the token table, so with pp > 1 that table is stored twice.
     Every stage keeps room for `activation_tokens` tokens' activations.
     """
-    shape, g = _resolve(model, gpu)
+    shape, g = resolve(model, gpu)
     _check_layout(shape, g, tp, pp)
     budget = g.memory_bytes * GPU_MEMORY_UTILIZATION
     reserve = activation_tokens * shape.activation_bytes_per_token(tp, dtype_bytes)
@@ -208,7 +181,7 @@ def derive_terms(
     model: str | ModelShape, gpu: str | GPU, tp: int = 1, pp: int = 1, dtype_bytes: int = 2
 ) -> Terms:
     """Every term of the iteration time of `model` on tp x pp GPUs of kind `gpu`."""
-    shape, g = _resolve(model, gpu)
+    shape, g = resolve(model, gpu)
     _check_layout(shape, g, tp, pp)
     L, h = shape.num_layers, shape.hidden_size
     flops_rate = g.peak_flops * g.compute_efficiency
@@ -263,7 +236,7 @@ def roofline_decode_time(
     dtype_bytes: int = 2,
 ) -> float:
     """The ideal max(bytes / bandwidth, FLOPs / peak) decode step at 100% of peak (a floor)."""
-    shape, g = _resolve(model, gpu)
+    shape, g = resolve(model, gpu)
     _check_layout(shape, g, tp, pp)
     L, h = shape.num_layers, shape.hidden_size
     nbytes = (L * shape.layer_params + shape.vocab_size * h) * dtype_bytes / tp
@@ -291,7 +264,7 @@ def analytic_profile(
     The KV capacity is the tightest stage's (`plan_stages`), after `activation_tokens`
     tokens' activations.
     """
-    shape, g = _resolve(model, gpu)
+    shape, g = resolve(model, gpu)
     t = derive_terms(shape, g, tp, pp, dtype_bytes)
     stages = plan_stages(shape, g, tp, pp, dtype_bytes, activation_tokens)
     n_gpu = tp * pp
@@ -320,16 +293,34 @@ def analytic_profile(
         swap_bytes_per_s=g.pcie_bytes_per_s * n_gpu,
         pipeline_stages=pp,
     )
-    notes: dict[str, object] = {
-        "source": "analytic (fsd.cost.analytic); derivation in fsd/cost/profiles/README.md",
-        "model": dataclasses.asdict(shape) | {"num_params": shape.num_params},
-        "gpu": dataclasses.asdict(g),
-        "layout": {"tp": tp, "pp": pp, "num_gpus": n_gpu, "dtype_bytes": dtype_bytes},
-        "gpus": f"{n_gpu} x {g.name} (tp={tp}, pp={pp})",
+    layout_notes = {"tp": tp, "pp": pp, "num_gpus": n_gpu, "dtype_bytes": dtype_bytes}
+    sizes = {
         "terms_s": dataclasses.asdict(t),
         "weights_bytes_per_gpu": weights_per_gpu,
         "activation_reserve_bytes_per_gpu": reserve,
         "kv_capacity_tokens": kv_capacity,
+    }
+    notes = _notes(cost, shape, g, layout_notes, sizes, stages)
+    return dataclasses.replace(cost, notes=notes)
+
+
+def _notes(
+    cost: CostModel,
+    shape: ModelShape,
+    g: GPU,
+    layout: dict[str, int],
+    sizes: dict[str, object],
+    stages: list[Stage],
+) -> dict[str, object]:
+    """A profile's record of where its numbers come from, and what they give."""
+    tp, pp, dtype_bytes = layout["tp"], layout["pp"], layout["dtype_bytes"]
+    notes: dict[str, object] = {
+        "source": "analytic (fsd.cost.analytic); derivation in fsd/cost/profiles/README.md",
+        "model": dataclasses.asdict(shape) | {"num_params": shape.num_params},
+        "gpu": dataclasses.asdict(g),
+        "layout": layout,
+        "gpus": f"{tp * pp} x {g.name} (tp={tp}, pp={pp})",
+        **sizes,
         "pipeline": "iteration times are the latency through all stages; "
         "each stage is busy for about 1/pp of it",
         "reference_points_s": _reference_points(cost),
@@ -343,7 +334,7 @@ def analytic_profile(
         notes["stage_time_s"] = {
             k: v / pp for k, v in _reference_points(cost).items() if not k.startswith("swap")
         }
-    return dataclasses.replace(cost, notes=notes)
+    return notes
 
 
 def _reference_points(cost: CostModel) -> dict[str, float]:

@@ -18,8 +18,11 @@ Where the numbers come from:
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
+
+from fsd.errors import ConfigError
 
 GB = 1e9
 TB = 1e12
@@ -233,3 +236,17 @@ GPUS: dict[str, GPU] = {
         replace(_H100, name="h200", hbm_bytes_per_s=4.8 * TB, memory_bytes=141 * GB),
     )
 }
+
+
+def resolve(model: str | ModelShape, gpu: str | GPU) -> tuple[ModelShape, GPU]:
+    """The shape and the GPU, each given itself or by its name in `MODELS` / `GPUS`."""
+    return _named(model, MODELS, "model shape"), _named(gpu, GPUS, "GPU")
+
+
+def _named(value: Any, known: Mapping[str, Any], what: str) -> Any:
+    """`value` itself, or the entry of `known` it names (ConfigError listing them)."""
+    if not isinstance(value, str):
+        return value
+    if value not in known:
+        raise ConfigError(f"unknown {what} {value!r}; known: {', '.join(known)}")
+    return known[value]

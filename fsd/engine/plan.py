@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
-from typing import Literal, TypeVar
+from typing import Literal, NamedTuple, TypeVar
 
 from fsd.jobs import PENDING, Job, SamplingParams
 from fsd.kv.swap import SwapOp
@@ -125,13 +125,52 @@ def build_plan(
     tables carry only what changed since the worker last saw each job.
     """
     order = sorted(range(len(batch)), key=lambda i: batch[i].step_tokens > 1)
-    jobs = [batch[i] for i in order]
+    cols = _columns([batch[i] for i in order], eos_ids, mirror)
+    return StepPlan(
+        seq=seq,
+        input_ids=tuple(cols.input_ids),
+        positions=tuple(cols.positions),
+        query_lens=tuple(cols.query_lens),
+        context_lens=tuple(cols.context_lens),
+        block_tables=tuple(cols.block_tables),
+        order=tuple(order),
+        job_ids=tuple(cols.job_ids),
+        params=tuple(cols.params),
+        banned=tuple(cols.banned),
+        samples=tuple(cols.samples),
+        sync_swaps=tuple(SwapInstr.of(op) for op in sync_ops),
+        async_swaps=tuple(SwapInstr.of(op) for op in async_ops),
+        forget=tuple(forget),
+        pending=tuple(cols.pending),
+        table_starts=tuple(cols.table_starts),
+    )
+
+
+class _Columns(NamedTuple):
+    """A plan's per-token and per-job lists, as `_columns` fills them."""
+
+    input_ids: list[int]
+    positions: list[int]
+    query_lens: list[int]
+    context_lens: list[int]
+    block_tables: list[tuple[int, ...]]
+    job_ids: list[str]
+    params: list[SamplingParams]
+    banned: list[tuple[int, ...]]
+    samples: list[bool]
+    table_starts: list[int]
+    pending: list[tuple[int, str]]
+
+
+def _columns(jobs: Sequence[Job], eos_ids: Collection[int], mirror: TableMirror | None) -> _Columns:
+    """The columns of `jobs`, in their order, filled in one pass: this runs for every
+    job of every step."""
     input_ids: list[int] = []
     positions: list[int] = []
     ends, lens, tables, ids, params, banned, samples = [], [], [], [], [], [], []  # per job
     starts: list[int] = []
     pending: list[tuple[int, str]] = []
-    for job in jobs:  # (one pass: this runs for every job of every step)
+    for job in jobs:
         start, n, total = job.num_computed_tokens, job.step_tokens, job.num_tokens
         end = start + n
         if end > total or end <= start:
@@ -157,24 +196,8 @@ def build_plan(
         params.append(job.params)
         banned.append(banned_tokens(job, eos_ids))
         samples.append(end >= total)
-    return StepPlan(
-        seq=seq,
-        input_ids=tuple(input_ids),
-        positions=tuple(positions),
-        query_lens=tuple(lens),
-        context_lens=tuple(ends),
-        block_tables=tuple(tables),
-        order=tuple(order),
-        job_ids=tuple(ids),
-        params=tuple(params),
-        banned=tuple(banned),
-        samples=tuple(samples),
-        sync_swaps=tuple(SwapInstr.of(op) for op in sync_ops),
-        async_swaps=tuple(SwapInstr.of(op) for op in async_ops),
-        forget=tuple(forget),
-        pending=tuple(pending),
-        table_starts=tuple(starts),
-    )
+    return _Columns(input_ids, positions, lens, ends, tables, ids, params, banned, samples, starts,
+                    pending)  # fmt: skip
 
 
 def unorder(plan: StepPlan, rows: Sequence[T]) -> list[T]:

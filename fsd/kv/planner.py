@@ -166,16 +166,35 @@ class SwapPlanner:
         `gate`: fsd's rule (SwapGate): jobs go out only for `wanted` jobs and only when
         that pays; the reserve is kept by admission, not by swaps (None: the paper's).
         """
-        blocks = self.blocks
-        ops: list[SwapOp] = []
         if not self.has_work(wanted, upcoming, in_flight, reserve):
-            return ops
+            return []
         moving = sum(op.num_blocks for op in in_flight.values())
         budget = float("inf") if max_blocks is None else max_blocks - moving
         if budget <= 0:
-            return ops
-        # each wanted job's room and ENST, read again by the swap-in loop below
+            return []
+        # each wanted job's room and ENST, read again by the swap-ins
         known = {j.job_id: (self._room_to_run(j), enst(j)) for j in wanted}
+        ops, budget, sent_out = self._swap_outs(wanted, known, reserve, in_flight, by_enst, gate,
+                                                budget)  # fmt: skip
+        queue = itertools.chain(((j, 0) for j in wanted), ((j, reserve) for j in upcoming))
+        self._swap_ins(ops, queue, known, enst, budget, sent_out, moving)
+        return ops
+
+    def _swap_outs(
+        self,
+        wanted: Sequence[Job],
+        known: Mapping[str, tuple[int, float]],
+        reserve: int,
+        in_flight: Mapping[str, SwapOp],
+        by_enst: Callable[[], Iterator[tuple[float, Job]]],
+        gate: SwapGate | None,
+        budget: float,
+    ) -> tuple[list[SwapOp], float, float]:
+        """Send out the jobs expected latest until the wanted jobs' room (and, without a
+        gate, the reserve) will be free: (the copies, the budget left, the smallest ENST
+        sent out)."""
+        blocks = self.blocks
+        ops: list[SwapOp] = []
         urgent = sum([room for room, _ in known.values()])
         for_job = gate.longest(wanted) if gate is not None and wanted else None
         keep = 0 if gate is not None else reserve  # what swap-outs keep free for arrivals
@@ -184,10 +203,9 @@ class SwapPlanner:
         free_soon = blocks.num_free + freeing
         target = min(keep + urgent, blocks.device.num_blocks)
         sent_out = float("inf")  # smallest ENST sent out this round
-        candidates: Iterator[tuple[float, Job]] = iter(())
-        if free_soon < target:
-            candidates = by_enst()
-        for e, job in candidates:
+        if free_soon >= target:
+            return ops, budget, sent_out
+        for e, job in by_enst():
             if free_soon >= target or budget <= 0:
                 break
             if free_soon >= keep and e <= soonest:
@@ -203,9 +221,22 @@ class SwapPlanner:
             free_soon += n
             budget -= n
             sent_out = min(sent_out, e)
-        for job, floor in itertools.chain(
-            ((j, 0) for j in wanted), ((j, reserve) for j in upcoming)
-        ):
+        return ops, budget, sent_out
+
+    def _swap_ins(
+        self,
+        ops: list[SwapOp],
+        queue: Iterable[tuple[Job, int]],
+        known: Mapping[str, tuple[int, float]],
+        enst: Callable[[Job], float],
+        budget: float,
+        sent_out: float,
+        moving: int,
+    ) -> None:
+        """Bring in the `queue`'s (job, blocks to keep free) in order, onto `ops`, while
+        they fit and were not expected later than a job just sent out."""
+        blocks = self.blocks
+        for job, floor in queue:
             if blocks.num_free - floor < 1:
                 break  # no job fits (each needs a block); free blocks only shrink here
             need = len(job.host_block_table)
@@ -218,7 +249,6 @@ class SwapPlanner:
             if blocks.num_free - room >= floor and (enst(job) if e is None else e) < sent_out:
                 ops.append(blocks.swap_in(job))
                 budget -= need
-        return ops
 
     def _room_to_run(self, job: Job) -> int:
         """Device blocks a host job needs to come in and run its next iteration."""

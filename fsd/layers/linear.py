@@ -79,6 +79,12 @@ class _LinearBase(nn.Module):
         else:
             self.register_parameter("bias", None)
 
+    def _load_shard(
+        self, param: torch.Tensor, loaded: torch.Tensor, dim: int, full: int, size: int
+    ) -> None:
+        """Copy this rank's `size` of a checkpoint tensor `full` long along `dim`."""
+        copy_checked(param, _narrow_full(loaded, dim, full, self.tp_rank * size, size))
+
     def extra_repr(self) -> str:
         out, inp = self.weight.shape
         return f"in_local={inp}, out_local={out}, bias={self.bias is not None}, tp={self.tp_size}"
@@ -113,8 +119,7 @@ class ColumnParallelLinear(_LinearBase):
     def weight_loader(
         self, param: torch.Tensor, loaded: torch.Tensor, shard_id: ShardId = None
     ) -> None:
-        size = self.output_size_per_partition
-        copy_checked(param, _narrow_full(loaded, 0, self.output_size, self.tp_rank * size, size))
+        self._load_shard(param, loaded, 0, self.output_size, self.output_size_per_partition)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = F.linear(x, self.weight, self.bias)
@@ -145,8 +150,7 @@ class RowParallelLinear(_LinearBase):
     def weight_loader(
         self, param: torch.Tensor, loaded: torch.Tensor, shard_id: ShardId = None
     ) -> None:
-        size = self.input_size_per_partition
-        copy_checked(param, _narrow_full(loaded, 1, self.input_size, self.tp_rank * size, size))
+        self._load_shard(param, loaded, 1, self.input_size, self.input_size_per_partition)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.input_is_parallel and self.tp_size > 1:
@@ -187,8 +191,8 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
             )
         size = self.local_sizes[shard_id]
         offset = sum(self.local_sizes[:shard_id])
-        src = _narrow_full(loaded, 0, self.output_sizes[shard_id], self.tp_rank * size, size)
-        copy_checked(param.narrow(0, offset, size), src)
+        full = self.output_sizes[shard_id]
+        self._load_shard(param.narrow(0, offset, size), loaded, 0, full, size)
 
 
 class QKVParallelLinear(ColumnParallelLinear):

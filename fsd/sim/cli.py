@@ -35,7 +35,9 @@ DEFAULT_PROFILE = "opt-13b-a100"
 # field added to SchedConfig is an option here with no line changed; a policy's own
 # settings, its rules among them, go through --policy-settings POLICY.FIELD=VALUE)
 SIM_SCHED = field_names(SchedConfig, skip=("policy", "quanta", "refuse_late", "profile"))
-SIM_CACHE = field_names(CacheConfig, skip=("gpu_memory_utilization", "cpu_kv_bytes", "host_kv_bytes"))
+SIM_CACHE = field_names(
+    CacheConfig, skip=("gpu_memory_utilization", "cpu_kv_bytes", "host_kv_bytes")
+)
 SIM_CLUSTER = field_names(ClusterConfig)  # replicas behind a router (fsd.sim.replicas)
 _SIM_HELPS = {
     "max_batch_tokens": "Most new tokens per iteration (default: "
@@ -43,6 +45,98 @@ _SIM_HELPS = {
     "kv_policy": f"{one_of(KV_POLICIES)}.",
     "router": f"With --replicas > 1: {one_of([*ROUTERS, 'default'])}.",
 }
+
+
+# the options of `fsd simulate`, each a type its signature names
+Scenario = Annotated[
+    Path | None,
+    typer.Argument(help="A scenario TOML file (man fsd-scenario) to simulate."),
+]
+LengthScale = Annotated[
+    float, typer.Option(help="Scenario only: multiply every job's token counts.")
+]
+Trace = Annotated[
+    Path | None,
+    typer.Option(
+        help="Trace: Azure CSV (TIMESTAMP,ContextTokens,GeneratedTokens) or Mooncake .jsonl."
+    ),
+]
+TimeScale = Annotated[
+    float, typer.Option(help="Trace rate multiplier: 0.5 = half the rate (gaps x2).")
+]
+Limit = Annotated[
+    int | None,
+    typer.Option(
+        help="A trace's or scenario's first N requests (default: all of them), or N "
+        f"synthetic requests (default {DEFAULT_REQUESTS})."
+    ),
+]
+Arrival = Annotated[str | None, typer.Option(help=f"Synthetic arrivals: {one_of(ARRIVALS)}.")]
+Rate = Annotated[
+    float | None,
+    typer.Option(help=f"Synthetic arrival rate, requests/s (default {DEFAULT_RATE:g})."),
+]
+Cv = Annotated[float | None, typer.Option(help="Inter-arrival coefficient of variation (gamma).")]
+Lengths = Annotated[
+    str | None,
+    typer.Option(help=f"{one_of([*LENGTH_MODELS, 'mix:A+B:W (W from A)'])}."),
+]
+Theta = Annotated[float | None, typer.Option(help="Zipf skew for --lengths zipf.")]
+Seed = Annotated[int, typer.Option(help="Seed of the synthetic workload.")]
+MaxContext = Annotated[
+    int | None,
+    typer.Option(
+        help="Clip requests to this many tokens (default: the profile's context; 0 = no clip)."
+    ),
+]
+NoClip = Annotated[
+    bool,
+    typer.Option(
+        "--no-clip", help="Refuse a workload with requests past the context; do not clip."
+    ),
+]
+Policies = Annotated[
+    str,
+    typer.Option(help=f"Comma-separated policies ({', '.join((*POLICIES, 'default'))})."),
+]
+Profile = Annotated[str, typer.Option(help="Shipped profile name or profile JSON path.")]
+Pp = Annotated[
+    int | None,
+    typer.Option(
+        help="Pipeline stages: micro-batches in flight (default: the profile's; 1 = none)."
+    ),
+]
+Slo = Annotated[
+    float | None,
+    typer.Option(help=f"Per-token latency SLO, s (default {SLO_DECODE_STEPS} x a decode step)."),
+]
+Sweep = Annotated[
+    bool,
+    typer.Option(
+        help="Find each policy's max sustainable rate under the SLO and its P95 goodput "
+        "(bisection)."
+    ),
+]
+SweepMetric = Annotated[
+    str, typer.Option(help="Latency statistic the SLO bounds: avg, p50, p95 or p99.")
+]
+SweepTol = Annotated[float, typer.Option(help="Stop when hi / lo <= 1 + tol.")]
+SweepGoodput = Annotated[
+    bool,
+    typer.Option(
+        help="With --sweep: also the P95 goodput (95% of jobs within 10 x the "
+        "light-load TTFT and TPOT)."
+    ),
+]
+KvSample = Annotated[
+    float | None, typer.Option(help="Record KV usage every S seconds into the JSON.")
+]
+Jobs = Annotated[int, typer.Option(help="Worker processes (runs are independent).")]
+JobsCsv = Annotated[
+    Path | None,
+    typer.Option(help="Write every job's record to DIR/<policy>.csv (not with --sweep)."),
+]
+JsonOut = Annotated[Path | None, typer.Option("--json", help="Write the results as JSON here.")]
 
 
 @with_fields(
@@ -58,105 +152,31 @@ _SIM_HELPS = {
     before="slo",
 )
 def simulate_command(
-    scenario: Annotated[
-        Path | None,
-        typer.Argument(help="A scenario TOML file (man fsd-scenario) to simulate."),
-    ] = None,
-    length_scale: Annotated[
-        float, typer.Option(help="Scenario only: multiply every job's token counts.")
-    ] = 1.0,
-    trace: Annotated[
-        Path | None,
-        typer.Option(
-            help="Trace: Azure CSV (TIMESTAMP,ContextTokens,GeneratedTokens) or Mooncake .jsonl."
-        ),
-    ] = None,
-    time_scale: Annotated[
-        float, typer.Option(help="Trace rate multiplier: 0.5 = half the rate (gaps x2).")
-    ] = 1.0,
-    limit: Annotated[
-        int | None,
-        typer.Option(
-            help="A trace's or scenario's first N requests (default: all of them), or N "
-            f"synthetic requests (default {DEFAULT_REQUESTS})."
-        ),
-    ] = None,
-    arrival: Annotated[
-        str | None, typer.Option(help=f"Synthetic arrivals: {one_of(ARRIVALS)}.")
-    ] = None,
-    rate: Annotated[
-        float | None,
-        typer.Option(help=f"Synthetic arrival rate, requests/s (default {DEFAULT_RATE:g})."),
-    ] = None,
-    cv: Annotated[
-        float | None, typer.Option(help="Inter-arrival coefficient of variation (gamma).")
-    ] = None,
-    lengths: Annotated[
-        str | None,
-        typer.Option(help=f"{one_of([*LENGTH_MODELS, 'mix:A+B:W (W from A)'])}."),
-    ] = None,
-    theta: Annotated[float | None, typer.Option(help="Zipf skew for --lengths zipf.")] = None,
-    seed: Annotated[int, typer.Option(help="Seed of the synthetic workload.")] = 0,
-    max_context: Annotated[
-        int | None,
-        typer.Option(
-            help="Clip requests to this many tokens (default: the profile's context; 0 = no clip)."
-        ),
-    ] = None,
-    no_clip: Annotated[
-        bool,
-        typer.Option(
-            "--no-clip", help="Refuse a workload with requests past the context; do not clip."
-        ),
-    ] = False,
-    policies: Annotated[
-        str,
-        typer.Option(help=f"Comma-separated policies ({', '.join((*POLICIES, 'default'))})."),
-    ] = DEFAULT_POLICIES,
-    profile: Annotated[
-        str, typer.Option(help="Shipped profile name or profile JSON path.")
-    ] = DEFAULT_PROFILE,
-    pp: Annotated[
-        int | None,
-        typer.Option(
-            help="Pipeline stages: micro-batches in flight (default: the profile's; 1 = none)."
-        ),
-    ] = None,
-    slo: Annotated[
-        float | None,
-        typer.Option(
-            help=f"Per-token latency SLO, s (default {SLO_DECODE_STEPS} x a decode step)."
-        ),
-    ] = None,
-    sweep: Annotated[
-        bool,
-        typer.Option(
-            help="Find each policy's max sustainable rate under the SLO and its P95 goodput "
-            "(bisection)."
-        ),
-    ] = False,
-    sweep_metric: Annotated[
-        str, typer.Option(help="Latency statistic the SLO bounds: avg, p50, p95 or p99.")
-    ] = "avg",
-    sweep_tol: Annotated[float, typer.Option(help="Stop when hi / lo <= 1 + tol.")] = 0.05,
-    sweep_goodput: Annotated[
-        bool,
-        typer.Option(
-            help="With --sweep: also the P95 goodput (95% of jobs within 10 x the "
-            "light-load TTFT and TPOT)."
-        ),
-    ] = True,
-    kv_sample: Annotated[
-        float | None, typer.Option(help="Record KV usage every S seconds into the JSON.")
-    ] = None,
-    jobs: Annotated[int, typer.Option(help="Worker processes (runs are independent).")] = 1,
-    jobs_csv: Annotated[
-        Path | None,
-        typer.Option(help="Write every job's record to DIR/<policy>.csv (not with --sweep)."),
-    ] = None,
-    json_out: Annotated[
-        Path | None, typer.Option("--json", help="Write the results as JSON here.")
-    ] = None,
+    scenario: Scenario = None,
+    length_scale: LengthScale = 1.0,
+    trace: Trace = None,
+    time_scale: TimeScale = 1.0,
+    limit: Limit = None,
+    arrival: Arrival = None,
+    rate: Rate = None,
+    cv: Cv = None,
+    lengths: Lengths = None,
+    theta: Theta = None,
+    seed: Seed = 0,
+    max_context: MaxContext = None,
+    no_clip: NoClip = False,
+    policies: Policies = DEFAULT_POLICIES,
+    profile: Profile = DEFAULT_PROFILE,
+    pp: Pp = None,
+    slo: Slo = None,
+    sweep: Sweep = False,
+    sweep_metric: SweepMetric = "avg",
+    sweep_tol: SweepTol = 0.05,
+    sweep_goodput: SweepGoodput = True,
+    kv_sample: KvSample = None,
+    jobs: Jobs = 1,
+    jobs_csv: JobsCsv = None,
+    json_out: JsonOut = None,
     **fields: Any,
 ) -> None:
     """Simulate serving a workload under several scheduling policies; print and save metrics."""

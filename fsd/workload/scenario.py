@@ -228,7 +228,37 @@ def parse_scenario(
         "max_output",
     )
     duration = head.number("duration", required=True, above=0)
-    phase_tables = top.tables("phase")
+    phases = _phases(top.tables("phase"), source, duration, base_dir, traces)
+    events = tuple(
+        sorted(
+            (_event(t, duration) for t in top.tables("event")),
+            key=lambda e: e.at,
+        )
+    )
+    return Scenario(
+        name=head.string("name", default=default_name),
+        source=source,
+        seed=int(head.number("seed", default=0, integer=True, at_least=0)),
+        duration=duration,
+        phases=phases,
+        events=events,
+        description=head.string("description", default=""),
+        time_scale=head.number("time_scale", default=1.0, above=0),
+        length_scale=head.number("length_scale", default=1.0, above=0),
+        max_context=head.optional_int("max_context", at_least=2),
+        max_output=head.optional_int("max_output", at_least=1),
+    )
+
+
+def _phases(
+    phase_tables: list[Fields],
+    source: str,
+    duration: float,
+    base_dir: Path | None,
+    traces: Mapping[str, str] | None,
+) -> tuple[Phase, ...]:
+    """The `[[phase]]` tables in order, each starting where the one before ends unless
+    it says when, all inside the scenario's `duration`."""
     if not phase_tables:
         raise ConfigError(f"{source}: phase: a scenario needs at least one [[phase]]")
     phases: list[Phase] = []
@@ -249,25 +279,7 @@ def parse_scenario(
             )
         phases.append(phase)
         start = phase.end
-    events = tuple(
-        sorted(
-            (_event(t, duration) for t in top.tables("event")),
-            key=lambda e: e.at,
-        )
-    )
-    return Scenario(
-        name=head.string("name", default=default_name),
-        source=source,
-        seed=int(head.number("seed", default=0, integer=True, at_least=0)),
-        duration=duration,
-        phases=tuple(phases),
-        events=events,
-        description=head.string("description", default=""),
-        time_scale=head.number("time_scale", default=1.0, above=0),
-        length_scale=head.number("length_scale", default=1.0, above=0),
-        max_context=head.optional_int("max_context", at_least=2),
-        max_output=head.optional_int("max_output", at_least=1),
-    )
+    return tuple(phases)
 
 
 def _phase(
