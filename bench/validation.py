@@ -367,4 +367,51 @@ def validation_markdown(res: dict) -> list[str]:
     if best is not None:
         lines += [f"{best} misses: {'; '.join(worst_case(res, best)['misses']) or 'none'}"]
     lines.append("")
-    return lines
+    return lines + ablation_markdown(res)
+
+
+def against_default(res: dict, label: str) -> dict:
+    """An ablation against the default itself, point by point: its worst and best
+    ratio of average per-token latency (and P95), and its most preemptions and swaps
+    per request."""
+    ratios: dict[str, list[tuple[float, str]]] = {"avg": [], "p95": []}
+    most = {"preemptions_per_request": (0.0, ""), "swaps_per_request": (0.0, "")}
+    for name, case in res["cases"].items():
+        for load, block in case["loads"].items():
+            r, d, at = block["runs"][label], block["runs"][DEFAULT], f"{name}@{load}"
+            for metric in ratios:
+                ratios[metric].append((r[metric] / d[metric], at))
+            for k in most:
+                most[k] = max(most[k], (r.get(k, 0.0), at))
+    return {
+        "worst": {m: max(v) for m, v in ratios.items()},
+        "best": {m: min(v) for m, v in ratios.items()},
+        "changed": sum(
+            1 for (x, _), (y, _) in zip(ratios["avg"], ratios["p95"], strict=True) if (x, y) != (1, 1)
+        ),
+        **most,
+    }
+
+
+def ablation_markdown(res: dict) -> list[str]:
+    """The default's rules, each off alone: what the default loses without it."""
+    labels = [x for x in next(iter(next(iter(res["cases"].values()))["loads"].values()))["runs"]
+              if x.startswith(f"{DEFAULT}[")]  # fmt: skip
+    if not labels:
+        return []
+    lines = ["The default's rules, each off alone (ratios: the ablation over the default at "
+             "the same point; worst regret: over the best non-oracle candidate):", "",
+             "| rule off | points changed | worst avg / default | best avg / default | "
+             "worst P95 / default | worst avg regret | most preemptions / request | "
+             "most swaps / request | points missing a target |",
+             "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for x in [DEFAULT, *labels]:
+        a, w = against_default(res, x), worst_case(res, x)
+        (wa, pa), (ba, pb), (wp, pp) = a["worst"]["avg"], a["best"]["avg"], a["worst"]["p95"]
+        (pr, ppr), (sw, psw) = a["preemptions_per_request"], a["swaps_per_request"]
+        ra, at = w["worst_avg_regret"]
+        lines.append(
+            f"| {x} | {a['changed']} | {wa:.2f} ({pa}) | {ba:.2f} ({pb}) | {wp:.2f} ({pp}) | "
+            f"{ra:.2f} ({at}) | {pr:.2f} ({ppr}) | {sw:.2f} ({psw}) | {len(w['misses'])} |"
+        )
+    return [*lines, ""]
