@@ -39,7 +39,7 @@ from fsd.kv.block_manager import BlockManager  # noqa: E402
 from fsd.sched.registry import POLICIES, make_scheduler  # noqa: E402
 from fsd.sim.capacity import size_pools  # noqa: E402
 from fsd.sim.job import SimJob  # noqa: E402
-from fsd.workload.lengths import length_model  # noqa: E402
+from fsd.workload.length_models import length_model  # noqa: E402
 
 GOALS_MS = {1000: 0.2, 10000: 2.0}
 PROFILE = "opt-13b-a100"

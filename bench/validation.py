@@ -34,7 +34,7 @@ from fsd.cost.profiles import load_profile
 from fsd.sim.runner import RunSpec, run_many
 from fsd.workload import Workload, gamma, length_model, poisson, synthetic
 from fsd.workload.compose import REASONING, phased, tenants
-from fsd.workload.lengths import LengthModel, Lognormal, Uniform
+from fsd.workload.length_models import LengthModel, Lognormal, Uniform
 from fsd.workload.mooncake import read_mooncake
 
 PROFILE = "llama3.1-8b-h100"

@@ -30,7 +30,7 @@ from fsd.console.play_telemetry import TelemetryLog, record
 from fsd.errors import FsdError
 from fsd.progress import Progress
 from fsd.workload.feed import TimelineFeed, walk
-from fsd.workload.lengths import clip_lengths
+from fsd.workload.length_models import clip_lengths
 from fsd.workload.prompts import random_prompt
 from fsd.workload.scenario import Scenario
 from fsd.workload.timeline import Action, Arrival, Timeline, expand

@@ -5,10 +5,10 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from fsd.cluster.chooser import RouterChooser
 from fsd.cluster.face import Chooser, LeastLive, ReplicaSetFace
 from fsd.cluster.groups import ReplicaShape
 from fsd.cluster.handles import LocalReplicas, RayReplicas, Replicas, replica_configs
-from fsd.cluster.routing import RouterChooser
 from fsd.config import ClusterConfig, EngineConfig
 from fsd.config_checks import MAX_REPLICAS
 from fsd.errors import ConfigError

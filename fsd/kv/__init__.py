@@ -4,7 +4,7 @@ Owns: where every job's KV is. `block_manager` holds the device and host pools,
 each job's block tables and its location, and the copies in flight; `policies` has
 one class per KV policy (defer, recompute, reactive, proactive), named in
 `registry`; `planner` plans proactive swaps by ENST; `swap` is a planned copy;
-`prefix` is the prefix cache, and `events` what it stored and removed, by content
+`prefix` is the prefix cache, and `prefix_events` what it stored and removed, by content
 name (a router's feed). The
 scheduler asks the block manager and calls its verbs; the executor makes the copies.
 

@@ -19,7 +19,7 @@ device block when `worth_copy` says the copy beats recomputing them. A job whose
 whole sequence is cached still computes its last token (for its logits): its last
 block is copied first (copy on write), so no shared block is ever written.
 
-A router far away learns each name stored or removed from `events` (fsd.kv.events).
+A router far away learns each name stored or removed from `events` (fsd.kv.prefix_events).
 
 Every copy the cache makes is synchronous: it is handed to `sink` in the order it
 was decided, among the scheduler's own synchronous copies, so a block is read
@@ -41,8 +41,8 @@ import itertools
 from collections.abc import Callable, Hashable
 from typing import Any, Protocol
 
-from fsd.kv.events import DEVICE, HOST, BlockEvents
 from fsd.kv.pool import BlockPool
+from fsd.kv.prefix_events import DEVICE, HOST, BlockEvents
 from fsd.kv.swap import SwapOp
 from fsd.protocol_telemetry import PrefixInfo  # its counters as published: one struct
 
@@ -95,7 +95,7 @@ class PrefixCache:
         # (a name is never reused), so a lookup re-derives only from the first one not
         # held; dropped when the job runs (`commit`: its tokens may change) or leaves
         self._chains: dict[str, list[int]] = {}
-        self.events: BlockEvents | None = None  # a router's feed (fsd.kv.events.watch)
+        self.events: BlockEvents | None = None  # a router's feed (fsd.kv.prefix_events.watch)
         device.on_evict = self._demote
         host.on_evict = self._drop_host
 

@@ -2,7 +2,7 @@
 
 Owns: the choice of replica. A replica pushes a compact `ReplicaState` after each
 iteration (`state`: queued work per level from its scheduler, `work`; KV room per
-tier; its prefix cache's block events since the last push, fsd.kv.events; a sequence
+tier; its prefix cache's block events since the last push, fsd.kv.prefix_events; a sequence
 number, a gap forcing a resync); the router keeps a view of each replica (`view`:
 the last state, the requests routed since, counted optimistically) with an index of
 its cached blocks by tier (`index`), and a policy (`policies`, named in `registry`)

@@ -1,6 +1,6 @@
 """The router's view of one replica's prefix cache: content names by tier.
 
-Fed by the replica's block events (fsd.kv.events) in push order; a full state
+Fed by the replica's block events (fsd.kv.prefix_events) in push order; a full state
 replaces it. It is approximate (a lost push leaves it stale until the resync, and
 two blocks of one content on a tier are one name here) but bounded: it never holds
 more names than the replica has blocks, since a replica caches a name at most once
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from fsd.kv.events import DEVICE, HOST, STORED, EventTuple
+from fsd.kv.prefix_events import DEVICE, HOST, STORED, EventTuple
 
 SLACK = 1024  # names over the replica's blocks tolerated before a resync
 

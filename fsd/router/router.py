@@ -15,7 +15,7 @@ from collections import deque
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
-from fsd.kv.events import chain_names
+from fsd.kv.prefix_events import chain_names
 from fsd.router.estimate import pending_of
 from fsd.router.policies import RouterPolicy
 from fsd.router.request import RouteRequest
@@ -38,7 +38,7 @@ class Decision:
 
 def prompt_names(token_ids: Sequence[int], block_size: int) -> tuple[int, ...]:
     """The content names of a prompt's full blocks, as a replica's prefix cache names
-    them (fsd.kv.events; `Job.block_content` is a block's token ids)."""
+    them (fsd.kv.prefix_events; `Job.block_content` is a block's token ids)."""
     n = len(token_ids) // block_size
     return tuple(
         chain_names(tuple(token_ids[i * block_size : (i + 1) * block_size]) for i in range(n))

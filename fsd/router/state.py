@@ -2,7 +2,7 @@
 
 A state is small and absolute, but for the prefix cache: the load figures (queued
 work per level, jobs, KV free per tier) replace the last ones, while the cached
-blocks travel as events since the last push (fsd.kv.events), which the router's
+blocks travel as events since the last push (fsd.kv.prefix_events), which the router's
 index applies in order. Each push carries the next sequence number; a router that
 sees a gap has lost events, keeps the load figures, and asks for a resync
 (`StateBuilder.resync`): the next state is `full`, every block cached as a STORED
@@ -20,7 +20,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from fsd.kv.events import EventTuple, watch
+from fsd.kv.prefix_events import EventTuple, watch
 from fsd.router.work import queued_work
 
 if TYPE_CHECKING:
@@ -85,7 +85,7 @@ class ReplicaState:
 
 class StateBuilder:
     """Builds one replica's successive states; it watches the replica's prefix cache
-    from its creation on (fsd.kv.events.watch)."""
+    from its creation on (fsd.kv.prefix_events.watch)."""
 
     def __init__(self, replica: int, blocks: BlockManager, max_events: int = MAX_EVENTS) -> None:
         self.replica = replica

@@ -25,7 +25,7 @@ from fsd.sched.slo import SLO_DECODE_STEPS
 from fsd.sim.cli_run import simulate
 from fsd.sim.cli_workload import DEFAULT_RATE, DEFAULT_REQUESTS
 from fsd.workload.arrivals import ARRIVALS
-from fsd.workload.lengths import PRESETS as LENGTH_MODELS
+from fsd.workload.length_models import PRESETS as LENGTH_MODELS
 
 DEFAULT_POLICIES = ",".join(POLICIES)
 DEFAULT_PROFILE = "opt-13b-a100"

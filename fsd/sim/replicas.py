@@ -41,7 +41,7 @@ import numpy as np
 from fsd.config import ClusterConfig
 from fsd.cost import CostModel
 from fsd.kv.block_manager import BlockManager
-from fsd.kv.events import chain_names
+from fsd.kv.prefix_events import chain_names
 from fsd.protocol_telemetry import PrefixInfo
 from fsd.router.rebalance import REBALANCE_EVERY, plan_rebalance
 from fsd.router.registry import check_router, make_router

@@ -9,7 +9,7 @@ fsd.engine, fsd.server or the console.
 """
 
 from fsd.workload.arrivals import ArrivalProcess, gamma, make_arrivals, poisson
-from fsd.workload.lengths import (
+from fsd.workload.length_models import (
     PRESETS,
     LengthModel,
     Lognormal,

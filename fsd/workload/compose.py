@@ -13,7 +13,7 @@ import numpy as np
 
 from fsd.errors import ConfigError
 from fsd.workload.arrivals import ArrivalProcess
-from fsd.workload.lengths import LengthModel, Lengths, Lognormal, Mixture
+from fsd.workload.length_models import LengthModel, Lengths, Lognormal, Mixture
 from fsd.workload.spec import Workload, synthetic
 
 # A reasoning model's service: long prompts; half the requests a short answer, half a

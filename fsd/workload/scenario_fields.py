@@ -12,7 +12,7 @@ from dataclasses import replace
 from typing import Any
 
 from fsd.errors import ConfigError
-from fsd.workload.lengths import Fixed, LengthModel, Lengths, Lognormal, Zipf, length_model
+from fsd.workload.length_models import Fixed, LengthModel, Lengths, Lognormal, Zipf, length_model
 
 _MISSING = object()
 

@@ -24,7 +24,7 @@ import numpy as np
 from fsd.errors import ConfigError
 from fsd.metrics import percentile
 from fsd.workload.arrivals import ArrivalProcess, empirical_rate_cv
-from fsd.workload.lengths import Lengths, clip_lengths
+from fsd.workload.length_models import Lengths, clip_lengths
 
 
 class Request(NamedTuple):

@@ -19,7 +19,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from fsd.workload.arrivals import ArrivalProcess
-from fsd.workload.lengths import clip_lengths
+from fsd.workload.length_models import clip_lengths
 from fsd.workload.scenario import AbortAll, BurstEvent, Phase, Scenario
 from fsd.workload.spec import Workload
 from fsd.workload.trace import read_trace

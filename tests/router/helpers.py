@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from fsd.config import ClusterConfig
-from fsd.kv.events import DEVICE, HOST, STORED, chain_names
+from fsd.kv.prefix_events import DEVICE, HOST, STORED, chain_names
 from fsd.router.registry import make_router
 from fsd.router.router import Router, RouteRequest
 from fsd.router.state import ReplicaState

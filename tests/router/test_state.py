@@ -1,6 +1,6 @@
 """A replica's pushed state: the prefix cache's block events by content name, the
 builder's sequence numbers and resyncs, the router's index of each replica, and the
-queued work per level (fsd.kv.events, fsd.router.state, .index, .view, .work)."""
+queued work per level (fsd.kv.prefix_events, fsd.router.state, .index, .view, .work)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 from fsd.config import CacheConfig, SchedConfig
 from fsd.jobs import Job, SamplingParams
 from fsd.kv.block_manager import BlockManager
-from fsd.kv.events import DEVICE, HOST, REMOVED, STORED, BlockEvents, chain_names, watch
+from fsd.kv.prefix_events import DEVICE, HOST, REMOVED, STORED, BlockEvents, chain_names, watch
 from fsd.router.index import PrefixIndex
 from fsd.router.router import prompt_names
 from fsd.router.state import ReplicaState, StateBuilder

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from fsd.errors import ConfigError
-from fsd.workload.lengths import PRESETS, Fixed, Lognormal, Zipf, clip_lengths, length_model
+from fsd.workload.length_models import PRESETS, Fixed, Lognormal, Zipf, clip_lengths, length_model
 
 
 @pytest.mark.parametrize(

@@ -8,7 +8,7 @@ import pytest
 
 from fsd.errors import ConfigError
 from fsd.workload import Mixture, length_model, mixture, poisson, synthetic
-from fsd.workload.lengths import PRESETS, Lognormal, Uniform
+from fsd.workload.length_models import PRESETS, Lognormal, Uniform
 
 N = 200_000
 

@@ -178,10 +178,7 @@ class LengthModel:
     notes: dict[str, str] = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
-        if self.max_context is not None and self.max_context < 2:
-            raise ConfigError(f"max_context must be >= 2 tokens, got {self.max_context}")
-        if self.max_output is not None and self.max_output < 1:
-            raise ConfigError(f"max_output must be >= 1 token, got {self.max_output}")
+        _check_bounds(self.max_context, self.max_output)
 
     def sample(self, n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
         """(prompt lengths, output lengths) of `n` requests, clipped."""
@@ -193,10 +190,23 @@ class LengthModel:
         return replace(self, max_context=max_context)
 
     def describe(self) -> str:
-        bound = f", context<={self.max_context}" if self.max_context else ""
+        bound = _bound_text(self.max_context)
         return (
             f"{self.name}: prompt {self.prompt.describe()}, output {self.output.describe()}{bound}"
         )
+
+
+def _check_bounds(max_context: int | None, max_output: int | None) -> None:
+    """A model's clipping bounds: room for a prompt token and an output token."""
+    if max_context is not None and max_context < 2:
+        raise ConfigError(f"max_context must be >= 2 tokens, got {max_context}")
+    if max_output is not None and max_output < 1:
+        raise ConfigError(f"max_output must be >= 1 token, got {max_output}")
+
+
+def _bound_text(max_context: int | None) -> str:
+    """The context bound as a description ends with it ("" when unbounded)."""
+    return f", context<={max_context}" if max_context else ""
 
 
 def clip_lengths(
@@ -270,10 +280,7 @@ class Mixture:
             )
         if not self.name:
             object.__setattr__(self, "name", f"mix:{self.a.name}+{self.b.name}:{self.weight:g}")
-        if self.max_context is not None and self.max_context < 2:
-            raise ConfigError(f"max_context must be >= 2 tokens, got {self.max_context}")
-        if self.max_output is not None and self.max_output < 1:
-            raise ConfigError(f"max_output must be >= 1 token, got {self.max_output}")
+        _check_bounds(self.max_context, self.max_output)
 
     def sample(self, n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
         """(prompt lengths, output lengths) of `n` requests, each from one component."""
@@ -289,7 +296,7 @@ class Mixture:
         return replace(self, max_context=max_context)
 
     def describe(self) -> str:
-        bound = f", context<={self.max_context}" if self.max_context else ""
+        bound = _bound_text(self.max_context)
         return (
             f"{self.name}: {self.weight:g} x ({self.a.describe()}) + "
             f"{1 - self.weight:g} x ({self.b.describe()}){bound}"
