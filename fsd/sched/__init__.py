@@ -9,7 +9,8 @@ batch walk (`batch`) in the order `leads` gives (with the swap gate's express la
 owners' leads), eviction for room (`eviction`), the scheduler that ties them to a KV
 policy (`scheduler`) and its estimates (`estimates`: ENST, predicted latency), what it
 decides and shows (`decision`: a leaf the engine and telemetry read). The rules the
-engine, the simulator and the scenario injector share: admission (`admission`),
+engine, the simulator and the scenario injector share: the room a queued job may
+start in (`room`; whether a request is accepted at all is fsd.admission's),
 retune validation (`retune`), the SLO (`slo`), chunked prefill's budget (`chunking`),
 the micro-batches in flight of a pipeline (`pipeline`). Iteration time is fsd.cost's.
 

@@ -32,11 +32,11 @@ from fsd.cost import CostModel
 from fsd.jobs import Job, JobStatus, KVLocation
 from fsd.kv.block_manager import BlockManager
 from fsd.kv.policies import KVPolicy
-from fsd.sched.admission import first_admission_free
 from fsd.sched.decision import SchedulerOutput
 from fsd.sched.eviction import Evictor
 from fsd.sched.leads import LOOK_AHEAD, first_for, leads_now, owner_leads
 from fsd.sched.queues import JobQueue
+from fsd.sched.room import first_admission_free
 from fsd.sched.rules import WalkRules
 
 _DEVICE, _HOST, _NONE = KVLocation.DEVICE, KVLocation.HOST, KVLocation.NONE

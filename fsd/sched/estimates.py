@@ -8,8 +8,8 @@ from collections.abc import Callable
 
 from fsd.cost import CostModel
 from fsd.jobs import Job
-from fsd.sched.admission import predicted_latency
 from fsd.sched.queues import JobQueue
+from fsd.sched.room import predicted_latency
 
 
 class Estimates:

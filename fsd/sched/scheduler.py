@@ -21,7 +21,6 @@ from fsd.kv.block_manager import BlockManager
 from fsd.kv.prefix import CopyBeatsRecompute
 from fsd.kv.registry import ArrivalEstimate, make_kv_policy
 from fsd.kv.swap import SwapOp
-from fsd.sched.admission import admission_room
 from fsd.sched.batch import BatchWalk, WalkContext
 from fsd.sched.chunking import prefill_budget
 from fsd.sched.copies import plan_inputs
@@ -30,6 +29,7 @@ from fsd.sched.estimates import Estimates
 from fsd.sched.eviction import Evictor
 from fsd.sched.leads import walk_order
 from fsd.sched.queues import JobQueue
+from fsd.sched.room import admission_room
 
 if TYPE_CHECKING:
     from fsd.config import CacheConfig, SchedConfig
@@ -209,7 +209,7 @@ class Scheduler:
         self._returned = set()
 
     def admission_room(self) -> float:
-        """Blocks that jobs without KV may still take this iteration (fsd.sched.admission)."""
+        """Blocks that jobs without KV may still take this iteration (fsd.sched.room)."""
         # a block of growth per batch slot, but no more than a quarter of a small pool
         headroom = min(self.config.max_batch_size, self.blocks.device.num_blocks // 4)
         headroom = headroom if self.rules.swap_gate else None

@@ -33,9 +33,9 @@ from fsd.config import CacheConfig, SchedConfig, check_prefill_chunk
 from fsd.cost import CostModel
 from fsd.errors import FsdError
 from fsd.kv.block_manager import BlockManager
-from fsd.sched.admission import NO_CONTEXT_LIMIT
 from fsd.sched.chunking import prefill_budget
 from fsd.sched.registry import check_policies, make_scheduler
+from fsd.sched.room import NO_CONTEXT_LIMIT
 from fsd.sched.scheduler import Scheduler
 from fsd.sched.slo import default_slo
 from fsd.sim.capacity import Pools, size_pools

@@ -21,9 +21,9 @@ from fsd.errors import FsdError
 from fsd.jobs import KVLocation
 from fsd.kv.block_manager import BlockManager
 from fsd.kv.swap import SwapOp
-from fsd.sched.admission import NO_CONTEXT_LIMIT
 from fsd.sched.decision import SchedulerOutput
 from fsd.sched.pipeline import InFlight
+from fsd.sched.room import NO_CONTEXT_LIMIT
 from fsd.sched.scheduler import Scheduler
 from fsd.sim.job import SimJob
 from fsd.sim.metrics import Counters

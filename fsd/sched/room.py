@@ -1,4 +1,4 @@
-"""Admission within the scheduler: whether a queued job may start this iteration, and
+"""The room a queued job may start in this iteration (admission within the scheduler), and
 the per-token latency a queued job is predicted to see.
 
 Whether a request is accepted at all is decided once, where it enters (fsd.admission).
