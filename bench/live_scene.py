@@ -139,7 +139,7 @@ def _scene(engine: Engine, args: argparse.Namespace, policy: str, live: bool) ->
         if not job.status.finished:
             engine.abort(job.job_id)
     return {
-        "policy": engine.scheduler.name,
+        "policy": engine.scheduler.queue.name,
         "asked_policy": policy,
         "live_cost": live,
         "warm_up_s": warm_s,

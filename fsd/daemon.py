@@ -109,6 +109,7 @@ def _load(engine_cfg: EngineConfig, cluster: ClusterConfig) -> Face:
     several replicas, theirs behind one face (fsd.cluster), routed by `cluster.router`."""
     from fsd.engine.core import Engine
     from fsd.engine.face import EngineFace
+    from fsd.twin.snapshot import take_snapshot
 
     if cluster.replicas > 1:
         from fsd.cluster.start import start_replicas
@@ -132,7 +133,7 @@ def _load(engine_cfg: EngineConfig, cluster: ClusterConfig) -> Face:
         engine.blocks.host.num_blocks,
         engine.cost.name,
     )
-    return EngineFace(engine, events=True)
+    return EngineFace(engine, events=True, snapshot=take_snapshot)
 
 
 def _serve_on(face: Face, cfg: ServerConfig) -> Any:

@@ -65,6 +65,9 @@ FORBIDDEN = {
     "fsd/sched": (
         "torch", "fsd.engine", "fsd.server", "fsd.console", "fsd.sim", "fsd.models", "fsd.router",
     ),
+    "fsd/study": (
+        "torch", "fsd.engine", "fsd.server", "fsd.console", "fsd.sim", "fsd.models", "fsd.router",
+    ),
     "fsd/kv": (
         "torch", "fsd.sched", "fsd.engine", "fsd.server", "fsd.console", "fsd.sim", "fsd.models",
         "fsd.router",
@@ -95,14 +98,11 @@ FORBIDDEN = {
     ),
 }  # fmt: skip
 
-# exceptions to FORBIDDEN: of the engine, the twin reads its torch-free step history;
-# the engine's face hands out the twin's snapshot of its state, taken where the state
-# lives (a replica's process), so the twin never reaches into a live engine
+# exceptions to FORBIDDEN: of the engine, the twin reads its torch-free step history
 # the engine's face as a type and what it hands out (outputs, events, read-only views)
 # reach the server, not the engine's face itself (the daemon builds that)
 ALLOWED = {
     "fsd/twin": ("fsd.engine.history",),
-    "fsd/engine": ("fsd.twin.snapshot",),
     "fsd/server": (
         "fsd.engine.face_protocol", "fsd.engine.output", "fsd.engine.events", "fsd.engine.views",
     ),

@@ -39,6 +39,7 @@ from fsd.engine.face import EngineFace
 from fsd.engine.output import IterationStats, StepDelta
 from fsd.engine.views import EngineInfo, EngineSnapshot
 from fsd.errors import FsdError
+from fsd.twin.snapshot import take_snapshot
 
 log = logging.getLogger("fsd.cluster")
 IDLE_WAIT = 0.05  # seconds an idle replica waits for a command before looking again
@@ -114,7 +115,7 @@ class ReplicaWorker:
         news: threading.Condition | None = None,
     ) -> None:
         self.index = index
-        self.face = EngineFace(Engine(config), events=True)
+        self.face = EngineFace(Engine(config), events=True, snapshot=take_snapshot)
         self._routed = routed
         self._pushed = 0.0  # when it last built a state (monotonic)
         self._watcher: Any = None  # its router state's builder (made on the first step)

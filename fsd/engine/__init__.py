@@ -16,7 +16,7 @@ fits the cost model to them).
 May import: `fsd.admission` (whether a request is accepted), `fsd.sched`, `fsd.kv`,
 `fsd.models`, `fsd.layers`, `fsd.kernels`, `fsd.jobs`, `fsd.config`, `fsd.errors` and
 the shared leaves (`fsd.cost`, `fsd.tokenizer`). Never `fsd.server` or the console: the daemon drives the engine,
-not the other way round; nor `fsd.twin`, which reads the engine's `history`, except
-`fsd.twin.snapshot`: the face (`face`, the one surface the daemon uses) hands out the
-twin's snapshot of its state, taken where that state lives.
+not the other way round; nor `fsd.twin`, which reads the engine's `history`: the face
+(`face`, the one surface the daemon uses) hands out the twin's snapshot of its state,
+taken where that state lives, by the snapshotter its builder gives it.
 """

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import itertools
 import time
+from collections.abc import Callable
 from typing import Any
 
 from fsd.admission import JobRequest, RequestLimits
@@ -30,9 +31,12 @@ from fsd.jobs import JobStatus
 from fsd.protocol_telemetry import JobInfo
 from fsd.sched.slo import default_slo
 from fsd.tokenizer import Tokenizer
-from fsd.twin.snapshot import TwinSnapshot, take_snapshot
 
 RECENT_ITERATIONS = 64  # iterations a snapshot carries
+# (scheduler, step history, sched config, cache config, slo) -> the what-if twin's
+# snapshot: given by whoever builds the face (fsd.twin.snapshot.take_snapshot), so the
+# engine does not import the twin that reads it
+Snapshotter = Callable[..., Any]
 
 
 class EngineFace:
@@ -40,10 +44,14 @@ class EngineFace:
 
     replica_count = 1  # engine replicas behind this face (fsd.cluster's face has several)
 
-    def __init__(self, engine: Engine, events: bool | None = None) -> None:
+    def __init__(
+        self, engine: Engine, events: bool | None = None, snapshot: Snapshotter | None = None
+    ) -> None:
         """`events`: keep the engine's events for `drain_events` (the daemon does);
-        None leaves the engine's setting as it is."""
+        None leaves the engine's setting as it is. `snapshot`: how `history` freezes the
+        scheduler for the what-if twin (None: no previews here)."""
         self._engine = engine
+        self._snapshot = snapshot
         if events is not None:
             engine.events.enabled = events
         blocks = engine.blocks
@@ -121,7 +129,7 @@ class EngineFace:
     def _ranks(self, mark: tuple[int, int, int]) -> dict[str, int]:
         """The queue's order (one walk), kept for the engine state `mark`."""
         if self._rank_cache is None or self._rank_cache[0] != mark:
-            self._rank_cache = (mark, self._engine.scheduler.ranks())
+            self._rank_cache = (mark, self._engine.scheduler.queue.ranks())
         return self._rank_cache[1]
 
     def has(self, job_id: str) -> bool:
@@ -183,11 +191,13 @@ class EngineFace:
             pair[job.status is not running] += 1
         return {level: (r, w) for level, (r, w) in counts.items()}
 
-    def history(self, slo: float) -> TwinSnapshot:
+    def history(self, slo: float) -> Any:
         """The scheduler frozen with its step history, for the what-if twin (fsd.twin):
         one pickling pass, milliseconds; `slo` the per-token target it scores against."""
+        if self._snapshot is None:
+            raise SettingError("this engine was started without previews (no snapshotter)")
         eng = self._engine
-        return take_snapshot(eng.scheduler, eng.history, eng.config.sched, eng.config.cache, slo)
+        return self._snapshot(eng.scheduler, eng.history, eng.config.sched, eng.config.cache, slo)
 
     def drain_events(self) -> list[EngineEvent]:
         """The engine's events since the last call (plain values)."""

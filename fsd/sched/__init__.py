@@ -1,9 +1,10 @@
 """Scheduling (pure Python, no torch): queue policies, batch formation, ENST, live retune.
 
 Owns: which jobs run each iteration. A policy is one entry of `registry`: its queue
-class (`queues`: fcfs, priority, srpt; the level family on `levels` with ENST in
-`enst`: the MLFQs of `mlfq`, and the Gittins-ranked queue of `gittins_queue`, ranking
-by `ranks` of the output `lengths` learned) and one frozen settings class, its rules
+class (`queues`; fcfs, priority and srpt in `sorted_queues`; the level family on
+`levels` with ENST in `enst`: the MLFQs of `mlfq`, with the output `lengths` learned
+and the gittins demotion's cold start in `fresh_caps`; policies kept for study live in
+fsd.study) and one frozen settings class, its rules
 (`rules` for the MLFQ family; `settings` reads every policy's `POLICY.FIELD`). The
 batch walk (`batch`) in the order `leads` gives (with the swap gate's express lane and
 owners' leads), eviction for room (`eviction`), the scheduler that ties them to a KV
@@ -14,7 +15,8 @@ start in (`room`; whether a request is accepted at all is fsd.admission's),
 retune validation (`retune`), the SLO (`slo`), chunked prefill's budget (`chunking`),
 the micro-batches in flight of a pipeline (`pipeline`). Iteration time is fsd.cost's.
 
-May import: fsd.kv, fsd.cost, fsd.jobs, fsd.config, fsd.config_checks, fsd.errors, numpy. Never torch,
+May import: fsd.kv, fsd.cost, fsd.jobs, fsd.config, fsd.config_checks, fsd.errors,
+numpy; the registry names fsd.study's queues. Never torch,
 nor fsd.engine, fsd.server, fsd.sim or the console: the same code runs in the engine
 and in the simulator, and is unit-tested in milliseconds.
 """

@@ -1,64 +1,38 @@
 """Batch formation: one walk of the queue in priority order (DESIGN §3, "Batch").
 
 For each job in the order `fsd.sched.leads` gives: consider it (ready, not moving,
-and within the admission room unless it may pass it), chunk its prefill to what the
+within the admission room unless it may pass it), chunk its prefill to what the
 iteration has left, then grow its device blocks, evicting lower jobs' KV as the KV
-policy allows. Admission caps what jobs without KV may claim, in priority order, so
-a lower job cannot take a higher one's share. The walk also collects host jobs to
-bring in (`wanted`: the batch would have taken them now; `upcoming`: next in line
-after a full batch) for the KV policy's copies.
+policy allows. The room is claimed in priority order, so a lower job cannot take a
+higher one's share. The walk also collects host jobs for the KV policy's copies
+(`wanted`: the batch would have taken them; `upcoming`: next after a full batch).
 
-With chunked prefill an iteration carries at most `prefill_budget` prompt tokens in
-all, and no more than the token budget leaves once every decode that can still join
-has its token (decodes first, as Sarathi-Serve's stall-free batching): a burst of
-long prompts must not put one chunk of each into the same step. A chunk gets device
-blocks up to its own end only; its boundary is a preemption point like any
-iteration's. With chunking off the walk is exactly the one before it.
+Chunked prefill: an iteration carries at most `prefill_budget` prompt tokens, and no
+more than the token budget leaves once every decode that can still join has its
+token (decodes first, as in Sarathi-Serve): a burst of long prompts must not put a
+chunk of each into one step. A chunk's boundary is a preemption point.
 
-The walk runs for every queued job every iteration: under overload most are waiting
-prompts over the admission room, and the loop passes over them itself, with no call
-and nothing changed, exactly as considering them would (tests/sched/
-test_walk_early_stop.py holds it to the walk that considers every job).
+The walk runs over every queued job every iteration; under overload most are waiting
+prompts over the room, which the loop passes over itself, exactly as considering them
+would (tests/sched/test_walk_early_stop.py holds it to the walk that considers all).
 """
 
 from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Collection, Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Collection, Iterable, Iterator
 
-from fsd.cost import CostModel
 from fsd.jobs import Job, JobStatus, KVLocation
-from fsd.kv.block_manager import BlockManager
-from fsd.kv.policies import KVPolicy
+from fsd.sched.chunking import chunk_share
 from fsd.sched.decision import SchedulerOutput
-from fsd.sched.eviction import Evictor
 from fsd.sched.leads import LOOK_AHEAD, first_for, leads_now, owner_leads
-from fsd.sched.queues import JobQueue
-from fsd.sched.room import first_admission_free
-from fsd.sched.rules import WalkRules
+from fsd.sched.room import first_admission_free, skip_threshold
+from fsd.sched.walk_context import WalkContext
 
 _DEVICE, _HOST, _NONE = KVLocation.DEVICE, KVLocation.HOST, KVLocation.NONE
 # host jobs the KV policy is asked to bring in, in batches: the next batch's and one more
 WANTED_BATCHES = 2
-
-
-@dataclass(frozen=True)
-class WalkContext:
-    """What one iteration's walk reads: the scheduler's parts, never the scheduler."""
-
-    queue: JobQueue
-    blocks: BlockManager
-    kv_policy: KVPolicy
-    evictor: Evictor
-    cost: CostModel
-    rules: WalkRules
-    max_batch_size: int
-    max_batch_tokens: int
-    prefill_budget: int  # prompt tokens one iteration may carry (0: whole prefills)
-    admit_room: float  # blocks jobs without KV may still take
-    newest: Mapping[str | None, Job]  # each owner's latest live job
 
 
 class BatchWalk:
@@ -74,13 +48,11 @@ class BatchWalk:
         self.budget = self.budget_all = ctx.max_batch_tokens
         self.admit_room = ctx.admit_room
         self.first_free = first_admission_free(blocks)  # nothing started yet
-        self.lead = True  # no started job walked yet: the express lane is open
         self.leads = leads_now(ctx.queue, ctx.cost, blocks, ctx.rules)
-        self.started_owners = set(self.leads.started_owners)  # grows as jobs start
         self.lead_ids: set[str] = set()  # the owners' leads walked first
         # a job without KV of this many tokens or more cannot be admitted now
-        self._skip_at = math.inf if self.first_free else _skip_threshold(
-            self.admit_room, self.blocks.block_size
+        self._skip_at = (
+            math.inf if self.first_free else skip_threshold(self.admit_room, self.blocks.block_size)
         )
         self.wanted: list[Job] = []  # host jobs the batch would have taken
         self.upcoming: list[Job] = []  # host jobs next in line after a full batch
@@ -109,24 +81,20 @@ class BatchWalk:
 
     def run(self, candidates: Iterable[Job]) -> None:
         """Walk `candidates` (priority order) until the batch is full or the walk ends.
-
-        Two kinds of job are passed over here without a call, as `_consider` would
-        pass them with nothing changed: a job without KV whose blocks exceed the
-        admission room (the room only shrinks during a walk, so it never fits later in
-        it), and a host job once `wanted` is full. Under overload these are most of
-        the queue (thousands of waiting prompts), and the walk's cost is theirs: the
-        loop reads two attributes of each and keeps its state in locals, which only
-        `_consider` changes.
-        """
-        limit, walk = self.limit, itertools.chain(self._owner_leads(), candidates)
+        A job without KV over the room (it only shrinks) and a host job once `wanted`
+        is full are passed over here, without a call, as `_consider` would pass them."""
+        ctx, limit = self.ctx, self.limit
+        leads = owner_leads(ctx.queue, ctx.newest.values(), self.leads, limit)  # walked first
+        self.lead_ids = {job.job_id for job in leads}
+        walk = itertools.chain(leads, candidates)
         skip_at, wanted_full = self._skip_at, self.wanted_full
         for job in walk:
             kv = job.kv
             if kv is _NONE:
-                if job.num_tokens >= skip_at and not self._short_lead(job):
+                if job.num_tokens >= skip_at and not self.leads.may_pass(job):
                     continue
             elif kv is _HOST and wanted_full:
-                self.lead = False  # as `_consider` would have noted
+                self.leads.ahead = False  # as `_consider` would have noted
                 continue
             if not self._consider(job):
                 break
@@ -141,8 +109,8 @@ class BatchWalk:
         """Claim `need` blocks of the admission room, and move the skip threshold. The
         job starts: the jobs after it are not ahead of every started one."""
         self.admit_room = room = self.admit_room - need
-        self.first_free = self.lead = False
-        self._skip_at = _skip_threshold(room, self.blocks.block_size)
+        self.first_free = self.leads.ahead = False
+        self._skip_at = skip_threshold(room, self.blocks.block_size)
 
     def _join_decodes(self) -> None:
         """Decodes first: the walk ended (prompts past the budget) before reaching some
@@ -154,8 +122,7 @@ class BatchWalk:
             self._consider(job)
 
     def _look_past_full(self, rest: Iterator[Job]) -> None:
-        """After a full batch, note the host jobs to bring in next: those among the next
-        LOOK_AHEAD batches' worth of the walk (any kind counts), at most a batch of them."""
+        """After a full batch, the host jobs among the next LOOK_AHEAD batches' worth."""
         limit, upcoming = self.limit, self.upcoming
         for job in itertools.islice(rest, LOOK_AHEAD * limit):
             if len(upcoming) >= limit:
@@ -163,27 +130,21 @@ class BatchWalk:
             if job.kv is _HOST:
                 upcoming.append(job)
 
-    def _owner_leads(self) -> list[Job]:
-        """The owners' leads (fsd.sched.leads), walked first."""
-        ctx = self.ctx
-        leads = owner_leads(ctx.queue, ctx.newest.values(), self.leads, self.limit)
-        self.lead_ids = {job.job_id for job in leads}
-        return leads
-
-    def _short_lead(self, job: Job) -> bool:
-        """A job without KV that may start past the admission room (fsd.sched.leads)."""
-        return self.leads.may_pass(job, self.lead, self.started_owners)
+    def _room_for(self, job: Job) -> int:
+        """The blocks a job without KV claims of the room (-1: it cannot start now)."""
+        need = -(-(job.num_tokens + 1) // self.blocks.block_size)
+        if need > self.admit_room and not self.first_free and not self.leads.may_pass(job):
+            return -1
+        return need
 
     def _consider(self, job: Job) -> bool:
         """Take `job` if it can run now; False when the walk should end."""
         if job.kv is not _NONE:
-            self.lead = False  # a started job: the short jobs ahead of it are passed
+            self.leads.ahead = False  # a started job: the short jobs ahead of it are passed
         if job.kv is _NONE and self.prefix and not job.num_computed_tokens:
-            need = -(-(job.num_tokens + 1) // self.blocks.block_size)
-            if need > self.admit_room and not self.first_free and not self._short_lead(job):
-                # it cannot be admitted: its cached blocks are not touched (attaching
-                # and giving them back would refresh their place in the LRU order and
-                # change what is evicted later, unlike the walk that skips it)
+            if self._room_for(job) < 0:
+                # its cached blocks are not touched (attaching and giving them back would
+                # refresh their LRU place and change what is evicted later)
                 return True
             # its cached prefix is attached first (the step is what is left), and given
             # back if it does not run after all
@@ -196,19 +157,17 @@ class BatchWalk:
 
     def _consider_job(self, job: Job) -> bool:
         kv = job.kv
-        # A host job could only join `wanted`, which is full. (Its new work is one token,
-        # so the budget checks below would not have ended the walk either.)
-        if kv is _HOST and self.wanted_full:
+        if kv is _HOST and self.wanted_full:  # it could only join `wanted`, which is full
             return True
         num_tokens = job.num_tokens
         if kv is _NONE:
             # the room is claimed in priority order even by a job that then cannot start
             # (device full, token budget spent): lower jobs must not take its share
-            need = -(-(num_tokens + 1) // self.blocks.block_size)
-            if need > self.admit_room and not self.first_free and not self._short_lead(job):
+            need = self._room_for(job)
+            if need < 0:
                 return True
             self._admit(need)
-            self.started_owners.add(job.owner)  # its owner's turn past the room is used
+            self.leads.owners.add(job.owner)  # its owner's turn past the room is used
         job_id = job.job_id
         if job_id in self.blocks.moving or job_id in self.evicted or job_id in self.batch_ids:
             return True
@@ -229,9 +188,8 @@ class BatchWalk:
         return True
 
     def _chunk_of(self, new_tokens: int) -> int:
-        """The prefill (chunk) a job takes now (0: none): what is left of the
-        iteration's `prefill_chunk` and of the budget after the decodes that can still
-        join this batch."""
+        """The prefill (chunk) a job takes now (0: none): what the iteration's prompt
+        budget and token budget leave after the decodes that can still join."""
         reserve = min(self.decodes_left, self.limit - self.taken - 1)
         step = min(new_tokens, self.prefill_left, self.budget - max(reserve, 0))
         return step if step >= new_tokens or step >= self.min_chunk else 0
@@ -267,18 +225,14 @@ class BatchWalk:
             job, need, ctx.kv_policy, key, self.batch_ids, self.evicted, self.out
         )
 
-    def _share(self, start: int, step: int) -> float:
-        """prefill(start + step) - prefill(start): the chunk's part of the whole prefill."""
-        prefill = self.ctx.cost.prefill_time
-        return prefill(start + step) - (prefill(start) if start else 0.0)
-
     def _take(self, job: Job, step: int, new_tokens: int, num_tokens: int) -> None:
         if step > 1:
             start = job.num_computed_tokens
             c = self.ctx.cost.job_iteration_time(step, start + step)
             # the job's service: a chunk's share of its whole prefill, so chunks add up to
             # exactly what the whole prefill would have been charged (c for a whole one)
-            job.last_cost = c if step == new_tokens == num_tokens else self._share(start, step)
+            whole = step == new_tokens == num_tokens
+            job.last_cost = c if whole else chunk_share(self.ctx.cost, start, step)
             self.prefills += 1
             self.prefill_left -= step
         else:
@@ -292,14 +246,3 @@ class BatchWalk:
         self.taken += 1
         self.batch_ids.add(job.job_id)
         self.budget -= step
-
-
-def _skip_threshold(room: float, block_size: int) -> float:
-    """The fewest tokens of a job without KV whose blocks exceed `room`.
-
-    Its need is ceil((tokens + 1) / block_size) blocks, an integer, so need > room
-    exactly when need > floor(room), that is when tokens >= floor(room) * block_size.
-    """
-    if room == math.inf:
-        return math.inf
-    return math.floor(room) * block_size

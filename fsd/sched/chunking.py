@@ -36,3 +36,10 @@ def prefill_budget(chunk: int | None, cost: CostModel, block_size: int) -> int:
         mid = (lo + hi) // 2
         lo, hi = (mid, hi) if cost.prefill_time(mid) <= slo else (lo, mid)
     return max(block_size, lo - lo % block_size)
+
+
+def chunk_share(cost: CostModel, start: int, step: int) -> float:
+    """prefill(start + step) - prefill(start): a chunk's part of its whole prefill, so a
+    prompt's chunks are charged exactly what the whole prefill would have been."""
+    prefill = cost.prefill_time
+    return prefill(start + step) - (prefill(start) if start else 0.0)

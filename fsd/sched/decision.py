@@ -5,11 +5,16 @@ the engine, the simulator and telemetry read (a leaf: no scheduling code here).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from fsd.jobs import Job
+from fsd.jobs import Job, JobStatus
 from fsd.kv.swap import SwapOp
 from fsd.sched.lengths import LearnedLengths
 from fsd.sched.queues import LevelView
+
+if TYPE_CHECKING:
+    from fsd.cost.calibration import LiveCost
+    from fsd.sched.queues import JobQueue
 
 
 @dataclass
@@ -39,6 +44,13 @@ class SchedulerOutput:
         reverse on the device): any other order can overwrite KV before it is read.
         """
         return list(self.sync)
+
+    def mark_preempted(self, job: Job) -> None:
+        """`job` ran last iteration and not in this one."""
+        job.preemptions += 1
+        if job.status is JobStatus.RUNNING:
+            job.status = JobStatus.PREEMPTED
+        self.preempted.append(job)
 
     def record(self, op: SwapOp) -> None:
         """A copy the block manager started for this iteration."""
@@ -70,3 +82,16 @@ class SchedulerStats:
     live_cost: float = 1.0  # measured / predicted iteration time (fsd.cost.calibration)
     live_cost_samples: int = 0  # iterations it was learned from (0: the profile as is)
     learned: LearnedLengths | None = None  # output lengths learned from finished jobs
+
+    @classmethod
+    def of(
+        cls, queue: JobQueue, reserve: int, live: LiveCost, with_levels: bool = True
+    ) -> SchedulerStats:
+        """A queue's figures (`with_levels` False: without the levels' job lists, a walk
+        of every queued job)."""
+        quanta, starve, waiting = queue.limits()
+        levels = queue.levels() if with_levels else []
+        return cls(
+            queue.name, levels, quanta, starve, waiting, reserve, live.scale, live.samples,
+            queue.learned(),
+        )  # fmt: skip

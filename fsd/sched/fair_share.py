@@ -70,10 +70,6 @@ class TurnOrder:
             map(dict.values, map(self.groups.__getitem__, self.rounds))
         )
 
-    def ids(self) -> Iterable[str]:
-        """The level's job ids in turn order (a group's keys: no attribute read a job)."""
-        return itertools.chain.from_iterable(map(self.groups.__getitem__, self.rounds))
-
 
 class OwnerRounds:
     """Each level's virtual time and each owner's last round there (module doc).

@@ -31,21 +31,27 @@ from fsd.sched.rules import WalkRules
 # a full batch, prefills over the token budget): enough to find the few that matter,
 # bounded so a flood of thousands is never walked past.
 LOOK_AHEAD = 4
+# owners' leads take at most 1/LEAD_SHARE of a batch: started work keeps the rest
+LEAD_SHARE = 2
+# the walk sorts the started jobs alone while they are under 1/SORT_STARTED of the
+# queue: fewer to sort than there would be waiting jobs to pass over
+SORT_STARTED = 4
 
 
-@dataclass(frozen=True)
+@dataclass
 class Leads:
-    """Who may start past the admission room this iteration."""
+    """Who may start past the admission room, as one iteration's walk goes on."""
 
     bound: int  # most tokens a short job may still have to make (0: nobody)
-    started_owners: frozenset[str | None]  # owners with a started job
+    owners: set[str | None]  # owners with a started job (grows as the walk starts jobs)
     rules: WalkRules
+    ahead: bool = True  # no job started or walked with KV yet: the express lane is open
 
-    def may_pass(self, job: Job, ahead: bool, owners: set[str | None]) -> bool:
+    def may_pass(self, job: Job) -> bool:
         """`job` (without KV) may start past the room: it is short, and ahead of every
-        started job (`ahead`, express lane) or of an owner in none of `owners`."""
+        started job (express lane) or of an owner with none (owners' leads)."""
         rules = self.rules
-        if not (ahead and rules.express or rules.owner_leads and job.owner not in owners):
+        if not (self.ahead and rules.express or rules.owner_leads and job.owner not in self.owners):
             return False
         return job.max_output - job.num_output_tokens <= self.bound
 
@@ -68,7 +74,7 @@ def leads_now(queue: JobQueue, cost: CostModel, blocks: BlockManager, rules: Wal
         for job in itertools.chain(blocks.on_device.values(), blocks.on_host.values()):
             bound = min(bound, job.max_output - job.num_output_tokens - 1)  # type: ignore[attr-defined]
             owners.add(job.owner)  # type: ignore[attr-defined]
-    return Leads(bound, frozenset(owners), rules)
+    return Leads(bound, owners, rules)
 
 
 def owner_leads(queue: JobQueue, newest: Iterable[Job], leads: Leads, limit: int) -> list[Job]:
@@ -76,7 +82,7 @@ def owner_leads(queue: JobQueue, newest: Iterable[Job], leads: Leads, limit: int
     level (its turn) or an owner's latest job (an owner whose jobs finished has turns
     of its own, behind a flood's jobs that never run there), in priority order, one per
     owner and half a batch at most: started work keeps the rest."""
-    owners, bound = leads.started_owners, leads.bound
+    owners, bound = leads.owners, leads.bound
     if not leads.rules.owner_leads or not owners or not bound:
         return []
     heads = itertools.chain(queue.heads(LOOK_AHEAD * limit), newest)
@@ -86,7 +92,7 @@ def owner_leads(queue: JobQueue, newest: Iterable[Job], leads: Leads, limit: int
     ]  # fmt: skip
     first: dict[str | None, Job] = {}
     for job in sorted(found, key=queue.key):
-        if len(first) >= max(1, limit // 2):
+        if len(first) >= max(1, limit // LEAD_SHARE):
             break
         first.setdefault(job.owner, job)
     return list(first.values())
@@ -103,7 +109,7 @@ def walk_order(
     """
     if admit_room < 1:
         on_device, on_host = blocks.on_device, blocks.on_host
-        if LOOK_AHEAD * (len(on_device) + len(on_host)) < queued:
+        if SORT_STARTED * (len(on_device) + len(on_host)) < queued:
             started = sorted(
                 itertools.chain(on_device.values(), on_host.values()),  # type: ignore[arg-type]
                 key=queue.key,

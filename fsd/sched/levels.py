@@ -3,7 +3,7 @@ level, the last batch's lifts, and ENST over the levels (`LevelENST`).
 
 Two policies stand on it as siblings, each adding only its own rules: the paper's
 MLFQ family (`fsd.sched.mlfq`: starvation timers, demotion at a quantum's end) and the
-Gittins-ranked queue (`fsd.sched.gittins_queue`: levels by rank, the FCFS-turn guard).
+Gittins-ranked queue (`fsd.study.gittins_queue`: levels by rank, the FCFS-turn guard).
 A job's place is (level, queue_seq): `_place` puts it at a level's tail with a fresh
 quantum. Hooks: `_watch` (a starvation clock, none here), `_due` (when the job is next
 promoted: never here) and `_lifts` / `_lifted_level` (the rank of a job of the last
@@ -89,12 +89,6 @@ class LevelQueue(LevelENST):
         if not self.fair or self._rounds.owners(level) <= 1:
             return self._levels[level].values()
         return self._turns[level].jobs()
-
-    def _level_ids(self, level: int) -> Iterable[str]:
-        """`_level_jobs`' ids, read from the dicts' keys."""
-        if not self.fair or self._rounds.owners(level) <= 1:
-            return self._levels[level]
-        return self._turns[level].ids()
 
     def _regroup(self) -> None:
         """Rebuild the turns from the levels' dicts (each in turn order)."""
@@ -215,7 +209,7 @@ class LevelQueue(LevelENST):
 
     def levels(self) -> list[LevelView]:
         return [
-            LevelView(i, q, tuple(self._level_ids(i)))  # (every job, each telemetry tick)
+            LevelView(i, q, tuple(j.job_id for j in self._level_jobs(i)))
             for i, q in enumerate(self.quanta)
         ]
 

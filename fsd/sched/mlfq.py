@@ -5,9 +5,8 @@ every job at Q1 lets one long prompt occupy the top level for a whole prefill (h
 line blocking again); entering at the highest level whose quantum covers the predicted
 prefill puts it where its first iteration belongs, without knowing its output length.
 
-Service is charged in profiled iteration time, so placement and demotion are
-deterministic. Starvation: a job that has waited `starve_limit` since it last ran
-moves up; ENST combines that promotion clock with the work queued above the job.
+Service is charged in profiled iteration time. Starvation: a job that has waited alpha
+since it last ran moves up; ENST combines that clock with the work queued above it.
 
 Three policies share this class, each with its rules (fsd.sched.rules): `sj-mlfq`,
 the paper's section 4 as written; `fsd`, the default, with each of its departures
@@ -19,20 +18,27 @@ from __future__ import annotations
 import heapq
 import itertools
 import operator
-from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 
 from fsd.cost import CostModel
 from fsd.jobs import FinishReason, Job
+from fsd.sched.fresh_caps import FreshCaps, keeps_level
 from fsd.sched.lengths import UNKNOWN_CAP, LearnedLengths, OutputLengthIndex
 from fsd.sched.levels import LevelQueue
 from fsd.sched.queues import JobQueue
 
-PROMOTE_RULES = ("up1", "top", "entry")
 DEMOTE_RULES = ("always", "gittins")
-_by_queue_seq = operator.attrgetter("queue_seq")
-_cap = operator.attrgetter("params.max_tokens")
 _has_output = operator.attrgetter("output_token_ids")
+
+
+def _entry_now(queue: MLFQQueue, job: Job) -> int:
+    """The level the job's next iteration would skip-join."""
+    return queue.entry_level(queue.cost.job_iteration_time(job.num_new_tokens, job.num_tokens))
+
+
+# where a starved job goes, by the promote rule
+_PROMOTED = {"up1": lambda _q, job: job.level - 1, "top": lambda _q, _job: 0, "entry": _entry_now}
+PROMOTE_RULES = tuple(_PROMOTED)
 
 
 def build_quanta(q1: float, ratio: float, levels: int) -> list[float]:
@@ -41,20 +47,10 @@ def build_quanta(q1: float, ratio: float, levels: int) -> list[float]:
 
 
 class MLFQQueue(LevelQueue):
-    """Levels Q1..Qn with quanta q1 < q2 < ..., FIFO inside a level.
-
-    skip_join=False is the naive MLFQ (every job enters Q1, demotion one level at a
-    time, prefill charged). promote_to="up1" moves a starved job one level up; "top"
-    moves it to Q1 as the paper does; "entry" to the level its next iteration would
-    skip-join (never lower than now). charge_prefill=False (skip-join only) charges
-    no service for a prefill iteration. demote_rule="gittins" (skip-join only) keeps a
-    job whose quantum ran out at its level and place while the output lengths of
-    recently finished jobs say it is closer to done than a fresh job (fsd.sched.lengths).
-    A job that has not produced a token starves after `waiting_limit` (default: the
-    same as `starve_limit`); `preempt_threshold` lifts the jobs given to
-    `set_running` that many levels when ranking. Both are skip-join only.
-    Owners take turns inside a level (`fair`, fsd.sched.fair_share): FIFO for one owner.
-    """
+    """Levels Q1..Qn with quanta q1 < q2 < ..., FIFO inside a level (owners take turns
+    inside a level: fsd.sched.fair_share). The rules are fsd.sched.rules' (alphas here in
+    seconds); skip_join=False is the naive MLFQ, where the skip-join-only rules (free
+    prefill, gittins demotion, waiting alpha, threshold) are off."""
 
     fair = True
 
@@ -71,10 +67,6 @@ class MLFQQueue(LevelQueue):
         preempt_threshold: int = 0,
     ) -> None:
         super().__init__(cost, quanta)
-        if promote_to not in PROMOTE_RULES:
-            raise ValueError(f"promote_to must be one of {PROMOTE_RULES}, got {promote_to!r}")
-        if demote_rule not in DEMOTE_RULES:
-            raise ValueError(f"demote_rule must be one of {DEMOTE_RULES}, got {demote_rule!r}")
         self.name = "sj-mlfq" if skip_join else "mlfq"
         self.skip_join = skip_join
         self.promote_to = promote_to
@@ -90,7 +82,7 @@ class MLFQQueue(LevelQueue):
         # (promotion due, seq, job), lazy: stale entries are skipped when popped, and
         # pruned once they could outnumber the queued jobs (LevelQueue._pruned)
         self._starve: list[tuple[float, int, Job]] = []
-        self._fresh: tuple[int, Job | None, int] | None = None  # `_fresh_caps`, kept
+        self._fresh = FreshCaps(self._waiting)  # the gittins rule's cold start
 
     # ---- membership ------------------------------------------------------------
 
@@ -105,12 +97,12 @@ class MLFQQueue(LevelQueue):
         job.starve_since = now
         self._place(job, level)
         if not job.output_token_ids:
-            self._fresh = None
+            self._fresh.stale()
 
     def remove(self, job: Job) -> None:
         self._unlink(job)
         if not job.output_token_ids:
-            self._fresh = None
+            self._fresh.stale()
         self._starve = self._pruned(self._starve, self._current)
         if job.finish_reason in (FinishReason.STOP, FinishReason.LENGTH):
             self.lengths.observe(job.num_output_tokens)
@@ -188,12 +180,7 @@ class MLFQQueue(LevelQueue):
             if due != rearmed:  # it ran since: one entry per job, re-armed lazily
                 heapq.heappush(self._starve, (rearmed, seq, job))
                 continue
-            target = 0
-            if self.promote_to == "up1":
-                target = job.level - 1
-            elif self.promote_to == "entry":
-                nxt = self.cost.job_iteration_time(job.num_new_tokens, job.num_tokens)
-                target = self.entry_level(nxt)
+            target = _PROMOTED[self.promote_to](self, job)
             job.starve_since = now
             if target >= job.level:  # nowhere higher to go: restart the clock only
                 self._watch(job)
@@ -211,7 +198,7 @@ class MLFQQueue(LevelQueue):
         lengths = self.lengths if self.demote_rule == "gittins" else None
         ran = list(ran)
         if any(len(job.output_token_ids) <= 1 for job, _ in ran):
-            self._fresh = None  # a first token, maybe: the waiting jobs' caps may change
+            self._fresh.stale()  # a first token, maybe: the waiting jobs' caps may change
         for job, service in ran:
             job.last_run = now
             job.starve_since = now
@@ -224,7 +211,7 @@ class MLFQQueue(LevelQueue):
             job.attained = attained = job.attained + service
             if attained + 1e-12 < quanta[level]:
                 continue  # its starvation entry stays; tick re-arms it from starve_since
-            if lengths is not None and self._keeps(lengths, job):
+            if lengths is not None and keeps_level(lengths, job, self._fresh):
                 job.attained = 0.0  # a fresh quantum here, ahead of the later jobs
                 continue
             target = min(job.level + 1, last)
@@ -236,37 +223,6 @@ class MLFQQueue(LevelQueue):
                 demoted.append(job)
             self._place(job, target)
         return demoted
-
-    def _keeps(self, lengths: OutputLengthIndex, job: Job) -> bool:
-        """The gittins demote rule; before lengths are learned it compares caps with
-        the shortest-capped job waiting to start other than `job` (fsd.sched.lengths,
-        "Cold start"; from `_fresh_caps`)."""
-        if lengths.ready:
-            return lengths.keeps_level(job.num_output_tokens)
-        best, holder, second = self._fresh_caps()
-        shortest = second if job is holder else best
-        return lengths.keeps_level(job.num_output_tokens, job.params.max_tokens, shortest)
-
-    def _fresh_caps(self) -> tuple[int, Job | None, int]:
-        """The smallest max_tokens of a job waiting to start, its job, and the next
-        smallest (0: none), so each job's comparison leaves itself out: one walk of
-        the queue, not one per job, kept until a job waiting to start arrives or
-        leaves, or a job may have made its first token (a walk is linear in the queue,
-        which a flood would pay every iteration). Tied smallest caps need no holder:
-        the next smallest is the same cap."""
-        if self._fresh is None:
-            self._fresh = self._walk_fresh()
-        return self._fresh
-
-    def _walk_fresh(self) -> tuple[int, Job | None, int]:
-        caps = Counter(map(_cap, self._waiting()))
-        if not caps:
-            return (0, None, 0)
-        best = min(caps)
-        if caps[best] > 1:
-            return (best, None, best)
-        holder = min(self._waiting(), key=_cap)  # the one job of that cap
-        return (best, holder, min((c for c in caps if c != best), default=0))
 
     def _waiting(self) -> Iterator[Job]:
         """The queued jobs that have not produced a token, in the levels' order."""

@@ -15,12 +15,12 @@ from typing import TYPE_CHECKING, Any
 
 from fsd.errors import ConfigError
 from fsd.sched import settings as S
-from fsd.sched.gittins_queue import GittinsQueue
 from fsd.sched.mlfq import MLFQQueue
 from fsd.sched.queues import JobQueue
 from fsd.sched.rules import FsdRules, MLFQRules, PaperRules, WalkRules, quanta_for
 from fsd.sched.slo import default_slo
 from fsd.sched.sorted_queues import FCFSQueue, PriorityQueue, SRPTQueue
+from fsd.study.gittins_queue import GittinsQueue
 
 if TYPE_CHECKING:
     from fsd.config import CacheConfig, SchedConfig

@@ -6,6 +6,7 @@ Whether a request is accepted at all is decided once, where it enters (fsd.admis
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -19,25 +20,32 @@ if TYPE_CHECKING:
 NO_CONTEXT_LIMIT = 1 << 62  # the simulator's model has no context length
 
 
-def admission_room(blocks: BlockManager, admit_fraction: float, headroom: int | None) -> float:
+# the gate's growth headroom takes at most 1/HEADROOM_SHARE of the device pool: a
+# block per batch slot would idle most of a small pool
+HEADROOM_SHARE = 4
+
+
+def admission_room(blocks: BlockManager, admit_fraction: float, gate_slots: int | None) -> float:
     """Blocks that jobs without KV may still take this iteration.
 
     Why: under overload, starting more jobs than device + host can hold means some
     started job must later drop its KV (recompute) with nowhere to go; capping what
     new jobs may take keeps the started ones whole. With nothing started, anything
-    that fits is admitted (no job is ever refused forever). `headroom` (fsd's swap
-    gate; None: off): started work fits the device itself, less that many blocks for
-    a full batch to grow into; a start beyond it would send a started job to host
+    that fits is admitted (no job is ever refused forever). `gate_slots` (fsd's swap
+    gate: the batch size; None: off): started work fits the device itself, less a
+    block for each slot to grow into (at most a quarter of a small pool); a start
+    beyond it would send a started job to host
     memory, and back, for nothing the batch needed (fsd.kv.planner.SwapGate). Under
     the gate the bound holds from the first iteration: with nothing started the walk
     admits its first job whatever its size (`first_admission_free`), and the rest
     within the room, so a batch never starts more prompts than it can finish with.
     """
     used = blocks.device.num_used + blocks.host.num_used
-    if used == 0 and headroom is None:
+    if used == 0 and gate_slots is None:
         return float("inf")
     room = admit_fraction * (blocks.device.num_blocks + blocks.host.num_blocks) - used
-    if headroom is not None:
+    if gate_slots is not None:
+        headroom = min(gate_slots, blocks.device.num_blocks // HEADROOM_SHARE)
         room = min(room, blocks.device.num_blocks - headroom - used)
     return room
 
@@ -65,3 +73,14 @@ def predicted_latency(
     if learned is not None and learned.ready and learned.mean is not None:
         tokens = max(min(tokens, learned.mean), 1.0)
     return wait / tokens + cost.min_iteration_time
+
+
+def skip_threshold(room: float, block_size: int) -> float:
+    """The fewest tokens of a job without KV whose blocks exceed `room`.
+
+    Its need is ceil((tokens + 1) / block_size) blocks, an integer, so need > room
+    exactly when need > floor(room), that is when tokens >= floor(room) * block_size.
+    """
+    if room == math.inf:
+        return math.inf
+    return math.floor(room) * block_size

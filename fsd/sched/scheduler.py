@@ -1,11 +1,8 @@
 """The scheduler: a queue policy and a KV policy, and the batch they produce.
 
-Each iteration: promote starved jobs, walk the queue in priority order taking ready
-jobs until the batch is full (`fsd.sched.batch`), make device room for them as the
-KV policy allows (`fsd.sched.eviction`), then let the KV policy plan asynchronous
-copies beside the step (proactive: by ENST, keeping a reserve for arrivals). Where
-each job's KV is belongs to the block manager; the scheduler asks it and uses its
-verbs.
+Each iteration: promote starved jobs, walk the queue in priority order (fsd.sched.batch,
+evicting as the KV policy allows), then let the KV policy plan its copies beside the
+step. Where each job's KV is belongs to the block manager; the scheduler uses its verbs.
 """
 
 from __future__ import annotations
@@ -21,7 +18,7 @@ from fsd.kv.block_manager import BlockManager
 from fsd.kv.prefix import CopyBeatsRecompute
 from fsd.kv.registry import ArrivalEstimate, make_kv_policy
 from fsd.kv.swap import SwapOp
-from fsd.sched.batch import BatchWalk, WalkContext
+from fsd.sched.batch import BatchWalk
 from fsd.sched.chunking import prefill_budget
 from fsd.sched.copies import plan_inputs
 from fsd.sched.decision import SchedulerOutput, SchedulerStats
@@ -30,6 +27,7 @@ from fsd.sched.eviction import Evictor
 from fsd.sched.leads import walk_order
 from fsd.sched.queues import JobQueue
 from fsd.sched.room import admission_room
+from fsd.sched.walk_context import WalkContext
 
 if TYPE_CHECKING:
     from fsd.config import CacheConfig, SchedConfig
@@ -63,23 +61,10 @@ class Scheduler:
         self._prefix_settings(cache)
         self._jobs: dict[str, Job] = {}
         self.estimates = Estimates(cost)
-        # jobs whose iteration came back since the last decision (with pipelining, the
-        # batch before this one may still be in flight: it is not the one to compare)
-        self._returned: set[str] = set()
+        self._returned: set[str] = set()  # came back since the last decision (pipelines)
         self._last_batch_cost = cost.min_iteration_time
         self.newest: dict[str | None, Job] = {}  # each owner's latest live job (batch.py)
-        # service is charged in measured seconds: the profile x what iterations really
-        # take here (the engine reports them; the simulator never does: scale stays 1.0)
-        self.live_cost = LiveCost()
-
-    @property
-    def name(self) -> str:
-        return self.queue.name
-
-    @property
-    def reserve(self) -> int:
-        """Device blocks the KV policy last kept free for arrivals."""
-        return self.kv_policy.reserve
+        self.live_cost = LiveCost()  # measured over profiled seconds (the engine reports)
 
     # ---- membership ------------------------------------------------------------
 
@@ -125,11 +110,8 @@ class Scheduler:
     def retune(
         self, now: float, config: SchedConfig | None = None, cache: CacheConfig | None = None
     ) -> None:
-        """Change settings between iterations; no job is lost or restarted.
-
-        Same policy: quanta, alpha and limits change in place (jobs keep their levels).
-        Another policy: the jobs re-enter the new queue in their current order.
-        """
+        """Change settings between iterations; no job is lost or restarted. Same policy:
+        its settings change in place; another: the jobs re-enter it in their order."""
         config = None if config == self.config else config  # the same settings: a no-op
         cache = None if cache == self.cache else cache
         # what can fail comes before the first change: a refused retune changes nothing
@@ -179,12 +161,10 @@ class Scheduler:
         # 3. the jobs that ran last time and not now are preempted
         self._mark_preempted(out, walk.batch_ids, busy)
         # 4. a decision is made once per pipeline stage time: the copies beside one step
-        self._last_batch_cost = max(
-            self.cost.iteration_time_from_alone(
-                walk.batch_cost, walk.taken - walk.prefills, walk.prefills
-            ),
-            self.cost.min_iteration_time,
-        ) / max(getattr(self.cost, "pipeline_stages", 1), 1)
+        alone = self.cost.iteration_time_from_alone(
+            walk.batch_cost, walk.taken - walk.prefills, walk.prefills
+        )
+        self._last_batch_cost = max(alone, self.cost.min_iteration_time) / self._stages
         return out
 
     def _walk_context(self) -> WalkContext:
@@ -195,25 +175,17 @@ class Scheduler:
             self.admission_room(), self.newest,
         )  # fmt: skip
 
-    def _mark_preempted(
-        self, out: SchedulerOutput, batch_ids: set[str], busy: Collection[str]
-    ) -> None:
-        running = JobStatus.RUNNING
-        for job_id in self._returned - batch_ids - set(busy):
+    def _mark_preempted(self, out: SchedulerOutput, ran: set[str], busy: Collection[str]) -> None:
+        for job_id in self._returned - ran - set(busy):
             job = self._jobs.get(job_id)
             if job is not None and not job.status.finished:
-                job.preemptions += 1
-                if job.status is running:
-                    job.status = JobStatus.PREEMPTED
-                out.preempted.append(job)
+                out.mark_preempted(job)
         self._returned = set()
 
     def admission_room(self) -> float:
         """Blocks that jobs without KV may still take this iteration (fsd.sched.room)."""
-        # a block of growth per batch slot, but no more than a quarter of a small pool
-        headroom = min(self.config.max_batch_size, self.blocks.device.num_blocks // 4)
-        headroom = headroom if self.rules.swap_gate else None
-        return admission_room(self.blocks, self.cache.admit_fraction, headroom)
+        slots = self.config.max_batch_size if self.rules.swap_gate else None
+        return admission_room(self.blocks, self.cache.admit_fraction, slots)
 
     @property
     def _enst(self) -> Callable[[Job], float]:
@@ -234,40 +206,26 @@ class Scheduler:
             job.enst = self._enst(job) if job.kv is not KVLocation.NONE else None
 
     def stats(self, with_levels: bool = True) -> SchedulerStats:
-        """The policy's figures; `with_levels` False leaves the levels' job lists out
-        (a walk of every queued job)."""
-        quanta, starve, waiting = self.queue.limits()
-        live = self.live_cost
-        levels = self.queue.levels() if with_levels else []
-        return SchedulerStats(
-            self.name, levels, quanta, starve, waiting, self.reserve,
-            live.scale, live.samples, self.queue.learned(),
-        )  # fmt: skip
-
-    def ranks(self) -> dict[str, int]:
-        """Every queued job's place in the queue's order (0 runs first), for telemetry."""
-        return self.queue.ranks()
+        """The policy's figures; `with_levels` False leaves the levels' job lists out."""
+        return SchedulerStats.of(self.queue, self.kv_policy.reserve, self.live_cost, with_levels)
 
     @property
     def predicted_iteration_time(self) -> float:
-        """The cost model's time for the batch `schedule` just formed, through every
-        pipeline stage (what `observe_iteration` compares a measured latency with)."""
-        return self._last_batch_cost * max(getattr(self.cost, "pipeline_stages", 1), 1)
+        """The profile's time for the batch just formed, through every pipeline stage."""
+        return self._last_batch_cost * self._stages
+
+    @property
+    def _stages(self) -> int:
+        return max(getattr(self.cost, "pipeline_stages", 1), 1)
 
     def observe_iteration(self, predicted_s: float, measured_s: float) -> None:
-        """An iteration the profile predicted at `predicted_s` took `measured_s`.
-
-        From now on service is charged x the learned ratio (fsd.cost.calibration),
-        so quanta are used up in the seconds this machine really takes.
-        """
+        """An iteration the profile predicted at `predicted_s` took `measured_s`: service
+        is charged x the learned ratio from now on (fsd.cost.calibration)."""
         self.live_cost.observe(predicted_s, measured_s)
 
     def update(self, out: SchedulerOutput, now: float) -> None:
-        """Charge the iteration's service, demote, and release finished jobs.
-
-        Each job is charged its iteration alone as the profile predicts it, x the live
-        cost scale (exactly 1.0 until an iteration was measured: the simulator's).
-        """
+        """Charge the iteration's service (each job its iteration alone, x the live cost
+        scale: 1.0 in the simulator), demote, and release finished jobs."""
         ran: list[tuple[Job, float]] = []
         done: list[Job] = []
         finished = JobStatus.FINISHED

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from fsd.config_checks import check_types, help_of
 from fsd.errors import ConfigError
 
-_TRUE, _FALSE = ("true", "on", "yes", "1"), ("false", "off", "no", "0")
+_WORDS = {**dict.fromkeys(("true", "on", "yes", "1"), True),
+          **dict.fromkeys(("false", "off", "no", "0"), False)}  # fmt: skip
 
 
 def declared(types: Mapping[str, type | None]) -> dict[str, tuple[str, dataclasses.Field]]:
@@ -78,6 +79,16 @@ def settings_help(types: Mapping[str, type | None]) -> str:
     return "; ".join(lines) if lines else "no policy declares settings"
 
 
+def _boolean(text: str) -> bool:
+    return _WORDS[text]  # KeyError: not a word for on or off
+
+
+# how a text value is read, by the first of these words in the field's type
+_PARSERS: tuple[tuple[str, Callable[[str], Any]], ...] = (
+    ("bool", _boolean), ("int", int), ("float", float),
+)  # fmt: skip
+
+
 def _typed(name: str, value: Any, kind: str) -> Any:
     """A text value as the field's type (`int`, `float`, `bool`, `... | None`)."""
     if not isinstance(value, str) or kind == "str":
@@ -85,15 +96,8 @@ def _typed(name: str, value: Any, kind: str) -> Any:
     text = value.strip().lower()
     if "None" in kind and text == "none":
         return None
+    parse = next((p for word, p in _PARSERS if word in kind), lambda _: value)
     try:
-        if "bool" in kind:
-            if text in _TRUE or text in _FALSE:
-                return text in _TRUE
-            raise ValueError(value)
-        if "int" in kind:
-            return int(text)
-        if "float" in kind:
-            return float(text)
-    except ValueError:
+        return parse(text)
+    except (KeyError, ValueError):
         raise ConfigError(f"{name} must be {kind}, got {value!r}") from None
-    return value

@@ -131,7 +131,7 @@ class Simulator:
         metrics.update(prefix_metrics(blocks.prefix.stats(), jobs))
         metrics["sim_wall_s"] = time.perf_counter() - t_wall
         return SimResult(
-            sched.name, metrics, jobs, self.pools, loop.series, metrics["sim_wall_s"], sched
+            sched.queue.name, metrics, jobs, self.pools, loop.series, metrics["sim_wall_s"], sched
         )
 
     def _stalled(self, sched: Scheduler, now: float) -> str:
@@ -143,7 +143,7 @@ class Simulator:
         )
         return (
             f"simulation stalled at t={now:.3f}s: {len(sched)} jobs wait, nothing runs and no "
-            f"event is pending ({sched.name}, kv {self.cache_config.kv_policy}, "
+            f"event is pending ({sched.queue.name}, kv {self.cache_config.kv_policy}, "
             f"{sched.blocks.num_free}/{sched.blocks.device.num_blocks} device blocks free); "
             f"first: {desc}"
         )

@@ -173,7 +173,7 @@ class ReplicaSimulator(Simulator):
             on_progress(len(jobs), len(jobs))
         metrics = self._metrics(jobs, reps, router, spread)
         metrics["sim_wall_s"] = time.perf_counter() - t_wall
-        name = reps[0].loop.sched.name
+        name = reps[0].loop.sched.queue.name
         return SimResult(name, metrics, jobs, self.pools, [], metrics["sim_wall_s"], None)
 
     def _replica(self, i: int) -> _Replica:

@@ -13,13 +13,14 @@ from fsd.engine.core import Engine
 from fsd.engine.face import EngineFace
 from fsd.errors import UnknownJobError
 from fsd.jobs import SamplingParams
+from fsd.twin.snapshot import take_snapshot
 from tests.sched.harness import COST
 
 
 @pytest.fixture(scope="module")
 def face():
     config = EngineConfig.from_kwargs(model="tiny", device="cpu", num_gpu_blocks=64)
-    f = EngineFace(Engine(config, cost=COST), events=True)
+    f = EngineFace(Engine(config, cost=COST), events=True, snapshot=take_snapshot)
     yield f
     f.close()
 

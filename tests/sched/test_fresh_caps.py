@@ -1,5 +1,5 @@
-"""The cold start's caps (`MLFQQueue._fresh_caps`) are kept between walks; kept, they
-are always what a walk of the queue would give (fsd.sched.mlfq)."""
+"""The cold start's caps (`fsd.sched.fresh_caps.FreshCaps`) are kept between walks;
+kept, they are always what a walk of the queue would give."""
 
 from __future__ import annotations
 
@@ -20,8 +20,8 @@ def test_the_kept_caps_are_always_a_fresh_walks():
     checked: list[int] = []
 
     def check(it: int, now: float) -> None:
-        kept = queue._fresh_caps()
-        walked = queue._walk_fresh()
+        queue._fresh.shortest_other(jobs[0])  # walked now if it was stale
+        kept, walked = queue._fresh._kept, queue._fresh._walk()
         assert kept[0] == walked[0] and kept[2] == walked[2], (it, kept, walked)
         assert kept[1] is walked[1], (it, kept, walked)  # the one holder, or None for ties
         checked.append(it)

@@ -23,11 +23,11 @@ from fsd.config import CacheConfig, SchedConfig
 from fsd.cost.profiles import load_profile
 from fsd.jobs import Job
 from fsd.sched import registry
-from fsd.sched.gittins_queue import GittinsQueue
 from fsd.sched.lengths import OutputLengthIndex
 from fsd.sched.mlfq import MLFQQueue
 from fsd.sched.rules import quanta_for
 from fsd.sim.runner import RunSpec
+from fsd.study.gittins_queue import GittinsQueue
 from fsd.workload import gamma, length_model, synthetic
 
 

@@ -8,9 +8,9 @@ import pytest
 
 from fsd.config import SchedConfig
 from fsd.jobs import FinishReason, Job, SamplingParams
-from fsd.sched.gittins_queue import GittinsQueue
-from fsd.sched.ranks import ServiceRanks, prompt_class
 from fsd.sched.registry import DEFAULT_POLICY, make_queue, resolve_policy
+from fsd.study.gittins_queue import GittinsQueue
+from fsd.study.ranks import ServiceRanks, prompt_class
 from tests.sched.test_mlfq import cost, run_once
 
 QUANTA = [1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0]

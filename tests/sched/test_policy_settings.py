@@ -15,10 +15,10 @@ from fsd.cost import CostModel
 from fsd.cost.profiles import load_profile
 from fsd.errors import ConfigError, SettingError
 from fsd.sched import registry
-from fsd.sched.gittins_queue import GittinsQueue
 from fsd.sched.retune import plan_retune
 from fsd.sched.sorted_queues import FCFSQueue
 from fsd.sim.runner import RunSpec
+from fsd.study.gittins_queue import GittinsQueue
 from fsd.workload import gamma, length_model, synthetic
 from tests.sched.harness import make_jobs, scheduler
 from tests.sched.test_mlfq import cost

@@ -19,8 +19,9 @@ from hypothesis import strategies as st
 
 import fsd.sched.scheduler as scheduler_module
 from fsd.jobs import Job, KVLocation
-from fsd.sched.batch import BatchWalk, _skip_threshold
+from fsd.sched.batch import BatchWalk
 from fsd.sched.registry import POLICIES
+from fsd.sched.room import skip_threshold as _skip_threshold
 from fsd.sched.scheduler import Scheduler
 from tests.sched.harness import drive, make_jobs, scheduler
 

@@ -3,7 +3,7 @@ validation point, sj-mlfq and fsd do better (docs/scheduling.md, "Validation").
 
 Three rules, each with a reason rather than a fitted constant:
 
-1. Rank by the Gittins index of the remaining service (`fsd.sched.ranks`): the
+1. Rank by the Gittins index of the remaining service (`fsd.study.ranks`): the
    prompt's prefill is known, the output length is learned from finished jobs of the
    same prompt class (SOAP). Per-token latency weighs a completion by 1/L, so the
    index is the weighted one. The rank (seconds per weighted completion) picks the
@@ -44,7 +44,7 @@ from fsd.jobs import FinishReason, Job
 from fsd.sched.lengths import UNKNOWN_CAP, LearnedLengths
 from fsd.sched.levels import LevelQueue
 from fsd.sched.queues import JobQueue
-from fsd.sched.ranks import ServiceRanks, prompt_class
+from fsd.study.ranks import ServiceRanks, prompt_class
 
 _by_queue_seq = operator.attrgetter("queue_seq")
 _job_id = operator.attrgetter("job_id")
