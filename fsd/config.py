@@ -79,7 +79,7 @@ class CacheConfig:
         None, "KV blocks on the device (default: from its memory; simulated: the profile's)."
     )
     gpu_memory_utilization: float = 0.85
-    cpu_kv_bytes: int = 256 * 1024 * 1024
+    cpu_device_kv_bytes: int = 256 * 1024 * 1024  # the device tier's KV on a CPU device
     num_host_blocks: int | None = doc(
         None, "KV blocks in host memory (default: host_kv_bytes; simulated: 4 x device)."
     )
@@ -116,8 +116,8 @@ class CacheConfig:
             raise ConfigError(
                 f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}"
             )
-        if self.cpu_kv_bytes < 1:
-            raise ConfigError(f"cpu_kv_bytes must be >= 1, got {self.cpu_kv_bytes}")
+        if self.cpu_device_kv_bytes < 1:
+            raise ConfigError(f"cpu_device_kv_bytes must be >= 1, got {self.cpu_device_kv_bytes}")
         if self.num_host_blocks is not None and self.num_host_blocks < 0:
             raise ConfigError(f"num_host_blocks must be >= 0, got {self.num_host_blocks}")
 

@@ -47,12 +47,12 @@ def num_device_blocks(cfg: CacheConfig, shape: KVShape, device: torch.device) ->
                 "gpu_memory_utilization or set num_gpu_blocks"
             )
     else:
-        budget = cfg.cpu_kv_bytes
+        budget = cfg.cpu_device_kv_bytes
     blocks = budget // per_block
     if blocks < 1:
         raise ConfigError(
             f"the KV budget ({budget} bytes) holds no block of {per_block} bytes; "
-            "raise gpu_memory_utilization / cpu_kv_bytes or set num_gpu_blocks"
+            "raise gpu_memory_utilization / cpu_device_kv_bytes or set num_gpu_blocks"
         )
     return int(blocks)
 

@@ -74,13 +74,13 @@ def validate_parallel(arch: ModelArch, tp: int, pp: int) -> None:
 def shard_budgets(cache: CacheConfig, world: int) -> CacheConfig:
     """Each worker's share of the byte budgets that are totals for the whole model.
 
-    cpu_kv_bytes (the device tier on CPU) and host_kv_bytes (the swap tier) are host
+    cpu_device_kv_bytes (the device tier on CPU) and host_kv_bytes (the swap tier) are host
     memory of the machine, so tp x pp CPU workers split them and the engine gets
     about as many blocks as one device would; gpu_memory_utilization is per GPU.
     """
     return dataclasses.replace(
         cache,
-        cpu_kv_bytes=max(1, cache.cpu_kv_bytes // world),
+        cpu_device_kv_bytes=max(1, cache.cpu_device_kv_bytes // world),
         host_kv_bytes=cache.host_kv_bytes // world,
     )
 

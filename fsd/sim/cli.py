@@ -36,7 +36,7 @@ DEFAULT_PROFILE = "opt-13b-a100"
 # settings, its rules among them, go through --policy-settings POLICY.FIELD=VALUE)
 SIM_SCHED = field_names(SchedConfig, skip=("policy", "quanta", "refuse_late", "profile"))
 SIM_CACHE = field_names(
-    CacheConfig, skip=("gpu_memory_utilization", "cpu_kv_bytes", "host_kv_bytes")
+    CacheConfig, skip=("gpu_memory_utilization", "cpu_device_kv_bytes", "host_kv_bytes")
 )
 SIM_CLUSTER = field_names(ClusterConfig)  # replicas behind a router (fsd.sim.replicas)
 _SIM_HELPS = {
