@@ -13,6 +13,7 @@ from typing import Annotated, Optional
 
 import typer
 
+from fsd.cli_common import add_common_commands
 from fsd.cli_errors import fail, friendly
 from fsd.cli_options import ClientKey, ServerKey, version_option
 from fsd.console import cli_jobs, cli_telemetry
@@ -59,24 +60,7 @@ def main(
     )
 
 
-@app.command()
-def version() -> None:
-    """Print the fsd version."""
-    from fsd.version import __version__
-
-    typer.echo(__version__)
-
-
-@app.command("man")
-def man_page(
-    page: Annotated[str, typer.Argument(help="fsctl, fsd, fsd.toml or fsd-scenario.")] = "fsctl",
-    raw: Annotated[bool, typer.Option(help="Print the roff source.")] = False,
-) -> None:
-    """Show a manual page (with man(1) when there is one, else as plain text)."""
-    from fsd import manual
-
-    with friendly():
-        manual.show(page, raw)
+add_common_commands(app, "fsctl")
 
 
 for command in (cli_jobs.status, cli_jobs.submit, cli_jobs.jobs, cli_jobs.job, cli_jobs.abort,

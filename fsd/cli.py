@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Optional
 import typer
 from rich.console import Console
 
+from fsd.cli_common import add_common_commands
 from fsd.cli_errors import fail, friendly
 from fsd.cli_fields import field_options, with_fields
 from fsd.cli_options import (
@@ -345,24 +346,7 @@ def profile(
         run_profile_command(model, Path(out), quick, options)
 
 
-@app.command()
-def version() -> None:
-    """Print the fsd version."""
-    from fsd.version import __version__
-
-    typer.echo(__version__)
-
-
-@app.command("man")
-def man_page(
-    page: Annotated[str, typer.Argument(help="fsd, fsctl, fsd.toml or fsd-scenario.")] = "fsd",
-    raw: Annotated[bool, typer.Option(help="Print the roff source.")] = False,
-) -> None:
-    """Show a manual page (with man(1) when there is one, else as plain text)."""
-    from fsd import manual
-
-    with friendly():
-        manual.show(page, raw)
+add_common_commands(app, "fsd")
 
 
 app.command("simulate")(simulate_command)

@@ -142,7 +142,8 @@ MAX_SERVER_MODULES = 12  # directly in fsd/server, __init__ included; the rest i
 # the console talks to the daemon over the wire only
 CONSOLE_MAY_IMPORT = (
     "fsd.console", "fsd.protocol", "fsd.client", "fsd.workload", "fsd.metrics", "fsd.config",
-    "fsd.errors", "fsd.cli_options", "fsd.cli_errors", "fsd.credentials", "fsd.manual",
+    "fsd.errors", "fsd.cli_options", "fsd.cli_errors", "fsd.cli_common", "fsd.credentials",
+    "fsd.manual",
     "fsd.version", "fsd.progress", "fsd.local_daemon",
     "fsd.printable",  # a client's names, escaped wherever the console shows them
     # the policy names the retune dialog offers (no policy code runs in the console)

@@ -20,22 +20,3 @@ numpy; the registry names fsd.study's queues. Never torch,
 nor fsd.engine, fsd.server, fsd.sim or the console: the same code runs in the engine
 and in the simulator, and is unit-tested in milliseconds.
 """
-
-from __future__ import annotations
-
-from fsd.lazy import lazy_exports
-
-# Exports load lazily: the command line and fsd.config read only the policy names.
-_EXPORTS = {
-    "CostModel": "fsd.cost",
-    "DEFAULT_POLICY": "fsd.sched.registry",
-    "POLICIES": "fsd.sched.registry",
-    "make_scheduler": "fsd.sched.registry",
-    "resolve_policy": "fsd.sched.registry",
-    "Scheduler": "fsd.sched.scheduler",
-    "SchedulerOutput": "fsd.sched.decision",
-}
-__all__ = sorted(_EXPORTS)
-
-
-__getattr__ = lazy_exports(__name__, _EXPORTS)

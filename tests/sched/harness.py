@@ -11,9 +11,10 @@ from dataclasses import dataclass, field
 from hypothesis import strategies as st
 
 from fsd.config import CacheConfig, SchedConfig
+from fsd.cost import CostModel
 from fsd.jobs import Job, SamplingParams
 from fsd.kv.block_manager import BlockManager
-from fsd.sched import CostModel, make_scheduler
+from fsd.sched.registry import make_scheduler
 from fsd.sched.scheduler import Scheduler
 from tests.costs import linear_cost
 

@@ -10,8 +10,7 @@ from hypothesis import strategies as st
 
 from fsd.config import CacheConfig, SchedConfig
 from fsd.errors import ConfigError
-from fsd.sched import resolve_policy
-from fsd.sched.registry import check_policies
+from fsd.sched.registry import check_policies, resolve_policy
 from fsd.sched.rules import MAX_ALPHA_SLOS
 from tests.sched.harness import (
     drive,
