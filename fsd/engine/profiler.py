@@ -125,10 +125,9 @@ def _chunk_points(prompt: int, max_new: int, max_total: int) -> tuple[tuple[int,
 def make_plan(engine: ProfiledEngine, quick: bool) -> ProfilePlan:
     """Points that fit the engine's limits: context length, batch size, free KV blocks.
 
-    Only the full profile times prefill chunks. The two a fit needs at least (64 over
-    512 and 256 over 1536 cached tokens) would add ~45% to the quick calibration at
-    engine start, ~17% to the whole start of the tiny model on a CPU, so that
-    derives the chunk term instead (`fit_cost_model`)."""
+    Only the full profile times prefill chunks: the two a fit needs at least (64 over
+    512 and 256 over 1536 cached tokens) would lengthen the quick calibration at engine
+    start by nearly half, so that derives the chunk term instead (`fit_cost_model`)."""
     blocks = engine.blocks
     bs = blocks.block_size
     free_tokens = blocks.num_free * bs

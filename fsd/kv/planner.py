@@ -46,15 +46,13 @@ class SwapGate:
     that pays.
 
     Why no swap for arrivals: past capacity, keeping a reserve free for arrivals sent
-    started jobs out and brought them back, over and over (2.8 swaps per request on
-    the conversation trace at x0.5, a quarter of them back within 41 iterations).
+    started jobs out and brought them back, over and over (docs/scheduling.md).
     Under this rule admission stands in for the reserve (`Scheduler.admission_room`):
     new work starts only while started work fits the device (less a block of growth
     per batch slot, at most a quarter of the pool), so room for arrivals comes from
     jobs that finish. Sizing that headroom as the reserve (K typical new jobs) idled
-    half of a small device on long prompts (4.3x the average of the ungated rule in
-    bench/validation.py's kv-pressure); letting arrivals park started jobs (each at most once, when the
-    exchange below pays) added swaps and won nowhere consistently.
+    much of a small device on long prompts; letting arrivals park started jobs (each
+    at most once, when the exchange below pays) added swaps and won nowhere.
     Why the exchange: moving victim v out so that u runs first changes the sum of
     completion times by about v's time left - u's time left (u stops waiting for v, v
     now waits for u), each read from the queue's learned lengths (`tokens_left`, in

@@ -4,15 +4,13 @@ Why the default is derived, not a constant. Chunking a prefill does not shorten
 anyone's work: every iteration still reads the weights once, so a prompt split in k
 chunks reaches its first token about k - 1 decode steps later, while the jobs
 running beside it get those k - 1 tokens sooner and finish about when they would
-have (bench/policies.py --chunks: every fixed chunk size raises the mean per-token
-latency, by 0.4-3.5% on the conversation trace and by up to 33% on long prompts).
-What a split buys is the running jobs' time between tokens: a whole 4k-token prompt
-stalls them for 17 decode steps. So a prefill is split only where it would stall
+have (every fixed chunk size raises the mean per-token latency: docs/chunked-prefill.md).
+What a split buys is the running jobs' time between tokens, which a whole long prompt
+stalls for many decode steps. So a prefill is split only where it would stall
 them past their per-token SLO: unset, the budget is the most prompt tokens whose
 prefill fits one SLO (the profile's, 10 x its shortest iteration), in whole KV
 blocks. It follows the hardware and the model instead of one workload; an operator
-who wants time between tokens near a decode step sets a small budget (192 tokens
-keeps it within 2 x on the H100 OPT-13B profile).
+who wants time between tokens near a decode step sets a small budget.
 """
 
 from __future__ import annotations

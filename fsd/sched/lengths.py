@@ -22,13 +22,11 @@ its level and place instead of dropping one level.
 Cold start: before `min_samples` jobs have finished, all that is known of a length is
 its cap (max_tokens): a uniform prior on [1, cap], whose hazard rises, so a started
 job's index grows with progress and, among jobs of one cap, it keeps its place as
-FCFS would (demoting is round robin on a burst worked off before anything finishes:
-alike jobs at CV 4 on the validation set, P95 2.9x FCFS's). Across caps the prior
-compares what is left: a started job keeps its level only while it expects fewer
-tokens left than the shortest-capped job waiting to start would take. Keeping every
-started job in place whatever the caps held 32 long jobs (cap 512) ahead of 25 short
-arrivals (cap 8) for 496 iterations, 116-160 s, in the live scene
-(bench/live_scene.py). Jobs without a cap (the simulator's) keep their place.
+FCFS would (demoting is round robin on a burst worked off before anything finishes).
+Across caps the prior compares what is left: a started job keeps its level only while
+it expects fewer tokens left than the shortest-capped job waiting to start would take
+(keeping every started job in place whatever the caps held long jobs ahead of short
+arrivals for minutes: bench/live_scene.py). Jobs without a cap keep their place.
 """
 
 from __future__ import annotations
