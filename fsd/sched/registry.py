@@ -65,8 +65,8 @@ def _gittins(name: str, config: SchedConfig, cost: CostModel, own: Any) -> JobQu
 
 
 POLICY_TABLE: dict[str, Policy] = {
-    "fcfs": Policy(FCFSQueue),
-    "priority": Policy(PriorityQueue),
+    "fcfs": Policy(FCFSQueue),  # iteration-level FCFS, as vLLM: the baseline
+    "priority": Policy(PriorityQueue),  # kept for study: the paper's first strawman
     "fsd": Policy(MLFQQueue, FsdRules, _mlfq),
     "sj-mlfq": Policy(MLFQQueue, PaperRules, _mlfq),  # the paper's section 4 as written
     "mlfq": Policy(MLFQQueue, MLFQRules, _mlfq),  # kept for study: a textbook baseline
