@@ -36,7 +36,9 @@ WANTED_BATCHES = 2
 
 
 class BatchWalk:
-    """The state of one iteration's walk and the batch it builds."""
+    """One iteration's walk and the batch it builds. Per job: consider (`_consider`:
+    ready, and `_room_for` it), chunk (`_chunk_of`), grow or evict (`_grow`,
+    `_make_room`, `_bring_in` for a host job), take (`_take`)."""
 
     def __init__(self, ctx: WalkContext, out: SchedulerOutput, busy: Collection[str]) -> None:
         self.ctx = ctx
