@@ -11,7 +11,7 @@ from fsd.admission import JobRequest
 from fsd.config import EngineConfig
 from fsd.engine.core import Engine
 from fsd.engine.face import EngineFace
-from fsd.errors import UnknownJobError
+from fsd.errors import SettingError, UnknownJobError
 from fsd.jobs import SamplingParams
 from fsd.twin.snapshot import take_snapshot
 from tests.sched.harness import COST
@@ -104,3 +104,9 @@ def test_the_face_has_the_shape_the_daemon_is_typed_for(face):
 
     assert isinstance(face, Face)
     assert not isinstance(object(), Face)  # (the check can fail)
+
+
+def test_a_face_built_without_a_snapshotter_says_it_has_no_previews(face):
+    bare = EngineFace(face._engine)  # the engine itself does not import the twin
+    with pytest.raises(SettingError, match="without previews"):
+        bare.history(face.info.slo)
