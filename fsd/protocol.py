@@ -62,6 +62,7 @@ from fsd.protocol_telemetry import (  # noqa: F401 - re-exported: the telemetry 
     SLOInfo,
     Snapshot,
 )
+from fsd.token_chunk import Chunk  # noqa: F401 - re-exported: made by the engine
 from fsd.wire import (  # noqa: F401 - re-exported: code reads the wire as fsd.protocol
     DEFAULT_ENDPOINT,
     DEFAULT_TELEMETRY_ENDPOINT,
@@ -243,18 +244,6 @@ class Accepted(_Msg, tag="accepted"):
     job_id: str
     prompt_tokens: int
     client_timeout: float = 0.0
-
-
-class Chunk(msgspec.Struct, kw_only=True, omit_defaults=True):
-    """New tokens of one job; `start` is how many output tokens came before them (a
-    client that sees a gap stops streaming that job and takes the rest from its
-    `Finished`, which carries every token)."""
-
-    req_id: str
-    job_id: str
-    token_ids: list[int]
-    text: str = ""
-    start: int | None = None
 
 
 class Tokens(_Msg, tag="tokens"):

@@ -13,7 +13,8 @@ step history the what-if twin reads (`history`: arrivals, lengths, iteration tim
 torch-free); and the profiler that measures iterations (`profiler`; `fsd.cost.fit`
 fits the cost model to them).
 
-May import: `fsd.admission` (whether a request is accepted), `fsd.sched`, `fsd.kv`,
+May import: `fsd.admission` (whether a request is accepted), `fsd.token_chunk` (the
+wire's form of a job's new tokens, made here once), `fsd.sched`, `fsd.kv`,
 `fsd.models`, `fsd.layers`, `fsd.kernels`, `fsd.jobs`, `fsd.config`, `fsd.errors` and
 the shared leaves (`fsd.cost`, `fsd.tokenizer`). Never `fsd.server` or the console: the daemon drives the engine,
 not the other way round; nor `fsd.twin`, which reads the engine's `history`: the face

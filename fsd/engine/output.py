@@ -4,9 +4,11 @@ what each iteration did."""
 from __future__ import annotations
 
 import traceback
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from fsd.jobs import Job
+from fsd.token_chunk import Chunk
 
 _MAX_MESSAGE = 500  # an exception's text can hold a whole tensor: clip it
 
@@ -53,17 +55,31 @@ class IterationStats:
     decode_tokens: int
 
 
-@dataclass(frozen=True)
 class StepDelta:
-    """What one iteration produced for one job (streamed to its client at once).
+    """What one iteration produced for one job: its new tokens in the wire's own form
+    (`chunk`, made once here; the daemon's router only addresses it), and on the job's
+    last delta the whole result (`output`, timings included)."""
 
-    `output` is set on the job's last delta: the whole result, timings included.
-    """
+    __slots__ = ("chunk", "output")
 
-    job_id: str
-    new_token_ids: tuple[int, ...]
-    new_text: str
-    output: RequestOutput | None = None
+    def __init__(
+        self, job_id: str, new_token_ids: Sequence[int], new_text: str,
+        output: RequestOutput | None = None,
+    ) -> None:  # fmt: skip
+        self.chunk = Chunk(job_id=job_id, token_ids=list(new_token_ids), text=new_text)
+        self.output = output
+
+    @property
+    def job_id(self) -> str:
+        return self.chunk.job_id
+
+    @property
+    def new_token_ids(self) -> list[int]:
+        return self.chunk.token_ids
+
+    @property
+    def new_text(self) -> str:
+        return self.chunk.text
 
     @property
     def finished(self) -> bool:

@@ -48,15 +48,10 @@ class JobRouter:
         for d in deltas:
             owner = book.owners.get(d.job_id)
             if owner is not None and owner.stream:
-                per_client[owner.caller.ident].append(
-                    P.Chunk(
-                        req_id=owner.req_id,
-                        job_id=d.job_id,
-                        token_ids=list(d.new_token_ids),
-                        text=d.new_text,
-                        start=book.streamed(d.job_id, len(d.new_token_ids)),
-                    )
-                )
+                chunk = d.chunk  # the engine's, sent as it is once addressed
+                chunk.req_id = owner.req_id
+                chunk.start = book.streamed(chunk.job_id, len(chunk.token_ids))
+                per_client[owner.caller.ident].append(chunk)
         for ident, chunks in per_client.items():
             self.send(ident, P.Tokens(chunks=chunks))
         for d in deltas:
