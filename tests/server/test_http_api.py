@@ -32,7 +32,7 @@ from tests.server.daemon_proc import daemon_fixture
 
 CONFIG = """
 [cache]
-num_gpu_blocks = 40  # 640 tokens: less than tiny's context of 2048
+num_gpu_blocks = 127  # 2032 tokens: less than tiny's context of 2048
 [server]
 telemetry_hz = 20
 client_timeout = 5.0
@@ -188,29 +188,45 @@ def test_refusals_map_to_openai_errors_and_the_daemon_serves_on(api, daemon):
     assert api.completions.create(model="tiny", prompt="still here", max_tokens=2).usage
 
 
-def aborted(daemon) -> float:
-    """vllm:request_success_total{finished_reason="abort"} from /metrics."""
+def ended(daemon, reason: str = "abort") -> float:
+    """vllm:request_success_total{finished_reason=reason} from /metrics."""
     with urllib.request.urlopen(f"{daemon.http}/metrics", timeout=30) as resp:
         families = text_string_to_metric_families(resp.read().decode())
         return sum(
             s.value
             for f in families
             for s in f.samples
-            if s.name == "vllm:request_success_total" and s.labels["finished_reason"] == "abort"
+            if s.name == "vllm:request_success_total" and s.labels["finished_reason"] == reason
         )
 
 
+def aborted(daemon) -> float:
+    return ended(daemon, "abort")
+
+
+# a job long enough (about 14 s on a 2-core CPU) that its client's leaving is seen
+# long before it could end on its own
+LONG_JOB = {"prompt": "long", "max_tokens": 2000}
+
+
+def why_not_aborted(daemon, lengths_before: float) -> str:
+    """What a failed abort check prints: whether the job ran to its end, and the log."""
+    ran_out = ended(daemon, "length") - lengths_before
+    log = daemon.log.read_text(errors="replace").splitlines()[-20:]
+    return f"jobs that ran to their end meanwhile: {ran_out:g}; daemon log:\n" + "\n".join(log)
+
+
 def test_a_client_that_leaves_a_stream_gets_its_job_aborted(api, daemon):
-    before = aborted(daemon)
+    before, lengths = aborted(daemon), ended(daemon, "length")
     stream = api.completions.create(
-        model="tiny", prompt="long", max_tokens=600, stream=True, extra_body={"ignore_eos": True}
+        model="tiny", **LONG_JOB, stream=True, extra_body={"ignore_eos": True}
     )
     next(iter(stream))
     stream.close()
     deadline = time.time() + 60
     while time.time() < deadline and aborted(daemon) == before:
         time.sleep(0.1)
-    assert aborted(daemon) == before + 1
+    assert aborted(daemon) == before + 1, why_not_aborted(daemon, lengths)
     with daemon.client() as c:
         assert c.jobs() == []
 
@@ -286,10 +302,8 @@ def test_bodies_fsd_cannot_read_are_400_not_500(daemon, body, headers, says):
 def test_a_client_that_leaves_a_whole_completion_gets_its_job_aborted(daemon):
     """Non-streaming: nothing is written until the end, so only the closed connection
     tells; the job must not run on for nobody."""
-    before = aborted(daemon)
-    body = json.dumps(
-        {"model": "tiny", "prompt": "long", "max_tokens": 600, "ignore_eos": True}
-    ).encode()
+    before, lengths = aborted(daemon), ended(daemon, "length")
+    body = json.dumps({"model": "tiny", **LONG_JOB, "ignore_eos": True}).encode()
     host, port = daemon.http.removeprefix("http://").rsplit(":", 1)
     head = (
         f"POST /v1/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
@@ -302,18 +316,18 @@ def test_a_client_that_leaves_a_whole_completion_gets_its_job_aborted(daemon):
             while time.time() < deadline and not c.jobs():  # running now
                 time.sleep(0.05)
             assert len(c.jobs()) == 1
-        # the connection is closed: the job ends (aborted) without its 600 tokens
+        # the connection is closed: the job ends (aborted) without its 2000 tokens
         while time.time() < deadline and c.jobs():
             time.sleep(0.05)
         assert c.jobs() == []
-    assert aborted(daemon) == before + 1
+    assert aborted(daemon) == before + 1, why_not_aborted(daemon, lengths)
 
 
 def test_chat_without_max_tokens_fills_what_the_pool_holds(api):
     out = api.chat.completions.create(
         model="tiny", messages=[{"role": "user", "content": "go"}], extra_body={"ignore_eos": True}
     )
-    assert out.usage.total_tokens == 40 * 16  # the pool, smaller than the context
+    assert out.usage.total_tokens == 127 * 16  # the pool, smaller than the context
     assert out.choices[0].finish_reason == "length"
 
 
