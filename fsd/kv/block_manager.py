@@ -117,6 +117,7 @@ class BlockManager:
             job.block_table.extend(_take(self.device, missing))
         self._owners[job.job_id] = job
         if job.kv is KVLocation.NONE:
+            self.prefix.complete(job)  # type: ignore[arg-type]  # its held prefix comes back
             self._place(job, KVLocation.DEVICE)
 
     def free(self, job: HasBlocks) -> None:
@@ -329,8 +330,8 @@ class BlockManager:
 
 
 def _take(pool: BlockPool, n: int) -> list[int]:
-    """`pool.take(n)`: its free blocks, then its least recently used idle ones, each
-    evicted through `on_evict` (the prefix cache moves it down), in the same order.
+    """`pool.take(n)`: its free blocks, then its least recently used idle ones, evicted
+    through one `on_evict` (the prefix cache moves them down), in the same order.
     A loop of its own: a long context evicts thousands of blocks at a time."""
     free, evict = pool._free, pool.on_evict
     if n <= len(free) or n > pool.num_free or evict is None:
@@ -338,11 +339,10 @@ def _take(pool: BlockPool, n: int) -> list[int]:
     idle, cached = pool._idle, pool.cached
     out = list(free)
     free.clear()
-    for _ in range(n - len(out)):
-        block = idle.popitem(last=False)[0]
-        pool.evictions += 1
-        evict(block, cached.pop(block))
-        out.append(block)
+    evicted = [idle.popitem(last=False)[0] for _ in range(n - len(out))]
+    pool.evictions += len(evicted)
+    evict([(block, cached.pop(block)) for block in evicted])
+    out += evicted
     refs = pool._refs
     for block in out:  # (no eviction reads a count)
         refs[block] = 1

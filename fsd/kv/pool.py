@@ -25,8 +25,8 @@ class BlockPool:
         self._refs = [0] * num_blocks
         self.cached: dict[int, int] = {}  # block -> name (uid) of the content it holds
         self._idle: OrderedDict[int, None] = OrderedDict()  # cached, unreferenced: LRU first
-        # called with (block, uid) when an idle block is taken for new content
-        self.on_evict: Callable[[int, int], None] | None = None
+        # called with the (block, uid) of each idle block one take evicted for new content
+        self.on_evict: Callable[[list[tuple[int, int]]], None] | None = None
         self.evictions = 0
 
     @property
@@ -49,17 +49,18 @@ class BlockPool:
             raise MemoryError(f"{self.name} pool: asked for {n} blocks, {self.num_free} free")
         free, refs = self._free, self._refs
         out: list[int] = []
+        evicted: list[tuple[int, int]] = []
         for _ in range(n):
             if free:
                 b = free.popleft()
             else:
                 b = self._idle.popitem(last=False)[0]
-                uid = self.cached.pop(b)
+                evicted.append((b, self.cached.pop(b)))
                 self.evictions += 1
-                if self.on_evict is not None:
-                    self.on_evict(b, uid)
             refs[b] = 1
             out.append(b)
+        if evicted and self.on_evict is not None:
+            self.on_evict(evicted)
         return out
 
     def ref(self, block: int) -> None:

@@ -15,9 +15,11 @@ leaves a tier its named blocks stay there, idle, until the pool needs them (LRU,
 tail blocks first). A device block evicted is first copied to the host tier when
 the host lacks it; a host block evicted is gone. A new job (`attach`) reuses every
 leading block found: device blocks by reference, host blocks by a copy into a fresh
-device block when `worth_copy` says the copy beats recomputing them. A job whose
-whole sequence is cached still computes its last token (for its logits): its last
-block is copied first (copy on write), so no shared block is ever written.
+device block when `worth_copy` says the copy beats recomputing them. The copies wait
+for the job's first growth (`complete`), which takes the fresh blocks with the rest:
+a job the walk attaches and then cannot run copies nothing and evicts nothing. A job
+whose whole sequence is cached still computes its last token (for its logits): its
+last block is copied first (copy on write), so no shared block is ever written.
 
 A router far away learns each name stored or removed from `events` (fsd.kv.prefix_events).
 
@@ -25,50 +27,27 @@ Every copy the cache makes is synchronous: it is handed to `sink` in the order i
 was decided, among the scheduler's own synchronous copies, so a block is read
 before anything later in the iteration writes it.
 
-Cost: the scheduler attaches a waiting job (and detaches it when it does not run
-after all) at every iteration it is considered, and a long context has thousands
-of blocks, so the per-block paths are written for speed: a waiting job's chain of
-names is remembered between lookups (`_chains`: re-read only from the first name no
-longer held), and the per-block pool steps of `attach` and an eviction are the
-pool's own (`BlockPool.take(1)`, `ref`, `give`) inlined, in the same order, with the
-same effects; tests/kv/test_prefix_fast.py and tests/sim/test_prefix_sim_fast.py hold
-them to the plain implementation (tests/kv/prefix_reference.py).
+Cost: the walk attaches a waiting job only once it gets a step and room to grow
+(`plan` says what attach would give, taking nothing), and a long context has
+thousands of blocks, so the per-block paths are written for speed: a waiting job's
+chain of names is remembered between lookups (`_chains`: re-read only from the first
+name no longer held), and the pool steps of `attach` and an eviction are the pool's
+own (`take`, `ref`, `give`) inlined, with the same effects; tests/kv/test_prefix_fast.py
+and tests/sim/test_prefix_sim_fast.py hold them to tests/kv/prefix_reference.py.
 """
 
 from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Hashable
-from typing import Any, Protocol
 
 from fsd.kv.pool import BlockPool
 from fsd.kv.prefix_events import DEVICE, HOST, BlockEvents
+from fsd.kv.prefix_types import AttachPlan, HasPrefix, counters, nowhere
 from fsd.kv.swap import SwapOp
-from fsd.protocol_telemetry import PrefixInfo  # its counters as published: one struct
+from fsd.protocol_telemetry import PrefixInfo
 
 ROOT = 0  # the parent of a sequence's first block
-
-
-class HasPrefix(Protocol):
-    """What the prefix cache needs of a job."""
-
-    job_id: str
-    block_table: list[int]
-    num_computed_tokens: int
-    num_cached_tokens: int
-    prefix_uids: list[int]
-    table_epoch: int  # (fsd.kv.block_manager.HasBlocks)
-
-    @property
-    def num_tokens(self) -> int: ...
-
-    @property
-    def num_prompt_tokens(self) -> int: ...
-
-    @property
-    def num_output_tokens(self) -> int: ...
-
-    def block_content(self, index: int, block_size: int) -> Hashable | None: ...
 
 
 class PrefixCache:
@@ -85,7 +64,7 @@ class PrefixCache:
         self.on_device: dict[int, int] = {}  # uid -> device block
         self.on_host: dict[int, int] = {}  # uid -> host block
         # where the cache's copies go (the scheduler points it at its output)
-        self.sink: Callable[[SwapOp], None] = _nowhere
+        self.sink: Callable[[SwapOp], None] = nowhere
         # whether copying n host blocks beats recomputing them after `start` tokens
         self.worth_copy: Callable[[int, int], bool] = lambda n, start: True
         self.queries = self.hits = self.host_hits = self.lookups = self.lookup_hits = 0
@@ -95,6 +74,9 @@ class PrefixCache:
         # (a name is never reused), so a lookup re-derives only from the first one not
         # held; dropped when the job runs (`commit`: its tokens may change) or leaves
         self._chains: dict[str, list[int]] = {}
+        # a job attached, not grown yet -> (its table's length, then the uids, blocks
+        # and tiers of the run held for `complete`)
+        self._pending: dict[str, tuple[int, list[int], list[int], list[bool]]] = {}
         self.events: BlockEvents | None = None  # a router's feed (fsd.kv.prefix_events.watch)
         device.on_evict = self._demote
         host.on_evict = self._drop_host
@@ -162,37 +144,65 @@ class PrefixCache:
         found = len(self._lookup(job)[0])
         return min(found * self.block_size, max(job.num_tokens - 1, 0))
 
-    def attach(self, job: HasPrefix) -> int:
-        """Give a job without KV the cached blocks of its prefix; returns the tokens
-        reused (its `num_computed_tokens`). Host blocks come back by copy."""
+    def plan(self, job: HasPrefix) -> tuple[int, int]:
+        """What `attach` would give the job now, without taking anything: the tokens
+        reused, and the device blocks its table would start with (the rest of the
+        reused blocks come with its first growth, `complete`)."""
         if not self.enabled or job.block_table or job.num_computed_tokens:
-            return 0
+            return job.num_computed_tokens, len(job.block_table)
+        p = self._plan(job)
+        return p.computed, p.table_len
+
+    def _plan(self, job: HasPrefix) -> AttachPlan:
+        """attach's decision. The found run is cut at the first host block when copying
+        the host blocks back would not beat recomputing them. A job whose whole sequence
+        is found still computes its last token, in a copy of its last block (copy on
+        write): made now for a device block while the device has a free one (else the
+        block is recomputed), and by `complete` for a host run."""
         uids, blocks, on_dev = self._lookup(job)
         bs, found = self.block_size, len(blocks)
         first_host = on_dev.index(False) if False in on_dev else found
-        # copy the host run only if it beats recomputing it
         if first_host < found and not self.worth_copy(on_dev.count(False), first_host * bs):
             found = first_host
             del uids[found:], blocks[found:], on_dev[found:]
-        self._pin(blocks, on_dev)
-        copies = first_host < found  # host blocks to bring back
-        table = self._copy_back(uids, blocks, on_dev, first_host) if copies else list(blocks)
-        device = self.device
-        computed = len(table) * bs
-        if table and computed >= job.num_tokens:  # copy on write: the last token is computed
-            last = table.pop()
-            computed = len(table) * bs
-            if device.num_free:
-                dst = device.take(1)[0]
-                self.sink(SwapOp(None, "copy", [last], [dst], True))
-                table.append(dst)
+        computed, table_len, cow = found * bs, first_host, False
+        if found and computed >= job.num_tokens:  # the whole sequence is cached
+            if first_host < found:
                 computed = job.num_tokens - 1
-            device.give((last,))
+            else:  # the copy on write needs a device block once the found ones are held
+                held = sum(1 for b in blocks if self.device._refs[b] == 0)
+                cow = self.device.num_free - held > 0
+                computed = job.num_tokens - 1 if cow else (found - 1) * bs
+                table_len = found if cow else found - 1
+        return AttachPlan(uids, blocks, on_dev, first_host, computed, table_len, cow)
+
+    def attach(self, job: HasPrefix) -> int:
+        """Give a job without KV the cached blocks of its prefix; returns the tokens
+        reused (its `num_computed_tokens`). The leading device run is referenced now;
+        the rest (from the first host block) is held and comes back by copy into the
+        blocks of the job's first growth (`complete`), so a job that does not run after
+        all (`detach`) has copied nothing."""
+        if not self.enabled or job.block_table or job.num_computed_tokens:
+            return 0
+        p = self._plan(job)
+        uids, blocks, on_dev, first = p.uids, p.blocks, p.on_dev, p.first_host
+        self._pin(blocks, on_dev)
+        bs, table = self.block_size, blocks[:first]
+        if first < len(blocks):
+            self._pending[job.job_id] = (first, uids[first:], blocks[first:], on_dev[first:])
+        elif p.cow:  # copy on write: the last token is computed in a copy of its block
+            last = table.pop()
+            dst = self.device.take(1)[0]
+            self.sink(SwapOp(None, "copy", [last], [dst], True))
+            table.append(dst)
+            self.device.give((last,))
+        elif len(table) > p.table_len:  # no room for the copy: the last block is recomputed
+            self.device.give((table.pop(),))
         job.block_table[:] = table
-        del uids[len(table) :]
+        del uids[len(blocks) if first < len(blocks) else p.table_len :]
         job.prefix_uids[:] = uids
-        job.num_computed_tokens = computed
-        host_hit = bs * on_dev[: len(table)].count(False)
+        job.num_computed_tokens = computed = p.computed
+        host_hit = bs * on_dev.count(False)
         self.queries += job.num_tokens
         self.hits += computed
         self.host_hits += host_hit
@@ -203,8 +213,8 @@ class PrefixCache:
         return computed
 
     def _pin(self, blocks: list[int], on_dev: list[bool]) -> None:
-        """One more reference to each block found (`BlockPool.ref`), so that the copies
-        back from the host evict none of them."""
+        """One more reference to each block found (`BlockPool.ref`), so that no eviction
+        takes one of them before the job holds or gives it back."""
         d_refs, d_idle = self.device._refs, self.device._idle
         h_refs, h_idle = self.host._refs, self.host._idle
         for block, dev in zip(blocks, on_dev, strict=True):
@@ -213,49 +223,41 @@ class PrefixCache:
                 del idle[block]
             refs[block] += 1
 
-    def _copy_back(
-        self, uids: list[int], blocks: list[int], on_dev: list[bool], first_host: int
-    ) -> list[int]:
-        """The job's table: the device blocks found, and a fresh device block for each
-        host block (copied there, and named) while the device has room; the pinned host
-        blocks, and the device blocks past the first copy without room, are given back."""
-        device, host = self.device, self.host
-        d_free, d_idle, d_refs, d_cached = device._free, device._idle, device._refs, device.cached
-        sink, on_device, keys = self.sink, self.on_device, self._key
-        table = blocks[:first_host]
-        for k in range(first_host, len(blocks)):
-            block = blocks[k]
-            if on_dev[k]:
-                table.append(block)
-                continue
-            if not d_free and not d_idle:
-                break
-            if d_free:  # `device.take(1)`
-                dst = d_free.popleft()
-            else:
-                dst = d_idle.popitem(last=False)[0]
-                evicted = d_cached.pop(dst)
-                device.evictions += 1
-                if device.on_evict is not None:
-                    device.on_evict(dst, evicted)
-            d_refs[dst] = 1
-            sink(SwapOp(None, "in", [block], [dst], True))
-            uid = uids[k]
-            if uid not in on_device and dst not in d_cached and uid in keys:  # name it
+    def complete(self, job: HasPrefix) -> None:
+        """The job grew (its table holds a block for each reused one): the held run
+        comes back, each block copied into its place (a host block `in`, a device one
+        found past the first host block `copy`) and named there, then given back."""
+        pending = self._pending.pop(job.job_id, None)
+        if pending is None:
+            return
+        first, uids, blocks, on_dev = pending
+        table, sink = job.block_table, self.sink
+        on_device, d_cached, keys = self.on_device, self.device.cached, self._key
+        named = len(blocks)  # the last block of a whole sequence: its last token writes it
+        if (first + named) * self.block_size >= job.num_tokens:
+            named -= 1
+        for k, (uid, src, dev) in enumerate(zip(uids, blocks, on_dev, strict=True)):
+            dst = table[first + k]
+            sink(SwapOp(None, "copy" if dev else "in", [src], [dst], True))
+            if k < named and uid not in on_device and dst not in d_cached and uid in keys:
                 on_device[uid] = dst
                 d_cached[dst] = uid
                 if self.events is not None:
                     self.events.stored(uid, DEVICE)
-            table.append(dst)
-        host.give([b for b, dev in zip(blocks, on_dev, strict=True) if not dev])
-        if len(table) < len(blocks):  # the device blocks past a copy there was no room for
-            rest = zip(blocks[len(table) :], on_dev[len(table) :], strict=True)
-            device.give([b for b, dev in rest if dev])
-        return table
+        self._give_held(blocks, on_dev)
+
+    def _give_held(self, blocks: list[int], on_dev: list[bool]) -> None:
+        """Give back a held run, tail first (the least shareable part is evicted first)."""
+        pairs = list(zip(blocks, on_dev, strict=True))[::-1]
+        self.device.give([b for b, dev in pairs if dev])
+        self.host.give([b for b, dev in pairs if not dev])
 
     def detach(self, job: HasPrefix) -> None:
         """Undo `attach` for a job that did not run after all (counters included)."""
+        pending = self._pending.pop(job.job_id, None)
         self.device.give(reversed(job.block_table))
+        if pending is not None:
+            self._give_held(pending[2], pending[3])
         job.block_table.clear()
         job.table_epoch += 1
         job.num_computed_tokens = 0
@@ -279,8 +281,11 @@ class PrefixCache:
         if self._chains:  # it ran: its tokens may differ from what its lookups read
             self._chains.pop(job.job_id, None)
         bs, uids = self.block_size, job.prefix_uids
+        n = len(uids)
+        if not moved and n >= job.num_computed_tokens // bs and (not n or uids[-1] in self._key):
+            return  # no block completed since the last call (a decode: 1 step in bs)
         full = min(job.num_computed_tokens // bs, len(table))
-        start = 0 if moved else len(uids)
+        start = 0 if moved else n
         if uids and uids[-1] not in self._key:  # a name forgotten meanwhile: re-derive
             uids.clear()
             start = 0
@@ -318,42 +323,65 @@ class PrefixCache:
 
     # ---- eviction ------------------------------------------------------------------
 
-    def _demote(self, block: int, uid: int) -> None:
-        """A device block is evicted: its content moves to the host unless there already."""
-        self.on_device.pop(uid, None)
-        if self.events is not None:
-            self.events.removed(uid, DEVICE)
-        on_host = self.on_host
-        if uid in on_host:
-            return  # (the host holds it: its name stays)
-        host = self.host
-        free, idle = host._free, host._idle
-        if not free and not idle:
-            self._forget(uid)
-            return
-        # `host.take(1)`, `mark` and `give`: the block ends idle (unreferenced), newest
-        if free:
-            dst = free.popleft()
-        else:  # its eviction: `_drop_host`
-            dst = idle.popitem(last=False)[0]
-            gone = host.cached.pop(dst)
-            host.evictions += 1
-            self._drop_host(dst, gone)
-        self.sink(SwapOp(None, "out", [block], [dst], True))
-        on_host[uid] = dst
-        host.cached[dst] = uid
-        idle[dst] = None
-        if self.events is not None:
-            self.events.stored(uid, HOST)
+    def _demote(self, evicted: list[tuple[int, int]]) -> None:
+        """Device blocks evicted (block, uid): each one's content moves to the host
+        unless there already, in one copy."""
+        on_device, on_host, host, ev = self.on_device, self.on_host, self.host, self.events
+        free, idle, h_cached, keys, names = (
+            host._free,
+            host._idle,
+            host.cached,
+            self._key,
+            self._uid,
+        )
+        src: list[int] = []
+        dst: list[int] = []
+        for block, uid in evicted:
+            on_device.pop(uid, None)
+            if ev is not None:
+                ev.removed(uid, DEVICE)
+            if uid in on_host:
+                continue  # (the host holds it: its name stays)
+            if not free and not idle:
+                self._forget(uid)
+                continue
+            # `host.take(1)`, `mark` and `give`: the block ends idle (unreferenced), newest
+            if free:
+                to = free.popleft()
+            else:  # its eviction: `_drop_host`, inlined
+                to = idle.popitem(last=False)[0]
+                host.evictions += 1
+                gone = h_cached.pop(to)
+                del on_host[gone]
+                if ev is not None:
+                    ev.removed(gone, HOST)
+                if gone not in on_device:  # no tier holds it: forgotten
+                    key = keys.pop(gone, None)
+                    if key is not None:
+                        del names[key]
+            src.append(block)
+            dst.append(to)
+            on_host[uid] = to
+            h_cached[to] = uid
+            idle[to] = None
+            if ev is not None:
+                ev.stored(uid, HOST)
+        if src:
+            self.sink(SwapOp(None, "out", src, dst, True))
 
-    def _drop_host(self, block: int, uid: int) -> None:
-        self.on_host.pop(uid, None)
-        if self.events is not None:
-            self.events.removed(uid, HOST)
-        if uid not in self.on_device:  # no tier holds it: forgotten
-            key = self._key.pop(uid, None)
-            if key is not None:
-                del self._uid[key]
+    def _drop_host(self, evicted: list[tuple[int, int]]) -> None:
+        """Host blocks evicted: their contents are gone (forgotten unless on the device)."""
+        on_host, on_device, keys, names, ev = (
+            self.on_host, self.on_device, self._key, self._uid, self.events
+        )  # fmt: skip
+        for _, uid in evicted:
+            on_host.pop(uid, None)
+            if ev is not None:
+                ev.removed(uid, HOST)
+            if uid not in on_device:  # no tier holds it: forgotten
+                key = keys.pop(uid, None)
+                if key is not None:
+                    del names[key]
 
     def clear(self) -> None:
         """Forget every cached block (idle ones become free; referenced ones stay)."""
@@ -369,31 +397,3 @@ class PrefixCache:
 
     def stats(self) -> PrefixInfo:
         return counters(self)
-
-
-def counters(cache: Any) -> PrefixInfo:
-    """A prefix cache's counters as published (any cache with PrefixCache's fields)."""
-    return PrefixInfo(
-        enabled=cache.enabled, queries=cache.queries, hits=cache.hits,
-        host_hits=cache.host_hits, device_blocks=len(cache.on_device),
-        host_blocks=len(cache.on_host), device_evictions=cache.device.evictions,
-        host_evictions=cache.host.evictions, lookups=cache.lookups, lookup_hits=cache.lookup_hits,
-    )  # fmt: skip
-
-
-def _nowhere(op: Any) -> None:
-    raise RuntimeError("the prefix cache copied a block with no sink to run the copy")
-
-
-class CopyBeatsRecompute:
-    """`PrefixCache.worth_copy` on a cost model: copying a host run back beats
-    recomputing it. A class, not a closure, so a scheduler pickles (fsd.twin)."""
-
-    __slots__ = ("cost", "block_size")
-
-    def __init__(self, cost: Any, block_size: int) -> None:  # cost: fsd.cost.CostModel
-        self.cost, self.block_size = cost, block_size
-
-    def __call__(self, n: int, start: int) -> bool:
-        tokens = n * self.block_size
-        return bool(self.cost.swap_time(tokens) < self.cost.chunk_time(tokens, start))

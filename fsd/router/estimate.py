@@ -5,7 +5,7 @@
 - prefill: the prompt left after the replica's cached prefix (fsd.router.index),
   chunked over the cached tokens; a run found only on the host comes back by copy
   (`CostModel.swap_time`) when that beats recomputing it, the replica's own rule
-  (fsd.kv.prefix.CopyBeatsRecompute), else it is recomputed.
+  (fsd.kv.prefix_types.CopyBeatsRecompute), else it is recomputed.
 - wait: the service queued ahead of the level the request would enter there
   (skip-join: the level whose quantum covers that prefill; fsd.router.work), spread
   over the replica's batch, the pending requests counted (fsd.router.view).

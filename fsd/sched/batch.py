@@ -13,8 +13,9 @@ token (decodes first, as in Sarathi-Serve): a burst of long prompts must not put
 chunk of each into one step. A chunk's boundary is a preemption point.
 
 The walk runs over every queued job every iteration; under overload most are waiting
-prompts over the room, which the loop passes over itself, exactly as considering them
-would (tests/sched/test_walk_early_stop.py holds it to the walk that considers all).
+prompts over the room, which the loop passes over as `_consider` would (held by
+tests/sched/test_walk_early_stop.py). A waiting job's cached prefix is attached only
+once it gets a step and room to grow (`_grow`).
 """
 
 from __future__ import annotations
@@ -41,10 +42,8 @@ class BatchWalk:
     `_make_room`, `_bring_in` for a host job), take (`_take`)."""
 
     def __init__(self, ctx: WalkContext, out: SchedulerOutput, busy: Collection[str]) -> None:
-        self.ctx = ctx
-        self.out = out
+        self.ctx, self.out, self.limit = ctx, out, ctx.max_batch_size
         self.blocks = blocks = ctx.blocks
-        self.limit = ctx.max_batch_size
         # protected from eviction: this batch and the micro-batches still in flight
         self.batch_ids: set[str] = set(busy)
         self.budget = self.budget_all = ctx.max_batch_tokens
@@ -53,17 +52,15 @@ class BatchWalk:
         self.leads = leads_now(ctx.queue, ctx.cost, blocks, ctx.rules)
         self.lead_ids: set[str] = set()  # the owners' leads walked first
         # a job without KV of this many tokens or more cannot be admitted now
-        self._skip_at = (
-            math.inf if self.first_free else skip_threshold(self.admit_room, self.blocks.block_size)
-        )
+        room = math.inf if self.first_free else self.admit_room
+        self._skip_at = skip_threshold(room, blocks.block_size)
         self.wanted: list[Job] = []  # host jobs the batch would have taken
         self.upcoming: list[Job] = []  # host jobs next in line after a full batch
         self.wanted_full = False
+        self.prefills = self._too_big = 0  # _too_big: prefills passed over for the budget
         self.evicted: set[str] = set()
         self.taken = 0  # len(batch), kept by hand: tested for every job walked
         self.batch_cost = 0.0  # sum(j.last_cost for j in batch): each job's iteration alone
-        self.prefills = 0
-        self._too_big = 0  # prefills passed over for the token budget
         self._step0, self._per_ctx = ctx.cost.decode_line()  # decode alone: step0 + per_ctx*ctx
         self.chunk = ctx.prefill_budget  # 0: whole prefills
         self.prefill_left = self.chunk  # prompt tokens this iteration may still carry
@@ -143,21 +140,10 @@ class BatchWalk:
         """Take `job` if it can run now; False when the walk should end."""
         if job.kv is not _NONE:
             self.leads.ahead = False  # a started job: the short jobs ahead of it are passed
-        if job.kv is _NONE and self.prefix and not job.num_computed_tokens:
-            if self._room_for(job) < 0:
-                # its cached blocks are not touched (attaching and giving them back would
-                # refresh their LRU place and change what is evicted later)
-                return True
-            # its cached prefix is attached first (the step is what is left), and given
-            # back if it does not run after all
-            self.blocks.attach(job)
-            go_on = self._consider_job(job)
-            if job.job_id not in self.batch_ids and job.kv is _NONE:
-                self.blocks.detach(job)
-            return go_on
-        return self._consider_job(job)
+            return self._consider_job(job, False)
+        return self._consider_job(job, self.prefix and not job.num_computed_tokens)
 
-    def _consider_job(self, job: Job) -> bool:
+    def _consider_job(self, job: Job, cached: bool) -> bool:  # cached: reuse its prefix
         kv = job.kv
         if kv is _HOST and self.wanted_full:  # it could only join `wanted`, which is full
             return True
@@ -173,7 +159,8 @@ class BatchWalk:
         job_id = job.job_id
         if job_id in self.blocks.moving or job_id in self.evicted or job_id in self.batch_ids:
             return True
-        new_tokens = num_tokens - job.num_computed_tokens
+        computed, held = self.blocks.prefix.plan(job) if cached else (job.num_computed_tokens, None)
+        new_tokens = num_tokens - computed
         step = self._chunk_of(new_tokens) if self.chunk and new_tokens > 1 else new_tokens
         # More than one iteration allows (a job whose KV was dropped re-prefills every
         # token it has; a prompt queued before max_batch_tokens was lowered): it runs
@@ -183,7 +170,7 @@ class BatchWalk:
             return self._too_big <= LOOK_AHEAD * self.limit
         if kv is _HOST and not self._bring_in(job):
             return True
-        if self._grow(job, job.num_computed_tokens + step):
+        if self._grow(job, computed + step, held):
             self._take(job, step, new_tokens, num_tokens)
             if step == 1 and kv is _DEVICE and self.decodes_left:
                 self.decodes_left -= 1  # one of the decodes counted at the start
@@ -209,23 +196,35 @@ class BatchWalk:
         self.out.record(self.blocks.swap_in(job, sync=True))
         return True
 
-    def _grow(self, job: Job, upto: int) -> bool:
-        """Give the job the device blocks its first `upto` tokens need; False if no room."""
-        missing = self.blocks.missing(job, upto)
-        if missing:
-            if missing > self.blocks.device.num_free and not self._make_room(job, missing):
+    def _grow(self, job: Job, upto: int, held: int | None = None) -> bool:
+        """Give the job the device blocks its first `upto` tokens need; False if no room.
+        `held`: its cached prefix's device blocks, attached only once the growth can
+        succeed: a job passed over leaves every cached block as it was."""
+        blocks = self.blocks
+        if held is not None:
+            need = blocks.blocks_for(upto) - held
+            if need > blocks.device.num_free and not self._make_room(job, need, dry=True):
                 return False
-            self.blocks.append(job, missing)
+            blocks.attach(job)
+        missing = blocks.missing(job, upto)
+        if missing:
+            if missing > blocks.device.num_free and not self._make_room(job, missing):
+                if held is not None:
+                    blocks.detach(job)
+                return False
+            blocks.append(job, missing)
         elif job.kv is _NONE:  # its cached prefix holds every block it needs
-            self.blocks.append(job, 0)
+            blocks.append(job, 0)
         return True
 
-    def _make_room(self, job: Job, need: int) -> bool:
+    def _make_room(self, job: Job, need: int, dry: bool = False) -> bool:
+        """Evict lower jobs for `need` free device blocks (`dry`: only whether it could)."""
         ctx = self.ctx
         key = first_for(job, ctx.queue.key) if job.job_id in self.lead_ids else ctx.queue.key
-        return ctx.evictor.make_room(
-            job, need, ctx.kv_policy, key, self.batch_ids, self.evicted, self.out
-        )
+        ev, policy, ids = ctx.evictor, ctx.kv_policy, self.batch_ids
+        if dry:
+            return ev.could_make_room(job, need, policy, key, ids, self.out)
+        return ev.make_room(job, need, policy, key, ids, self.evicted, self.out)
 
     def _take(self, job: Job, step: int, new_tokens: int, num_tokens: int) -> None:
         if step > 1:

@@ -40,11 +40,47 @@ class Evictor:
     ) -> bool:
         """Evict lower jobs until `need` device blocks are free; False (nothing evicted)
         if they cannot be."""
-        blocks = self.blocks
-        if need <= blocks.num_free:
+        if need <= self.blocks.num_free:
             return True
-        if not policy.may_evict_for(job):
+        plan = self._plan(job, need, policy, key, protected, out)
+        if plan is None:
             return False
+        for victim, swap in plan:
+            evicted.add(victim.job_id)
+            if swap:
+                out.record(self.blocks.swap_out(victim, sync=True))
+            else:
+                self._drop(victim, out)
+        return need <= self.blocks.num_free
+
+    def could_make_room(
+        self,
+        job: Job,
+        need: int,
+        policy: KVPolicy,
+        key: Callable[[Job], tuple],
+        protected: set[str],
+        out: SchedulerOutput,
+    ) -> bool:
+        """Whether `make_room` could free `need` device blocks now (nothing is evicted)."""
+        return need <= self.blocks.num_free or (
+            self._plan(job, need, policy, key, protected, out) is not None
+        )
+
+    def _plan(
+        self,
+        job: Job,
+        need: int,
+        policy: KVPolicy,
+        key: Callable[[Job], tuple],
+        protected: set[str],
+        out: SchedulerOutput,
+    ) -> list[tuple[Job, bool]] | None:
+        """The lower jobs to evict, lowest first, and whether each is swapped rather
+        than dropped; None if they cannot free `need` blocks."""
+        blocks = self.blocks
+        if not policy.may_evict_for(job):
+            return None
         rank = key(job)
         victims = [
             v
@@ -64,15 +100,7 @@ class Evictor:
             plan.append((victim, swap))
             host_free -= n if swap else 0
             free += blocks.freed_by(victim)  # its shared blocks stay
-        if free < need:
-            return False
-        for victim, swap in plan:
-            evicted.add(victim.job_id)
-            if swap:
-                out.record(blocks.swap_out(victim, sync=True))
-            else:
-                self._drop(victim, out)
-        return need <= blocks.num_free
+        return plan if free >= need else None
 
     def _victim_order(
         self, key: Callable[[Job], tuple], out: SchedulerOutput

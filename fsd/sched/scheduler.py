@@ -15,7 +15,7 @@ from fsd.cost import CostModel
 from fsd.cost.calibration import LiveCost
 from fsd.jobs import Job, JobStatus, KVLocation
 from fsd.kv.block_manager import BlockManager
-from fsd.kv.prefix import CopyBeatsRecompute
+from fsd.kv.prefix_types import CopyBeatsRecompute
 from fsd.kv.registry import ArrivalEstimate, make_kv_policy
 from fsd.kv.swap import SwapOp
 from fsd.sched.batch import BatchWalk

@@ -248,12 +248,11 @@ class EventLoop:
         """Queue the asynchronous copies on their links; returns the synchronous seconds."""
         sync_s = 0.0
         bs, c = self.blocks.block_size, self.counters
-        if out.cache_copies:  # the prefix cache's, all synchronous: mostly one block each
-            swap_time = self.cost.swap_time
-            one = swap_time(bs)
+        if out.cache_copies:  # the prefix cache's, all synchronous: scattered blocks,
+            one = self.cost.swap_time(bs)  # each charged as a copy of its own
             for op in out.cache_copies:
-                n = len(op.src)
-                sync_s += one if n == 1 else swap_time(n * bs)
+                for _ in op.src:
+                    sync_s += one
         for op in out.swap_out + out.swap_in:
             secs = self.cost.swap_time(op.num_blocks * bs)
             if op.sync:

@@ -114,7 +114,14 @@ def _parse_line(p: Path, lineno: int, line: str) -> Row:
         )
     prompt = _count(where, "input_length", obj["input_length"], minimum=1)
     output = _count(where, "output_length", obj["output_length"], minimum=0)
-    return stamp * _MS, prompt, output, _hash_ids(where, obj["hash_ids"])
+    hashes = _hash_ids(where, obj["hash_ids"])
+    blocks = -(-prompt // MOONCAKE_BLOCK_TOKENS)
+    if hashes and len(hashes) != blocks:  # (none at all: a request without prefix data)
+        raise ConfigError(
+            f"{where}: field hash_ids: {len(hashes)} ids for a prompt of {prompt} tokens, "
+            f"which takes {blocks} blocks of {MOONCAKE_BLOCK_TOKENS}"
+        )
+    return stamp * _MS, prompt, output, hashes
 
 
 def _count(where: str, field: str, value: Any, minimum: int) -> int:

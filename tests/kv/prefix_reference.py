@@ -14,7 +14,8 @@ from collections.abc import Callable, Hashable
 from fsd.jobs import KVLocation
 from fsd.kv.block_manager import BlockManager, HasBlocks
 from fsd.kv.pool import BlockPool
-from fsd.kv.prefix import ROOT, HasPrefix, _nowhere, counters
+from fsd.kv.prefix import ROOT
+from fsd.kv.prefix_types import HasPrefix, counters, nowhere
 from fsd.kv.swap import SwapOp
 from fsd.protocol_telemetry import PrefixInfo
 
@@ -34,14 +35,15 @@ class ReferencePrefixCache:
         self.on_device: dict[int, int] = {}  # uid -> device block
         self.on_host: dict[int, int] = {}  # uid -> host block
         # where the cache's copies go (the scheduler points it at its output)
-        self.sink: Callable[[SwapOp], None] = _nowhere
+        self.sink: Callable[[SwapOp], None] = nowhere
         # whether copying n host blocks beats recomputing them after `start` tokens
         self.worth_copy: Callable[[int, int], bool] = lambda n, start: True
         self.queries = self.hits = self.host_hits = 0
         self.lookups = self.lookup_hits = 0  # never undone (PrefixInfo)
         self._attached: dict[str, tuple[int, int]] = {}  # job -> (hit, host hit) to undo
-        device.on_evict = self._demote
-        host.on_evict = self._drop_host
+        self._held: dict[str, tuple[int, list[tuple[int, int, bool]]]] = {}  # for complete
+        device.on_evict = lambda evicted: [self._demote(b, uid) for b, uid in evicted]
+        host.on_evict = lambda evicted: [self._drop_host(b, uid) for b, uid in evicted]
 
     # ---- names -----------------------------------------------------------------
 
@@ -93,11 +95,8 @@ class ReferencePrefixCache:
         found = self._lookup(job)
         return min(len(found) * self.block_size, max(job.num_tokens - 1, 0))
 
-    def attach(self, job: HasPrefix) -> int:
-        """Give a job without KV the cached blocks of its prefix; returns the tokens
-        reused (its `num_computed_tokens`). Host blocks come back by copy."""
-        if not self.enabled or job.block_table or job.num_computed_tokens:
-            return 0
+    def _decide(self, job: HasPrefix) -> tuple[list[tuple[int, int, bool]], int, int, bool]:
+        """(found, first host block, tokens reused, copy on write now) as attach decides."""
         found = self._lookup(job)
         bs = self.block_size
         for i, (_, _, on_device) in enumerate(found):
@@ -105,37 +104,50 @@ class ReferencePrefixCache:
                 if not self.worth_copy(sum(1 for f in found[i:] if not f[2]), i * bs):
                     del found[i:]
                 break
+        first = next((i for i, f in enumerate(found) if not f[2]), len(found))
+        computed, cow = len(found) * bs, False
+        if found and computed >= job.num_tokens:
+            if first < len(found):
+                computed = job.num_tokens - 1
+            else:
+                idle = sum(1 for _, b, _ in found if self.device.refs(b) == 0)
+                cow = self.device.num_free - idle > 0
+                computed = job.num_tokens - 1 if cow else (len(found) - 1) * bs
+        return found, first, computed, cow
+
+    def plan(self, job: HasPrefix) -> tuple[int, int]:
+        if not self.enabled or job.block_table or job.num_computed_tokens:
+            return job.num_computed_tokens, len(job.block_table)
+        found, first, computed, cow = self._decide(job)
+        whole = found and len(found) * self.block_size >= job.num_tokens
+        if first < len(found):
+            return computed, first
+        return computed, len(found) - (1 if whole and not cow else 0)
+
+    def attach(self, job: HasPrefix) -> int:
+        """Give a job without KV the cached blocks of its prefix; returns the tokens
+        reused. The run from the first host block is held for `complete`."""
+        if not self.enabled or job.block_table or job.num_computed_tokens:
+            return 0
+        found, first, computed, cow = self._decide(job)
         device, host = self.device, self.host
-        for _, block, on_device in found:  # pin every block found while copies evict
+        for _, block, on_device in found:  # pin every block found
             (device if on_device else host).ref(block)
-        table: list[int] = []
-        for uid, block, on_device in found:
-            if not on_device:
-                if not device.num_free:
-                    break
-                dst = device.take(1)[0]
-                self.sink(SwapOp(None, "in", [block], [dst], True))
-                self._name(device, self.on_device, dst, uid)
-                block = dst
-            table.append(block)
-        for _, block, on_device in found:
-            if not on_device:
-                host.give((block,))
-        device.give(b for _, b, on_dev in found[len(table) :] if on_dev)
-        computed = len(table) * bs
-        if table and computed >= job.num_tokens:  # copy on write: the last token is computed
+        table = [b for _, b, _ in found[:first]]
+        if first < len(found):
+            self._held[job.job_id] = (first, found[first:])
+        elif found and len(found) * self.block_size >= job.num_tokens:
             last = table.pop()
-            computed = len(table) * bs
-            if device.num_free:
+            if cow:
                 dst = device.take(1)[0]
                 self.sink(SwapOp(None, "copy", [last], [dst], True))
                 table.append(dst)
-                computed = job.num_tokens - 1
             device.give((last,))
         job.block_table[:] = table
-        job.prefix_uids[:] = [uid for uid, _, _ in found[: len(table)]]
+        kept = len(found) if first < len(found) else len(table)
+        job.prefix_uids[:] = [uid for uid, _, _ in found[:kept]]
         job.num_computed_tokens = computed
-        host_hit = bs * sum(1 for f in found[: len(table)] if not f[2])
+        host_hit = self.block_size * sum(1 for f in found if not f[2])
         self.queries += job.num_tokens
         self.hits += computed
         self.host_hits += host_hit
@@ -146,9 +158,29 @@ class ReferencePrefixCache:
             job.num_cached_tokens = min(computed, job.num_prompt_tokens)  # its first prefill
         return computed
 
+    def complete(self, job: HasPrefix) -> None:
+        """The held run comes back into the job's new blocks, each named there."""
+        first, held = self._held.pop(job.job_id, (0, []))
+        whole = (first + len(held)) * self.block_size >= job.num_tokens
+        for k, (uid, src, on_device) in enumerate(held):
+            dst = job.block_table[first + k]
+            self.sink(SwapOp(None, "copy" if on_device else "in", [src], [dst], True))
+            if k < len(held) - 1 or not whole:
+                self._name(self.device, self.on_device, dst, uid)
+        self._give_held(held)
+
+    def _give_held(self, held: list[tuple[int, int, bool]]) -> None:
+        for _, block, on_device in reversed(held):
+            if on_device:
+                self.device.give((block,))
+        for _, block, on_device in reversed(held):
+            if not on_device:
+                self.host.give((block,))
+
     def detach(self, job: HasPrefix) -> None:
         """Undo `attach` for a job that did not run after all (counters included)."""
         self.device.give(reversed(job.block_table))
+        self._give_held(self._held.pop(job.job_id, (0, []))[1])
         job.block_table.clear()
         job.num_computed_tokens = 0
         hit, host_hit = self._attached.pop(job.job_id, (0, 0))
@@ -234,6 +266,7 @@ class ReferenceBlockManager(BlockManager):
             job.block_table.extend(self.device.take(missing))
         self._owners[job.job_id] = job
         if job.kv is KVLocation.NONE:
+            self.prefix.complete(job)  # type: ignore[attr-defined]
             self._place(job, KVLocation.DEVICE)
 
     def _mirror(

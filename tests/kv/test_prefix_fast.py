@@ -35,7 +35,10 @@ class Side:
     def __init__(self, bm: BlockManager) -> None:
         self.bm = bm
         self.copies: list[tuple[str, list[int], list[int]]] = []
-        bm.prefix.sink = lambda op: self.copies.append((op.direction, op.src, op.dst))
+        # block by block: the fast cache moves a take's evictions down in one copy
+        bm.prefix.sink = lambda op: self.copies.extend(
+            (op.direction, [s], [d]) for s, d in zip(op.src, op.dst, strict=True)
+        )
         # a copy back from the host pays only when it is short or starts late (both
         # answers happen): the same rule on both sides
         bm.prefix.worth_copy = lambda n, start: n <= 2 or start >= 4
@@ -115,11 +118,13 @@ def apply(side: Side, op: str, k: int, arg: list[int], flag: bool, bs: int, sim:
         return bm.prefix.peek(j)
     if op == "try" and waiting:  # the batch walk: attach, and run it or give it back
         j = waiting[k % len(waiting)]
+        planned = bm.prefix.plan(j)
         got = bm.attach(j)
-        if flag and bm.missing(j) <= bm.device.num_free:
-            run(bm, j)
+        assert planned == (got, len(j.block_table))  # what attach gave, said before
+        if (flag or k % 2) and bm.missing(j) <= bm.device.num_free:
+            run(bm, j)  # its held run comes back: copies
             return got, True
-        bm.detach(j)
+        bm.detach(j)  # nothing copied
         return got, False
     if op == "peek" and waiting:
         return bm.prefix.peek(waiting[k % len(waiting)])
@@ -209,10 +214,10 @@ def test_the_fast_cache_decides_exactly_as_the_plain_one(first):
     assert min(done.values()) > 100, done
 
 
-def test_device_blocks_past_a_copy_without_room_go_back_in_order():
+def test_a_job_given_back_copied_nothing_and_its_held_run_goes_back_tail_first():
     # r's prefix: u1 on the device, u2 only on the host, u3 and u4 on the device and
-    # idle; every other device block is held, so u2's copy finds no room and u3, u4
-    # go back to the LRU (the order they were found in)
+    # idle. Attached, r holds the run from u2 on for its first growth; given back
+    # (it did not run), nothing was copied and u4, u3 are the newest in the LRU
     sides = [Side(BlockManager(6, 1, 4)), Side(ReferenceBlockManager(6, 1, 4))]
     for side in sides:
         bm = side.bm
@@ -225,10 +230,37 @@ def test_device_blocks_past_a_copy_without_room_go_back_in_order():
         run(bm, Job([7, 8, 9], SP, job_id="f"))  # evicts q's u2 block: to the host
         r = Job([1, 2, 3, 4, 5], SP, job_id="r")
         side.jobs.append(r)
-        assert bm.attach(r) == 1 and not any(d == "in" for d, _, _ in side.copies)
+        before = list(side.copies)
+        assert bm.prefix.plan(r) == (4, 1)  # four tokens reused, one block held now
+        assert bm.attach(r) == 4 and len(r.block_table) == 1
         bm.detach(r)
+        assert side.copies == before
     assert sides[0].state() == sides[1].state()
-    assert sides[0].bm.device.idle_ids()[:2] == [4, 5]  # p's u3, u4 blocks
+    assert sides[0].bm.device.idle_ids()[-2:] == [5, 4]  # p's u4, u3 blocks
+
+
+def test_a_held_run_comes_back_into_the_blocks_of_the_first_growth():
+    sides = [Side(BlockManager(6, 1, 4)), Side(ReferenceBlockManager(6, 1, 4))]
+    for side in sides:
+        bm = side.bm
+        bm.prefix.worth_copy = lambda n, start: True
+        q = Job([1, 2, 3], SP, job_id="q")
+        run(bm, q)
+        bm.release(q)
+        f = Job([7, 8, 9, 6, 5, 4], SP, job_id="f")
+        run(bm, f)  # every device block: q's go to the host
+        bm.release(f)
+        r = Job([1, 2, 3, 4], SP, job_id="r")
+        side.jobs.append(r)
+        before = len(side.copies)
+        assert bm.attach(r) == 3 and r.block_table == []
+        assert len(side.copies) == before  # nothing yet
+        bm.append(r)  # its first growth (f's blocks evicted): the held blocks come back
+        made = side.copies[before:]
+        assert [d for d, _, _ in made] == ["out"] * (len(made) - 3) + ["in"] * 3
+        assert [dst[0] for _, _, dst in made[-3:]] == r.block_table[:3]
+        bm.check()
+    assert sides[0].state() == sides[1].state()
 
 
 def test_a_waiting_job_finds_a_prefix_renamed_after_its_last_lookup():

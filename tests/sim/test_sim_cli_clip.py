@@ -22,7 +22,12 @@ def run(*args: str):
 def jsonl(tmp_path: Path, lengths: list[tuple[int, int]]) -> Path:
     path = tmp_path / "trace.jsonl"
     rows = [
-        {"timestamp": 400 * i, "input_length": n, "output_length": m, "hash_ids": [i]}
+        {
+            "timestamp": 400 * i,
+            "input_length": n,
+            "output_length": m,
+            "hash_ids": [1000 * i + b for b in range(-(-n // 512))],  # a 512-token block each
+        }
         for i, (n, m) in enumerate(lengths)
     ]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -41,7 +46,7 @@ def test_clipped_requests_are_counted_on_stderr_and_in_the_json(tmp_path):
     work = json.loads(out.read_text())["workload"]
     assert work["clipped"] == 2 and work["max_context"] == 2048
     assert work["requests"] == 5 and work["format"] == "mooncake"  # read by its suffix
-    assert work["prefix_blocks"] == 3  # the 2 clipped prompts lost their blocks
+    assert work["prefix_blocks"] == 1 + 4 + 4  # the 2 clipped prompts lost their blocks
 
 
 def test_no_clip_refuses_with_the_count_and_the_context(tmp_path):

@@ -12,7 +12,9 @@ from fsd.errors import ConfigError
 from fsd.workload import Request, Workload, read_mooncake
 from fsd.workload.trace import TraceRef
 
-SHIPPED = Path(__file__).resolve().parents[2] / "scenarios" / "traces" / "mooncake-conversation.jsonl"
+SHIPPED = (
+    Path(__file__).resolve().parents[2] / "scenarios" / "traces" / "mooncake-conversation.jsonl"
+)
 
 
 def line(t: object = 0, n: object = 600, m: object = 10, h: object = None, **extra) -> str:
@@ -65,10 +67,10 @@ def test_limit_keeps_the_first_requests(tmp_path):
 
 
 def test_unsorted_lines_are_sorted_with_their_hashes_and_blank_lines_skipped(tmp_path):
-    text = "\n".join([line(2000, 5, 1, [9]), "", "   ", line(1000, 6, 2, [8]), line(1000, 7, 3)])
+    text = "\n".join([line(2000, 5, 1, [9]), "", "   ", line(1000, 6, 2, [8]), line(1000, 7, 3, [0])])
     w = read_mooncake(write(tmp_path, text))
     assert [(r.arrival, r.prompt_len) for r in w] == [(0.0, 6), (0.0, 7), (1.0, 5)]
-    assert w.prefix_hashes == ((8,), (0, 1), (9,))  # equal times keep file order
+    assert w.prefix_hashes == ((8,), (0,), (9,))  # equal times keep file order
 
 
 def test_inline_trace_ref_and_extra_keys(tmp_path):
@@ -102,6 +104,15 @@ def test_inline_trace_ref_and_extra_keys(tmp_path):
         (line(h=[0, "a"]), r"t\.jsonl:2: field hash_ids: item 1 \('a'\) is not an integer"),
         (line(h=[0, False]), r"t\.jsonl:2: field hash_ids: item 1 \(False\)"),
         (line(h=[1.5]), r"t\.jsonl:2: field hash_ids: item 0 \(1\.5\)"),
+        # hashes that do not match the prompt's 512-token blocks: named, not simulated
+        (
+            line(n=2000, h=[1, 2]),
+            r"t\.jsonl:2: field hash_ids: 2 ids for a prompt of 2000 tokens, which takes 4 blocks",
+        ),
+        (
+            line(n=512, h=[1, 2]),
+            r"t\.jsonl:2: field hash_ids: 2 ids for a prompt of 512 tokens, which takes 1 ",
+        ),
     ],
 )
 def test_malformed_lines_name_file_line_and_field(tmp_path, body, message):
