@@ -67,7 +67,9 @@ def test_limit_keeps_the_first_requests(tmp_path):
 
 
 def test_unsorted_lines_are_sorted_with_their_hashes_and_blank_lines_skipped(tmp_path):
-    text = "\n".join([line(2000, 5, 1, [9]), "", "   ", line(1000, 6, 2, [8]), line(1000, 7, 3, [0])])
+    text = "\n".join(
+        [line(2000, 5, 1, [9]), "", "   ", line(1000, 6, 2, [8]), line(1000, 7, 3, [0])]
+    )
     w = read_mooncake(write(tmp_path, text))
     assert [(r.arrival, r.prompt_len) for r in w] == [(0.0, 6), (0.0, 7), (1.0, 5)]
     assert w.prefix_hashes == ((8,), (0,), (9,))  # equal times keep file order
