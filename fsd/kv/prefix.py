@@ -327,13 +327,7 @@ class PrefixCache:
         """Device blocks evicted (block, uid): each one's content moves to the host
         unless there already, in one copy."""
         on_device, on_host, host, ev = self.on_device, self.on_host, self.host, self.events
-        free, idle, h_cached, keys, names = (
-            host._free,
-            host._idle,
-            host.cached,
-            self._key,
-            self._uid,
-        )
+        free, idle, h_cached = host._free, host._idle, host.cached
         src: list[int] = []
         dst: list[int] = []
         for block, uid in evicted:
@@ -351,14 +345,7 @@ class PrefixCache:
             else:  # its eviction: `_drop_host`, inlined
                 to = idle.popitem(last=False)[0]
                 host.evictions += 1
-                gone = h_cached.pop(to)
-                del on_host[gone]
-                if ev is not None:
-                    ev.removed(gone, HOST)
-                if gone not in on_device:  # no tier holds it: forgotten
-                    key = keys.pop(gone, None)
-                    if key is not None:
-                        del names[key]
+                self._drop_one(h_cached.pop(to))
             src.append(block)
             dst.append(to)
             on_host[uid] = to
@@ -371,17 +358,17 @@ class PrefixCache:
 
     def _drop_host(self, evicted: list[tuple[int, int]]) -> None:
         """Host blocks evicted: their contents are gone (forgotten unless on the device)."""
-        on_host, on_device, keys, names, ev = (
-            self.on_host, self.on_device, self._key, self._uid, self.events
-        )  # fmt: skip
         for _, uid in evicted:
-            on_host.pop(uid, None)
-            if ev is not None:
-                ev.removed(uid, HOST)
-            if uid not in on_device:  # no tier holds it: forgotten
-                key = keys.pop(uid, None)
-                if key is not None:
-                    del names[key]
+            self._drop_one(uid)
+
+    def _drop_one(self, uid: int) -> None:
+        self.on_host.pop(uid, None)
+        if self.events is not None:
+            self.events.removed(uid, HOST)
+        if uid not in self.on_device:  # no tier holds it: forgotten
+            key = self._key.pop(uid, None)
+            if key is not None:
+                del self._uid[key]
 
     def clear(self) -> None:
         """Forget every cached block (idle ones become free; referenced ones stay)."""

@@ -221,10 +221,9 @@ class BatchWalk:
         """Evict lower jobs for `need` free device blocks (`dry`: only whether it could)."""
         ctx = self.ctx
         key = first_for(job, ctx.queue.key) if job.job_id in self.lead_ids else ctx.queue.key
-        ev, policy, ids = ctx.evictor, ctx.kv_policy, self.batch_ids
-        if dry:
-            return ev.could_make_room(job, need, policy, key, ids, self.out)
-        return ev.make_room(job, need, policy, key, ids, self.evicted, self.out)
+        return ctx.evictor.make_room(
+            job, need, ctx.kv_policy, key, self.batch_ids, self.evicted, self.out, dry
+        )
 
     def _take(self, job: Job, step: int, new_tokens: int, num_tokens: int) -> None:
         if step > 1:

@@ -37,14 +37,15 @@ class Evictor:
         protected: set[str],
         evicted: set[str],
         out: SchedulerOutput,
+        dry: bool = False,
     ) -> bool:
         """Evict lower jobs until `need` device blocks are free; False (nothing evicted)
-        if they cannot be."""
+        if they cannot be (`dry`: only whether they could, nothing evicted)."""
         if need <= self.blocks.num_free:
             return True
         plan = self._plan(job, need, policy, key, protected, out)
-        if plan is None:
-            return False
+        if plan is None or dry:
+            return plan is not None
         for victim, swap in plan:
             evicted.add(victim.job_id)
             if swap:
@@ -52,20 +53,6 @@ class Evictor:
             else:
                 self._drop(victim, out)
         return need <= self.blocks.num_free
-
-    def could_make_room(
-        self,
-        job: Job,
-        need: int,
-        policy: KVPolicy,
-        key: Callable[[Job], tuple],
-        protected: set[str],
-        out: SchedulerOutput,
-    ) -> bool:
-        """Whether `make_room` could free `need` device blocks now (nothing is evicted)."""
-        return need <= self.blocks.num_free or (
-            self._plan(job, need, policy, key, protected, out) is not None
-        )
 
     def _plan(
         self,
