@@ -293,13 +293,14 @@ class PrefixCache:
         cached, keys, known, ev = pool.cached, self._key, len(uids), self.events
         tier = DEVICE if on_device else HOST
         stop = min(known, full)  # a new table (a move ended): the names known, on it
-        if start < stop:
-            for uid, block in zip(uids[start:stop], table[start:stop], strict=True):
-                if uid not in where and block not in cached and uid in keys:  # name it
-                    where[uid] = block
-                    cached[block] = uid
-                    if ev is not None:
-                        ev.stored(uid, tier)
+        if start < stop:  # (uids and blocks are distinct: each pair is decided alone)
+            pairs = zip(uids[start:stop], table[start:stop], strict=True)
+            new = [(u, b) for u, b in pairs if u not in where and b not in cached and u in keys]
+            where.update(new)
+            cached.update((b, u) for u, b in new)
+            if ev is not None:
+                for uid, _ in new:
+                    ev.stored(uid, tier)
         if known >= full:
             return
         parent, names, count = uids[-1] if uids else ROOT, self._uid, self._next

@@ -112,8 +112,7 @@ class BatchWalk:
         self._skip_at = skip_threshold(room, self.blocks.block_size)
 
     def _join_decodes(self) -> None:
-        """Decodes first: the walk ended (prompts past the budget) before reaching some
-        ready decodes; they join in priority order (at most a device's worth to sort)."""
+        """Ready decodes the walk did not reach join, in priority order (decodes first)."""
         ready = list(self._ready_decodes(self.batch_ids))
         for job in sorted(ready, key=self.ctx.queue.key):
             if self.taken >= self.limit or not self.budget:
@@ -159,12 +158,13 @@ class BatchWalk:
         job_id = job.job_id
         if job_id in self.blocks.moving or job_id in self.evicted or job_id in self.batch_ids:
             return True
+        if cached and self.chunk and num_tokens > self._chunk_room() < self.min_chunk:
+            cached = False  # the prompt budget is spent: only a prompt cached whole could run
         computed, held = self.blocks.prefix.plan(job) if cached else (job.num_computed_tokens, None)
         new_tokens = num_tokens - computed
         step = self._chunk_of(new_tokens) if self.chunk and new_tokens > 1 else new_tokens
-        # More than one iteration allows (a job whose KV was dropped re-prefills every
-        # token it has; a prompt queued before max_batch_tokens was lowered): it runs
-        # alone rather than never.
+        # more than one iteration allows (its KV dropped, it re-prefills every token; or
+        # queued before max_batch_tokens was lowered): it runs alone rather than never
         if step > self.budget and (self.taken or step <= self.budget_all) or not step:
             self._too_big += 1  # the budget is spent once LOOK_AHEAD batches of them are
             return self._too_big <= LOOK_AHEAD * self.limit
@@ -177,11 +177,14 @@ class BatchWalk:
         return True
 
     def _chunk_of(self, new_tokens: int) -> int:
-        """The prefill (chunk) a job takes now (0: none): what the iteration's prompt
-        budget and token budget leave after the decodes that can still join."""
-        reserve = min(self.decodes_left, self.limit - self.taken - 1)
-        step = min(new_tokens, self.prefill_left, self.budget - max(reserve, 0))
+        """The prefill (chunk) a job takes now (0: none)."""
+        step = min(new_tokens, self._chunk_room())
         return step if step >= new_tokens or step >= self.min_chunk else 0
+
+    def _chunk_room(self) -> int:
+        """Prompt tokens the iteration may still carry: the budgets less the decodes to come."""
+        reserve = min(self.decodes_left, self.limit - self.taken - 1)
+        return min(self.prefill_left, self.budget - max(reserve, 0))
 
     def _bring_in(self, job: Job) -> bool:
         """A host job's KV comes back now (synchronously), or later by the policy's plan."""
@@ -189,8 +192,7 @@ class BatchWalk:
             self.wanted.append(job)
             self.wanted_full = len(self.wanted) >= WANTED_BATCHES * self.limit
             return False
-        # defer and recompute hold host jobs only after a live retune from a swapping
-        # policy, and must bring them back
+        # defer and recompute hold host jobs only after a retune from a swapping policy
         if not self._make_room(job, len(job.host_block_table)):
             return False
         self.out.record(self.blocks.swap_in(job, sync=True))

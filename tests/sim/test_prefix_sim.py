@@ -84,3 +84,29 @@ def test_mooncake_reuse_stays_under_the_unbounded_bound():
             k += 1
     m = simulate(w, True)
     assert 0 < m["prefix_hit_rate"] <= bound / total
+
+
+def test_the_cache_copies_a_prefix_back_only_for_a_job_that_runs(monkeypatch):
+    # a small device under overload: most waiting jobs are considered and passed over,
+    # each with a prefix cached on the host; only a job in the batch may have its
+    # blocks copied back (before, each one considered was, then given back)
+    from fsd.sched.scheduler import Scheduler
+
+    checked = {"in": 0, "iterations": 0}
+    schedule = Scheduler.schedule
+
+    def checking(self, now, *a, **k):
+        out = schedule(self, now, *a, **k)
+        ran = {b for job in out.batch for b in job.block_table}
+        for op in out.cache_copies:
+            if op.direction in ("in", "copy"):
+                assert set(op.dst) <= ran, "a block copied back for a job that does not run"
+                checked["in"] += len(op.dst)
+        checked["iterations"] += 1
+        return out
+
+    monkeypatch.setattr(Scheduler, "schedule", checking)
+    w = read_mooncake(MOONCAKE, 1.0, 200).clipped(16000)  # prompts of up to 16k tokens
+    m = simulate(w, True, num_gpu_blocks=3000, num_host_blocks=20000)
+    assert m["prefix_hit_rate_host"] > 0  # host blocks did come back
+    assert checked["in"] > 0 and checked["iterations"] > 100
