@@ -8,7 +8,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 
-from validation import choose_default, worst_case  # noqa: E402
+from judge import choose_default, worst_case  # noqa: E402
 
 
 def _run(avg: float, p95: float, tbt: float = 0.1, swaps: float = 0.0) -> dict:
@@ -35,8 +35,9 @@ RES = _res(
 
 def test_worst_case_names_the_worst_point_and_every_miss():
     w = worst_case(RES, "steady")
-    # the best non-oracle candidate at point 1 is "thrash" (4 / 9); srpt does not count
-    assert w["worst_avg_regret"] == (1.5, "w@1")
+    # at point 1 "thrash" (4 / 9) thrashes, so the bar there is sj-mlfq (5 / 10); at
+    # point 2 it does not (4 / 8); srpt never counts
+    assert w["worst_avg_regret"] == (1.25, "w@2")
     assert w["worst_p95_regret"] == (1.25, "w@2")  # 10 against 8 there
     assert w["misses"] == ["w@1 avg 1.20x sj-mlfq", "w@1 P95 1.10x best"]
     thrash = worst_case(RES, "thrash")
@@ -50,4 +51,49 @@ def test_the_default_is_the_smallest_worst_regret_among_those_that_never_thrash(
     # sj-mlfq makes 3 swaps per request at point 2
     assert best == "steady"
     assert set(qualifying) == {"steady", "late"}
-    assert qualifying["late"] == 2.25 > qualifying["steady"]
+    assert qualifying["late"] == 1.8 > qualifying["steady"] == 1.25
+
+
+def _past(**runs: dict) -> dict:
+    """One point past capacity (FCFS does not sustain it)."""
+    fcfs = {**_run(10, 20), "sustainable": False, "ttft": 30.0, "goodput": 0.2}
+    return _res({"4": {"fcfs": fcfs, "srpt": _run(1, 2), **runs}})
+
+
+def test_where_sj_mlfq_thrashes_the_bar_is_the_best_candidate_that_does_not():
+    res = _past(
+        **{
+            "sj-mlfq": {**_run(3, 8, tbt=1.4), "ttft": 20.0, "goodput": 0.5},  # round-robin
+            "fsd": {**_run(5, 9), "ttft": 40.0, "goodput": 0.4},
+            "calm": {**_run(4.5, 9), "ttft": 25.0, "goodput": 0.3},
+        }
+    )
+    w = worst_case(res, "fsd")
+    # sj-mlfq (TBT P99 14x FCFS's) is no bar: the reference is "calm", the best of the
+    # rest; fsd's first token (40 s against calm's 25) is within 2x, its goodput the best
+    assert w["worst_avg_regret"] == (5 / 4.5, "w@4")
+    assert w["misses"] == ["w@4 avg 1.11x calm"]
+
+
+def test_past_capacity_first_tokens_and_goodput_are_judged():
+    res = _past(
+        **{
+            "sj-mlfq": {**_run(5, 10), "ttft": 10.0, "goodput": 0.5},
+            "fsd": {**_run(5, 10), "ttft": 25.0, "goodput": 0.4},
+        }
+    )
+    assert worst_case(res, "fsd")["misses"] == [
+        "w@4 mean TTFT 2.50x best",
+        "w@4 goodput 0.80x best",
+    ]
+    assert worst_case(res, "sj-mlfq")["misses"] == []
+
+
+def test_a_first_token_under_a_second_is_on_time_whatever_the_ratio():
+    res = _past(
+        **{
+            "sj-mlfq": {**_run(5, 10), "ttft": 0.1, "goodput": 0.5},
+            "fsd": {**_run(5, 10), "ttft": 0.6, "goodput": 0.5},  # 6x, but within a second
+        }
+    )
+    assert worst_case(res, "fsd")["misses"] == []

@@ -1,6 +1,6 @@
 """Workloads built from parts: several services' streams merged into one (a
 multi-tenant API), a rate that changes by phase (a transient overload), and the
-bimodal outputs of a reasoning model.
+outputs of a reasoning model: bimodal, or long and heavy-tailed.
 
 Each is seeded and a pure function of its arguments, like `synthetic`.
 """
@@ -24,6 +24,13 @@ REASONING = Mixture(
     LengthModel("think", _PROMPT, Lognormal.from_median(3000, 0.9, high=32768), None),
     0.5,
     name="reasoning",
+)
+
+# A reasoning service whose every answer thinks at length: outputs not bimodal but
+# one heavy-tailed body (median 2,500 tokens, a tail to the cap), so no short class
+# exists for a scheduler to favour.
+LONG_REASONING = LengthModel(
+    "long-reasoning", _PROMPT, Lognormal.from_median(2500, 1.0, high=32768), None
 )
 
 
