@@ -228,9 +228,12 @@ class BlockManager:
     ) -> tuple[list[int], list[int], list[int]]:
         """The job's table on the other tier, and the (src, dst) blocks to copy."""
         cached = self._cached(job, table, to_device)
-        for b in cached:  # pinned first: the copies' blocks may evict idle ones
+        refs, idle = pool._refs, pool._idle
+        for b in cached:  # pinned first (`pool.ref`): the copies' blocks may evict idle ones
             if b is not None:
-                pool.ref(b)
+                if not refs[b]:
+                    del idle[b]
+                refs[b] += 1
         fresh = iter(_take(pool, cached.count(None)))
         mirror = [next(fresh) if b is None else b for b in cached]
         src = [s for s, b in zip(table, cached, strict=True) if b is None]
