@@ -79,9 +79,8 @@ class BatchWalk:
                 yield job  # type: ignore[misc]
 
     def run(self, candidates: Iterable[Job]) -> None:
-        """Walk `candidates` (priority order) until the batch is full or the walk ends.
-        A job without KV over the room (it only shrinks) and a host job once `wanted`
-        is full are passed over here, without a call, as `_consider` would pass them."""
+        """Walk `candidates` (priority order) until the batch is full or the walk ends. A job
+        without KV over the room and a host job once `wanted` is full are passed over here."""
         ctx, limit = self.ctx, self.limit
         leads = owner_leads(ctx.queue, ctx.newest.values(), self.leads, limit)  # walked first
         self.lead_ids = {job.job_id for job in leads}
@@ -158,11 +157,12 @@ class BatchWalk:
         job_id = job.job_id
         if job_id in self.blocks.moving or job_id in self.evicted or job_id in self.batch_ids:
             return True
-        if cached and self.chunk and num_tokens > self._chunk_room() < self.min_chunk:
+        room = self._chunk_room() if cached and self.chunk else None
+        if room is not None and num_tokens > room < self.min_chunk:
             cached = False  # the prompt budget is spent: only a prompt cached whole could run
         computed, held = self.blocks.prefix.plan(job) if cached else (job.num_computed_tokens, None)
         new_tokens = num_tokens - computed
-        step = self._chunk_of(new_tokens) if self.chunk and new_tokens > 1 else new_tokens
+        step = self._chunk_of(new_tokens, room) if self.chunk and new_tokens > 1 else new_tokens
         # more than one iteration allows (its KV dropped, it re-prefills every token; or
         # queued before max_batch_tokens was lowered): it runs alone rather than never
         if step > self.budget and (self.taken or step <= self.budget_all) or not step:
@@ -176,9 +176,9 @@ class BatchWalk:
                 self.decodes_left -= 1  # one of the decodes counted at the start
         return True
 
-    def _chunk_of(self, new_tokens: int) -> int:
-        """The prefill (chunk) a job takes now (0: none)."""
-        step = min(new_tokens, self._chunk_room())
+    def _chunk_of(self, new_tokens: int, room: int | None = None) -> int:
+        """The prefill (chunk) a job takes now (0: none); `room`: `_chunk_room()`."""
+        step = min(new_tokens, self._chunk_room() if room is None else room)
         return step if step >= new_tokens or step >= self.min_chunk else 0
 
     def _chunk_room(self) -> int:
