@@ -158,8 +158,8 @@ class BatchWalk:
         if job_id in self.blocks.moving or job_id in self.evicted or job_id in self.batch_ids:
             return True
         room = self._chunk_room() if cached and self.chunk else None
-        if room is not None and num_tokens > room < self.min_chunk:
-            cached = False  # the prompt budget is spent: only a prompt cached whole could run
+        # the prompt budget spent, only a prompt cached whole could run: no lookup
+        cached = cached and not (room is not None and num_tokens > room < self.min_chunk)
         computed, held = self.blocks.prefix.plan(job) if cached else (job.num_computed_tokens, None)
         new_tokens = num_tokens - computed
         step = self._chunk_of(new_tokens, room) if self.chunk and new_tokens > 1 else new_tokens
