@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Hashable
+from typing import Any
 
 from fsd.kv.pool import BlockPool
 from fsd.kv.prefix_events import DEVICE, HOST, BlockEvents
@@ -48,6 +49,16 @@ from fsd.kv.swap import SwapOp
 from fsd.protocol_telemetry import PrefixInfo
 
 ROOT = 0  # the parent of a sequence's first block
+
+
+def undo_counts(cache: Any, job: HasPrefix) -> None:
+    """What `attach` counted for a job that did not run after all, taken back."""
+    hit, host_hit = cache._attached.pop(job.job_id, (0, 0))
+    cache.queries -= job.num_tokens
+    cache.hits -= hit
+    cache.host_hits -= host_hit
+    if hit and job.num_cached_tokens == hit:
+        job.num_cached_tokens = 0
 
 
 class PrefixCache:
@@ -261,12 +272,7 @@ class PrefixCache:
         job.block_table.clear()
         job.table_epoch += 1
         job.num_computed_tokens = 0
-        hit, host_hit = self._attached.pop(job.job_id, (0, 0))
-        self.queries -= job.num_tokens
-        self.hits -= hit
-        self.host_hits -= host_hit
-        if hit and job.num_cached_tokens == hit:
-            job.num_cached_tokens = 0
+        undo_counts(self, job)
 
     def commit(
         self, job: HasPrefix, table: list[int], on_device: bool = True, moved: bool = False

@@ -55,14 +55,9 @@ class Evictor:
         return need <= self.blocks.num_free
 
     def _plan(
-        self,
-        job: Job,
-        need: int,
-        policy: KVPolicy,
-        key: Callable[[Job], tuple],
-        protected: set[str],
-        out: SchedulerOutput,
-    ) -> list[tuple[Job, bool]] | None:
+        self, job: Job, need: int, policy: KVPolicy, key: Callable[[Job], tuple],
+        protected: set[str], out: SchedulerOutput,
+    ) -> list[tuple[Job, bool]] | None:  # fmt: skip
         """The lower jobs to evict, lowest first, and whether each is swapped rather
         than dropped; None if they cannot free `need` blocks."""
         blocks = self.blocks

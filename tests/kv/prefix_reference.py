@@ -8,14 +8,13 @@ are these.
 
 from __future__ import annotations
 
-import itertools
-from collections.abc import Callable, Hashable
+from collections.abc import Hashable
 
 from fsd.jobs import KVLocation
 from fsd.kv.block_manager import BlockManager, HasBlocks
 from fsd.kv.pool import BlockPool
-from fsd.kv.prefix import ROOT
-from fsd.kv.prefix_types import HasPrefix, counters, nowhere
+from fsd.kv.prefix import ROOT, PrefixCache, undo_counts
+from fsd.kv.prefix_types import HasPrefix, counters
 from fsd.kv.swap import SwapOp
 from fsd.protocol_telemetry import PrefixInfo
 
@@ -25,22 +24,9 @@ class ReferencePrefixCache:
     lookup that walks every job's chain from the root."""
 
     def __init__(self, device: BlockPool, host: BlockPool, block_size: int) -> None:
-        self.device = device
-        self.host = host
-        self.block_size = block_size
-        self.enabled = True
-        self._uid: dict[tuple[int, Hashable], int] = {}
-        self._key: dict[int, tuple[int, Hashable]] = {}
-        self._next = itertools.count(ROOT + 1)
-        self.on_device: dict[int, int] = {}  # uid -> device block
-        self.on_host: dict[int, int] = {}  # uid -> host block
-        # where the cache's copies go (the scheduler points it at its output)
-        self.sink: Callable[[SwapOp], None] = nowhere
-        # whether copying n host blocks beats recomputing them after `start` tokens
-        self.worth_copy: Callable[[int, int], bool] = lambda n, start: True
-        self.queries = self.hits = self.host_hits = 0
-        self.lookups = self.lookup_hits = 0  # never undone (PrefixInfo)
-        self._attached: dict[str, tuple[int, int]] = {}  # job -> (hit, host hit) to undo
+        # the fast cache's state (names, tiers, counters, sink and copy rule); the plain
+        # methods below, and the pools' evictions handled one block at a time
+        PrefixCache.__init__(self, device, host, block_size)  # type: ignore[arg-type]
         self._held: dict[str, tuple[int, list[tuple[int, int, bool]]]] = {}  # for complete
         device.on_evict = lambda evicted: [self._demote(b, uid) for b, uid in evicted]
         host.on_evict = lambda evicted: [self._drop_host(b, uid) for b, uid in evicted]
@@ -183,19 +169,12 @@ class ReferencePrefixCache:
         self._give_held(self._held.pop(job.job_id, (0, []))[1])
         job.block_table.clear()
         job.num_computed_tokens = 0
-        hit, host_hit = self._attached.pop(job.job_id, (0, 0))
-        self.queries -= job.num_tokens
-        self.hits -= hit
-        self.host_hits -= host_hit
-        if hit and job.num_cached_tokens == hit:
-            job.num_cached_tokens = 0
+        undo_counts(self, job)  # (the counters are the same plain arithmetic)
 
     def commit(
         self, job: HasPrefix, table: list[int], on_device: bool = True, moved: bool = False
     ) -> None:
-        """Name the job's computed full blocks in `table`: those computed since the last
-        call, or all of them when the table is new (`moved`: a copy to the other tier
-        ended, which is when its blocks hold the content)."""
+        """PrefixCache.commit, one block at a time."""
         if not self.enabled:
             return
         if self._attached:  # it ran: what `attach` counted stays counted
@@ -235,14 +214,7 @@ class ReferencePrefixCache:
         self.on_host.pop(uid, None)
         self._forget(uid)
 
-    def clear(self) -> None:
-        """Forget every cached block (idle ones become free; referenced ones stay)."""
-        for pool, where in ((self.device, self.on_device), (self.host, self.on_host)):
-            for block in list(where.values()):
-                pool.unmark(block)
-            where.clear()
-        self._uid.clear()
-        self._key.clear()
+    clear = PrefixCache.clear  # (no per-block step to do plainly)
 
     def forget_job(self, job_id: str) -> None:
         """(Nothing remembered between lookups.)"""
