@@ -236,8 +236,9 @@ class PrefixCache:
 
     def complete(self, job: HasPrefix) -> None:
         """The job grew (its table holds a block for each reused one): the held run
-        comes back, each block copied into its place (a host block `in`, a device one
-        found past the first host block `copy`) and named there, then given back."""
+        comes back, each block copied into its place (host blocks in one `in`, device
+        ones found past the first host block in one `copy`) and named there, then given
+        back."""
         pending = self._pending.pop(job.job_id, None)
         if pending is None:
             return
@@ -247,14 +248,19 @@ class PrefixCache:
         named = len(blocks)  # the last block of a whole sequence: its last token writes it
         if (first + named) * self.block_size >= job.num_tokens:
             named -= 1
+        moves: dict[bool, tuple[list[int], list[int]]] = {False: ([], []), True: ([], [])}
         for k, (uid, src, dev) in enumerate(zip(uids, blocks, on_dev, strict=True)):
             dst = table[first + k]
-            sink(SwapOp(None, "copy" if dev else "in", [src], [dst], True))
+            moves[dev][0].append(src)
+            moves[dev][1].append(dst)
             if k < named and uid not in on_device and dst not in d_cached and uid in keys:
                 on_device[uid] = dst
                 d_cached[dst] = uid
                 if self.events is not None:
                     self.events.stored(uid, DEVICE)
+        for dev, (src_, dst_) in moves.items():  # one copy per direction (distinct blocks)
+            if src_:
+                sink(SwapOp(None, "copy" if dev else "in", src_, dst_, True))
         self._give_held(blocks, on_dev)
 
     def _give_held(self, blocks: list[int], on_dev: list[bool]) -> None:
