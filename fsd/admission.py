@@ -12,7 +12,8 @@ same words:
   trusts it (a replica behind the cluster face never tokenizes or checks it again);
 - `check_request`: the length rule, also called on its own where requests are only
   lengths (the simulator, a scenario checked before it runs, a burst);
-- `refuse_late`: under `refuse_late`, a job predicted to miss its SLO by that factor.
+- `refuse_late`: off by default, a job predicted to wait more than `refuse_wait`
+  seconds for its first token (with a retry hint), or to miss its SLO by `refuse_late`.
 
 A job that could never be scheduled would wait forever and hold its client; hence
 the checks on the model's context, one iteration and the device pool.
@@ -23,12 +24,13 @@ May import: fsd.errors and fsd.jobs only (no torch, no engine: the simulator use
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 from fsd.errors import ConfigError, FsdError, OverloadedError, PromptTooLongError
-from fsd.jobs import SamplingParams
+from fsd.jobs import Job, SamplingParams
 
 
 @dataclass(frozen=True)
@@ -184,14 +186,36 @@ def strictest(limits: Sequence[RequestLimits]) -> RequestLimits:
     )
 
 
-def refuse_late(per_token: float, queued: int, late: float | None, slo: float) -> None:
-    """Overload refusal (SchedConfig.refuse_late; None: off): raise OverloadedError when
-    a job just queued (`queued` jobs in all) is predicted to see `per_token` seconds
-    per output token, more than `late` SLOs."""
-    if late is None or per_token <= late * slo:
-        return
-    raise OverloadedError(
-        f"refused: {queued} jobs queued, and this one is predicted to see "
-        f"{per_token:.3g} s per output token, more than refuse_late = {late:g} x the "
-        f"SLO of {slo:.3g} s; try again later"
-    )
+class Predicts(Protocol):
+    """What the overload refusals read of a scheduler (fsd.sched.Scheduler)."""
+
+    config: Any  # its SchedConfig: refuse_wait and refuse_late
+
+    def __len__(self) -> int: ...
+    def predicted_wait(self, job: Job, now: float) -> float | None: ...
+    def predicted_latency(self, job: Job, now: float) -> float: ...
+
+
+def refuse_late(sched: Predicts, job: Job, now: float, slo: float) -> None:
+    """Overload refusal, off by default: raise OverloadedError for `job`, just queued
+    in `sched` at `now`, when it is predicted to wait more than `refuse_wait` seconds
+    for its first token (with a retry hint: the seconds it is over), or to see more
+    than `refuse_late` SLOs (`slo` seconds) per output token. The engine and the
+    simulator both call this, then take the job back."""
+    bound, late = sched.config.refuse_wait, sched.config.refuse_late
+    wait = None if bound is None else sched.predicted_wait(job, now)
+    if wait is not None and wait > bound:
+        retry = float(math.ceil(wait - bound))
+        raise OverloadedError(
+            f"overloaded: {len(sched)} jobs queued, and this one is predicted to wait "
+            f"{wait:.3g} s for its first token, more than refuse_wait = {bound:g} s; "
+            f"retry after {retry:g} s",
+            retry_after=retry,
+        )
+    per_token = 0.0 if late is None else sched.predicted_latency(job, now)
+    if late is not None and per_token > late * slo:
+        raise OverloadedError(
+            f"refused: {len(sched)} jobs queued, and this one is predicted to see "
+            f"{per_token:.3g} s per output token, more than refuse_late = {late:g} x the "
+            f"SLO of {slo:.3g} s; try again later"
+        )

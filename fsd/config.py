@@ -140,6 +140,10 @@ class SchedConfig:
     # refuse (error "overloaded") a request whose predicted per-token latency on arrival
     # exceeds this many SLOs (Scheduler.predicted_latency); None: never refuse (default)
     refuse_late: float | None = None
+    refuse_wait: float | None = doc(
+        None, "Refuse (error overloaded, with a retry hint) a request predicted to wait more "
+        "than this many seconds for its first token (unset: never, the default)."
+    )
     # chunked prefill: an iteration carries at most this many prompt tokens beside its
     # decodes; a longer prompt runs as chunks, each a preemption point (0: whole
     # prefills; None: the most whose prefill fits the per-token SLO, fsd.sched.chunking)
@@ -159,7 +163,7 @@ class SchedConfig:
         """Types, then ranges: every value a retune may set has a lower and an upper bound."""
         object.__setattr__(self, "policy_settings", setting_pairs(self.policy_settings))
         check_types(self)
-        for name in ("q1", "quantum_ratio", "refuse_late"):
+        for name in ("q1", "quantum_ratio", "refuse_late", "refuse_wait"):
             finite(name, getattr(self, name))
         if self.quanta is not None:
             object.__setattr__(self, "quanta", check_quanta(self.quanta))
@@ -184,6 +188,9 @@ class SchedConfig:
             raise ConfigError(
                 f"refuse_late must be in (0, {MAX_REFUSE_SLOS}] SLOs, got {self.refuse_late}"
             )
+        if self.refuse_wait is not None and self.refuse_wait <= 0:
+            raise ConfigError(f"refuse_wait must be > 0 seconds, got {self.refuse_wait}")
+        at_most("refuse_wait", self.refuse_wait, MAX_SECONDS, " seconds (one day)")
         int_range("max_batch_size", self.max_batch_size, 1, MAX_BATCH_SIZE)
         int_range("max_batch_tokens", self.max_batch_tokens, 1, MAX_BATCH_TOKENS)
         if self.prefill_chunk is not None:

@@ -58,9 +58,14 @@ class ForbiddenError(FsdError, PermissionError):
 
 
 class OverloadedError(FsdError):
-    """The daemon holds as many jobs as its limits allow."""
+    """The daemon holds as many jobs as its limits allow, or is too far behind to take
+    one more; `retry_after`: seconds after which a retry may be taken (None: no hint)."""
 
     code: ClassVar[str] = "overloaded"
+
+    def __init__(self, message: str, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
 
 
 def read_parsed(path: Path, what: str, fmt: str, parse: Callable[[str], Any], invalid: type) -> Any:

@@ -283,11 +283,13 @@ class Finished(_Msg, tag="finished"):
 
 
 class Error(_Msg, tag="error"):
-    """Something was refused; `code` is stable, `message` says why in plain words."""
+    """Something was refused; `code` is stable, `message` says why in plain words;
+    `retry_after`: seconds after which a retry may be taken (an overload refusal's)."""
 
     code: str
     message: str
     req_id: str | None = None
+    retry_after: float | None = None
 
 
 class JobList(_Msg, tag="job_list"):

@@ -31,8 +31,9 @@ CALLERS = {
         "fsd/server/loop/injector.py",  # a scenario, as a whole before it runs
         "fsd/sim/engine.py",  # the simulator's workload
     },
-    # a job just queued, predicted to miss its SLO (needs the engine's queue)
-    "refuse_late": {"fsd/engine/core.py"},
+    # a job just queued, predicted to wait or run too long (needs the scheduler's
+    # queue): the engine's and the simulator's arrivals
+    "refuse_late": {"fsd/engine/core.py", "fsd/sim/loop.py"},
 }
 
 REFUSALS = ("PromptTooLongError", "OverloadedError", "DrainingError")

@@ -248,7 +248,7 @@ class AsyncClient(ClientBase[zmq.asyncio.Context]):
         self._kick.set()
         reply = await fut
         if isinstance(reply, P.Error):
-            raise RequestError(reply.code, reply.message, reply.req_id)
+            raise RequestError.of(reply)
         return reply
 
     async def _send_submit(self, req_id: str, frame: bytes, sink: asyncio.Queue[Any]) -> None:

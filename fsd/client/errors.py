@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+from fsd import protocol as P
 from fsd.errors import FsdError
 
 
@@ -23,11 +24,19 @@ class RequestError(FsdError):
     `code`, a `ProtocolError`'s own, or "internal"), stable across versions.
     """
 
-    def __init__(self, code: str, message: str, req_id: str | None = None) -> None:
+    def __init__(
+        self, code: str, message: str, req_id: str | None = None, retry_after: float | None = None
+    ) -> None:
         super().__init__(f"{message} ({code})")
         self.code = code  # type: ignore[misc]  # the daemon's code for this refusal
         self.message = message
         self.req_id = req_id
+        self.retry_after = retry_after  # seconds to wait before retrying (an overload's hint)
+
+    @classmethod
+    def of(cls, reply: P.Error) -> RequestError:
+        """The error an `Error` reply stands for."""
+        return cls(reply.code, reply.message, reply.req_id, reply.retry_after)
 
 
 def unavailable(endpoint: str, timeout: float, curve: bool = False) -> DaemonUnavailable:

@@ -80,7 +80,7 @@ class JobState:
             self._tail(item)
             self.result = Completion.of(item, self.prompt_tokens)
         elif isinstance(item, P.Error):
-            self.error = RequestError(item.code, item.message, item.req_id)
+            self.error = RequestError.of(item)
         elif isinstance(item, BaseException):
             self.error = item
 

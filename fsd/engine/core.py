@@ -150,12 +150,11 @@ class Engine(EngineFailures):
         return job
 
     def _refuse_if_late(self, job: Job) -> None:
-        """With refuse_late set, take back a job just queued whose predicted per-token
-        latency misses the SLO by that factor, and say so (fsd.admission)."""
-        late, now, sched = self.config.sched.refuse_late, time.time(), self.scheduler
-        try:  # (the prediction walks the queue: made only with refuse_late set)
-            per_token = 0.0 if late is None else sched.predicted_latency(job, now)
-            refuse_late(per_token, len(sched), late, default_slo(self.cost))
+        """With refuse_wait or refuse_late set, take back a job just queued that is
+        predicted to wait or run too long, and say so (fsd.admission)."""
+        now = time.time()
+        try:
+            refuse_late(self.scheduler, job, now, default_slo(self.cost))
         except OverloadedError:
             self.scheduler.remove(job)
             self.refused_late += 1

@@ -1,6 +1,6 @@
-"""When each job runs next (ENST) under the latest decision, and what a queued job's
-per-token latency will be: the estimates the swapper, telemetry and the overload
-refusal read."""
+"""When each job runs next (ENST) under the latest decision, what a queued job's
+per-token latency will be, and how long a new one waits for its first token: the
+estimates the swapper, telemetry and the overload refusals read."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from collections.abc import Callable
 
 from fsd.cost import CostModel
 from fsd.jobs import Job
+from fsd.sched.first_tokens import FirstTokenWait
 from fsd.sched.queues import JobQueue
 from fsd.sched.room import predicted_latency
 
@@ -21,6 +22,12 @@ class Estimates:
         self.partial: dict[str, Job] = {}  # partly prefilled jobs (chunked prefill)
         self._for: tuple[float, int] = (0.0, 1)  # (now, batch size) of the decision
         self._built: Callable[[Job], float] | None = None
+        self.first_tokens = FirstTokenWait()  # the measured wait for a first token
+
+    def forget(self, job: Job) -> None:
+        """`job` left the scheduler."""
+        self.partial.pop(job.job_id, None)
+        self.first_tokens.left(job)
 
     def __getstate__(self) -> dict[str, object]:
         # picklable for the what-if twin (fsd.twin): the closure is rebuilt on use

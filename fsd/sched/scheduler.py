@@ -51,6 +51,7 @@ class Scheduler:
         self.cache = cache
         self.blocks = blocks
         self.cost = cost
+        self._stages = max(getattr(cost, "pipeline_stages", 1), 1)
         self._make_policy = make_policy
         self.queue, self.rules = make_policy(config, cost)
         # prompt tokens one iteration may carry (0: whole prefills)
@@ -81,6 +82,7 @@ class Scheduler:
         if not job.num_computed_tokens:  # skip-join places it by the prefill it will do
             job.prefix_hint = self.blocks.prefix.peek(job)
         self.queue.add(job, now)
+        self.estimates.first_tokens.arrived(job, now)
         # the reserve: blocks a new job takes, shared ones counted once (not its own)
         hint_blocks = job.prefix_hint // self.blocks.block_size
         self.arrivals.observe(self.blocks.blocks_for(job.num_tokens + 1) - hint_blocks)
@@ -89,7 +91,7 @@ class Scheduler:
         """Forget a finished or aborted job; its blocks return once no copy touches them."""
         if self._jobs.pop(job.job_id, None) is None:  # gone already: nothing to do
             return
-        self.estimates.partial.pop(job.job_id, None)
+        self.estimates.forget(job)
         if self.newest.get(job.owner) is job:
             del self.newest[job.owner]
         self.queue.remove(job)
@@ -153,7 +155,8 @@ class Scheduler:
         self.estimates.decided(now, self.config.max_batch_size)
         top = (self.cache.reserve_top_levels, self.config.max_batch_size)
         inputs = plan_inputs(
-            walk, self.queue, self.blocks, self.cost, self._enst, self._last_batch_cost,
+            walk, self.queue, self.blocks, self.cost, self.estimates.enst(self.queue),
+            self._last_batch_cost,
             self.rules.swap_gate, top,
         )  # fmt: skip
         for op in self.kv_policy.plan(inputs):
@@ -187,23 +190,22 @@ class Scheduler:
         slots = self.config.max_batch_size if self.rules.swap_gate else None
         return admission_room(self.blocks, self.cache.admit_fraction, slots)
 
-    @property
-    def _enst(self) -> Callable[[Job], float]:
-        return self.estimates.enst(self.queue)
-
     def predicted_latency(self, job: Job, now: float) -> float:
-        """Seconds per output token a queued job is predicted to see (the overload
-        refusal compares it with the SLO: fsd.admission)."""
+        """Seconds per output token a queued job is predicted to see (fsd.admission)."""
         return self.estimates.latency(self.queue, job, now, self.config.max_batch_size)
+
+    def predicted_wait(self, job: Job, now: float) -> float | None:
+        """Seconds a job just queued will wait for a first token (fsd.sched.first_tokens)."""
+        return self.estimates.first_tokens.predicted(job, now)
 
     def enst_of(self, job: Job) -> float:
         """The job's ENST under the latest scheduling decision (O(1))."""
-        return self._enst(job)
+        return self.estimates.enst(self.queue)(job)
 
     def refresh_enst(self) -> None:
         """Store every started job's ENST on it (for telemetry)."""
         for job in self._jobs.values():
-            job.enst = self._enst(job) if job.kv is not KVLocation.NONE else None
+            job.enst = self.enst_of(job) if job.kv is not KVLocation.NONE else None
 
     def stats(self, with_levels: bool = True) -> SchedulerStats:
         """The policy's figures; `with_levels` False leaves the levels' job lists out."""
@@ -214,13 +216,9 @@ class Scheduler:
         """The profile's time for the batch just formed, through every pipeline stage."""
         return self._last_batch_cost * self._stages
 
-    @property
-    def _stages(self) -> int:
-        return max(getattr(self.cost, "pipeline_stages", 1), 1)
-
     def observe_iteration(self, predicted_s: float, measured_s: float) -> None:
-        """An iteration the profile predicted at `predicted_s` took `measured_s`: service
-        is charged x the learned ratio from now on (fsd.cost.calibration)."""
+        """A predicted iteration took `measured_s`: service is charged x the learned ratio
+        from now on (fsd.cost.calibration)."""
         self.live_cost.observe(predicted_s, measured_s)
 
     def update(self, out: SchedulerOutput, now: float) -> None:
@@ -231,9 +229,11 @@ class Scheduler:
         finished = JobStatus.FINISHED
         scale = self.live_cost.scale
         commit, device = self.blocks.prefix.commit, KVLocation.DEVICE
+        started = self.estimates.first_tokens.ran
         for job in out.batch:
             if job.kv is device:  # name its newly computed blocks (a finished job's too)
                 commit(job, job.block_table)
+            started(job, now)
             if job.status is finished:
                 done.append(job)
             else:

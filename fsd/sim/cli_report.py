@@ -118,6 +118,13 @@ def print_table(rows: dict[str, dict[str, Any]], slo: float) -> None:
             str(m["peak_kv_blocks"]),
         )
     console().print(table)
+    refused = {name: m for name, m in rows.items() if m.get("refused")}
+    if refused:  # refuse_wait / refuse_late: the latencies above are the served requests'
+        parts = [f"{k} {m['refused']} ({m['refused_frac']:.1%})" for k, m in refused.items()]
+        console().print(
+            f"refused as overloaded: {', '.join(parts)}; latencies are of the requests "
+            "taken, goodput and SLO % count the refused as missed"
+        )
     if any(m.get("prefix_hit_rate") for m in rows.values()):
         print_prefix(rows)
     if any(m.get("replicas", 1) > 1 for m in rows.values()):

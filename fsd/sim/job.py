@@ -56,6 +56,7 @@ class SimJob(Job):
         self.gaps = array("d")  # seconds between consecutive tokens
         self.prefix_hashes = prefix_hashes  # a trace's chained prompt-block hashes
         self.hash_block = hash_block  # the prompt tokens each of them covers
+        self.refused = False  # turned away on arrival (refuse_wait, refuse_late)
 
     def _store_token(self, token: int, now: float) -> None:
         if self.output_count:

@@ -16,8 +16,9 @@ import heapq
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from fsd.admission import refuse_late
 from fsd.cost import CostModel
-from fsd.errors import FsdError
+from fsd.errors import FsdError, OverloadedError
 from fsd.jobs import KVLocation
 from fsd.kv.block_manager import BlockManager
 from fsd.kv.swap import SwapOp
@@ -25,6 +26,7 @@ from fsd.sched.decision import SchedulerOutput
 from fsd.sched.pipeline import InFlight
 from fsd.sched.room import NO_CONTEXT_LIMIT
 from fsd.sched.scheduler import Scheduler
+from fsd.sched.slo import default_slo
 from fsd.sim.job import SimJob
 from fsd.sim.metrics import Counters
 
@@ -238,11 +240,25 @@ class EventLoop:
             self.live -= _emit_tokens(mb.out, mb.exit)
             sched.update(mb.out, mb.exit)
         while self.i < self.n and jobs[self.i].arrival_time <= now:
-            sched.add(jobs[self.i], jobs[self.i].arrival_time)
+            job = jobs[self.i]
+            sched.add(job, job.arrival_time)
             self.i += 1
-            self.live += 1
+            self.live += self._kept(job)
         while copies and copies[0][0] <= now:
             sched.swap_done(heapq.heappop(copies)[2])
+
+    def _kept(self, job: SimJob) -> bool:
+        """Whether `job`, just queued, escapes the overload refusals (as the engine's)."""
+        config = self.sched.config
+        if config.refuse_wait is None and config.refuse_late is None:
+            return True
+        try:
+            refuse_late(self.sched, job, job.arrival_time, default_slo(self.cost))
+        except OverloadedError:
+            self.sched.remove(job)
+            job.refused = True
+            return False
+        return True
 
     def _start_copies(self, out: SchedulerOutput, now: float) -> float:
         """Queue the asynchronous copies on their links; returns the synchronous seconds."""

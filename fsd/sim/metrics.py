@@ -92,8 +92,9 @@ class Counters:
 def summarize(jobs: Sequence[SimJob], counters: Counters, slo: float) -> dict[str, float | int]:
     """The result row of one run: latency statistics, SLO goodput, swap and KV counters."""
     done = [j for j in jobs if j.finish_time is not None]
-    if len(done) != len(jobs):
-        raise AssertionError(f"{len(jobs) - len(done)} jobs did not finish")
+    refused = sum(j.refused for j in jobs)  # turned away on arrival: never finish
+    if lost := len(jobs) - len(done) - refused:
+        raise AssertionError(f"{lost} jobs did not finish")
     ptl = np.array([j.per_token_latency for j in done])
     e2e = np.array([j.latency for j in done])
     ttft = np.array([j.ttft for j in done])
@@ -103,9 +104,10 @@ def summarize(jobs: Sequence[SimJob], counters: Counters, slo: float) -> dict[st
     end = max((j.finish_time for j in done), default=0.0)  # type: ignore[type-var]
     makespan = max(end - start, 1e-12)
     met = int((ptl <= slo).sum()) if ptl.size else 0
-    tokens = sum(j.max_output for j in done)
-    n = len(done)
+    tokens, n = sum(j.max_output for j in done), len(done)
     kept = throughput(done)
+    preempted = sum(j.preemptions for j in done)
+    swaps_out, swaps_in = sum(j.swaps_out for j in done), sum(j.swaps_in for j in done)
     return {
         "requests": n,
         "avg": float(ptl.mean()) if n else float("nan"),
@@ -122,7 +124,9 @@ def summarize(jobs: Sequence[SimJob], counters: Counters, slo: float) -> dict[st
         "tbt_max": float(gaps.max()) if gaps.size else float("nan"),
         "latency_avg": float(e2e.mean()) if n else float("nan"),
         "slo": slo,
-        "slo_attainment": met / n if n else float("nan"),
+        "slo_attainment": met / len(jobs) if jobs else float("nan"),  # the refused missed
+        "refused": refused,
+        "refused_frac": refused / len(jobs) if jobs else 0.0,
         "goodput": met / makespan,
         "throughput_rps": n / makespan,
         "throughput_tps": tokens / makespan,
@@ -131,15 +135,22 @@ def summarize(jobs: Sequence[SimJob], counters: Counters, slo: float) -> dict[st
         "token_ratio": kept.token_ratio,
         "request_ratio": kept.request_ratio,
         "sustainable": kept.sustainable,
-        "preemptions": sum(j.preemptions for j in done),
-        "swaps": sum(j.swaps_out + j.swaps_in for j in done),
+        "preemptions": preempted,
+        "swaps": swaps_out + swaps_in,
         # per finished request: thrashing shows here whatever the run's length
-        "preemptions_per_request": sum(j.preemptions for j in done) / n if n else 0.0,
-        "swaps_per_request": sum(j.swaps_out + j.swaps_in for j in done) / n if n else 0.0,
-        "swaps_out": sum(j.swaps_out for j in done),
-        "swaps_in": sum(j.swaps_in for j in done),
+        "preemptions_per_request": preempted / max(n, 1),
+        "swaps_per_request": (swaps_out + swaps_in) / max(n, 1),
+        "swaps_out": swaps_out,
+        "swaps_in": swaps_in,
         "recomputes": sum(j.recomputes for j in done),
         "promotions": sum(j.promotions for j in done),
+        **_loop_figures(counters, makespan),
+    }
+
+
+def _loop_figures(counters: Counters, makespan: float) -> dict[str, float | int]:
+    """The event loop's own counters: KV peaks, iterations, batch, swap seconds."""
+    return {
         "peak_kv_blocks": counters.peak_device_blocks,
         "peak_host_blocks": counters.peak_host_blocks,
         "peak_jobs": counters.peak_jobs,

@@ -55,8 +55,9 @@ def job_row(job: SimJob) -> tuple:
 
 
 def write_jobs_csv(path: Path, jobs: Iterable[SimJob]) -> int:
-    """Write the jobs' records (arrival order) to `path`; returns the number of rows."""
-    rows: Sequence[tuple] = sorted((job_row(j) for j in jobs), key=lambda r: r[1])
+    """Write the served jobs' records (arrival order; a refused one has none) to `path`;
+    returns the number of rows."""
+    rows: Sequence[tuple] = sorted((job_row(j) for j in jobs if not j.refused), key=lambda r: r[1])
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w", newline="") as f:
         out = csv.writer(f)

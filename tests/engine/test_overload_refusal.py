@@ -72,3 +72,43 @@ def test_refuse_late_out_of_range_is_a_clear_error(value):
 
     with pytest.raises(ConfigError, match="refuse_late"):
         SchedConfig(refuse_late=value)
+
+
+def test_a_request_predicted_to_wait_too_long_for_its_first_token_is_refused_with_a_hint():
+    from fsd.sched.first_tokens import MIN_STARTS
+
+    # fcfs and a batch of one: a queued job waits for every one before it
+    llm = LLM("tiny", policy="fcfs", max_batch_size=1, refuse_wait=1e-6, num_gpu_blocks=256)
+    try:
+        engine = llm.engine
+        # nothing measured yet: no prediction, nothing refused
+        for i in range(MIN_STARTS):
+            engine.add_request(f"warm {i}", ONE)
+        while engine.has_unfinished():
+            engine.step()
+        # measured now: a job with none before it is taken, the next is predicted to
+        # wait for it, longer than the bound
+        first = engine.add_request("first", ONE)
+        with pytest.raises(OverloadedError) as err:
+            engine.add_request("second", ONE)
+        exc = err.value
+        assert exc.code == "overloaded" and "refuse_wait" in str(exc)
+        assert exc.retry_after is not None and exc.retry_after >= 1
+        assert f"retry after {exc.retry_after:g} s" in str(exc)
+        assert [j.job_id for j in engine.scheduler.jobs()] == [first.job_id]
+        assert engine.refused_late == 1
+        while engine.has_unfinished():
+            engine.step()
+        # drained: taken again
+        engine.add_request("third", ONE)
+    finally:
+        llm.close()
+
+
+@pytest.mark.parametrize("value", [0, -1.0, 1e6, float("nan"), float("inf")])
+def test_refuse_wait_out_of_range_is_a_clear_error(value):
+    from fsd.config import SchedConfig
+    from fsd.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="refuse_wait"):
+        SchedConfig(refuse_wait=value)

@@ -159,6 +159,19 @@ def test_jobs_csv_records_every_job_that_the_metrics_summarize(tmp_path):
     assert data["policies"]["sj-mlfq"]["swaps_per_request"] > 0
 
 
+def test_refuse_wait_reports_the_refused_and_records_only_the_served(tmp_path):
+    out, records = tmp_path / "sim.json", tmp_path / "jobs"
+    args = ["--arrival", "poisson", "--rate", "20", "--lengths", "decode-heavy"]
+    args += ["--limit", "300", "--max-batch-size", "8", "--policies", "fcfs"]
+    r = run(*args, "--refuse-wait", "5", "--jobs-csv", str(records), "--json", str(out))
+    assert r.exit_code == 0, r.output
+    row = json.loads(out.read_text())["policies"]["fcfs"]
+    assert 0 < row["refused"] < 300 and row["requests"] + row["refused"] == 300
+    assert f"refused as overloaded: fcfs {row['refused']} " in r.output
+    with open(records / "fcfs.csv", newline="") as f:
+        assert len(list(csv.DictReader(f))) == row["requests"]
+
+
 def test_jobs_csv_refuses_a_sweep_and_a_path_it_cannot_create(tmp_path):
     r = run("--limit", "20", "--sweep", "--jobs-csv", str(tmp_path / "j"))
     assert r.exit_code == 2 and "--jobs-csv records one run per policy" in r.stderr

@@ -94,3 +94,14 @@ def test_synthetic_and_scenario_workloads_are_fitted_too(tmp_path, extra):
     else:
         assert r.exit_code == 0, r.output
         assert "to the 1024-token context" in text(r)
+
+
+def test_prefix_blocks_larger_than_the_pool_name_the_request_before_any_run(tmp_path):
+    # request 2's prompt (its 4 hashed 512-token blocks) needs 113 blocks of 16 tokens
+    # with its output; the device pool holds 100: one line naming it, no slow run
+    trace = jsonl(tmp_path, [(100, 20), (1000, 10), (1800, 10)])
+    r = run("--trace", str(trace), "--num-gpu-blocks", "100", "--policies", "fsd,fcfs")
+    assert r.exit_code == 2
+    assert "request 2: prompt of 1800 tokens" in text(r) and "the device pool has 100" in text(r)
+    assert "simulating fsd: done" not in r.output + r.stderr
+    assert "Traceback" not in r.stderr

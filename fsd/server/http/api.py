@@ -135,7 +135,7 @@ async def _auth(request: web.Request, handler: Handler) -> web.StreamResponse:
 
 
 def _error_response(exc: APIError) -> web.Response:
-    return web.json_response(exc.body(), status=exc.status)
+    return web.json_response(exc.body(), status=exc.status, headers=exc.headers)
 
 
 async def _json(request: web.Request) -> Any:
@@ -243,7 +243,7 @@ def _engine_error(be: Backend, link: Link, exc: BaseException) -> APIError:
     """The HTTP form of a link's error: the daemon's refusal, or the link failed
     (503; the link is replaced, and only the requests on it fail)."""
     if isinstance(exc, RequestError) and not link_failed(exc):
-        return from_fsd_error(exc.code, exc.message)
+        return from_fsd_error(exc.code, exc.message, exc.retry_after)
     be.links.retire(link, exc)
     code = "engine_unavailable" if isinstance(exc, DaemonUnavailable) else "engine_link_failed"
     return APIError(503, f"{exc} (the engine link failed; retry)", "service_unavailable", None, code)

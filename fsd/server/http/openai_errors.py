@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 
@@ -15,6 +16,7 @@ class APIError(Exception):
         type: str = "invalid_request_error",  # noqa: A002 - OpenAI's field name
         param: str | None = None,
         code: str | None = None,
+        retry_after: float | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
@@ -22,6 +24,8 @@ class APIError(Exception):
         self.type = type
         self.param = param
         self.code = code
+        # an overload refusal's hint, sent as the Retry-After header (whole seconds)
+        self.headers = {} if retry_after is None else {"Retry-After": f"{math.ceil(retry_after)}"}
 
     def body(self) -> dict[str, Any]:
         return {
@@ -71,10 +75,10 @@ _FSD_CODES: dict[str, tuple[int, str, str | None]] = {
 }
 
 
-def from_fsd_error(code: str, message: str) -> APIError:
+def from_fsd_error(code: str, message: str, retry_after: float | None = None) -> APIError:
     """The HTTP form of a daemon refusal (`fsd.client.RequestError`)."""
     status, kind, oa_code = _FSD_CODES.get(code, (500, "internal_error", None))
-    return APIError(status, message, kind, None, oa_code or code)
+    return APIError(status, message, kind, None, oa_code or code, retry_after)
 
 
 def job_failed(message: str | None) -> APIError:

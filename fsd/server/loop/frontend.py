@@ -255,4 +255,5 @@ class Frontend:
             code, text = "internal", f"{type(exc).__name__}: {exc}"
         if len(text) > _MAX_ERROR_CHARS:
             text = text[:_MAX_ERROR_CHARS] + "..."
-        self.send(ident, P.Error(code=code, message=text, req_id=req_id))
+        retry = getattr(exc, "retry_after", None)
+        self.send(ident, P.Error(code=code, message=text, req_id=req_id, retry_after=retry))
