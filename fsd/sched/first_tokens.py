@@ -4,7 +4,8 @@ Design. Past capacity the wait is set by how fast jobs start (a batch slot or KV
 frees when a long job ends), not by quanta: ENST assumes time slicing and predicts a
 new job near zero while a thousand wait. What is measured needs no model: the jobs
 that have not produced a first token yet, times the seconds per start over the last
-`window` (Little's law for the queue before the first token). Only backlogged seconds
+`window` (its latest MAX_STARTS starts at most; Little's law for the queue before the
+first token). Only backlogged seconds
 count (some job waiting for its first token): below capacity jobs start as fast as
 they arrive, and that rate says nothing of how fast they could. The walk lets a
 prompt that fits the room pass one that does not, so the count can look short while
@@ -21,6 +22,7 @@ from fsd.jobs import Job
 
 RATE_WINDOW_S = 60.0  # the starts a rate is measured over: a minute of them
 MIN_STARTS = 8  # fewer starts in the window than this: no prediction
+MAX_STARTS = 256  # and the latest this many at most (bounded memory at any rate)
 
 
 class FirstTokenWait:
@@ -30,10 +32,10 @@ class FirstTokenWait:
         self.window = window
         # live jobs without a first token: id -> arrival, oldest first (arrival order)
         self.waiting: dict[str, float] = {}
-        self.starts: deque[tuple[float, float]] = deque()  # (time, backlogged s by then)
+        # (time, backlogged seconds by then) of the latest starts within the window
+        self.starts: deque[tuple[float, float]] = deque(maxlen=MAX_STARTS)
         self.backlog_s = 0.0  # seconds with some job waiting, up to `clock`
         self.clock = 0.0  # the latest event's time (nothing waits before the first)
-        self.before = 0.0  # backlogged seconds by the last start out of the window
 
     def arrived(self, job: Job, now: float) -> None:
         # (a job that comes with tokens, e.g. migrated, counts as started at its next step)
@@ -55,14 +57,16 @@ class FirstTokenWait:
         """Seconds `job` (just arrived) is predicted to wait for its first token: the
         jobs waiting before it times the backlogged seconds per start; None: too few
         starts in the window."""
-        starts = len(self._trim(now))
+        starts = self._trim(now)
+        n = len(starts)
         backlog = self.backlog_s + (max(now - self.clock, 0.0) if self.waiting else 0.0)
         ahead = len(self.waiting) - (job.job_id in self.waiting)
         # the oldest job still waiting (not `job` itself): a promise already late
         oldest_id, oldest = next(iter(self.waiting.items()), (job.job_id, now))
         late = 0.0 if oldest_id == job.job_id else now - oldest
-        per_start = (backlog - self.before) / max(starts, 1)
-        return None if starts < MIN_STARTS else max(ahead * per_start, late)
+        # backlogged seconds since the first start kept, over the starts after it
+        per_start = (backlog - starts[0][1]) / (n - 1) if n >= MIN_STARTS else 0.0
+        return None if n < MIN_STARTS else max(ahead * per_start, late)
 
     def _tick(self, now: float) -> None:
         """Time moves to `now` (never back): backlogged while some job waits."""
@@ -73,5 +77,5 @@ class FirstTokenWait:
     def _trim(self, now: float) -> deque[tuple[float, float]]:
         starts = self.starts
         while starts and starts[0][0] < now - self.window:
-            self.before = starts.popleft()[1]
+            starts.popleft()
         return starts

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from fsd.jobs import Job, SamplingParams
-from fsd.sched.first_tokens import MIN_STARTS, FirstTokenWait
+from fsd.sched.first_tokens import MAX_STARTS, MIN_STARTS, FirstTokenWait
 
 
 def job(name: str, arrival: float = 0.0) -> Job:
@@ -60,9 +60,9 @@ def test_starts_older_than_the_window_no_longer_count():
                 w.arrived(b, 19.5)
         start(w, j, float(i + 1))
     new = job("new", 20.0)
-    # at 20 s: starts within [10, 20] are eleven, over the 11 s since the one before
-    # (always backlogged): a second each, twenty waiting
-    assert w.predicted(new, 20.0) == pytest.approx(20 * 11.0 / 11)
+    # at 20 s: starts within [10, 20] are eleven, ten after the first in 10 s (always
+    # backlogged): a second each, twenty waiting
+    assert w.predicted(new, 20.0) == pytest.approx(20 * 10.0 / 10)
     # at 40 s none is left within the window: no rate, no prediction
     assert w.predicted(new, 40.0) is None
 
@@ -81,8 +81,9 @@ def test_a_job_already_waiting_longer_than_the_queue_predicts_sets_the_wait():
     w.arrived(new, 60.0)
     # one job before it ("old") at 8 starts a minute: 7.5 s; but "old" has waited 60 s
     assert w.predicted(new, 60.0) == pytest.approx(60.0)
-    start(w, old, 61.0)  # back to the queue's measure: "new" before it, 9 starts in 61 s
-    assert w.predicted(job("later", 61.0), 61.0) == pytest.approx(61.0 / 9)
+    start(w, old, 61.0)  # back to the queue's measure: "new" before it, 8 starts in the
+    # 11 s since the first kept
+    assert w.predicted(job("later", 61.0), 61.0) == pytest.approx(11.0 / 8)
 
 
 def test_below_capacity_only_backlogged_seconds_count():
@@ -98,3 +99,15 @@ def test_below_capacity_only_backlogged_seconds_count():
         w.arrived(j, 100.0)
     # 19 before the last, 0.1 s per start (not the 9.01 s between starts)
     assert w.predicted(burst[-1], 100.0) == pytest.approx(19 * 0.1)
+
+
+def test_memory_is_bounded_whatever_the_rate():
+    # a thousand starts a second: only the latest MAX_STARTS are kept, and a started
+    # job leaves the waiting set
+    w = FirstTokenWait(window=60.0)
+    for i in range(5000):
+        j = job(f"j{i}", i / 1000)
+        w.arrived(j, i / 1000)
+        start(w, j, i / 1000 + 0.0005)
+    assert len(w.starts) == MAX_STARTS and not w.waiting
+    assert w.predicted(job("new", 5.0), 5.0) == pytest.approx(0.0)

@@ -22,6 +22,8 @@ max_batch_size = 1
 refuse_wait = 0.000001
 [cache]
 num_gpu_blocks = 127
+[server]
+stats_interval = 1.0
 """
 
 daemon = daemon_fixture(CONFIG, "overload-hint", http=True)
@@ -70,3 +72,15 @@ def test_the_sdk_and_the_http_api_carry_the_retry_hint(daemon):
         # what it took runs on: the waiting job finishes once the long one is aborted
         running.abort()
         assert waiting.result(timeout=60).finish_reason == "length"
+    # the operator's log counts the refusals in its periodic stats lines
+    deadline = time.time() + 20
+    while time.time() < deadline and logged_refusals(daemon) < 2:
+        time.sleep(0.1)
+    assert logged_refusals(daemon) == 2, daemon.log.read_text()[-2000:]
+
+
+def logged_refusals(daemon) -> int:  # noqa: ANN001
+    lines = daemon.log.read_text().splitlines()
+    return sum(
+        int(ln.split("; ")[-1].split()[0]) for ln in lines if ln.endswith("refused as overloaded")
+    )

@@ -5,12 +5,14 @@ or jobs are live), one INFO line on the `fsd.server` logger, e.g.
 
     stats 10.0 s: 48.2 it/s, 812 gen tok/s, 3400 prompt tok/s, 40 finished;
     jobs Q1 4/10 Q2 0/3 (running/waiting); KV device 72% host 10%;
-    prefix hits 35% of 12000 tokens; swaps 3 out 2 in
+    prefix hits 35% of 12000 tokens; swaps 3 out 2 in; 12 refused as overloaded
 
-(one line in the log). It counts nothing the engine already keeps: iterations are
+(one line in the log; the refusals only when there were some: refuse_wait or
+refuse_late). It counts nothing the engine already keeps: iterations are
 the engine snapshot's count, prompt tokens the iterations' own `IterationStats`,
 occupancy the block pools' `stats()`, prefix hits the prefix cache's counters (their
-change over the interval), swaps the engine's swap events (a `TelemetryPump` tap); only the
+change over the interval), swaps and refusals the engine's events (a `TelemetryPump`
+tap); only the
 generated tokens and finished jobs are summed here, from the loop's step deltas.
 """
 
@@ -51,6 +53,7 @@ class StatsLog:
         self._prefix = (prefix.lookups, prefix.lookup_hits)
         self._prompt = self._generated = self._finished = 0
         self._swaps: Counter[str] = Counter()
+        self._refused = 0
 
     def stepped(self, step: Stepped) -> None:
         """One step's tokens and finished jobs, and its iterations' prompt tokens."""
@@ -61,8 +64,9 @@ class StatsLog:
             self._prompt += it.prefill_tokens
 
     def saw_events(self, events: list[EngineEvent]) -> None:
-        """Count the swaps among the engine's events (a `TelemetryPump` tap)."""
+        """Count the swaps and refusals among the engine's events (a `TelemetryPump` tap)."""
         for e in events:
+            self._refused += e.kind == "refuse"
             direction = _SWAPS.get(e.kind)
             if direction is not None:
                 self._swaps[direction] += 1
@@ -76,7 +80,7 @@ class StatsLog:
             return
         snap = self.face.snapshot(with_jobs=False, detail=False)
         ran = snap.iteration_count - self._iterations
-        if ran or self._finished or snap.live:
+        if ran or self._finished or snap.live or self._refused:
             log.info("%s", self.line(now - self._since, snap, self.face.level_counts()))
         self._start(now, snap)
 
@@ -91,6 +95,7 @@ class StatsLog:
             f"jobs {_levels(levels)} (running/waiting); "
             f"KV device {100 * kv.device_used / max(kv.device_total, 1):.0f}% host {host}; "
             f"{self._prefix_hits(snap)}; swaps {self._swaps['out']} out {self._swaps['in']} in"
+            + (f"; {self._refused} refused as overloaded" if self._refused else "")
         )
 
     def _prefix_hits(self, snap: EngineSnapshot) -> str:
