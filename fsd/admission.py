@@ -203,17 +203,20 @@ def refuse_late(sched: Predicts, job: Job, now: float, slo: float) -> None:
     than `refuse_late` SLOs (`slo` seconds) per output token. The engine and the
     simulator both call this, then take the job back."""
     bound, late = sched.config.refuse_wait, sched.config.refuse_late
-    wait = None if bound is None else sched.predicted_wait(job, now)
-    if wait is not None and wait > bound:
-        retry = float(math.ceil(wait - bound))
-        raise OverloadedError(
-            f"overloaded: {len(sched)} jobs queued, and this one is predicted to wait "
-            f"{wait:.3g} s for its first token, more than refuse_wait = {bound:g} s; "
-            f"retry after {retry:g} s",
-            retry_after=retry,
-        )
-    per_token = 0.0 if late is None else sched.predicted_latency(job, now)
-    if late is not None and per_token > late * slo:
+    if bound is not None:  # (each prediction is made only when its bound is set)
+        wait = sched.predicted_wait(job, now)
+        if wait is not None and wait > bound:
+            retry = float(math.ceil(wait - bound))
+            raise OverloadedError(
+                f"overloaded: {len(sched)} jobs queued, and this one is predicted to wait "
+                f"{wait:.3g} s for its first token, more than refuse_wait = {bound:g} s; "
+                f"retry after {retry:g} s",
+                retry_after=retry,
+            )
+    if late is None:
+        return
+    per_token = sched.predicted_latency(job, now)
+    if per_token > late * slo:
         raise OverloadedError(
             f"refused: {len(sched)} jobs queued, and this one is predicted to see "
             f"{per_token:.3g} s per output token, more than refuse_late = {late:g} x the "

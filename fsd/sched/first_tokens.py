@@ -5,13 +5,13 @@ frees when a long job ends), not by quanta: ENST assumes time slicing and predic
 new job near zero while a thousand wait. What is measured needs no model: the jobs
 that have not produced a first token yet, times the seconds per start over the last
 `window` (its latest MAX_STARTS starts at most; Little's law for the queue before the
-first token). Only backlogged seconds
-count (some job waiting for its first token): below capacity jobs start as fast as
-they arrive, and that rate says nothing of how fast they could. The walk lets a
-prompt that fits the room pass one that does not, so the count can look short while
-a long prompt taken long ago still waits: no new job is predicted a shorter wait than
-the oldest waiting job's so far (a promise already late). With too few starts in the
-window nothing is predicted (nothing is refused).
+first token). Only backlogged seconds count (some job waiting for its first token):
+below capacity jobs start as fast as they arrive, and that rate says nothing of how
+fast they could. The walk lets a prompt that fits the room pass one that does not,
+so the count can look short while a long prompt taken long ago still waits: no new
+job is predicted a shorter wait than the oldest waiting job's so far (a promise
+already late). With too few starts in the window nothing is predicted (nothing is
+refused).
 """
 
 from __future__ import annotations
@@ -47,8 +47,7 @@ class FirstTokenWait:
         if job.first_token_time is not None and job.job_id in self.waiting:
             self._tick(now)
             del self.waiting[job.job_id]
-            self.starts.append((now, self.backlog_s))
-            self._trim(now)
+            self.starts.append((now, self.backlog_s))  # (maxlen: the oldest drops)
 
     def left(self, job: Job) -> None:
         self.waiting.pop(job.job_id, None)
@@ -58,15 +57,16 @@ class FirstTokenWait:
         jobs waiting before it times the backlogged seconds per start; None: too few
         starts in the window."""
         starts = self._trim(now)
-        n = len(starts)
+        if len(starts) < MIN_STARTS:
+            return None
         backlog = self.backlog_s + (max(now - self.clock, 0.0) if self.waiting else 0.0)
+        # backlogged seconds since the first start kept, over the starts after it
+        per_start = (backlog - starts[0][1]) / (len(starts) - 1)
         ahead = len(self.waiting) - (job.job_id in self.waiting)
         # the oldest job still waiting (not `job` itself): a promise already late
         oldest_id, oldest = next(iter(self.waiting.items()), (job.job_id, now))
         late = 0.0 if oldest_id == job.job_id else now - oldest
-        # backlogged seconds since the first start kept, over the starts after it
-        per_start = (backlog - starts[0][1]) / (n - 1) if n >= MIN_STARTS else 0.0
-        return None if n < MIN_STARTS else max(ahead * per_start, late)
+        return max(ahead * per_start, late)
 
     def _tick(self, now: float) -> None:
         """Time moves to `now` (never back): backlogged while some job waits."""

@@ -156,8 +156,7 @@ class Scheduler:
         top = (self.cache.reserve_top_levels, self.config.max_batch_size)
         inputs = plan_inputs(
             walk, self.queue, self.blocks, self.cost, self.estimates.enst(self.queue),
-            self._last_batch_cost,
-            self.rules.swap_gate, top,
+            self._last_batch_cost, self.rules.swap_gate, top,
         )  # fmt: skip
         for op in self.kv_policy.plan(inputs):
             out.record(op)
