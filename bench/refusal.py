@@ -9,7 +9,7 @@ quick request count and seeds) the default runs with `refuse_wait` off, 60 s
 and 30 s beside the non-oracle policies without refusal. For each run: the share
 refused, per-token average and P95, mean and P99 first-token time of the requests
 taken, time between tokens P99, goodput and SLO attainment (a refused request counts
-as missed) and swaps per request; the table shows the points where anything was
+as missed), preemptions and swaps per request; the table shows the points where anything was
 refused, and a line counts the others (where the bound must change nothing).
 `--conversation` adds the Azure conversation trace x0.5 on opt-13b-a100, the default
 and FCFS each with and without `refuse_wait` 60 s.
@@ -44,7 +44,8 @@ BOUNDS = (60.0, 30.0)  # refuse_wait values tried, seconds
 POLICIES = ("fcfs", "mlfq", "sj-mlfq", "gittins", DEFAULT)
 N = 600  # the validation set's quick request count
 KEEP = ("refused_frac", "avg", "p95", "ttft", "ttft_p99", "tbt_p99", "goodput",
-        "slo_attainment", "swaps_per_request", "sustainable")  # fmt: skip
+        "slo_attainment", "preemptions_per_request", "swaps_per_request",
+        "sustainable")  # fmt: skip
 CONVERSATION = ROOT / "scenarios" / "traces" / "azure-llm-2023-conv.csv"
 
 
@@ -115,10 +116,10 @@ def main() -> None:
     Console().print(table_of(
         "refuse_wait past capacity (ttft: of the requests taken; goodput counts refused as missed)",
         "point | run | refused | avg | P95 | TTFT | TTFT P99 | TBT P99 | goodput | TTFT/best "
-        "| goodput/best | swaps/req",
+        "| goodput/best | preempt/req | swaps/req",
         "{point} | {run} | {refused_frac:.0%} | {avg:.3f} | {p95:.3f} | {ttft:.1f} | "
         "{ttft_p99:.1f} | {tbt_p99:.3f} | {goodput:.3f} | {ttft_vs_best:.2f} | "
-        "{goodput_vs_best:.2f} | {swaps_per_request:.2f}",
+        "{goodput_vs_best:.2f} | {preemptions_per_request:.2f} | {swaps_per_request:.2f}",
         rows, left=2,
     ))  # fmt: skip
     same = [p for p in res if p not in refusing and same_as_default(res[p]["runs"])]

@@ -48,6 +48,7 @@ class FirstTokenWait:
             self._tick(now)
             del self.waiting[job.job_id]
             self.starts.append((now, self.backlog_s))  # (maxlen: the oldest drops)
+            self._trim(now)  # the window ends at the latest start, whatever asks later
 
     def left(self, job: Job) -> None:
         self.waiting.pop(job.job_id, None)
