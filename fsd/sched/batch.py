@@ -12,9 +12,10 @@ more than the token budget leaves once every decode that can still join has its
 token (decodes first, as in Sarathi-Serve): a burst of long prompts must not put a
 chunk of each into one step. A chunk's boundary is a preemption point.
 
-The walk runs over every queued job every iteration; under overload most are waiting
-prompts over the room, which the loop passes over as `_consider` would (held by
-tests/sched/test_walk_early_stop.py). A waiting job's cached prefix is attached only
+Under overload most queued jobs are waiting prompts over the room, which the loop
+passes over as `_consider` would (held by tests/sched/test_walk_early_stop.py); once
+no job may pass the room, the rest is filtered to the jobs that could still run
+(`fsd.sched.waiting.could_run`; tests/sched/test_walk_narrowing.py). A waiting job's cached prefix is attached only
 once it gets a step and room to grow (`_grow`).
 """
 
@@ -29,11 +30,13 @@ from fsd.sched.chunking import chunk_share
 from fsd.sched.decision import SchedulerOutput
 from fsd.sched.leads import LOOK_AHEAD, first_for, leads_now, owner_leads
 from fsd.sched.room import first_admission_free, skip_threshold
+from fsd.sched.waiting import could_run
 from fsd.sched.walk_context import WalkContext
 
 _DEVICE, _HOST, _NONE = KVLocation.DEVICE, KVLocation.HOST, KVLocation.NONE
 # host jobs the KV policy is asked to bring in, in batches: the next batch's and one more
 WANTED_BATCHES = 2
+_DONE, _FULL, _NARROW = object(), object(), object()  # how a walk's loop ended
 
 
 class BatchWalk:
@@ -59,6 +62,7 @@ class BatchWalk:
         self.wanted_full = False
         self.prefills = self._too_big = 0  # _too_big: prefills passed over for the budget
         self.evicted: set[str] = set()
+        self.started: list[Job] = []  # the jobs without KV it started
         self.taken = 0  # len(batch), kept by hand: tested for every job walked
         self.batch_cost = 0.0  # sum(j.last_cost for j in batch): each job's iteration alone
         self._step0, self._per_ctx = ctx.cost.decode_line()  # decode alone: step0 + per_ctx*ctx
@@ -79,29 +83,53 @@ class BatchWalk:
                 yield job  # type: ignore[misc]
 
     def run(self, candidates: Iterable[Job]) -> None:
-        """Walk `candidates` (priority order) until the batch is full or the walk ends. A job
-        without KV over the room and a host job once `wanted` is full are passed over here."""
-        ctx, limit = self.ctx, self.limit
-        leads = owner_leads(ctx.queue, ctx.newest.values(), self.leads, limit)  # walked first
-        self.lead_ids = {job.job_id for job in leads}
-        walk = itertools.chain(leads, candidates)
-        skip_at, wanted_full = self._skip_at, self.wanted_full
-        for job in walk:
-            kv = job.kv
-            if kv is _NONE:
-                if job.num_tokens >= skip_at and not self.leads.may_pass(job):
-                    continue
-            elif kv is _HOST and wanted_full:
-                self.leads.ahead = False  # as `_consider` would have noted
-                continue
-            if not self._consider(job):
-                break
-            if self.taken >= limit:  # (max_batch_size >= 1: never before the first job)
-                self._look_past_full(walk)
-                break
-            skip_at, wanted_full = self._skip_at, self.wanted_full
+        """Walk `candidates` (priority order) until the batch is full or the walk ends.
+        Passed over here: a job without KV over the room, and a host job once `wanted`
+        is full; once no job may pass the room (`Leads.closed`), the rest is filtered
+        in C to `could_run`'s jobs, where they are few against the queue."""
+        ctx, leads = self.ctx, self.leads
+        owners = ctx.waiting.owners.keys()
+        first = [] if not leads.owners_may_lead(owners) else owner_leads(
+            ctx.queue, ctx.waiting.newest.values(), leads, self.limit
+        )  # fmt: skip
+        self.lead_ids = {job.job_id for job in first}
+        walk = itertools.chain(first, candidates)
+        end = self._walk(walk, math.inf, False)
+        while end is _NARROW:  # closed: the jobs that could still run, or again once fewer fit
+            runnable = could_run(self.blocks, self.out.recomputed, ctx.waiting, self._skip_at)
+            if runnable is None:
+                end = self._walk(walk, self._skip_at, True)
+            else:
+                end = self._walk(filter(runnable.__contains__, walk), -math.inf, True)
+        if end is _FULL:
+            self._look_past_full(walk)
         if self.decodes_left and self.taken < self.limit:
             self._join_decodes()
+
+    def _walk(self, stream: Iterator[Job], narrow_below: float, closed: bool) -> object:
+        """`run`'s loop: how it ended (narrow once `closed` with the skip threshold under
+        `narrow_below`: fewer jobs without KV fit the room)."""
+        limit, leads = self.limit, self.leads
+        owners = self.ctx.waiting.owners.keys()
+        skip_at, wanted_full = self._skip_at, self.wanted_full
+        for job in stream:
+            kv = job.kv
+            if kv is _NONE:
+                if job.num_tokens >= skip_at and (closed or not leads.may_pass(job)):
+                    continue
+            elif kv is _HOST and wanted_full:
+                leads.ahead = False  # as `_consider` would have noted
+                continue
+            if not self._consider(job):
+                return _DONE
+            if self.taken >= limit:  # (max_batch_size >= 1: never before the first job)
+                return _FULL
+            skip_at, wanted_full = self._skip_at, self.wanted_full
+            if skip_at < narrow_below and not leads.ahead:
+                if closed or leads.closed(owners):
+                    return _NARROW
+                narrow_below = -math.inf  # an owner without a started job may lead
+        return _DONE
 
     def _admit(self, need: int) -> None:
         """Claim `need` blocks of the admission room, and move the skip threshold. The
@@ -172,7 +200,9 @@ class BatchWalk:
             return True
         if self._grow(job, computed + step, held):
             self._take(job, step, new_tokens, num_tokens)
-            if step == 1 and kv is _DEVICE and self.decodes_left:
+            if kv is _NONE:
+                self.started.append(job)
+            elif step == 1 and kv is _DEVICE and self.decodes_left:
                 self.decodes_left -= 1  # one of the decodes counted at the start
         return True
 

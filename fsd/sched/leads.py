@@ -16,9 +16,12 @@ short job could wait behind long started ones. Two orderings let short jobs by:
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
+import operator
 from collections.abc import Callable, Iterable
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 
 from fsd.cost import CostModel
@@ -27,6 +30,7 @@ from fsd.kv.block_manager import BlockManager
 from fsd.sched.queues import JobQueue
 from fsd.sched.rules import WalkRules
 
+_owner = operator.attrgetter("owner")
 # Jobs looked at per batch slot where the walk looks ahead (the head of the queue, past
 # a full batch, prefills over the token budget): enough to find the few that matter,
 # bounded so a flood of thousands is never walked past.
@@ -42,10 +46,21 @@ SORT_STARTED = 4
 class Leads:
     """Who may start past the admission room, as one iteration's walk goes on."""
 
-    bound: int  # most tokens a short job may still have to make (0: nobody)
+    express: int  # most tokens a short job may still have to make (`express_tokens`)
+    started: list[Job]  # the started jobs: a short job has fewer tokens left than each
     owners: set[str | None]  # owners with a started job (grows as the walk starts jobs)
     rules: WalkRules
     ahead: bool = True  # no job started or walked with KV yet: the express lane is open
+
+    @functools.cached_property
+    def bound(self) -> int:
+        """Most tokens a short job may still have to make (0: nobody); found on first
+        use: most jobs are ruled out by `express` alone."""
+        if not self.express or not self.started:
+            return self.express
+        return min(
+            self.express, min([j.max_output - j.num_output_tokens for j in self.started]) - 1
+        )
 
     def may_pass(self, job: Job) -> bool:
         """`job` (without KV) may start past the room: it is short, and ahead of every
@@ -53,7 +68,18 @@ class Leads:
         rules = self.rules
         if not (self.ahead and rules.express or rules.owner_leads and job.owner not in self.owners):
             return False
-        return job.max_output - job.num_output_tokens <= self.bound
+        left = job.max_output - job.num_output_tokens
+        return left <= self.express and left <= self.bound
+
+    def closed(self, live_owners: AbstractSet[str | None]) -> bool:
+        """No job may pass the room for the rest of this walk: the express lane is shut
+        (it never opens again) and every live job's owner has a started job (the owners
+        only grow)."""
+        return not (self.ahead and self.rules.express or self.owners_may_lead(live_owners))
+
+    def owners_may_lead(self, live_owners: AbstractSet[str | None]) -> bool:
+        """Some live job's owner has no started job: it may lead (`owner_leads`)."""
+        return self.rules.owner_leads and bool(live_owners - self.owners)
 
 
 def express_tokens(queue: JobQueue, cost: CostModel, rules: WalkRules) -> int:
@@ -68,13 +94,12 @@ def express_tokens(queue: JobQueue, cost: CostModel, rules: WalkRules) -> int:
 
 def leads_now(queue: JobQueue, cost: CostModel, blocks: BlockManager, rules: WalkRules) -> Leads:
     """`express_tokens`, and fewer than any started job has left to its cap; and the
-    owners of the started jobs (when that bound is not 0)."""
-    bound, owners = express_tokens(queue, cost, rules), set()
-    if bound:
-        for job in itertools.chain(blocks.on_device.values(), blocks.on_host.values()):
-            bound = min(bound, job.max_output - job.num_output_tokens - 1)  # type: ignore[attr-defined]
-            owners.add(job.owner)  # type: ignore[attr-defined]
-    return Leads(bound, owners, rules)
+    owners of the started jobs (when `express_tokens` is not 0)."""
+    express = express_tokens(queue, cost, rules)
+    if not express:
+        return Leads(0, [], set(), rules)
+    started: list[Job] = [*blocks.on_device.values(), *blocks.on_host.values()]  # type: ignore[list-item]
+    return Leads(express, started, set(map(_owner, started)), rules)
 
 
 def owner_leads(queue: JobQueue, newest: Iterable[Job], leads: Leads, limit: int) -> list[Job]:

@@ -217,4 +217,8 @@ class OutputLengthIndex:
             if 0 < cap < UNKNOWN_CAP and 0 < fresh_cap < UNKNOWN_CAP:
                 return cap - attained < fresh_cap  # uniform priors: what is left, halved
             return attained > 0  # the uniform prior's index rises with progress
-        return self.index(attained) > self.index(0)
+        cache = self._cache  # (most calls: two lookups, no call)
+        here, first = cache.get(attained), cache.get(0)
+        return (self.index(attained) if here is None else here) > (
+            self.index(0) if first is None else first
+        )

@@ -98,11 +98,6 @@ class LevelQueue(LevelENST):
             for job in jobs.values():
                 turns.add(job)
 
-    def _ran(self, job: Job) -> None:
-        """`job` ran at its level: the level's turns move on (fair only)."""
-        if self.fair:
-            self._rounds.ran(job.level, job)
-
     def _watch(self, job: Job) -> None:
         """A placement's hook: the policy's starvation clock (none here)."""
 
@@ -146,7 +141,9 @@ class LevelQueue(LevelENST):
         levels that hold a lifted job are filtered, by id, and the few lifted jobs are
         checked once for still being queued."""
         lifted, lifted_at, levels = self._lifted, self._lifted_at, self._levels
-        still = [j for group in lifted_at.values() for j in group if j in self]
+        # (a lifted job's level is a level: set_running checked it, and only `adopt`,
+        # which clears the lifts, removes levels)
+        still = [j for group in lifted_at.values() for j in group if j.job_id in levels[j.level]]
         queued = {j.job_id for j in still}
         holding = {j.level for j in still}  # the levels whose own jobs include lifted ones
         parts: list[Iterable[Job]] = []

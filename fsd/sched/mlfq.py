@@ -195,6 +195,7 @@ class MLFQQueue(LevelQueue):
         demoted: list[Job] = []
         last = len(self.quanta) - 1
         levels, quanta, free_prefill = self._levels, self.quanta, not self.charge_prefill
+        moved_on = self._rounds.ran if self.fair else None  # the level's turns (fair only)
         lengths = self.lengths if self.demote_rule == "gittins" else None
         ran = list(ran)
         if any(len(job.output_token_ids) <= 1 for job, _ in ran):
@@ -205,7 +206,8 @@ class MLFQQueue(LevelQueue):
             level = job.level
             if not 0 <= level <= last or levels[level].get(job.job_id) is not job:
                 continue  # left the queue meanwhile
-            self._ran(job)
+            if moved_on is not None:
+                moved_on(level, job)
             if free_prefill and job.last_prefill:
                 continue
             job.attained = attained = job.attained + service

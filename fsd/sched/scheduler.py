@@ -27,6 +27,7 @@ from fsd.sched.eviction import Evictor
 from fsd.sched.leads import walk_order
 from fsd.sched.queues import JobQueue
 from fsd.sched.room import admission_room
+from fsd.sched.waiting import WaitingIndex
 from fsd.sched.walk_context import WalkContext
 
 if TYPE_CHECKING:
@@ -64,7 +65,7 @@ class Scheduler:
         self.estimates = Estimates(cost)
         self._returned: set[str] = set()  # came back since the last decision (pipelines)
         self._last_batch_cost = cost.min_iteration_time
-        self.newest: dict[str | None, Job] = {}  # each owner's latest live job (batch.py)
+        self.waiting = WaitingIndex(self._jobs)  # what the walk looks up (batch.py)
         self.live_cost = LiveCost()  # measured over profiled seconds (the engine reports)
 
     # ---- membership ------------------------------------------------------------
@@ -78,7 +79,8 @@ class Scheduler:
         prefix.worth_copy = CopyBeatsRecompute(cost, bs)
 
     def add(self, job: Job, now: float) -> None:
-        self._jobs[job.job_id] = self.newest[job.owner] = job
+        self._jobs[job.job_id] = job
+        self.waiting.add(job)
         if not job.num_computed_tokens:  # skip-join places it by the prefill it will do
             job.prefix_hint = self.blocks.prefix.peek(job)
         self.queue.add(job, now)
@@ -92,8 +94,7 @@ class Scheduler:
         if self._jobs.pop(job.job_id, None) is None:  # gone already: nothing to do
             return
         self.estimates.forget(job)
-        if self.newest.get(job.owner) is job:
-            del self.newest[job.owner]
+        self.waiting.remove(job)
         self.queue.remove(job)
         self.blocks.release(job)
 
@@ -151,6 +152,7 @@ class Scheduler:
         room = math.inf if walk.first_free else walk.admit_room
         limit = self.config.max_batch_size
         walk.run(walk_order(self.queue, self.blocks, len(self), room, limit))
+        self.waiting.started(walk.started)
         # 2. the KV policy's asynchronous copies beside the step
         self.estimates.decided(now, self.config.max_batch_size)
         top = (self.cache.reserve_top_levels, self.config.max_batch_size)
@@ -161,6 +163,7 @@ class Scheduler:
         for op in self.kv_policy.plan(inputs):
             out.record(op)
         # 3. the jobs that ran last time and not now are preempted
+        self.waiting.dropped(out.recomputed)
         self._mark_preempted(out, walk.batch_ids, busy)
         # 4. a decision is made once per pipeline stage time: the copies beside one step
         alone = self.cost.iteration_time_from_alone(
@@ -174,7 +177,7 @@ class Scheduler:
         return WalkContext(
             self.queue, self.blocks, self.kv_policy, self.evictor, self.cost, self.rules,
             config.max_batch_size, config.max_batch_tokens, self.prefill_budget,
-            self.admission_room(), self.newest,
+            self.admission_room(), self.waiting,
         )  # fmt: skip
 
     def _mark_preempted(self, out: SchedulerOutput, ran: set[str], busy: Collection[str]) -> None:

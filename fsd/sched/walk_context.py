@@ -3,16 +3,15 @@ to the walk, never the scheduler itself."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 
 from fsd.cost import CostModel
-from fsd.jobs import Job
 from fsd.kv.block_manager import BlockManager
 from fsd.kv.policies import KVPolicy
 from fsd.sched.eviction import Evictor
 from fsd.sched.queues import JobQueue
 from fsd.sched.rules import WalkRules
+from fsd.sched.waiting import WaitingIndex
 
 
 @dataclass(frozen=True)
@@ -29,4 +28,4 @@ class WalkContext:
     max_batch_tokens: int
     prefill_budget: int  # prompt tokens one iteration may carry (0: whole prefills)
     admit_room: float  # blocks jobs without KV may still take
-    newest: Mapping[str | None, Job]  # each owner's latest live job
+    waiting: WaitingIndex  # the live jobs' owners, the jobs without KV by size
