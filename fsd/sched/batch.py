@@ -15,8 +15,8 @@ chunk of each into one step. A chunk's boundary is a preemption point.
 Under overload most queued jobs are waiting prompts over the room, which the loop
 passes over as `_consider` would (held by tests/sched/test_walk_early_stop.py); once
 no job may pass the room, the rest is filtered to the jobs that could still run
-(`fsd.sched.waiting.could_run`; tests/sched/test_walk_narrowing.py). A waiting job's cached prefix is attached only
-once it gets a step and room to grow (`_grow`).
+(`fsd.sched.waiting.could_run`; tests/sched/test_walk_narrowing.py). A waiting job's
+cached prefix is attached only once it gets a step and room to grow (`_grow`).
 """
 
 from __future__ import annotations
