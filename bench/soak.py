@@ -29,6 +29,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -91,6 +92,7 @@ class Sample:
     kinds: dict[str, int] = field(default_factory=dict)
     errors: int = 0
     unanswered: int = 0  # of the errors: requests with no answer within REQUEST_LIMIT
+    failures: dict[str, int] = field(default_factory=dict)  # "kind: error" -> count
 
 
 def usage(pid: int) -> tuple[float, int, int]:
@@ -132,6 +134,7 @@ class Load:
         self.kinds: dict[str, int] = dict.fromkeys(KINDS, 0)
         self.errors = 0
         self.unanswered = 0
+        self.failures: Counter[str] = Counter()
         self.sdk: AsyncClient | None = None
         self.http: aiohttp.ClientSession | None = None
 
@@ -168,8 +171,10 @@ class Load:
         except TimeoutError:
             self.errors += 1
             self.unanswered += 1
-        except (FsdError, aiohttp.ClientError):
+            self.failures[f"{kind}: unanswered"] += 1
+        except (FsdError, aiohttp.ClientError) as exc:
             self.errors += 1
+            self.failures[f"{kind}: {type(exc).__name__}: {str(exc)[:160]}"] += 1
 
     async def _sdk(self, kind: str, prompt: list[int], tokens: int) -> None:
         assert self.sdk is not None
@@ -244,7 +249,7 @@ def soak(spec: SoakSpec, folder: Path, progress: bool = True) -> list[Sample]:
             sample = Sample(
                 cycle, done, round(rss, 1), fds, threads, round(time.perf_counter() - start, 1),
                 blocks, objects, py.get("traced_bytes", 0), load.kinds, load.errors,
-                load.unanswered,
+                load.unanswered, dict(load.failures),
             )  # fmt: skip
             samples.append(sample)
             if progress:
@@ -289,6 +294,7 @@ def summary(samples: list[Sample], skip: int = 1) -> dict:
         "threads_after_warmup": sorted({s.threads for s in later}),
         "errors": sum(s.errors for s in samples),
         "unanswered": sum(s.unanswered for s in samples),
+        "failures": sum((Counter(s.failures) for s in samples), Counter()),
     }
 
 

@@ -87,8 +87,25 @@ class AsyncJobHandle(JobView):
         return self._state.outcome()
 
     async def abort(self) -> dict[str, Any]:
-        """Ask the daemon to stop this job; its result then ends with reason "abort"."""
-        return await self._client.abort(await self.accepted())
+        """Ask the daemon to stop this job; its result then ends with reason "abort".
+
+        A job that ended first is no error: the daemon answers "unknown-job" and the
+        end is on its way, so this waits for it (up to the client's timeout) and answers
+        {"job_id", "tokens", "ended": its finish reason}; the result keeps that reason.
+        """
+        job_id = await self.accepted()
+        try:
+            return await self._client.abort(job_id)
+        except RequestError as exc:
+            if exc.code != "unknown-job":
+                raise
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self._client.timeout):
+                    await self._until("done")
+            out = self._state.result
+            if out is None:  # it never came, or the stream failed: the refusal stands
+                raise
+            return {"job_id": job_id, "tokens": len(out.token_ids), "ended": out.finish_reason}
 
     async def _until(self, what: str) -> None:
         """Feed the job's state from its stream until `state.<what>` holds, then all

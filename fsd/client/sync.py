@@ -203,8 +203,10 @@ class JobHandle(JobView):
         return self._state.outcome()
 
     def abort(self) -> dict[str, Any]:
-        """Ask the daemon to stop this job; its result then ends with reason "abort"."""
-        return self._client.abort(self.job_id)
+        """Ask the daemon to stop this job; its result then ends with reason "abort"
+        (a job that ended first: `AsyncJobHandle.abort`)."""
+        self.accepted()
+        return self._client._run(self._handle.abort(), self._client.timeout)
 
     def _until(self, what: str, timeout: float | None) -> None:
         """Wait until the job's `state.<what>` holds (TimeoutError after `timeout`)."""

@@ -13,7 +13,10 @@ from a fresh one), `Preview` (a canned `PreviewReply`, see `preview_reply`, afte
 `preview_delay` seconds; an unknown key or a bad horizon / seeds refused at once with
 "invalid-setting", a second preview while one is pending with "overloaded", every
 `Error` naming the request's req_id as the real daemon's) and, with `telemetry`, a
-snapshot every 20 ms. Any other request gets an `Error` "unsupported". Knobs:
+snapshot every 20 ms. `Abort` is always answered "unknown-job", as the real daemon
+answers once a job has left its engine, its end perhaps not sent yet (with `hold`,
+that end comes when a test steps). Any other request gets an `Error` "unsupported".
+Knobs:
 
 - `hold`: iterations run only when a test calls `step()`: jobs stay outstanding;
 - `mute`: read requests but answer nothing (a hung daemon);
@@ -168,6 +171,8 @@ class FakeDaemon:
             self._preview(ident, msg)
         elif isinstance(msg, P.Submit):
             self._submit(ident, msg)
+        elif isinstance(msg, P.Abort):
+            self._send(ident, P.Error(code="unknown-job", message=f"no job with id {msg.job_id!r}"))
         elif isinstance(msg, P.Status):
             self._statuses += 1
             status = P.StatusReply(
