@@ -37,7 +37,8 @@ def test_a_daemon_keeps_nothing_per_finished_request(tmp_path):
     spec = soak.SoakSpec(requests=8 * 500, cycle=500, concurrency=32, slo_window=2.0, trace=True)
     samples = soak.soak(spec, tmp_path, progress=False)
     figures = soak.summary(samples, skip=2)
-    assert figures["errors"] == 0, figures
+    failed = dict(figures["failures"])  # a str message: shown whole, not cut short
+    assert figures["errors"] == 0, f"{figures['errors']} errors: {failed}"
     for kind in soak.KINDS:  # every kind of request ran in every cycle
         assert all(s.kinds[kind] > 0 for s in samples), (kind, [s.kinds for s in samples])
     assert len(figures["threads_after_warmup"]) == 1, figures
